@@ -1,0 +1,19 @@
+"""Errors a user can cause: the CLI prints each as one line `error: <message>` and exits with status 2."""
+
+
+class QuantkitError(Exception):
+    """Base for every error caused by user input; the message is one line that names the input and the fix."""
+
+    exit_code = 2
+
+
+class RecipeError(QuantkitError):
+    """A recipe name or file is unknown, unreadable, or breaks the recipe schema or its rules."""
+
+
+class CheckpointError(QuantkitError):
+    """A checkpoint folder or safetensors file is missing, truncated, or malformed."""
+
+
+class BundledDataError(QuantkitError):
+    """Data that ships with a source checkout (recipes, tiny example models) is missing or not generated yet."""

@@ -1,0 +1,61 @@
+"""Prompt sets for acceptance and checks: the built-in chat prompts and user JSONL files.
+
+A record is one JSON object per line with either `messages` (chat turns, rendered with the model's chat
+template) or `prompt` (raw text, used as is), plus an optional `domain` (default "default") and `id`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+
+BUILTIN_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
+
+
+class PromptFileError(QuantkitError):
+    """A prompt file is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    id: str
+    domain: str
+    messages: tuple[dict[str, str], ...] | None
+    prompt: str | None
+
+    def render(self, tokenizer) -> str:
+        """The text to feed the model: the chat template applied to `messages`, or the raw `prompt`."""
+        if self.prompt is not None:
+            return self.prompt
+        return tokenizer.apply_chat_template(list(self.messages), tokenize=False, add_generation_prompt=True)
+
+
+def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
+    """Load `builtin` or a JSONL file; every error names the file and line."""
+    path = BUILTIN_PROMPTS if str(source) == "builtin" else Path(source)
+    if not path.is_file():
+        raise PromptFileError(f"prompt file {path} not found; pass 'builtin' or a JSONL file")
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"prompt file {path}:{n}: not JSON ({e.msg}); one JSON object per line") from None
+        if not isinstance(obj, dict) or ("messages" in obj) == ("prompt" in obj):
+            raise PromptFileError(f"prompt file {path}:{n}: needs exactly one of 'messages' or 'prompt'")
+        messages = obj.get("messages")
+        if messages is not None and (not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages)):
+            raise PromptFileError(f"prompt file {path}:{n}: 'messages' must be a list of {{role, content}} strings")
+        records.append(PromptRecord(id=str(obj.get("id", f"{path.stem}-{n}")), domain=str(obj.get("domain", "default")),
+                                    messages=tuple(messages) if messages is not None else None,
+                                    prompt=obj.get("prompt")))
+    if not records:
+        raise PromptFileError(f"prompt file {path} has no prompts")
+    return records

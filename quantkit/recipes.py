@@ -1,0 +1,544 @@
+"""Quantization recipes: the YAML schema, its rules, and loading built-in or user recipe files."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from quantkit.errors import RecipeError
+from quantkit.paths import recipes_dir
+
+# --- data: what recipes may name ------------------------------------------------------------------------------
+
+TargetKind = Literal["eagle3-draft", "moe-target", "dense-target"]
+QuantPath = Literal["in-memory", "per-shard"]
+TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
+
+
+@dataclass(frozen=True)
+class RoleInfo:
+    """A semantic layer group; later code maps it per architecture to checkpoint and vLLM runtime names."""
+
+    description: str
+    applies_to: tuple[str, ...] = TARGET_KINDS
+
+
+ROLES: dict[str, RoleInfo] = {
+    "fc": RoleInfo("EAGLE-3 draft input projection (3 target hidden states -> hidden size)", ("eagle3-draft",)),
+    "lm_head": RoleInfo("output projection to the vocabulary"),
+    "embed_tokens": RoleInfo("token embedding"),
+    "attention": RoleInfo("attention projections, incl. MLA q_a/q_b/kv_a/kv_b/o"),
+    "router": RoleInfo("MoE gate and e_score_correction_bias", ("moe-target",)),
+    "experts": RoleInfo("routed MoE experts", ("moe-target",)),
+    "shared_experts": RoleInfo("MoE shared experts", ("moe-target",)),
+    "dense_mlp": RoleInfo("MLP of dense (non-MoE) layers"),
+    "decoder_linears": RoleInfo("every linear layer in the decoder layers"),
+}
+
+
+@dataclass(frozen=True)
+class SchemeFacts:
+    """What a Quark scheme stores; `static_activation_scales` means a calibrated input_scale per layer."""
+
+    weights: str
+    activations: str
+    static_activation_scales: bool = False
+
+
+# Quark 0.13's built-in schemes, in the order of quark/torch/quantization/config/template.py
+# (QuantizationSchemeCollection._collect_supported_schemes). Kept as data so that listing or validating schemes
+# never imports quark.torch (~30 s). Block formats (mx6, mx9, bfp16) compute their shared exponents on the fly,
+# so they store no input scale; nvfp4 and amdfp4_global* calibrate a per-tensor global input scale.
+QUARK_SCHEMES: dict[str, SchemeFacts] = {
+    "int4_wo_32": SchemeFacts("INT4 per-group 32", "none (weight-only)"),
+    "int4_wo_64": SchemeFacts("INT4 per-group 64", "none (weight-only)"),
+    "int4_wo_128": SchemeFacts("INT4 per-group 128", "none (weight-only)"),
+    "int4_wo_per_channel": SchemeFacts("INT4 per-channel", "none (weight-only)"),
+    "int4_wa_64": SchemeFacts("INT4 per-group 64", "INT4 per-group 64, dynamic"),
+    "uint4_wo_32": SchemeFacts("UINT4 per-group 32", "none (weight-only)"),
+    "uint4_wo_64": SchemeFacts("UINT4 per-group 64", "none (weight-only)"),
+    "uint4_wo_128": SchemeFacts("UINT4 per-group 128", "none (weight-only)"),
+    "uint4_wo_per_channel": SchemeFacts("UINT4 per-channel", "none (weight-only)"),
+    "int8": SchemeFacts("INT8 per-tensor", "INT8 per-tensor, static", True),
+    "fp8": SchemeFacts("FP8 E4M3 per-tensor", "FP8 E4M3 per-tensor, static", True),
+    "ptpc_fp8": SchemeFacts("FP8 E4M3 per-channel", "FP8 E4M3 per-token, dynamic"),
+    "mxfp4": SchemeFacts("MXFP4 (E8M0 scale per 32)", "MXFP4, dynamic"),
+    "mxfp4_weight_only": SchemeFacts("MXFP4 (E8M0 scale per 32)", "none (weight-only)"),
+    "mxfp6_e3m2": SchemeFacts("MXFP6 E3M2", "MXFP6 E3M2, dynamic"),
+    "mxfp6_e2m3": SchemeFacts("MXFP6 E2M3", "MXFP6 E2M3, dynamic"),
+    "mxfp4_mxfp6_e2m3": SchemeFacts("MXFP4", "MXFP6 E2M3, dynamic"),
+    "mxfp4_fp8": SchemeFacts("MXFP4", "FP8 E4M3 per-tensor, static", True),
+    "amdfp4": SchemeFacts("AMD FP4 per-group 16", "AMD FP4 per-group 16, dynamic"),
+    "amdfp4_g32": SchemeFacts("AMD FP4 per-group 32", "AMD FP4 per-group 32, dynamic"),
+    "int4_fp8": SchemeFacts("INT4 per-channel via FP8 (W4A8)", "FP8 E4M3 per-tensor, dynamic"),
+    "mx6": SchemeFacts("MX6", "MX6, block exponents"),
+    "mx9": SchemeFacts("MX9", "MX9, block exponents"),
+    "bfp16": SchemeFacts("BFP16 (block 8)", "BFP16, block exponents"),
+    "nvfp4": SchemeFacts("FP4 per-group 16, FP8 E4M3 scales", "FP4 per-group 16 + static global scale", True),
+    "amdfp4_global16": SchemeFacts("FP4 per-group 16, E5M3 scales", "FP4 per-group 16 + static global scale", True),
+    "amdfp4_global32": SchemeFacts("FP4 per-group 32, E5M3 scales", "FP4 per-group 32 + static global scale", True),
+}
+
+# Names Quark 0.13 still accepts only for old configs; recipes must use the current name.
+QUARK_SCHEME_ALIASES: dict[str, str] = {"fp4_block16_scale_e4m3": "nvfp4"}
+
+CALIBRATION_EXAMPLE = "calibration: {samples: 128, seq_len: 512}"
+NAME_PATTERN = re.compile(r"[a-z0-9-]+")
+
+# --- schema -----------------------------------------------------------------------------------------------------
+
+
+def _custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:
+    # The message is pre-formatted; a `key` in ctx names the recipe key of a cross-field rule (its loc is empty).
+    # pydantic_core only substitutes `{<ctx key>}` placeholders, so braces in the message itself are safe.
+    return PydanticCustomError(f"quantkit_{kind}", message, ctx or None)
+
+
+def _close(value: str, options: list[str]) -> str:
+    # A known name that prefixes the value (fp8_e4m3 -> fp8) is a better guess than edit distance alone.
+    prefixed = sorted((o for o in options if value.startswith(o)), key=len, reverse=True)
+    match = prefixed[:1] or difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+    return f"did you mean {match[0]!r}?" if match else "use one of them"
+
+
+def _check_scheme(value: str) -> str:
+    if value in QUARK_SCHEMES:
+        return value
+    known = ", ".join(QUARK_SCHEMES)
+    fix = (
+        f"use {QUARK_SCHEME_ALIASES[value]!r}, the current name of this legacy alias"
+        if value in QUARK_SCHEME_ALIASES
+        else _close(value, list(QUARK_SCHEMES))
+    )
+    raise _custom("scheme", f"unknown Quark scheme {value!r} (known: {known}); {fix}")
+
+
+def _check_role(value: str) -> str:
+    if value in ROLES:
+        return value
+    raise _custom("role", f"unknown role {value!r} (known: {', '.join(ROLES)}); {_close(value, list(ROLES))}")
+
+
+def _check_reason(value: str) -> str:
+    if not value.strip():
+        raise _custom("reason", "empty reason; say why, so that the next person knows whether it still holds")
+    return value
+
+
+RoleName = Annotated[str, AfterValidator(_check_role)]
+SchemeName = Annotated[str, AfterValidator(_check_scheme)]
+Reason = Annotated[str, AfterValidator(_check_reason)]
+
+
+class _Strict(BaseModel):
+    # strict: YAML `samples: "128"` is a mistake worth reporting, not something to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class LayerSelector(_Strict):
+    """Selects layers by semantic role or by an fnmatch pattern on checkpoint module names (exactly one)."""
+
+    role: RoleName | None = None
+    pattern: str | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def validate_pattern(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise _custom("pattern", "empty pattern; give an fnmatch pattern such as '*.mlp.gate'")
+        return v
+
+    @model_validator(mode="after")
+    def validate_one_selector(self) -> LayerSelector:
+        if (self.role is None) == (self.pattern is None):
+            raise _custom("selector", "give exactly one of 'role' or 'pattern'")
+        return self
+
+    @property
+    def label(self) -> str:
+        """`role` or `pattern <glob>`, for tables and messages."""
+        return self.role if self.role is not None else f"pattern {self.pattern}"
+
+    def selects(self, name: str) -> bool:
+        """Whether this selector's role is `name`, or its pattern matches `name` as a checkpoint module name."""
+        return self.role == name if self.role is not None else fnmatchcase(name, self.pattern or "")
+
+
+class KeepEntry(LayerSelector):
+    """Layers kept in high precision (BF16), and why."""
+
+    reason: Reason
+
+
+class Override(LayerSelector):
+    """Layers quantized with a scheme other than the recipe's global one, and why."""
+
+    scheme: SchemeName
+    reason: Reason
+
+
+class Calibration(_Strict):
+    """Calibration data size, needed by schemes with static activation scales."""
+
+    samples: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+
+
+class Recipe(_Strict):
+    """A quantization recipe: which layers get which Quark scheme, which stay BF16 and why.
+
+    Layers in `quantize` roles get `scheme`; layers an override selects get its scheme; layers in `keep` stay
+    BF16 whatever else selects them.
+    """
+
+    name: str
+    description: str
+    applies_to: TargetKind
+    scheme: SchemeName
+    quantize: list[RoleName] | None = None  # None: every linear layer not in `keep`
+    keep: list[KeepEntry]
+    overrides: list[Override] = []
+    path: QuantPath = "in-memory"
+    calibration: Calibration | None = None
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def validate_name(cls, v: str) -> str:
+        if not NAME_PATTERN.fullmatch(v):
+            raise _custom("name", f"invalid name {v!r}; use lowercase letters, digits and '-'")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def validate_description(cls, v: str) -> str:
+        if not v.strip() or "\n" in v.strip():
+            raise _custom("description", "must be one non-empty line; put details in the reasons")
+        return v.strip()
+
+    @field_validator("quantize")
+    @classmethod
+    def validate_quantize(cls, v: list[str] | None) -> list[str] | None:
+        if v == []:
+            raise _custom("quantize", "empty list quantizes nothing; omit it to quantize every linear not in keep")
+        return v
+
+    @field_validator("calibration", mode="before")
+    @classmethod
+    def validate_calibration(cls, v: Any) -> Any:
+        if v is None or v == "none":
+            return None
+        if not isinstance(v, dict):
+            raise _custom("calibration", f"expected 'none' or a mapping like {{samples: 128, seq_len: 512}}, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def validate_rules(self) -> Recipe:
+        problems = self._rule_violations()
+        if problems:
+            key, message = problems[0]
+            more = len(problems) - 1
+            message += f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+            raise _custom("rule", message, key=key)
+        return self
+
+    def _rule_violations(self) -> list[tuple[str, str]]:
+        """Cross-field rules, each as (key path, message); the first one is reported."""
+        problems: list[tuple[str, str]] = []
+        static = [("scheme", self.scheme)] if self.scheme_facts.static_activation_scales else []
+        static += [
+            (f"overrides[{i}].scheme", o.scheme)
+            for i, o in enumerate(self.overrides)
+            if QUARK_SCHEMES[o.scheme].static_activation_scales
+        ]
+        if static and self.path == "per-shard":
+            where, scheme = static[0]
+            problems.append((
+                "path",
+                f"per-shard cannot be used with {where} {scheme!r}, which has static activation scales "
+                "(Quark's per-shard path drops input_scale); use 'path: in-memory' or a dynamic-activation "
+                "scheme such as ptpc_fp8",
+            ))
+        if static and self.calibration is None:
+            where, scheme = static[0]
+            problems.append((
+                "calibration",
+                f"{where} {scheme!r} has static activation scales and needs calibration data; "
+                f"add '{CALIBRATION_EXAMPLE}' or use a dynamic-activation scheme such as ptpc_fp8",
+            ))
+        if self.applies_to == "eagle3-draft" and not any(k.selects("lm_head") for k in self.keep):
+            problems.append((
+                "keep",
+                "an eagle3-draft recipe must keep lm_head in high precision (vLLM cannot load a quantized "
+                "EAGLE-3 draft lm_head); add '- role: lm_head' with a reason",
+            ))
+        placed_roles = [(f"quantize[{i}]", role) for i, role in enumerate(self.quantize or [])]
+        placed_roles += [(f"keep[{i}].role", k.role) for i, k in enumerate(self.keep) if k.role is not None]
+        placed_roles += [(f"overrides[{i}].role", o.role) for i, o in enumerate(self.overrides) if o.role is not None]
+        for key, role in placed_roles:
+            if self.applies_to not in ROLES[role].applies_to:
+                problems.append((
+                    key,
+                    f"role {role!r} does not exist in {self.applies_to} models "
+                    f"(only in {', '.join(ROLES[role].applies_to)}); remove it or fix applies_to",
+                ))
+        kept_roles = {k.role for k in self.keep if k.role is not None}
+        for i, o in enumerate(self.overrides):
+            if o.role in kept_roles:
+                problems.append((
+                    f"overrides[{i}].role",
+                    f"{o.role!r} is also in keep; a layer group is either kept or overridden, remove one",
+                ))
+        for i, role in enumerate(self.quantize or []):
+            if role in kept_roles:
+                problems.append((
+                    f"quantize[{i}]",
+                    f"{role!r} is also in keep; a layer group is either kept or quantized, remove one",
+                ))
+        return problems
+
+    @property
+    def source(self) -> Path | None:
+        """The file this recipe was loaded from (None when built in code)."""
+        return self._source
+
+    @property
+    def scheme_facts(self) -> SchemeFacts:
+        """Facts about the global scheme."""
+        return QUARK_SCHEMES[self.scheme]
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the global scheme or an override stores calibrated activation scales."""
+        schemes = [self.scheme, *(o.scheme for o in self.overrides)]
+        return any(QUARK_SCHEMES[s].static_activation_scales for s in schemes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain data, in the YAML layout (loading it back gives an equal recipe)."""
+        data = self.model_dump(mode="json")
+        for entry in (*data["keep"], *data["overrides"]):
+            for selector in ("role", "pattern"):
+                if entry[selector] is None:
+                    del entry[selector]
+        if self.calibration is None:
+            data["calibration"] = "none"  # as written in YAML; `calibration: null` would read the same
+        return data
+
+
+# --- loading ----------------------------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which PyYAML would silently resolve to the last one."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def builtin_recipe_names() -> list[str]:
+    """Names of the built-in recipes (file stems in recipes_dir())."""
+    folder = recipes_dir()
+    if not folder.is_dir():
+        raise RecipeError(
+            f"built-in recipes folder {folder} not found; set QUANTKIT_RECIPES_DIR or install quantkit from a "
+            "source checkout (pip install -e .)"
+        )
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _looks_like_path(name_or_path: str | Path) -> bool:
+    if isinstance(name_or_path, Path):
+        return True
+    return (
+        "/" in name_or_path
+        or os.sep in name_or_path
+        or name_or_path.endswith((".yaml", ".yml"))
+        or Path(name_or_path).is_file()
+    )
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """Load a built-in recipe by name, or a user recipe from a YAML file path."""
+    if _looks_like_path(name_or_path):
+        return load_recipe_file(Path(name_or_path))
+    names = builtin_recipe_names()
+    if name_or_path not in names:
+        raise RecipeError(
+            f"unknown recipe {name_or_path!r} (available: {', '.join(names) or 'none'}); "
+            "give one of these or a path to a .yaml file"
+        )
+    path = recipes_dir() / f"{name_or_path}.yaml"
+    recipe = load_recipe_file(path)
+    if recipe.name != path.stem:
+        # Built-ins are found by file name, so a different `name` inside would make `show` and `list` disagree.
+        raise RecipeError(f"recipe {path}: name: {recipe.name!r} differs from the file name; rename one of them")
+    return recipe
+
+
+def list_recipes() -> list[Recipe]:
+    """All built-in recipes, sorted by name."""
+    return [load_recipe(name) for name in builtin_recipe_names()]
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    """Parse and validate one recipe file; every problem becomes a one-line RecipeError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(
+            f"recipe file {path} not found; check the path, or use a built-in recipe name "
+            f"({', '.join(_safe_builtin_names()) or 'none available'})"
+        ) from None
+    except IsADirectoryError:
+        raise RecipeError(f"recipe {path}: is a folder; give a .yaml file") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe {path}: not UTF-8 text; save it as UTF-8 YAML") from None
+    except PermissionError:
+        raise RecipeError(f"recipe {path}: permission denied; make the file readable") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise RecipeError(f"recipe {path}: {_describe_yaml_error(e)}") from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise RecipeError(
+            f"recipe {path}: expected a mapping of keys ({', '.join(Recipe.model_fields)}), got {got}; "
+            f"see {recipes_dir() / 'fp8-draft.yaml'} for an example"
+        )
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(f"recipe {path}: {_describe_validation_error(e)}") from None
+    recipe._source = path
+    return recipe
+
+
+def _safe_builtin_names() -> list[str]:
+    try:
+        return builtin_recipe_names()
+    except RecipeError:
+        return []
+
+
+def _describe_yaml_error(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    fix = "merge the two entries" if problem.startswith("duplicate key") else "fix the YAML syntax"
+    return f"invalid YAML{where}: {problem}; {fix}"
+
+
+# --- turning pydantic errors into one line -------------------------------------------------------------------------
+
+_MISSING_FIXES: dict[str, str] = {
+    "name": "add 'name: <lowercase-with-dashes>'",
+    "description": "add a one-line 'description'",
+    "applies_to": f"add 'applies_to: <{' | '.join(TARGET_KINDS)}>'",
+    "scheme": "add 'scheme: <Quark scheme>', e.g. ptpc_fp8 or mxfp4",
+    "keep": "add 'keep: []', or list the layers kept in BF16 with a reason each",
+    "reason": "say why, so that the next person knows whether it still holds",
+    "samples": "add the number of calibration samples",
+    "seq_len": "add the calibration sequence length",
+}
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The recipe model class that validates the mapping at `loc` (list indices are skipped)."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is None or part not in model.model_fields:
+            return None
+        model = _inner_model(model.model_fields[part].annotation)
+    return model
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    # Unwraps list[X], X | None and the like down to the model class X, if there is one.
+    pending = [annotation]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            return current
+        pending.extend(get_args(current))
+    return None
+
+
+def _describe_one(error: Any) -> str:
+    loc: tuple[int | str, ...] = tuple(error["loc"])
+    kind: str = error["type"]
+    value = error.get("input")
+    ctx = error.get("ctx") or {}
+    if kind.startswith("quantkit_"):
+        key = ctx.get("key") or _key_path(loc) or "(top level)"
+        return f"{key}: {error['msg']}"
+    key = _key_path(loc) or "(top level)"
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        allowed = f" (allowed: {', '.join(model.model_fields)})" if model else ""
+        return f"{key}: unknown key {loc[-1]!r}{allowed}"
+    fix = _MISSING_FIXES.get(str(loc[-1])) if loc else None
+    if kind == "missing":
+        return f"{key}: missing required field" + (f"; {fix}" if fix else "")
+    if value is None:  # `key:` with nothing after it in YAML
+        return f"{key}: is empty" + (f"; {fix}" if fix else "; give a value")
+    if kind == "literal_error":
+        return f"{key}: unknown value {value!r} (allowed: {ctx.get('expected', '')}); use one of them"
+    if kind in ("model_type", "dict_type"):
+        model = _model_at(loc)
+        keys = f" with keys {', '.join(model.model_fields)}" if model else ""
+        return f"{key}: expected a mapping{keys}, got {type(value).__name__} {value!r}"
+    message = str(error["msg"])
+    if message.startswith("Input should be "):
+        message = "should be " + message.removeprefix("Input should be ")
+    else:
+        message = message.removeprefix("Value error, ")
+        message = message[:1].lower() + message[1:]
+    return f"{key}: {message}, got {type(value).__name__} {value!r}"
+
+
+def _describe_validation_error(e: ValidationError) -> str:
+    errors = e.errors(include_url=False)
+    line = _describe_one(errors[0])
+    if len(errors) > 1:
+        line += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return line

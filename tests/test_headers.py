@@ -1,0 +1,163 @@
+"""The stdlib safetensors header reader, checked against files written and read by the real safetensors library."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from quantkit.errors import CheckpointError
+from quantkit.headers import INDEX_FILE, TensorInfo, checkpoint_tensors, read_header, safetensors_files
+
+TENSORS: dict[str, tuple[torch.dtype, tuple[int, ...], str]] = {
+    "w.f32": (torch.float32, (3, 5), "F32"),
+    "w.bf16": (torch.bfloat16, (4, 8), "BF16"),
+    "w.f16": (torch.float16, (2, 2, 2), "F16"),
+    "w.fp8": (torch.float8_e4m3fn, (16, 32), "F8_E4M3"),
+    "w.mxfp4_packed": (torch.uint8, (16, 16), "U8"),
+    "ids.i64": (torch.int64, (7,), "I64"),
+    "mask.bool": (torch.bool, (3,), "BOOL"),
+    "scale.scalar": (torch.float32, (), "F32"),
+    "empty": (torch.float32, (0, 3), "F32"),
+}
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    return {name: torch.zeros(shape, dtype=torch.float32).to(dtype) for name, (dtype, shape, _) in TENSORS.items()}
+
+
+@pytest.fixture
+def real_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model.safetensors"
+    save_file(_tensors(), str(path), metadata={"format": "pt"})
+    return path
+
+
+def _assert_one_line(error: pytest.ExceptionInfo[CheckpointError], *fragments: str) -> None:
+    message = str(error.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_header_matches_safetensors_library(real_file: Path) -> None:
+    header = read_header(real_file)
+    assert header["__metadata__"] == {"format": "pt"}
+    assert set(header) - {"__metadata__"} == set(TENSORS)
+    with safe_open(str(real_file), framework="pt") as f:
+        for name, (_, shape, dtype) in TENSORS.items():
+            assert header[name]["dtype"] == dtype == f.get_slice(name).get_dtype()
+            assert header[name]["shape"] == list(shape) == f.get_slice(name).get_shape()
+
+
+def test_single_file_checkpoint(real_file: Path) -> None:
+    tensors = checkpoint_tensors(real_file.parent)
+    assert tensors == {
+        name: TensorInfo("model.safetensors", dtype, shape) for name, (_, shape, dtype) in TENSORS.items()
+    }
+
+
+def _sharded(folder: Path) -> dict[str, str]:
+    tensors = _tensors()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:4], "model-00002-of-00002.safetensors": names[4:]}
+    weight_map = {}
+    for file, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(folder / file))
+        weight_map |= {n: file for n in members}
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map}))
+    return weight_map
+
+
+def test_sharded_checkpoint_follows_index(tmp_path: Path) -> None:
+    weight_map = _sharded(tmp_path)
+    save_file({"stray": torch.zeros(1)}, str(tmp_path / "unindexed.safetensors"))  # not in the index: ignored
+    tensors = checkpoint_tensors(tmp_path)
+    assert {name: t.file for name, t in tensors.items()} == weight_map
+    assert tensors["w.bf16"] == TensorInfo(weight_map["w.bf16"], "BF16", (4, 8))
+    assert safetensors_files(tmp_path) == sorted(set(weight_map.values()))
+
+
+def test_stale_index_is_an_error(tmp_path: Path) -> None:
+    weight_map = _sharded(tmp_path)
+    weight_map["w.gone"] = "model-00001-of-00002.safetensors"
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, INDEX_FILE, "'w.gone'", "stale")
+
+
+def test_index_naming_a_missing_shard_is_an_error(tmp_path: Path) -> None:
+    _sharded(tmp_path)
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, INDEX_FILE, "model-00002-of-00002.safetensors, which is missing")
+
+
+def test_bad_index_json_is_an_error(tmp_path: Path) -> None:
+    _sharded(tmp_path)
+    (tmp_path / INDEX_FILE).write_text("{ not json")
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, str(tmp_path / INDEX_FILE), "not valid JSON")
+
+
+def test_tensor_in_two_unindexed_files_is_an_error(tmp_path: Path) -> None:
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "a.safetensors"))
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, "'w' is in both a.safetensors and b.safetensors")
+
+
+def test_folder_without_safetensors_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, str(tmp_path), "no .safetensors files")
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path / "nowhere")
+    _assert_one_line(error, "checkpoint folder not found")
+
+
+def _raw(path: Path, header: bytes | object, data: bytes = b"", length: int | None = None) -> Path:
+    body = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(body) if length is None else length) + body + data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        pytest.param(lambda f: f.write_bytes(f.read_bytes()[:4]) and f, "only 4 bytes", id="shorter-than-8-bytes"),
+        pytest.param(lambda f: f.write_bytes(f.read_bytes()[:40]) and f, "header length", id="cut-in-header"),
+        pytest.param(lambda f: f.write_bytes(f.read_bytes()[:-10]) and f, "outside the file", id="cut-in-data"),
+        pytest.param(lambda f: _raw(f, b"{not json!"), "not valid JSON", id="bad-json"),
+        pytest.param(lambda f: _raw(f, b"\xff\xfe{}"), "not valid JSON", id="not-utf8"),
+        pytest.param(lambda f: _raw(f, [1, 2]), "JSON list, not an object", id="json-array"),
+        pytest.param(lambda f: _raw(f, b"{}", length=2**62), "does not fit", id="absurd-length"),
+        pytest.param(lambda f: _raw(f, b"", length=0), "does not fit", id="zero-length"),
+        pytest.param(lambda f: _raw(f, {"w": {"dtype": "F32"}}), "'w' header entry is malformed", id="no-shape"),
+        pytest.param(
+            lambda f: _raw(f, {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "spans 4 bytes",
+            id="shape-vs-bytes",
+        ),
+    ],
+)
+def test_corrupt_file_is_one_line_checkpoint_error(real_file: Path, make: object, fragment: str) -> None:
+    path = make(real_file)  # type: ignore[operator]
+    with pytest.raises(CheckpointError) as error:
+        read_header(path)
+    _assert_one_line(error, str(real_file), fragment)
+
+
+def test_missing_file_is_a_checkpoint_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as error:
+        read_header(tmp_path / "nope.safetensors")
+    _assert_one_line(error, "nope.safetensors: file not found")
