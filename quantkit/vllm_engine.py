@@ -88,3 +88,80 @@ def read_spec_counters(llm) -> SpecDecodeCounters:
         num_accepted_tokens=value("vllm:spec_decode_num_accepted_tokens"),
         accepted_per_pos=[int(v) for v in per_pos.values] if per_pos is not None else [],
     )
+
+
+def _loaded_layers(model) -> dict[str, dict[str, Any]]:
+    """Per module with a quant method: method, weight dtype/shape, scale stats, and a weight digest."""
+    import hashlib
+
+    import torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, mod in model.named_modules():
+        method = getattr(mod, "quant_method", None)
+        if method is None:
+            continue
+        weight = getattr(mod, "weight", None)
+        info: dict[str, Any] = {"method": type(method).__name__,
+                                "scheme": type(getattr(mod, "scheme", None)).__name__ if hasattr(mod, "scheme") else None}
+        if isinstance(weight, torch.Tensor):
+            w = weight.detach().contiguous().cpu()
+            info.update(dtype=str(w.dtype).replace("torch.", ""), shape=list(w.shape),
+                        sha256=hashlib.sha256(w.view(torch.uint8).numpy().tobytes()).hexdigest())
+        probe = _probe_output(mod, method)
+        if probe is not None:
+            info["probe_output"] = probe
+        scale = getattr(mod, "weight_scale", None)
+        if isinstance(scale, torch.Tensor):
+            s = scale.detach().float().cpu()
+            info.update(scale_min=float(s.min()), scale_max=float(s.max()), scale_finite=bool(torch.isfinite(s).all()))
+        out[name] = info
+    return out
+
+
+PROBE_ROWS = 2
+
+
+def probe_input(in_features: int):
+    """The fixed input fed to every loaded linear: a layer's output on it identifies its weights even where vLLM's
+    CPU kernels repack the weight and drop the original tensor (dispatch_cpu_unquantized_gemm)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(PROBE_ROWS, in_features, generator=g).to(torch.bfloat16)
+
+
+def _probe_output(mod, method) -> list[list[float]] | None:
+    import torch
+
+    in_features = getattr(mod, "input_size", None) or getattr(mod, "embedding_dim", None)
+    if not isinstance(in_features, int) or not hasattr(method, "apply") or type(method).__name__.endswith("MoEMethod"):
+        return None
+    try:
+        with torch.no_grad():
+            y = method.apply(mod, probe_input(in_features))
+    except Exception:  # an op this platform lacks: no probe, the dtype and scale facts still stand
+        return None
+    y = y[0] if isinstance(y, tuple) else y
+    return y.float().cpu().tolist()
+
+
+def _draft_layers_on_worker(worker) -> dict[str, dict[str, Any]]:
+    return _loaded_layers(worker.model_runner.drafter.model)
+
+
+def _target_layers_on_worker(worker) -> dict[str, dict[str, Any]]:
+    return _loaded_layers(worker.model_runner.model)
+
+
+def loaded_draft_layers(llm) -> dict[str, dict[str, Any]]:
+    """What vLLM actually loaded for the EAGLE-3 draft: per module, its quant method, dtype and scale stats.
+
+    Module names are the drafter's own (`model.layers.0.*` for its only decoder layer; vLLM used
+    `model.layers.<target layers>.*` as the quantization-config prefix when it built them).
+    """
+    return llm.collective_rpc(_draft_layers_on_worker)[0]
+
+
+def loaded_target_layers(llm) -> dict[str, dict[str, Any]]:
+    return llm.collective_rpc(_target_layers_on_worker)[0]
