@@ -37,6 +37,14 @@ QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
 # A stand-in target layer count for drafts applied without --target: vLLM numbers the draft's decoder layer after
 # the target's layers, which only matters for kept decoder-layer modules (written as `re:` then).
 _UNKNOWN_TARGET_LAYERS = 987654
+# Architectures whose transformers 5 in-memory module names differ from their checkpoint names: Quark's in-memory
+# export writes the in-memory names, which vLLM's loader for that architecture does not read. transformers 5 loads
+# MiniMax-M2's `block_sparse_moe.experts.<e>.w1/w2/w3` as `mlp.experts` (conversion_mapping.py), so the export
+# would hold `mlp.experts.<e>.gate_proj`, and vllm/model_executor/models/minimax_m2.py expects the original names.
+IN_MEMORY_RENAMES = {
+    "minimax_m2": "transformers 5 renames block_sparse_moe.experts.*.w1/w2/w3 in memory, so Quark's in-memory "
+                  "export would write names vLLM's MiniMax-M2 loader does not read",
+}
 # Dtypes a quantized weight is stored as, per scheme family (safetensors dtype names).
 QUANTIZED_WEIGHT_DTYPES = {"fp8": {"F8_E4M3"}, "mxfp4": {"U8"}}
 
@@ -72,6 +80,7 @@ class ApplyResult:
     model_kind: str
     architecture: str
     path: str
+    path_reason: str
     device: str
     exclude: list[str]
     quark_exclude: list[str]
@@ -355,6 +364,39 @@ def _rewrite_layer_quant_config(qc: dict[str, Any], decisions: list[LayerDecisio
     qc["layer_quant_config"] = out
 
 
+def restore_kept_tensors(src: SourceCheckpoint, out: Path, decisions: list[LayerDecision]) -> list[str]:
+    """Give every tensor that is not part of a quantized layer its source dtype and bytes back.
+
+    The in-memory path goes through transformers, which holds some tensors in another dtype than the checkpoint
+    (DeepSeek-V3's e_score_correction_bias is an fp32 buffer even when stored as bf16) and exports them so. A
+    tensor is restored only if its values equal the source's; anything else is left for verify_output to report.
+    """
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    quantized = tuple(f"{m}." for d in decisions if d.action == "quantize" for m in d.checkpoint_modules)
+    restored: list[str] = []
+    for file in sorted({t.file for t in checkpoint_tensors(out).values()}):
+        with safe_open(str(out / file), "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            metadata = f.metadata()
+        changed = False
+        for name, t in tensors.items():
+            info = src.tensors.get(name)
+            if info is None or name.startswith(quantized):
+                continue
+            with safe_open(str(src.path / info.file), "pt") as f:
+                original = f.get_tensor(name)
+            if t.dtype != original.dtype and t.shape == original.shape and torch.equal(t.to(original.dtype), original):
+                tensors[name] = original
+                restored.append(name)
+                changed = True
+        if changed:
+            save_file(tensors, str(out / file), metadata=metadata)
+    return restored
+
+
 def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecision]) -> dict[str, Any]:
     """Check the written tensors against the plan: kept tensors byte-identical to the source, quantized ones in
     a quantized dtype with their scales. Raises ApplyVerificationError on the first mismatch."""
@@ -448,6 +490,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     output = Path(output)
     check_output_free(output.expanduser().resolve(), overwrite)
     run_path = path or rec.path
+    path_note = f"--path {path}" if path else f"recipe {rec.name}"
     if run_path not in ("in-memory", "per-shard"):
         raise ApplyError(f"--path {run_path!r}: use in-memory or per-shard")
     if run_path == "per-shard" and rec.needs_calibration:
@@ -465,6 +508,14 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         if n_target is not None and info.aux_layer_ids and max(info.aux_layer_ids) > n_target:
             raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
                              f"{n_target} layers; is --target the draft's target?")
+    renamed = IN_MEMORY_RENAMES.get(str(src.config.get("model_type")))
+    if renamed and run_path == "in-memory":
+        if path == "in-memory":
+            raise ApplyError(f"--path in-memory: not for {src.architecture}: {renamed}; use --path per-shard")
+        if rec.needs_calibration:
+            raise ApplyError(f"recipe {rec.name} needs calibration (in-memory), but for {src.architecture} "
+                             f"{renamed}; use a dynamic-activation scheme such as ptpc_fp8 or mxfp4")
+        run_path, path_note = "per-shard", f"per-shard instead of in-memory: {renamed}"
     layers = runtime_layers(src.config, src.tensors.keys(),
                             (n_target or _UNKNOWN_TARGET_LAYERS) if kind == "eagle3-draft" else None)
     decisions = plan_layers(rec, layers)
@@ -505,14 +556,17 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                     not stale.name.endswith(".safetensors"):
                 stale.unlink()
         copy_aux_files(src.path, tmp)
+        restored = restore_kept_tensors(src, tmp, decisions)
         progress("verifying the written tensors against the plan and the source")
         verified = verify_output(src, tmp, decisions)
+        verified["restored_source_dtype"] = restored
         timings["verify"] = time.perf_counter() - t2
         timings["total"] = time.perf_counter() - t0
         out_size = sum(p.stat().st_size for p in tmp.glob("*.safetensors"))
         result = ApplyResult(
             output=str(output.expanduser().resolve()), source=src.hub_id or str(src.path.resolve()),
-            recipe=rec.to_dict(), model_kind=kind, architecture=src.architecture, path=run_path, device=dev,
+            recipe=rec.to_dict(), model_kind=kind, architecture=src.architecture, path=run_path,
+            path_reason=path_note, device=dev,
             exclude=exclude, quark_exclude=quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
             size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
