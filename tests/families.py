@@ -66,3 +66,40 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 def index_files(folder: Path) -> set[str]:
     return set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())
+
+
+def speculators_draft(eagle_draft: Path, out: Path, target: Path) -> Path:
+    """The bundled EAGLE-3 draft rewritten in the speculators format (speculators_model_type: eagle3): the Llama
+    layer config under transformer_layer_config, the decoder layer as layers.0.*, as vLLM's
+    transformers_utils/configs/speculators reads it."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    src_cfg = json.loads((eagle_draft / "config.json").read_text())
+    layer_cfg = {k: v for k, v in src_cfg.items()
+                 if k not in ("architectures", "eagle_config", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size")}
+    layer_cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.2.0",
+        "draft_vocab_size": src_cfg["draft_vocab_size"],
+        "norm_before_residual": False,
+        "target_hidden_size": src_cfg["target_hidden_size"],
+        "eagle_aux_hidden_state_layer_ids": src_cfg["eagle_aux_hidden_state_layer_ids"],
+        "transformer_layer_config": layer_cfg,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in tensors(eagle_draft).items()}
+    save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(eagle_draft / f, out / f)
+    return out

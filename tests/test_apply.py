@@ -212,3 +212,24 @@ def test_per_shard_refused_for_static_activation_scales(tiny, tmp_path):
     line = _run_bad(["--recipe", str(recipe), "--model", str(tiny / "target"), "--path", "per-shard"],
                     tmp_path / "o")
     assert "per-shard" in line and "input_scale" in line
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_speculators_format_draft(tiny, tmp_path):
+    """A speculators-format draft (speculators_model_type: eagle3, layers.0.*): vLLM builds its hf_config from
+    transformer_layer_config only, so the quantization config must be there for the FP8 layers to load as FP8."""
+    require_vllm()
+    from quantkit.quantize import apply
+
+    from . import families
+
+    src = families.speculators_draft(tiny / "eagle3-draft", tmp_path / "spec", tiny / "target")
+    result = apply("fp8-draft", src, tmp_path / "spec-fp8", target=tiny / "target", progress=None)
+    cfg = json.loads((tmp_path / "spec-fp8" / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and result.exclude == ["model.fc", "lm_head"]
+    assert cfg["transformer_layer_config"]["quantization_config"]["exclude"] == ["model.fc", "lm_head"]
+    assert _tensors(tmp_path / "spec-fp8")["layers.0.mlp.down_proj.weight"].dtype == torch.float8_e4m3fn
+    layers = _draft_layers_loaded_by_vllm(tiny / "target", tmp_path / "spec-fp8")
+    assert layers["model.layers.0.mlp.down_proj"]["dtype"] == "float8_e4m3fn"
+    assert layers["model.fc"]["dtype"] == "bfloat16" and layers["model.fc"]["method"] == "UnquantizedLinearMethod"
