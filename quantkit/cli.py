@@ -243,6 +243,53 @@ def _render_acceptance(result: Any) -> None:
                   f"{b.num_drafts} and {c.num_drafts} drafts")
 
 
+@main.command("gate")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("quantkit-gate"),
+              show_default=True, help="Folder for report.json, report.md, junit.xml and report-<candidate>.json.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the JUnit XML (default: OUT/junit.xml).")
+@_json_option("Print the report JSON on stdout.")
+def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool) -> None:
+    """Run a pre-deployment gate: check, acceptance and eval on candidates, each figure against its threshold.
+
+    \b
+    quantkit gate examples/gate-tiny.yaml --out gate-report --junit junit.xml
+
+    Exit 0 when every threshold holds; 1 when any is missed, any step fails or errors, or a configured step
+    produced no result (the gate fails closed); 2 for a bad config. Writes the report as JSON (versioned), Markdown
+    and JUnit XML, and appends the Markdown to $GITHUB_STEP_SUMMARY when it is set.
+    """
+    from quantkit.gate import run_gate, write_reports
+
+    result = run_gate(config)
+    write_reports(result, out_dir, junit)
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        _render_gate(result)
+    for c in result.failures:
+        click.echo(f"gate failed: {c.line()}{': ' + c.message if c.message and c.value is not None else ''}",
+                   err=True)
+    if not result.passed:
+        raise SystemExit(1)
+
+
+def _render_gate(result: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"gate {result.name}: {'PASSED' if result.passed else 'FAILED'}", title_justify="left")
+    for col in ("candidate", "step", "figure", "value", "threshold", "result"):
+        table.add_column(col, overflow="fold")
+    for c in result.checks:
+        table.add_row(c.candidate, c.step, c.name, "-" if c.value is None else f"{c.value:.4g}",
+                      "-" if c.threshold is None else f"{c.op} {c.threshold:.4g}",
+                      "pass" if c.passed else f"FAIL {c.message}".strip())
+    console = _console()
+    console.print(table)
+    console.print(f"reports: {', '.join(result.outputs.values())}")
+
+
 @main.command()
 @click.option(
     "--workdir",
@@ -250,40 +297,65 @@ def _render_acceptance(result: Any) -> None:
     default=Path("quantkit-demo"),
     show_default=True,
     envvar="QUANTKIT_DEMO_WORKDIR",
-    help="Where the demo's quantized models will go once the quantization steps exist; nothing is written yet.",
+    help="Where the demo writes its quantized models, gate report and model card preview.",
 )
 @_json_option()
 def demo(workdir: Path, as_json: bool) -> None:
-    """Show the bundled tiny target + EAGLE-3 draft and the recipes to quantize them with.
+    """Run the whole pipeline on the bundled tiny models (a few minutes on 2 CPU cores).
 
-    The tiny models are made by `python examples/make_tiny_models.py`. Their sizes and tensor counts are read
-    from config.json and safetensors headers only. Quantizing, checking and measuring them come in later
-    releases.
+    \b
+    1. apply fp8-draft to the EAGLE-3 draft and mxfp4-moe to the Qwen3-MoE target
+    2. gate: check both (vLLM contract; real vLLM load where it can run), acceptance of the FP8 draft
+       against the BF16 draft (vLLM when installed, else the reference engine), eval of MXFP4 vs BF16 MoE
+    3. publish --dry-run of the FP8 draft: the model card and the file list, no network
     """
-    from quantkit.headers import summarize_checkpoint
-    from quantkit.paths import tiny_models_dir
-    from quantkit.recipes import list_recipes
+    from quantkit.demo import run_demo
 
-    folder = tiny_models_dir()
-    model_dirs = sorted(p for p in folder.iterdir() if (p / "config.json").is_file()) if folder.is_dir() else []
-    if not model_dirs:
-        raise BundledDataError(f"no tiny models in {folder}; run `{MAKE_TINY_MODELS}` to create them")
-    models = [summarize_checkpoint(p) for p in model_dirs]
-    items = list_recipes()
-    note = "apply, check and acceptance for these models come in later releases"
+    result = run_demo(workdir)
     if as_json:
-        _print_json({
-            "tiny_models_dir": str(folder),
-            "workdir": str(workdir),
-            "models": [m.to_dict() for m in models],
-            "recipes": [r.to_dict() for r in items],
-            "note": note,
-        })
+        _print_json(result.to_dict())
         return
+    _render_demo(result)
+
+
+def _render_demo(result: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"quantkit demo: {result.seconds:.0f}s, gate {'PASSED' if result.gate_passed else 'FAILED'}",
+                  title_justify="left")
+    table.add_column("step")
+    table.add_column("seconds", justify="right")
+    table.add_column("result", overflow="fold")
+    for s in result.steps:
+        info = {k: v for k, v in s.items() if k not in ("step", "seconds")}
+        if "quantized" in info:
+            text = (f"{info['quantized']} layers quantized, {info['kept']} kept; {info['size_mb'][0]} -> "
+                    f"{info['size_mb'][1]} MB; vLLM exclude {info['exclude']}")
+        elif "passed" in info:
+            text = f"{'passed' if info['passed'] else 'FAILED'}: {info['checks']} checks" + (
+                "; " + "; ".join(info["failures"]) if info["failures"] else "")
+        else:
+            text = f"card + file list in {info.get('dry_run_dir')}"
+        table.add_row(s["step"], f"{s['seconds']:.1f}", text)
     console = _console()
-    console.print(_models_table(models, folder))
-    console.print(_recipes_table(items))
-    console.print(f"Next: {note}; their outputs will go to {workdir}.")
+    console.print(table)
+    report = Path(result.outputs["gate_report"]) / "report.json"
+    try:
+        data = json.loads(report.read_text())
+        acc = data["candidates"]["draft-fp8"].get("acceptance")
+        ev = data["candidates"]["moe-mxfp4"].get("eval")
+    except (OSError, KeyError, json.JSONDecodeError):
+        acc = ev = None
+    if acc:
+        console.print(f"acceptance ({acc['backend']}): BF16 draft AL {acc['baseline']['mean_acceptance_length']:.3f}, "
+                      f"FP8 draft AL {acc['candidate']['mean_acceptance_length']:.3f}, ratio {acc['ratio']:.3f} "
+                      f"(95% CI {acc['ratio_ci'][0]:.3f}-{acc['ratio_ci'][1]:.3f})")
+    if ev:
+        for t in ev["tasks"]:
+            console.print(f"eval {t['task']} {t['metric']}: BF16 {t['baseline']:.3f}, MXFP4 {t['candidate']:.3f}, "
+                          f"recovery {t['recovery'] if t['recovery'] is None else round(t['recovery'], 3)}")
+    for name, path in result.outputs.items():
+        console.print(f"{name}: {path}")
 
 
 # --- rendering ----------------------------------------------------------------------------------------------------

@@ -241,12 +241,12 @@ def _eval_results(report: Report, model_name: str) -> list[Any]:
     return results
 
 
-def _as_report(report: Report | str | Path | dict[str, Any] | None) -> Report | None:
+def _as_report(report: Report | str | Path | dict[str, Any] | None, folder: str | Path | None = None) -> Report | None:
     if report is None or isinstance(report, Report):
         return report
     if isinstance(report, dict):
-        return parse_report(report)
-    return load_report(report)
+        return parse_report(report, model=folder)
+    return load_report(report, model=folder)
 
 
 def build_model_card(folder: str | Path, report: Report | str | Path | dict[str, Any] | None = None,
@@ -257,7 +257,7 @@ def build_model_card(folder: str | Path, report: Report | str | Path | dict[str,
     from huggingface_hub import ModelCard, ModelCardData
 
     manifest = read_manifest(folder)
-    rep = _as_report(report)
+    rep = _as_report(report, folder)
     repo = repo_id or "ORG/NAME"
     name = repo.split("/")[-1]
     kind = str(manifest.get("model_kind", "unknown"))

@@ -122,8 +122,30 @@ class Report(_Section):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-def parse_report(data: Any, source: str = "report") -> Report:
-    """Validate a decoded report; `source` names it in errors."""
+def select_candidate(data: Any, model: str | Path | None, source: str = "report") -> Any:
+    """From a whole-gate report (`candidates`: name -> report), the one whose `model` is `model`'s folder.
+
+    A report of one model is returned as is; a gate report with one candidate gives that candidate.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("candidates"), dict):
+        return data
+    cands = data["candidates"]
+    if model is not None:
+        want = str(Path(model).resolve())
+        for rep in cands.values():
+            if isinstance(rep, dict) and rep.get("model") and str(Path(rep["model"]).resolve()) == want:
+                return {"schema_version": data.get("schema_version", REPORT_SCHEMA_VERSION), **rep}
+    if len(cands) == 1:
+        rep = next(iter(cands.values()))
+        return {"schema_version": data.get("schema_version", REPORT_SCHEMA_VERSION), **rep}
+    names = ", ".join(cands)
+    raise ReportError(f"{source}: a gate report with candidates {names} and none is {model}; pass the candidate's "
+                      "report-<name>.json written beside it")
+
+
+def parse_report(data: Any, source: str = "report", model: str | Path | None = None) -> Report:
+    """Validate a decoded report; `source` names it in errors; `model` picks a candidate of a gate report."""
+    data = select_candidate(data, model, source)
     if not isinstance(data, dict):
         raise ReportError(f"{source}: a report is a JSON object with schema_version {REPORT_SCHEMA_VERSION}")
     version = data.get("schema_version", REPORT_SCHEMA_VERSION)
@@ -138,7 +160,7 @@ def parse_report(data: Any, source: str = "report") -> Report:
         raise ReportError(f"{source}: field {where}: {err['msg']}; see quantkit/report.py for the format") from None
 
 
-def load_report(path: str | Path) -> Report:
+def load_report(path: str | Path, model: str | Path | None = None) -> Report:
     """Read a gate report JSON file."""
     p = Path(path)
     try:
@@ -149,4 +171,4 @@ def load_report(path: str | Path) -> Report:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ReportError(f"report {p}: not JSON (line {e.lineno}: {e.msg})") from None
-    return parse_report(data, f"report {p}")
+    return parse_report(data, f"report {p}", model)

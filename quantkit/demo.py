@@ -1,0 +1,124 @@
+"""`quantkit demo`: the whole pipeline on the bundled tiny models, as a user would run it step by step.
+
+apply fp8-draft (EAGLE-3 draft) and mxfp4-moe (MoE target) -> gate (check both, acceptance BF16 vs FP8 draft,
+eval MXFP4 vs BF16 MoE) -> publish --dry-run of the FP8 draft with the gate report -> a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BundledDataError
+from quantkit.paths import tiny_models_dir
+
+Progress = Callable[[str], None]
+DEMO_EVAL_TASKS = ["tiny_capitals_mc", "tiny_arith_gen"]
+DEMO_EVAL_LIMIT = 40
+
+
+@dataclass
+class DemoResult:
+    workdir: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    gate_passed: bool | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workdir": self.workdir, "gate_passed": self.gate_passed, "seconds": round(self.seconds, 1),
+                "steps": self.steps, "outputs": self.outputs}
+
+
+def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int) -> dict[str, Any]:
+    return {
+        "name": "quantkit-demo",
+        "target": str(tiny / "target"),
+        "draft": str(tiny / "eagle3-draft"),
+        "candidates": [
+            {"name": "draft-fp8", "path": str(workdir / "draft-fp8")},
+            {"name": "moe-mxfp4", "path": str(workdir / "moe-mxfp4"), "baseline": str(tiny / "moe-target")},
+        ],
+        "steps": ["check", "acceptance", "eval"],
+        "check": {"platform": "gfx950", "tp": 1, "vllm": "auto"},
+        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": "auto",
+                       "num_speculative_tokens": 3, "max_new_tokens": 64},
+        "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
+    }
+
+
+def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResult:
+    import yaml
+
+    progress = progress or (lambda m: print(f"[quantkit demo] {m}", file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    tiny = tiny_models_dir()
+    if not (tiny / "target" / "config.json").is_file():
+        raise BundledDataError(f"no tiny models in {tiny}; run `python examples/make_tiny_models.py` to create them")
+    work = Path(workdir).expanduser().resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    result = DemoResult(str(work))
+
+    def step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        progress(f"{name} ...")
+        s = time.perf_counter()
+        info = fn()
+        entry = {"step": name, "seconds": round(time.perf_counter() - s, 1), **info}
+        result.steps.append(entry)
+        progress(f"{name}: done in {entry['seconds']}s")
+        return entry
+
+    from quantkit.quantize import apply
+
+    def apply_draft() -> dict[str, Any]:
+        r = apply("fp8-draft", tiny / "eagle3-draft", work / "draft-fp8", target=tiny / "target", overwrite=True,
+                  progress=None)
+        return {"output": r.output, "quantized": len(r.quantized), "kept": len(r.kept), "exclude": r.exclude,
+                "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)]}
+
+    def apply_moe() -> dict[str, Any]:
+        r = apply("mxfp4-moe", tiny / "moe-target", work / "moe-mxfp4", overwrite=True, progress=None)
+        return {"output": r.output, "quantized": len(r.quantized), "kept": len(r.kept), "exclude": r.exclude,
+                "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)]}
+
+    step("apply fp8-draft", apply_draft)
+    step("apply mxfp4-moe", apply_moe)
+
+    config_path = work / "gate.yaml"
+    config_path.write_text(yaml.safe_dump(gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT), sort_keys=False))
+
+    from quantkit.gate import run_gate, write_reports
+
+    gate_box: dict[str, Any] = {}
+
+    def gate() -> dict[str, Any]:
+        g = run_gate(config_path, progress=lambda m: progress(f"gate: {m}"))
+        write_reports(g, work / "gate-report")
+        gate_box["g"] = g
+        return {"passed": g.passed, "checks": len(g.checks), "failures": [c.line() for c in g.failures],
+                "report": str(work / "gate-report" / "report.json")}
+
+    step("gate (check, acceptance, eval)", gate)
+    g = gate_box["g"]
+    result.gate_passed = g.passed
+
+    def publish() -> dict[str, Any]:
+        from quantkit.hub import publish as do_publish
+
+        p = do_publish(work / "draft-fp8", "quantkit-demo/tiny-eagle3-draft-fp8", dry_run=True,
+                       report=work / "gate-report" / "report-draft-fp8.json",
+                       dry_run_dir=work / "publish-preview")
+        return {"dry_run_dir": str(work / "publish-preview"), "files": len(getattr(p, "files", []) or [])}
+
+    step("publish --dry-run", publish)
+    result.outputs = {"draft_fp8": str(work / "draft-fp8"), "moe_mxfp4": str(work / "moe-mxfp4"),
+                      "gate_config": str(config_path), "gate_report": str(work / "gate-report"),
+                      "model_card": str(work / "publish-preview" / "README.md")}
+    result.seconds = time.perf_counter() - t0
+    (work / "demo.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return result
