@@ -10,15 +10,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from quantkit import __version__
-from quantkit.errors import BundledDataError, QuantkitError
+from quantkit.errors import QuantkitError
 
 if TYPE_CHECKING:  # rich and pydantic cost ~0.2 s to import; commands import them when they render or validate
     from rich.console import Console
 
-    from quantkit.headers import CheckpointSummary
     from quantkit.recipes import Recipe
 
-MAKE_TINY_MODELS = "python examples/make_tiny_models.py"
 
 
 class QuantkitGroup(click.Group):
@@ -427,22 +425,6 @@ def _render_apply(result: Any) -> None:
     console.print(f"size {result.size_before_bytes / 1e6:.2f} MB -> {result.size_after_bytes / 1e6:.2f} MB "
                   f"({ratio:.2f}x); {result.path} on {result.device}; {result.timings_s['total']:.1f}s; "
                   f"peak RSS {result.peak_rss_mb:.0f} MB")
-
-
-def _models_table(models: list[CheckpointSummary], folder: Path) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"Tiny models in {folder}", title_justify="left")
-    # Names fold rather than end in '…' when the console is narrow (80 columns when piped): nothing is hidden.
-    table.add_column("name", overflow="fold")
-    table.add_column("architecture", overflow="fold")
-    for column in ("layers", "hidden", "vocab", "MB", "shards", "tensors"):
-        table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
-    for m in models:
-        sizes = (m.num_layers, m.hidden_size, m.vocab_size, f"{m.size_mb:.2f}", m.shards, m.tensors)
-        values = (m.name, m.architecture, *sizes)
-        table.add_row(*("-" if v is None else str(v) for v in values))
-    return table
 
 
 # --- publish -------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from quantkit.checkpoint import SourceCheckpoint, atomic_output, check_output_fr
 from quantkit.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
 from quantkit.errors import QuantkitError
 from quantkit.headers import checkpoint_tensors, read_config
-from quantkit.recipes import QUARK_SCHEMES, Recipe, load_recipe
+from quantkit.recipes import Recipe, load_recipe
 
 # Quark template (LLMTemplate.get) for each model_type quantkit supports; drafts use "llama".
 QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",

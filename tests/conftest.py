@@ -74,3 +74,21 @@ def fp8_draft(tiny, tmp_path_factory):
                                        "--output", str(out), "--target", str(tiny / "target"), "--json"])
     assert result.exit_code == 0, result.output
     return out, json.loads(result.stdout)
+
+
+@pytest.fixture(scope="session")
+def broken_fp8_draft(fp8_draft, tmp_path_factory):
+    """The FP8 draft with every weight scale multiplied by 16: loads fine, drafts badly."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out, _ = fp8_draft
+    broken = tmp_path_factory.mktemp("broken") / "draft-fp8-scales-x16"
+    shutil.copytree(out, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    for name in tensors:
+        if name.endswith("weight_scale"):
+            tensors[name] = (tensors[name].float() * 16).to(tensors[name].dtype)
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    return broken

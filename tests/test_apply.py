@@ -9,21 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from quantkit.cli import main
 
 from .conftest import require_vllm
+from .families import tensors
 
 
-def _tensors(folder: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as s:
-            for k in s.keys():
-                out[k] = s.get_tensor(k)
-    return out
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -49,7 +42,7 @@ def test_fp8_draft_output_files(tiny, fp8_draft):
         assert cfg[key] == value, key
     assert cfg["eagle_aux_hidden_state_layer_ids"] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
-    src, got = _tensors(tiny / "eagle3-draft"), _tensors(out)
+    src, got = tensors(tiny / "eagle3-draft"), tensors(out)
     for name in ("fc.weight", "lm_head.weight", "d2t", "t2d", "norm.weight", "midlayer.hidden_norm.weight",
                  "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"):
         assert _same_bytes(src[name], got[name]), name
@@ -97,7 +90,7 @@ def test_vllm_loads_fp8_draft_as_the_recipe_intends(tiny, fp8_draft, tmp_path):
     `exclude: ["fc", "lm_head"]` must show the silent failure: vLLM quantizes model.fc anyway."""
     require_vllm()
     out, _ = fp8_draft
-    src = _tensors(tiny / "eagle3-draft")
+    src = tensors(tiny / "eagle3-draft")
     layers = _draft_layers_loaded_by_vllm(tiny / "target", out)
     assert layers["model.fc"]["method"] == "UnquantizedLinearMethod" and layers["model.fc"]["dtype"] == "bfloat16"
     assert layers["lm_head"]["method"] == "UnquantizedEmbeddingMethod" and layers["lm_head"]["dtype"] == "bfloat16"
@@ -164,9 +157,9 @@ def test_unsupported_architecture(tmp_path):
 def test_draft_missing_required_tensor(tiny, tmp_path):
     src = tmp_path / "draft"
     shutil.copytree(tiny / "eagle3-draft", src)
-    tensors = _tensors(src)
-    del tensors["fc.weight"]
-    save_file(tensors, str(src / "model.safetensors"))
+    state = tensors(src)
+    del state["fc.weight"]
+    save_file(state, str(src / "model.safetensors"))
     line = _run_bad(["--recipe", "fp8-draft", "--model", str(src)], tmp_path / "o")
     assert "fc.weight" in line
 
@@ -219,7 +212,7 @@ def test_speculators_format_draft(tiny, tmp_path):
     cfg = json.loads((tmp_path / "spec-fp8" / "config.json").read_text())
     assert cfg["speculators_model_type"] == "eagle3" and result.exclude == ["model.fc", "lm_head"]
     assert cfg["transformer_layer_config"]["quantization_config"]["exclude"] == ["model.fc", "lm_head"]
-    assert _tensors(tmp_path / "spec-fp8")["layers.0.mlp.down_proj.weight"].dtype == torch.float8_e4m3fn
+    assert tensors(tmp_path / "spec-fp8")["layers.0.mlp.down_proj.weight"].dtype == torch.float8_e4m3fn
     layers = _draft_layers_loaded_by_vllm(tiny / "target", tmp_path / "spec-fp8")
     assert layers["model.layers.0.mlp.down_proj"]["dtype"] == "float8_e4m3fn"
     assert layers["model.fc"]["dtype"] == "bfloat16" and layers["model.fc"]["method"] == "UnquantizedLinearMethod"

@@ -6,18 +6,12 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from quantkit.prompts import load_prompts
 
+from .families import tensors
 
-def _tensors(folder):
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as s:
-            for k in s.keys():
-                out[k] = s.get_tensor(k)
-    return out
+
 
 
 def _greedy(model, tok, messages, n=40):
@@ -51,7 +45,7 @@ def test_draft_has_the_layout_vllm_reads(tiny):
     """Names and shapes from vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM)."""
     cfg = json.loads((tiny / "eagle3-draft" / "config.json").read_text())
     tcfg = json.loads((tiny / "target" / "config.json").read_text())
-    t = _tensors(tiny / "eagle3-draft")
+    t = tensors(tiny / "eagle3-draft")
     h, th = cfg["hidden_size"], tcfg["hidden_size"]
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["num_hidden_layers"] == 1
@@ -79,7 +73,7 @@ def test_moe_target_loads_from_its_shards(tiny):
     assert len(files) >= 2 and all((folder / f).is_file() for f in files)
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["num_experts"] >= 4
-    shards = _tensors(folder)
+    shards = tensors(folder)
     assert set(shards) == set(index["weight_map"])
     assert "model.layers.1.mlp.experts.7.down_proj.weight" in shards
 
