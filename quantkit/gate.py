@@ -14,7 +14,7 @@ Gate config (YAML; unknown keys are errors; paths are relative to the config fil
     check: {platform: gfx950, tp: 1, vllm: auto}
     acceptance: {min_ratio: 0.98, per_domain_min_ratio: 0.95, min_al: 2.0, use_ci_lower_bound: false,
                  backend: auto, prompts: builtin, num_speculative_tokens: 3, max_new_tokens: 64}
-    eval: {tasks: [tiny_capitals_mc], min_recovery: 0.98, use_lower_bound: false, limit: 100, backend: hf}
+    eval: {tasks: [tiny_french_mc], min_recovery: 0.98, use_lower_bound: false, limit: 100, backend: hf}
 
 Which step applies to which candidate: `check` to all; `acceptance` to drafts (against `draft` with `target`) and
 to quantized targets whose baseline is `target` (run as the verifier of `draft`); `eval` to targets.

@@ -88,7 +88,7 @@ def test_gate_fails_on_a_wrong_exclusion(tiny, fp8_draft, tmp_path):
 def test_gate_fails_closed_on_a_missing_step_result(tiny, fp8_draft, tmp_path):
     """eval is configured but no candidate is a target: no result is a failure, not a pass."""
     out, _ = fp8_draft
-    cfg = _config(tmp_path, tiny, out, steps=["check", "eval"], eval={"tasks": ["tiny_capitals_mc"]})
+    cfg = _config(tmp_path, tiny, out, steps=["check", "eval"], eval={"tasks": ["tiny_french_mc"]})
     result = _gate(cfg, tmp_path / "r")
     assert result.exit_code == 1, result.output
     assert any("eval: eval.result: no result" in x for x in result.stderr.splitlines()), result.stderr
