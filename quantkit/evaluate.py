@@ -60,7 +60,7 @@ class MetricDelta:
     delta_stderr: float | None
     delta_stderr_method: str  # "paired" over items, or "unpaired" from the two stderrs
     delta_ci95: list[float] | None
-    recovery: float | None  # candidate / baseline; None when the baseline is 0
+    recovery: float | None  # candidate / baseline (baseline / candidate when lower is better); None if undefined
     recovery_ci95: list[float] | None  # [lower, upper]: 1 + the delta's interval / the baseline
     recovery_lower_bound: float | None  # recovery_ci95[0], for a gate's statistical threshold
 
@@ -295,8 +295,16 @@ def compare(base: dict[str, Any], cand: dict[str, Any]) -> list[MetricDelta]:
             se = math.sqrt(b["stderr"] ** 2 + c["stderr"] ** 2)
         delta_ci = [delta - Z95 * se, delta + Z95 * se] if se is not None else None
         base_score = b["score"]
-        recovery = c["score"] / base_score if base_score else None
-        recovery_ci = [1 + d / base_score for d in delta_ci] if base_score and delta_ci else None
+        if b["higher_is_better"] is False:
+            # lower is better (perplexity, error rates): recovery is baseline / candidate, so < 1 still means worse
+            cand_score = c["score"]
+            recovery = base_score / cand_score if cand_score else None
+            recovery_ci = None
+            if delta_ci and all(base_score + d > 0 for d in delta_ci):
+                recovery_ci = [base_score / (base_score + delta_ci[1]), base_score / (base_score + delta_ci[0])]
+        else:
+            recovery = c["score"] / base_score if base_score else None
+            recovery_ci = [1 + d / base_score for d in delta_ci] if base_score and delta_ci else None
         name, filt = key.split(",", 1)
         rows.append(MetricDelta(
             task=task, metric=name if filt == "none" else key, filter=filt, higher_is_better=b["higher_is_better"],

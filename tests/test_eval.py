@@ -250,3 +250,16 @@ def test_missing_model_folder_is_one_line(tiny, tmp_path):
                                        "--tasks", TASKS])
     line = _one_line_error(result)
     assert str(tmp_path / "nope") in line and "no such folder" in line
+
+
+def test_recovery_follows_the_metric_direction():
+    """A worse model has recovery < 1 whether its metric is higher- or lower-is-better."""
+    from quantkit.evaluate import compare
+
+    def results(acc, ppl):
+        return {"results": {"t": {"acc,none": acc, "acc_stderr,none": 0.01, "word_perplexity,none": ppl}},
+                "higher_is_better": {"t": {"acc": True, "word_perplexity": False}}}
+
+    rows = {r.metric: r for r in compare(results(0.8, 10.0), results(0.6, 20.0))}
+    assert rows["acc"].recovery == pytest.approx(0.75)
+    assert rows["word_perplexity"].recovery == pytest.approx(0.5) and rows["word_perplexity"].delta == 10.0
