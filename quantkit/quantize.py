@@ -200,7 +200,7 @@ def import_quark():
     return quark.torch
 
 
-def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision], calibration_free: bool = True):
+def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision]):
     """Quark QConfig: global scheme, exclude = every kept module (checkpoint names), overrides per module."""
     from quark.torch import LLMTemplate
 
@@ -211,7 +211,7 @@ def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision]
     return template.get_config(scheme=recipe.scheme, exclude_layers=exclude, layer_config=layer_config or None), exclude
 
 
-def _draft_module(src: Path, config: dict[str, Any], decisions: list[LayerDecision], dtype_name: str):
+def _draft_module(src: Path, config: dict[str, Any], decisions: list[LayerDecision]):
     """A transformers PreTrainedModel whose modules carry the draft checkpoint's own names.
 
     Quark's exporter needs a PreTrainedModel; an EAGLE-3 draft has no transformers class. Every linear the plan
@@ -293,7 +293,7 @@ def _run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict
                    decisions: list[LayerDecision], device: str, progress: Progress) -> list[str]:
     import torch
 
-    qt = import_quark()
+    import_quark()
     from quark.torch import ModelQuantizer, export_safetensors
 
     model_type = "llama" if kind == "eagle3-draft" else str(config.get("model_type"))
@@ -302,7 +302,7 @@ def _run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict
         if recipe.needs_calibration:
             raise ApplyError(f"recipe {recipe.name}: static activation scales need calibration, which an EAGLE-3 "
                              "draft cannot run alone (it needs target hidden states); use ptpc_fp8 or mxfp4")
-        model = _draft_module(src, config, decisions, str(config.get("torch_dtype", "bfloat16")))
+        model = _draft_module(src, config, decisions)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -322,7 +322,6 @@ def _run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict
         model = quantizer.quantize_model(model, data)
         model = quantizer.freeze(model)
         export_safetensors(model, str(tmp))
-    del qt
     return quark_exclude
 
 
