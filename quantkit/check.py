@@ -195,6 +195,8 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
     _platform_notes(layers, platform, findings)
     load = _real_load(ck, layers, target, n_target, vllm, findings, load_timeout_s, progress)
     numeric_result = _numeric(ck, layers, modules, Path(source), findings, progress) if numeric and source else None
+    if numeric_result is not None:
+        numeric_result["logits"] = _numeric_logits(ck, Path(source), target, findings, progress)
     return CheckResult(
         path=str(ck.path), architecture=ck.architecture, model_kind=ck.model_kind,
         target=str(target) if target is not None else None, target_num_layers=n_target, tp=tp, platform=platform,
@@ -940,6 +942,30 @@ def _compare_loaded(layers: Sequence[LayerPrecision], loaded: dict[str, dict[str
 
 
 # --- 3. numeric ------------------------------------------------------------------------------------------------
+
+
+def _numeric_logits(ck: LoadedCheckpoint, source: Path, target: str | Path | None, findings: _Findings,
+                    progress: Progress) -> dict[str, Any] | None:
+    """Logits of the quantized checkpoint vs its source on a few built-in prompts (quantkit.numeric)."""
+    from quantkit.numeric import MIN_MEAN_COSINE, MIN_TOP1_AGREEMENT, logits_agreement
+
+    if ck.model_kind == "eagle3-draft" and target is None:
+        findings.add("info", "numeric-logits-skipped", "--target",
+                     "a draft's logits need its target's hidden states", "pass --target TARGET_DIR")
+        return None
+    progress("numeric: logits on built-in prompts")
+    try:
+        res = logits_agreement(ck.path, source, ck.model_kind, target)
+    except Exception as e:  # noqa: BLE001 - a model that cannot run is a finding, not a crash
+        findings.add("error", "numeric-logits-failed", str(ck.path), f"{type(e).__name__}: {str(e).splitlines()[0]}",
+                     "check that --source is the checkpoint this was quantized from")
+        return None
+    if res["mean_cosine"] < MIN_MEAN_COSINE or res["top1_agreement"] < MIN_TOP1_AGREEMENT:
+        findings.add("error", "numeric-logits-disagreement", str(ck.path),
+                     f"logits vs the source: mean cosine {res['mean_cosine']}, top-1 agreement "
+                     f"{res['top1_agreement']} (need >= {MIN_MEAN_COSINE} and >= {MIN_TOP1_AGREEMENT})",
+                     "find the layer with `quantkit check --numeric` weight errors; re-quantize it or keep it BF16")
+    return res
 
 
 def _numeric(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],

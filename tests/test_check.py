@@ -320,6 +320,10 @@ def test_numeric_against_source(tiny, tiny_outputs, tmp_path):
     assert r.ok and len(errs) == 6  # 2 x (qkv, o_proj, experts)
     assert all(e < 0.05 for n, e in errs.items() if "self_attn" in n)  # FP8
     assert all(0.05 < e < 0.25 for n, e in errs.items() if "experts" in n)  # MXFP4
+    logits = r.numeric["logits"]
+    assert logits["mean_cosine"] > 0.99 and logits["top1_agreement"] > 0.95 and logits["positions"] > 100, logits
+    good = check(tiny_outputs["fp8-draft"], target=tiny / "target", numeric=True, source=tiny / "eagle3-draft")
+    assert good.ok and good.numeric["logits"]["mean_cosine"] > 0.995, good.numeric["logits"]
     bad = copy(tiny_outputs["fp8-draft"], tmp_path / "d")
 
     def damage(t):
@@ -327,7 +331,20 @@ def test_numeric_against_source(tiny, tiny_outputs, tmp_path):
 
     edit_tensors(bad, damage)
     r = check(bad, target=tiny / "target", numeric=True, source=tiny / "eagle3-draft")
-    assert errors(r) == {("numeric-disagreement", "model.layers.4.mlp.gate_up_proj")}
+    assert ("numeric-disagreement", "model.layers.4.mlp.gate_up_proj") in errors(r)
+    assert r.numeric["logits"]["mean_cosine"] < good.numeric["logits"]["mean_cosine"]
+    worse = copy(tiny_outputs["fp8-draft"], tmp_path / "d16")
+
+    def damage_all(t):
+        for name in list(t):
+            if name.endswith("weight_scale"):
+                t[name] *= 16
+
+    edit_tensors(worse, damage_all)
+    r = check(worse, target=tiny / "target", numeric=True, source=tiny / "eagle3-draft")
+    assert ("numeric-logits-disagreement", str(worse)) in errors(r), r.numeric["logits"]
+    no_target = check(tiny_outputs["fp8-draft"], numeric=True, source=tiny / "eagle3-draft")
+    assert ("numeric-logits-skipped", "--target") in no_target.codes("info")
 
 
 def test_static_check_imports_no_quark_nor_torch(tiny, tiny_outputs):
