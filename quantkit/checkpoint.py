@@ -51,17 +51,32 @@ class SourceCheckpoint:
         return sum((self.path / f).stat().st_size for f in self.files)
 
 
-def resolve_source(source: str | Path) -> SourceCheckpoint:
-    """A local folder, or a Hub repo id downloaded with huggingface_hub (safetensors, configs, tokenizer)."""
+WEIGHTS_AND_TOKENIZER = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+
+
+def _locate(source: str | Path, patterns: list[str]) -> tuple[Path, str | None]:
+    """The local folder of `source`, downloading the files matching `patterns` when it is a Hub repo id."""
     path = Path(source).expanduser()
     hub_id = None
     if not path.exists():
         if not HUB_ID.match(str(source)):
             raise CheckpointError(f"model {source}: no such folder; pass a checkpoint folder or a Hub repo id ORG/NAME")
         hub_id = str(source)
-        path = _download(hub_id)
+        path = _download(hub_id, patterns)
     if not path.is_dir():
         raise CheckpointError(f"model {source}: not a folder; pass the checkpoint folder that holds config.json")
+    return path, hub_id
+
+
+def resolve_config(source: str | Path) -> dict[str, Any]:
+    """config.json of a local folder or a Hub repo id, without reading (or downloading) any weights."""
+    path, _ = _locate(source, ["config.json"])
+    return read_config(path)
+
+
+def resolve_source(source: str | Path) -> SourceCheckpoint:
+    """A local folder, or a Hub repo id downloaded with huggingface_hub (safetensors, configs, tokenizer)."""
+    path, hub_id = _locate(source, WEIGHTS_AND_TOKENIZER)
     config = read_config(path)
     tensors = checkpoint_tensors(path)
     if not tensors:
@@ -70,13 +85,12 @@ def resolve_source(source: str | Path) -> SourceCheckpoint:
     return SourceCheckpoint(path=path, config=config, tensors=tensors, hub_id=hub_id, files=files)
 
 
-def _download(repo_id: str) -> Path:
+def _download(repo_id: str, patterns: list[str]) -> Path:
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"model {repo_id}: huggingface_hub is needed to download it ({e})") from None
-    patterns = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except RepositoryNotFoundError:

@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import __version__
-from quantkit.checkpoint import SourceCheckpoint, atomic_output, check_output_free, copy_aux_files, resolve_source, sha256_file
+from quantkit.checkpoint import (
+    SourceCheckpoint,
+    atomic_output,
+    check_output_free,
+    copy_aux_files,
+    resolve_config,
+    resolve_source,
+    sha256_file,
+)
 from quantkit.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
 from quantkit.errors import QuantkitError
 from quantkit.headers import checkpoint_tensors, read_config
@@ -376,6 +384,7 @@ def restore_kept_tensors(src: SourceCheckpoint, out: Path, decisions: list[Layer
 
     quantized = tuple(f"{m}." for d in decisions if d.action == "quantize" for m in d.checkpoint_modules)
     restored: list[str] = []
+    sources: dict[str, Any] = {}  # one open handle per source shard
     for file in sorted({t.file for t in checkpoint_tensors(out).values()}):
         with safe_open(str(out / file), "pt") as f:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
@@ -385,8 +394,9 @@ def restore_kept_tensors(src: SourceCheckpoint, out: Path, decisions: list[Layer
             info = src.tensors.get(name)
             if info is None or name.startswith(quantized):
                 continue
-            with safe_open(str(src.path / info.file), "pt") as f:
-                original = f.get_tensor(name)
+            if info.file not in sources:
+                sources[info.file] = safe_open(str(src.path / info.file), "pt")
+            original = sources[info.file].get_tensor(name)
             if t.dtype != original.dtype and t.shape == original.shape and torch.equal(t.to(original.dtype), original):
                 tensors[name] = original
                 restored.append(name)
@@ -468,8 +478,8 @@ def resolve_device(device: str) -> str:
 def target_layer_count(target: str | Path | None) -> int | None:
     if target is None:
         return None
-    src = resolve_source(target)
-    cfg = src.config.get("text_config") if isinstance(src.config.get("text_config"), dict) else src.config
+    config = resolve_config(target)  # only the layer count is needed: no weights are read or downloaded
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     n = cfg.get("num_hidden_layers")
     if not isinstance(n, int):
         raise ApplyError(f"target {target}: config.json has no num_hidden_layers")

@@ -37,6 +37,8 @@ from quantkit.vllm_names import (
     runtime_layers,
 )
 
+from .conftest import require_vllm
+
 # --- hand-made checkpoints -------------------------------------------------------------------------------------
 
 
@@ -567,7 +569,7 @@ def quark_config_dict(exclude: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def v():
     """vLLM's Quark config, matching function, layer classes and model classes."""
-    pytest.importorskip("vllm")
+    require_vllm()
     import types
 
     from vllm.model_executor.layers.fused_moe import GateLinear, RoutedExperts, UnquantizedFusedMoEMethod
@@ -801,7 +803,7 @@ if __name__ == "__main__":
 def test_real_engine_builds_the_draft_as_replayed(tmp_path):
     """One EAGLE-3 draft built by vLLM itself with a Quark FP8 config: the runtime prefixes it reports are ours,
     `fc` as Quark writes it does not exclude model.fc, a q_proj shard neither excludes nor breaks qkv_proj."""
-    pytest.importorskip("vllm")
+    require_vllm()
     import json
 
     base = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,

