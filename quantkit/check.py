@@ -50,6 +50,7 @@ from typing import Any
 
 from quantkit.errors import QuantkitError
 from quantkit.headers import TensorInfo, read_config
+from quantkit.hf import trust_remote_code
 from quantkit.inspect import (
     PLACEHOLDER,
     LayerPrecision,
@@ -321,7 +322,11 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
                      modules: dict[str, list[tuple[str, TensorInfo]]], findings: _Findings) -> None:
     """Entries vLLM ignores (Quark checkpoint names, fnmatch globs, names of nothing), invalid regexes, and fused
     layers excluded in part."""
-    from quantkit.vllm_names import ExcludeListError, PartialFusedExclusion, match_reason
+    from quantkit.vllm_names import (
+        ExcludeListError,
+        PartialFusedExclusion,
+        match_reason,
+    )
 
     exclude = ck.qc.get("exclude") if ck.qc else None
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
@@ -872,6 +877,8 @@ def _real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: s
     model, spec = (str(target), str(ck.path)) if draft else (str(ck.path), None)
     progress(f"loading in {engine} (subprocess, timeout {timeout_s:.0f}s)")
     cmd = [sys.executable, "-m", "quantkit.vllm_load", "--model", model]
+    if trust_remote_code():
+        cmd.append("--trust-remote-code")
     if spec:
         cmd += ["--draft", spec]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

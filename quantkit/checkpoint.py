@@ -8,12 +8,14 @@ leaves a folder that looks finished.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,7 +90,11 @@ def resolve_source(source: str | Path) -> SourceCheckpoint:
 def _download(repo_id: str, patterns: list[str]) -> Path:
     try:
         from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+        from huggingface_hub.errors import (
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+        )
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"model {repo_id}: huggingface_hub is needed to download it ({e})") from None
     try:
@@ -121,24 +127,152 @@ def copy_aux_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def check_output_free(output: Path, overwrite: bool) -> None:
-    """Fail early, before any work, when the output exists and may not be replaced."""
-    if output.exists() and not overwrite:
-        raise OutputExistsError(f"output {output} already exists; pass --overwrite to replace it or pick another folder")
-    if output.exists() and not output.is_dir():
-        raise OutputExistsError(f"output {output} exists and is not a folder; remove it or pick another path")
+class OutputWriteError(QuantkitError):
+    """The output cannot be written: its parent is not a writable folder, or the disk filled up."""
+
+
+MANIFEST_FILE = "quantkit.json"
+# errno values that mean "the disk (or the file size limit) is full", as OSError or inside a library's message.
+_FULL = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large for this file system or limit",
+         errno.EDQUOT: "disk quota exceeded"}
+
+
+def _real(path: Path | str) -> Path:
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def _relation(out: Path, src: Path) -> str | None:
+    if out == src:
+        return "is"
+    if out.is_relative_to(src):
+        return "lies inside"
+    if src.is_relative_to(out):
+        return "contains"
+    return None
+
+
+def quantkit_owned_files(folder: Path) -> set[str] | None:
+    """The files a previous `quantkit apply` wrote into `folder` (from its quantkit.json), or None if it has none.
+
+    Manifests older than the `output_files` field name no files; then every plain file counts as quantkit's (such
+    a folder was written whole by quantkit's atomic rename).
+    """
+    manifest = folder / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    files = data.get("output_files")
+    if isinstance(files, list) and all(isinstance(f, str) for f in files):
+        return set(files) | {MANIFEST_FILE}
+    return {p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
+
+
+def check_output_free(output: Path, overwrite: bool, sources: Sequence[str | Path] = ()) -> None:
+    """Fail early, before any work, unless writing `output` is safe.
+
+    Never allowed, --overwrite or not: an output that is, contains, or lies inside one of `sources` (after
+    resolving symlinks), an output that is a symlink, and an output whose parent is not a writable folder.
+    An existing empty folder is replaced; an existing non-empty one only with --overwrite, only when a previous
+    `quantkit apply` wrote it (quantkit.json), and only when it holds nothing but the files quantkit wrote.
+    """
+    shown = str(output)
+    out = _real(output)
+    for source in sources:
+        if not Path(source).expanduser().exists():
+            continue  # a Hub id: its files live in the HF cache, checked below through the resolved folder
+        relation = _relation(out, _real(source))
+        if relation:
+            raise OutputExistsError(f"output {shown} {relation} the source {source}; quantkit never writes over or "
+                                    "removes a source: pick an output folder outside it")
+    if Path(output).expanduser().is_symlink():
+        raise OutputExistsError(f"output {shown} is a symbolic link; pass the folder it points to, or another path")
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputWriteError(f"output {shown}: {ancestor} is a file, not a folder; pick an output path in a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputWriteError(f"output {shown}: folder {ancestor} is not writable; pick a folder you can write to")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputExistsError(f"output {shown} exists and is not a folder; remove it or pick another path")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise OutputExistsError(f"output {shown} already exists; pass --overwrite to replace it (only a previous "
+                                "quantkit output) or pick another folder")
+    owned = quantkit_owned_files(out)
+    if owned is None:
+        raise OutputExistsError(f"output {shown} exists and was not written by quantkit apply (no {MANIFEST_FILE}); "
+                                "--overwrite only replaces quantkit outputs: remove it yourself or pick another folder")
+    foreign = [e for e in entries if e not in owned or (out / e).is_dir()]
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise OutputExistsError(f"output {shown} holds files quantkit did not write ({listed}); --overwrite only "
+                                "removes what quantkit wrote: move them away or pick another folder")
+
+
+def full_disk_reason(e: BaseException) -> str | None:
+    """'no space left on device' (or the like) if `e` is a write failure for lack of room, else None."""
+    if isinstance(e, OSError) and e.errno in _FULL:
+        return _FULL[e.errno]
+    text = str(e)
+    for code, reason in _FULL.items():
+        if f"os error {code})" in text or os.strerror(code) in text:
+            return reason
+    return None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish_permissions(folder: Path) -> None:
+    """Give `folder` and its files the modes a plain write would (0o777/0o666 less the umask).
+
+    mkdtemp makes 0700 folders and some writers 0600 files; an output is read by other accounts (a server's).
+    """
+    mask = _umask()
+    for p in folder.rglob("*"):
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
 
 
 @contextlib.contextmanager
-def atomic_output(output: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `output`; rename it to `output` only if the block succeeds."""
+def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str | Path] = ()) -> Iterator[Path]:
+    """Yield a temporary folder beside `output`; rename it to `output` only if the block succeeds.
+
+    The temporary folder is removed on any failure or interrupt (SIGINT, and SIGTERM, which the CLI turns into
+    the same KeyboardInterrupt). A previous output is replaced only as check_output_free allows.
+    """
+    check_output_free(output, overwrite, sources)
     output = output.expanduser().resolve()
-    check_output_free(output, overwrite)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.quantkit-", dir=output.parent))
     try:
-        yield tmp
-        os.chmod(tmp, 0o755)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.quantkit-", dir=output.parent))
+    except OSError as e:
+        raise OutputWriteError(f"output {output}: cannot create a folder in {output.parent} "
+                               f"({e.strerror or e}); pick a folder you can write to") from None
+    try:
+        try:
+            yield tmp
+            publish_permissions(tmp)
+        except Exception as e:
+            reason = full_disk_reason(e)
+            if reason:
+                raise OutputWriteError(f"output {output}: {reason} while writing; free space or pick another "
+                                       "folder (nothing was written)") from None
+            raise
         if output.exists():
             old = output.with_name(f".{output.name}.quantkit-old-{os.getpid()}")
             output.rename(old)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,16 +20,36 @@ if TYPE_CHECKING:  # rich and pydantic cost ~0.2 s to import; commands import th
 
 
 
+MAX_MESSAGE = 600
+
+
 class QuantkitGroup(click.Group):
     """A Click group that prints a QuantkitError as one line `error: <message>` on stderr and exits with 2."""
 
     group_class = type  # subgroups use this class too
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # SIGTERM (a CI runner's cancel, `kill`) unwinds like Ctrl-C, so temporary folders are cleaned up the same way.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _raise_terminated)
+        return super().main(*args, **kwargs)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            name, code = ("SIGTERM", 143) if isinstance(e, Terminated) else ("SIGINT", 130)
+            click.echo(f"error: interrupted by {name}; nothing was left half-written (temporary files removed)",
+                       err=True)
+            ctx.exit(code)
+        except RecursionError:
+            click.echo("error: input nested too deeply to read (a hostile or corrupt JSON/YAML file?); check the "
+                       "files you passed", err=True)
+            ctx.exit(2)
         except QuantkitError as e:
             message = " ".join(str(e).split("\n"))  # messages are one line by contract; keep it so for `2>&1 | tail`
+            if len(message) > MAX_MESSAGE:  # a message that echoes hostile input must not flood the terminal
+                message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
             click.echo(f"error: {message}", err=True)
             ctx.exit(e.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
@@ -42,12 +63,41 @@ class QuantkitGroup(click.Group):
             ctx.exit(1)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so that cleanup runs as for Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _trust_option() -> Any:
+    return click.option("--trust-remote-code", "trust_remote_code", is_flag=True,
+                        help="Allow transformers/vLLM to run Python code shipped in a model folder (auto_map). "
+                             "Off by default: quantkit never runs a folder's code unless you pass this.")
+
+
 def _json_option(help_text: str = "Print JSON on stdout instead of a table.") -> Any:
     return click.option("--json", "as_json", is_flag=True, help=help_text)
 
 
+def _check_writable_file(path: Path, option: str) -> None:
+    """Fail before any work when a result file cannot be written where the user asked."""
+    from quantkit.errors import QuantkitError
+
+    folder = path.expanduser().resolve().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if path.is_dir():
+        raise QuantkitError(f"{option} {path}: is a folder; give a file path such as {path}/result.json")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise QuantkitError(f"{option} {path}: {folder} is not a writable folder; pick a path you can write to")
+
+
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
+    from quantkit.jsonout import dumps
+
+    click.echo(dumps(data))
 
 
 def _console() -> Console:
@@ -128,10 +178,13 @@ def recipes_show(name_or_file: str, as_json: bool) -> None:
               help="Where Quark runs (cuda also means ROCm GPUs).")
 @click.option("--path", "run_path", type=click.Choice(["in-memory", "per-shard"]), default=None,
               help="Quark execution path; default: the recipe's. per-shard handles checkpoints larger than memory.")
-@click.option("--overwrite", is_flag=True, help="Replace the output folder if it exists.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the output folder if a previous `quantkit apply` wrote it (never a source, never a folder "
+                   "holding files quantkit did not write).")
+@_trust_option()
 @_json_option("Print the result (what was quantized, what was kept and why, timings) as JSON.")
 def apply_command(recipe: str, model: str, output: Path, target: str | None, device: str, run_path: str | None,
-                  overwrite: bool, as_json: bool) -> None:
+                  overwrite: bool, trust_remote_code: bool, as_json: bool) -> None:
     """Quantize a checkpoint with a recipe, so that vLLM loads it exactly as the recipe intends.
 
     \b
@@ -143,9 +196,11 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     (recipe, source hashes, versions, per-layer decisions with reasons, sizes, timings). Kept tensors are checked
     to be byte-identical to the source before the folder is put in place.
     """
+    from quantkit.hf import remote_code_allowed
     from quantkit.quantize import apply
 
-    result = apply(recipe, model, output, device=device, path=run_path, overwrite=overwrite, target=target)
+    with remote_code_allowed(trust_remote_code):
+        result = apply(recipe, model, output, device=device, path=run_path, overwrite=overwrite, target=target)
     if as_json:
         _print_json(result.to_dict())
         return
@@ -159,23 +214,24 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
               help="The quantized draft to compare (or a quantized target, run with the BF16 draft).")
 @click.option("--prompts", default="builtin", show_default=True,
               help="'builtin' or a JSONL file of {messages|prompt, domain} records.")
-@click.option("--num-speculative-tokens", "k", type=int, default=3, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True,
+@click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0, 100.0), default=0.0, show_default=True,
               help="0 = greedy (exact match); > 0 = speculative sampling (reference backend on CPU).")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1, 1_000_000), default=64, show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
               help="vllm when it can run the checkpoints here, else the PyTorch reference engine.")
 @click.option("--context-lengths", default="", help="Comma-separated prompt lengths in tokens, e.g. 256,1024: "
               "AL against prompt length (prompts padded with reference notes).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Device of the reference engine.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the JSON result to this file.")
+@_trust_option()
 @_json_option("Print the result as JSON.")
 def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k: int, temperature: float,
                        max_new_tokens: int, backend: str, context_lengths: str, seed: int, device: str,
-                       out_file: Path | None, as_json: bool) -> None:
+                       out_file: Path | None, trust_remote_code: bool, as_json: bool) -> None:
     """Measure whether a quantized draft still gets its tokens accepted: AL of the candidate vs the BF16 draft.
 
     \b
@@ -187,18 +243,26 @@ def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k:
     95% interval over prompts. Both drafts run against the same target with the same prompts and settings.
     """
     from quantkit.acceptance.run import AcceptanceError, run_acceptance
+    from quantkit.hf import remote_code_allowed
+    from quantkit.jsonout import write
 
     try:
         lengths = [int(x) for x in context_lengths.split(",") if x.strip()]
     except ValueError:
-        raise AcceptanceError(f"--context-lengths {context_lengths!r}: give integers, e.g. 256,1024") from None
-    result = run_acceptance(target, draft, candidate, prompts=prompts, num_speculative_tokens=k,
-                            temperature=temperature, max_new_tokens=max_new_tokens, backend=backend,
-                            context_lengths=lengths, seed=seed, device=device)
+        raise AcceptanceError(f"--context-lengths {context_lengths[:80]!r}: give positive integers, e.g. 256,1024") \
+            from None
+    if any(n < 1 or n > 1_000_000 for n in lengths):
+        raise AcceptanceError(f"--context-lengths {context_lengths[:80]!r}: each length must be 1 to 1000000 tokens")
+    if out_file is not None:
+        _check_writable_file(out_file, "--out")
+    with remote_code_allowed(trust_remote_code):
+        result = run_acceptance(target, draft, candidate, prompts=prompts, num_speculative_tokens=k,
+                                temperature=temperature, max_new_tokens=max_new_tokens, backend=backend,
+                                context_lengths=lengths, seed=seed, device=device)
     data = result.to_dict()
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(json.dumps(data, indent=2) + "\n")
+        write(out_file, data)
     if as_json:
         _print_json(data)
     else:
@@ -537,14 +601,16 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, as_jso
               show_default=True, envvar="QUANTKIT_CHECK_VLLM",
               help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
                    "skipped or failed load is an error.")
-@click.option("--load-timeout", "load_timeout", type=float, default=900, show_default=True,
+@click.option("--load-timeout", "load_timeout", type=click.FloatRange(0, 86400, min_open=True), default=900,
+              show_default=True,
               help="Seconds the vLLM load and generation may take.")
 @click.option("--numeric", is_flag=True, help="Also compare dequantized weights with --source (reads all weights).")
 @click.option("--source", "source", default=None, type=click.Path(path_type=Path),
               help="The unquantized checkpoint this one was made from (for --numeric).")
+@_trust_option()
 @_json_option("Print the findings, per-layer precisions and the vLLM load as JSON.")
 def check_command(folder: Path, target: Path | None, tp: int, platform: str, vllm_mode: str, load_timeout: float,
-                  numeric: bool, source: Path | None, as_json: bool) -> None:
+                  numeric: bool, source: Path | None, trust_remote_code: bool, as_json: bool) -> None:
     """Check that vLLM will load a Quark checkpoint as intended, before any GPU time is spent.
 
     \b
@@ -560,10 +626,12 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     import sys
 
     from quantkit.check import check_checkpoint
+    from quantkit.hf import remote_code_allowed
 
     progress = (lambda m: click.echo(f"[quantkit check] {m}", err=True)) if not as_json else None
-    result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,
-                              source=source, load_timeout_s=load_timeout, progress=progress)
+    with remote_code_allowed(trust_remote_code):
+        result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,
+                                  source=source, load_timeout_s=load_timeout, progress=progress)
     if as_json:
         _print_json(result.to_dict())
     else:
@@ -665,9 +733,10 @@ def _render_check(result: Any) -> None:
 @click.option("--batch-size", "batch_size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the JSON result to this file.")
+@_trust_option()
 @_json_option("Print the result (per task and metric: scores, stderrs, delta, recovery, intervals) as JSON.")
 def eval_command(model: str, baseline: str, tasks: str, backend: str, limit: int | None, num_fewshot: int,
-                 device: str, batch_size: int, out_file: Path | None, as_json: bool) -> None:
+                 device: str, batch_size: int, out_file: Path | None, trust_remote_code: bool, as_json: bool) -> None:
     """Compare a quantized model's lm-eval scores with its baseline's: same tasks, same settings.
 
     \b
@@ -679,9 +748,13 @@ def eval_command(model: str, baseline: str, tasks: str, backend: str, limit: int
     lm-eval gives per-item scores). Quark checkpoints run through Quark's own loader in the hf backend.
     """
     from quantkit.evaluate import run_eval, write_result
+    from quantkit.hf import remote_code_allowed
 
-    result = run_eval(model, baseline, tasks, backend=backend, limit=limit, num_fewshot=num_fewshot, device=device,
-                      batch_size=batch_size)
+    if out_file is not None:
+        _check_writable_file(out_file, "--out")
+    with remote_code_allowed(trust_remote_code):
+        result = run_eval(model, baseline, tasks, backend=backend, limit=limit, num_fewshot=num_fewshot,
+                          device=device, batch_size=batch_size)
     if out_file is not None:
         write_result(result, out_file)
     if as_json:

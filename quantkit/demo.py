@@ -6,7 +6,6 @@ eval MXFP4 vs BF16 MoE) -> publish --dry-run of the FP8 draft with the gate repo
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -14,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit import jsonout
+from quantkit.checkpoint import OutputWriteError, check_output_free
 from quantkit.errors import BundledDataError
 from quantkit.paths import tiny_models_dir
 
@@ -61,7 +62,13 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     if not (tiny / "target" / "config.json").is_file():
         raise BundledDataError(f"no tiny models in {tiny}; run `python examples/make_tiny_models.py` to create them")
     work = Path(workdir).expanduser().resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    for sub in ("draft-fp8", "moe-mxfp4"):  # the same rules as apply: never over a source, only quantkit's outputs
+        check_output_free(work / sub, overwrite=True, sources=[tiny])
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputWriteError(f"--workdir {workdir}: cannot create it ({e.strerror or e}); pick a folder you can "
+                               "write to") from None
     result = DemoResult(str(work))
 
     def step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -120,5 +127,5 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
                       "gate_config": str(config_path), "gate_report": str(work / "gate-report"),
                       "model_card": str(work / "publish-preview" / "README.md")}
     result.seconds = time.perf_counter() - t0
-    (work / "demo.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    (work / "demo.json").write_text(jsonout.dumps(result.to_dict()) + "\n")
     return result

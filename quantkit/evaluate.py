@@ -20,7 +20,6 @@ statistical lower bound a gate can use (`recovery_lower_bound`).
 from __future__ import annotations
 
 import gc
-import json
 import math
 import sys
 import time
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit import jsonout
 from quantkit.errors import QuantkitError
 
 LOCAL_TASKS_DIR = Path(__file__).resolve().parent / "data" / "eval_tasks"
@@ -170,15 +170,18 @@ def vllm_refusal(folder: str, config: dict[str, Any]) -> str | None:
 def _hf_lm(folder: Path, config: dict[str, Any], device: str, batch_size: int):
     import torch
     from lm_eval.models.huggingface import HFLM
-    from transformers import AutoTokenizer
+
+    from quantkit.hf import load_tokenizer, trust_remote_code
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     if _quant_config(config).get("quant_method") == "quark":
         from quantkit.loading import load_for_torch
 
         model = load_for_torch(folder, device=device, dtype=dtype)
-        return HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(folder), batch_size=batch_size)
-    return HFLM(pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size)
+        return HFLM(pretrained=model, tokenizer=load_tokenizer(folder), batch_size=batch_size)
+    load_tokenizer(folder)  # refuses a folder that needs its own code in one line, before lm-eval loads it
+    return HFLM(pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size,
+                trust_remote_code=trust_remote_code())
 
 
 def _lm_eval_vllm_class():
@@ -218,8 +221,11 @@ def _vllm_lm(folder: Path, batch_size: int, max_model_len: int):
 
     _set_cpu_defaults()
     VLLM = _lm_eval_vllm_class()
+    from quantkit.hf import load_tokenizer, trust_remote_code
+
+    load_tokenizer(folder)  # refuses a folder that needs its own code in one line, before vLLM loads it
     return VLLM(pretrained=str(folder), batch_size=batch_size, max_model_len=max_model_len, enforce_eager=True,
-                seed=0)
+                seed=0, trust_remote_code=trust_remote_code())
 
 
 def _release(lm: Any) -> None:
@@ -358,6 +364,12 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
         raise EvalError(f"num_fewshot {num_fewshot}: give 0 or more")
     names = parse_task_names(tasks)
     sources = {"baseline": resolve_source(baseline), "candidate": resolve_source(model)}
+    from quantkit.drafts import model_kind
+
+    for option, src in (("--baseline", sources["baseline"]), ("--model", sources["candidate"])):
+        if model_kind(src.config) == "eagle3-draft":
+            raise EvalError(f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
+                            "own; evaluate targets, and measure drafts with `quantkit acceptance`")
     if backend == "vllm":
         for src in sources.values():
             reason = vllm_refusal(str(src.hub_id or src.path), src.config)
@@ -408,4 +420,4 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
 def write_result(result: EvalResult, path: str | Path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    p.write_text(jsonout.dumps(result.to_dict()) + "\n")

@@ -22,7 +22,6 @@ to quantized targets whose baseline is `target` (run as the verifier of `draft`)
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -36,8 +35,9 @@ from xml.sax.saxutils import escape, quoteattr
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quantkit import __version__
+from quantkit import __version__, jsonout
 from quantkit.errors import QuantkitError
+from quantkit.yamlio import load_yaml
 
 GATE_SCHEMA_VERSION = 1
 Progress = Callable[[str], None]
@@ -99,13 +99,14 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     """Parse and validate a gate config; one-line errors name the file and the key."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_text())
     except OSError as e:
         raise GateConfigError(f"gate config {p}: cannot read it ({e.strerror or e}); pass a gate YAML file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise GateConfigError(f"gate config {p}:{where}: not valid YAML") from None
+        problem = str(getattr(e, "problem", None) or "not valid YAML")[:200]
+        raise GateConfigError(f"gate config {p}:{where}: {problem}") from None
     if not isinstance(data, dict):
         raise GateConfigError(f"gate config {p}: expected a mapping with name, target, candidates, steps")
     try:
@@ -226,6 +227,10 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                 first = res.errors[0] if res.errors else None
                 add("check", "check.errors", float(len(res.errors)), "<=", 0.0,
                     f"first: {first.code} on {first.layer_or_tensor}: {first.message}" if first else "")
+                # A candidate that vLLM would load with no quantized layer is not what the gate was asked to pass.
+                quantized = sum(1 for lp in res.layers if lp.quantized)
+                add("check", "check.quantized_layers", float(quantized), ">=", 1.0,
+                    "" if quantized else "vLLM would load no layer quantized: is this the unquantized source?")
                 ran["check"] = True
             except Exception as e:  # noqa: BLE001 - the gate reports every failure as a failed step
                 failed_step("check", e)
@@ -368,9 +373,9 @@ def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | N
     paths = {"json": out / "report.json", "markdown": out / "report.md",
              "junit": Path(junit) if junit else out / "junit.xml"}
     result.outputs = {k: str(v) for k, v in paths.items()}
-    paths["json"].write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    paths["json"].write_text(jsonout.dumps(result.to_dict()) + "\n")
     for name, rep in result.candidates.items():
-        (out / f"report-{name}.json").write_text(json.dumps(rep, indent=2) + "\n")
+        (out / f"report-{name}.json").write_text(jsonout.dumps(rep) + "\n")
     md = render_markdown(result)
     paths["markdown"].write_text(md)
     paths["junit"].parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from quantkit.errors import CheckpointError
+from quantkit.errors import CheckpointError, QuantkitError
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -24,6 +24,10 @@ DTYPE_BYTES: dict[str, int] = {
     "U32": 4, "I32": 4, "F32": 4,
     "U64": 8, "I64": 8, "F64": 8, "C64": 8,
 }  # fmt: skip
+# Every dtype the safetensors format defines (safetensors/src/tensor.rs `Dtype`), sub-byte ones included.
+KNOWN_DTYPES = set(DTYPE_BYTES) | {"F4", "F6_E2M3", "F6_E3M2"}
+# config.json, indexes and reports are small; a larger file is corrupt or hostile, and parsing it would eat memory.
+MAX_JSON_FILE_BYTES = 64_000_000
 
 _REFETCH = "the file is truncated or corrupt; re-download or re-export it"
 
@@ -64,6 +68,8 @@ def read_header(path: str | Path) -> dict[str, Any]:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: safetensors header is not valid JSON ({e}); {_REFETCH}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: safetensors header JSON is nested too deeply to read; {_REFETCH}") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header is a JSON {type(header).__name__}, not an object; {_REFETCH}")
     data_len = size - 8 - header_len
@@ -88,6 +94,9 @@ def _check_entry(path: Path, name: str, entry: Any, data_len: int) -> None:
         raise CheckpointError(
             f"{path}: tensor {name!r} header entry is malformed (needs dtype, shape, data_offsets); {_REFETCH}"
         )
+    if entry["dtype"] not in KNOWN_DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {entry['dtype'][:20]!r}, which safetensors does "
+                              f"not define; {_REFETCH}")
     begin, end = entry["data_offsets"]
     if not 0 <= begin <= end <= data_len:
         raise CheckpointError(
@@ -106,10 +115,7 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
     index_path = Path(folder) / INDEX_FILE
     if not index_path.is_file():
         return None
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{index_path}: not valid JSON ({e}); re-download or regenerate the index") from None
+    index = load_json_file(index_path, "re-download or regenerate the index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(
@@ -187,15 +193,39 @@ class CheckpointSummary:
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The parsed config.json of a checkpoint folder."""
     path = Path(folder) / CONFIG_FILE
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found; a HF checkpoint folder needs a config.json") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); fix or regenerate it") from None
+    if not Path(folder).is_dir():
+        raise CheckpointError(f"{folder}: not a folder; pass the checkpoint folder that holds config.json")
+    if not path.exists():
+        raise CheckpointError(f"{path}: not found; a HF checkpoint folder needs a config.json")
+    config = load_json_file(path, "fix or regenerate it")
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: is a JSON {type(config).__name__}, expected an object")
     return config
+
+
+def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError) -> Any:
+    """Parse a small JSON file (config, index, report); every way it can be unreadable is one `error`."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_FILE_BYTES:
+            raise error(f"{path}: {size} bytes, too large for a JSON file of this kind (at most "
+                        f"{MAX_JSON_FILE_BYTES}); {fix}")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path}: not found; {fix}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, expected a JSON file; {fix}") from None
+    except PermissionError:
+        raise error(f"{path}: permission denied; make the file readable") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror or e}); {fix}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not UTF-8 text; {fix}") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); {fix}") from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply to read; {fix}") from None
 
 
 def _config_value(config: dict[str, Any], key: str) -> Any:

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import __version__
+from quantkit import __version__, jsonout
 from quantkit.errors import QuantkitError
+from quantkit.headers import load_json_file
 from quantkit.report import Report, load_report, parse_report
 
 if TYPE_CHECKING:
@@ -93,12 +94,9 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
         if not (folder / name).is_file():
             raise PublishError(f"{folder} has no {name}: publish only folders written by `quantkit apply` "
                                f"(run `quantkit apply --recipe RECIPE --model MODEL --output {folder}` first)")
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PublishError(f"{folder}: quantkit.json or config.json is not readable JSON ({e}); "
-                           "re-run `quantkit apply` to rewrite the folder") from None
+    fix = "re-run `quantkit apply` to rewrite the folder"
+    manifest = load_json_file(folder / MANIFEST, fix, PublishError)
+    config = load_json_file(folder / "config.json", fix, PublishError)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("layers"), list):
         raise PublishError(f"{folder / MANIFEST}: not a quantkit manifest (no `layers` list); "
                            "re-run `quantkit apply` to rewrite the folder")
@@ -473,7 +471,7 @@ def _write_dry_run(out: Path, card: str, result: PublishResult, folder: Path) ->
     (out / CARD).write_text(card)
     plan = {"repo_id": result.repo_id, "revision": result.revision, "folder": str(folder.resolve()),
             "files": [asdict(f) for f in result.files], "total_bytes": result.total_bytes}
-    (out / UPLOAD_PLAN).write_text(json.dumps(plan, indent=2) + "\n")
+    (out / UPLOAD_PLAN).write_text(jsonout.dumps(plan) + "\n")
 
 
 def publish(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None,

@@ -321,7 +321,11 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
                    modules: Mapping[str, list[tuple[str, TensorInfo]]]) -> tuple[list[LayerPrecision], list[str]]:
     """Replay vLLM's Quark loader for every runtime layer. Never raises on config problems: layers vLLM would fail
     on get a `problem`, config-wide problems are returned as messages."""
-    from quantkit.vllm_names import ExcludeListError, PartialFusedExclusion, match_reason
+    from quantkit.vllm_names import (
+        ExcludeListError,
+        PartialFusedExclusion,
+        match_reason,
+    )
 
     problems: list[str] = []
     model_dtype = model_dtype_label(config)

@@ -41,7 +41,8 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
                      max_prompts: int = 7) -> dict[str, Any]:
     """Mean/min cosine and top-1 agreement of quantized vs source logits over `max_prompts` built-in prompts."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.hf import load_causal_lm, load_tokenizer
 
     if kind == "eagle3-draft":
         if target is None:
@@ -51,8 +52,8 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
         from quantkit.acceptance.eagle3 import Eagle3Draft
         from quantkit.acceptance.reference import ReferenceEngine
 
-        tok = AutoTokenizer.from_pretrained(target)
-        tgt = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        tok = load_tokenizer(target)
+        tgt = load_causal_lm(target, dtype=torch.float32).eval()
         engine = ReferenceEngine(tgt, source)
         embed = tgt.get_input_embeddings().weight.detach().float()
         drafts = [engine.draft, Eagle3Draft(quantized, embed)]
@@ -74,8 +75,8 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
 
     from quantkit.loading import load_for_torch
 
-    tok = AutoTokenizer.from_pretrained(source)
-    src = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    tok = load_tokenizer(source)
+    src = load_causal_lm(source, dtype=torch.float32).eval()
     q = load_for_torch(quantized)
     pairs = []
     with torch.no_grad():

@@ -38,20 +38,33 @@ def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
     path = BUILTIN_PROMPTS if str(source) == "builtin" else Path(source)
     if not path.is_file():
         raise PromptFileError(f"prompt file {path} not found; pass 'builtin' or a JSONL file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PromptFileError(f"prompt file {path}: not UTF-8 text; save it as UTF-8 JSONL") from None
+    except OSError as e:
+        raise PromptFileError(f"prompt file {path}: cannot read it ({e.strerror or e})") from None
     records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptFileError(f"prompt file {path}:{n}: not JSON ({e.msg}); one JSON object per line") from None
+        except RecursionError:
+            raise PromptFileError(f"prompt file {path}:{n}: JSON nested too deeply; one flat object per line") from None
         if not isinstance(obj, dict) or ("messages" in obj) == ("prompt" in obj):
             raise PromptFileError(f"prompt file {path}:{n}: needs exactly one of 'messages' or 'prompt'")
+        if "prompt" in obj and not (isinstance(obj["prompt"], str) and obj["prompt"]):
+            raise PromptFileError(f"prompt file {path}:{n}: 'prompt' must be a non-empty string")
+        for key in ("id", "domain"):
+            if key in obj and not isinstance(obj[key], (str, int)):
+                raise PromptFileError(f"prompt file {path}:{n}: '{key}' must be a string")
         messages = obj.get("messages")
         if messages is not None and (not isinstance(messages, list) or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages)):
+                for m in messages) or not messages):
             raise PromptFileError(f"prompt file {path}:{n}: 'messages' must be a list of {{role, content}} strings")
         records.append(PromptRecord(id=str(obj.get("id", f"{path.stem}-{n}")), domain=str(obj.get("domain", "default")),
                                     messages=tuple(messages) if messages is not None else None,

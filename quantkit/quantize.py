@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import os
 import re
 import resource
@@ -24,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import __version__
+from quantkit import __version__, jsonout
 from quantkit.checkpoint import (
     SourceCheckpoint,
     atomic_output,
@@ -59,6 +58,10 @@ QUANTIZED_WEIGHT_DTYPES = {"fp8": {"F8_E4M3"}, "mxfp4": {"U8"}}
 
 class ApplyError(QuantkitError):
     """The recipe does not fit the model, or the run cannot go ahead as asked."""
+
+
+class NonFiniteWeightError(QuantkitError):
+    """A source weight that is to be quantized holds NaN or Inf."""
 
 
 class ApplyVerificationError(QuantkitError):
@@ -101,6 +104,7 @@ class ApplyResult:
     source_files: dict[str, str]
     verified: dict[str, Any] = field(default_factory=dict)
     target_num_layers: int | None = None
+    output_files: list[str] = field(default_factory=list)
 
     @property
     def quantized(self) -> list[LayerDecision]:
@@ -282,12 +286,11 @@ def _draft_module(src: Path, config: dict[str, Any], decisions: list[LayerDecisi
 
 def _calibration_data(src: Path, recipe: Recipe, device: str):
     """Calibration batches from the built-in prompt set, rendered with the source's chat template."""
-    from transformers import AutoTokenizer
-
+    from quantkit.hf import load_tokenizer
     from quantkit.prompts import load_prompts
 
     assert recipe.calibration is not None
-    tok = AutoTokenizer.from_pretrained(src)
+    tok = load_tokenizer(src)
     texts = [r.render(tok) for r in load_prompts("builtin")]
     batches = []
     for i in range(recipe.calibration.samples):
@@ -312,12 +315,12 @@ def _run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict
                              "draft cannot run alone (it needs target hidden states); use ptpc_fp8 or mxfp4")
         model = _draft_module(src, config, decisions)
     else:
-        from transformers import AutoModelForCausalLM
-
         from quark.torch.utils.llm import preprocess_for_quantization
 
+        from quantkit.hf import load_causal_lm
+
         progress("loading the model with transformers")
-        model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+        model = load_causal_lm(src, dtype="auto")
         # transformers 5 keeps MoE experts as fused 3-D parameters, which Quark's ModelQuantizer silently skips;
         # Quark's preprocess turns them into per-expert nn.Linear (and the export back into per-expert tensors).
         with _quark_output_to_stderr():
@@ -422,8 +425,10 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
         if family and w.dtype not in QUANTIZED_WEIGHT_DTYPES[family]:
             raise ApplyVerificationError(
                 f"{out}: {m}.weight is {w.dtype}, but the plan quantizes it with {d.scheme}; Quark skipped it")
-        if f"{m}.weight_scale" not in out_tensors:
+        scale = out_tensors.get(f"{m}.weight_scale")
+        if scale is None:
             raise ApplyVerificationError(f"{out}: quantized layer {m} has no weight_scale")
+        _check_scale_values(out, f"{m}.weight_scale", scale)
     quantized_tensor_prefixes = tuple(f"{m}." for m in quantized_modules)
     handles: dict[tuple[str, str], Any] = {}
 
@@ -444,6 +449,47 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
             raise ApplyVerificationError(f"{out}: kept tensor {name} differs from the source")
         checked_identical += 1
     return {"kept_tensors_byte_identical": checked_identical, "quantized_layers_checked": len(quantized_modules)}
+
+
+def _check_scale_values(out: Path, name: str, info: Any) -> None:
+    """Every written scale must be finite and positive (E8M0: not the NaN byte 0xFF) before the folder is renamed."""
+    import numpy as np
+
+    from quantkit.tensordata import TensorReader
+
+    values = TensorReader(out).array(info.file, name)
+    if info.dtype in ("U8", "F8_E8M0"):
+        bad = np.argwhere(values == 0xFF)
+        what = "the E8M0 NaN byte 0xFF"
+    else:
+        bad = np.argwhere(~(np.isfinite(values) & (values > 0)))
+        what = "not finite and positive"
+    if bad.size:
+        index = bad[0].tolist()
+        raise ApplyVerificationError(f"{out}: {name}{index} = {values[tuple(index)]} is {what}; Quark wrote an "
+                                     "unusable scale (is the source weight damaged?), so no output was written")
+
+
+def refuse_non_finite(src: SourceCheckpoint, decisions: list[LayerDecision]) -> None:
+    """Refuse NaN/Inf in any weight that is to be quantized: it would become a NaN scale and a row of NaN codes."""
+    import torch
+    from safetensors import safe_open
+
+    names = {f"{m}.weight" for d in decisions if d.action == "quantize" for m in d.checkpoint_modules}
+    by_file: dict[str, list[str]] = {}
+    for name in sorted(names):
+        info = src.tensors.get(name)
+        if info is not None:
+            by_file.setdefault(info.file, []).append(name)
+    for file, tensor_names in sorted(by_file.items()):
+        with safe_open(str(src.path / file), "pt") as f:
+            for name in tensor_names:
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    index = (~torch.isfinite(t)).nonzero()[0].tolist()
+                    raise NonFiniteWeightError(
+                        f"source {src.path}: {name}{index} is {t[tuple(index)].item()}; quantkit does not quantize "
+                        "non-finite weights (the group's scale would be NaN): repair or re-export the source")
 
 
 def _bytes(t) -> bytes:
@@ -497,7 +543,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     t0 = time.perf_counter()
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     output = Path(output)
-    check_output_free(output.expanduser().resolve(), overwrite)
+    local_inputs = [p for p in (model, target) if p is not None]
+    check_output_free(output, overwrite, local_inputs)
     run_path = path or rec.path
     path_note = f"--path {path}" if path else f"recipe {rec.name}"
     if run_path not in ("in-memory", "per-shard"):
@@ -540,7 +587,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
              f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {exclude}")
 
     hashes = {f: sha256_file(src.path / f) for f in src.files}
-    with atomic_output(output, overwrite) as tmp:
+    progress("checking that every weight to quantize is finite")
+    refuse_non_finite(src, decisions)
+    with atomic_output(output, overwrite, [src.path, *local_inputs]) as tmp:
         t1 = time.perf_counter()
         runner = _run_in_memory if run_path == "in-memory" else _run_per_shard
         quark_exclude = runner(src.path, tmp, rec, kind, src.config, decisions, dev, progress)
@@ -559,7 +608,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             final_config = draft_config_for_vllm(src.config, info, qc)
         else:
             final_config = {**src.config, "quantization_config": qc}
-        (tmp / "config.json").write_text(json.dumps(final_config, indent=2) + "\n")
+        (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
         for stale in tmp.iterdir():  # Quark restores some aux files; take them all from the source instead
             if stale.is_file() and stale.name not in {"config.json", "model.safetensors.index.json"} and \
                     not stale.name.endswith(".safetensors"):
@@ -580,9 +629,10 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             versions=_versions(), source_files=hashes, verified=verified, target_num_layers=n_target,
+            output_files=sorted([p.name for p in tmp.iterdir()] + ["quantkit.json"]),
         )
         manifest = {"quantkit_manifest_version": 1, "command": " ".join(sys.argv) if sys.argv else "",
                     **result.to_dict()}
-        (tmp / "quantkit.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / "quantkit.json").write_text(jsonout.dumps(manifest) + "\n")
     progress(f"wrote {result.output} in {timings['total']:.1f}s")
     return result

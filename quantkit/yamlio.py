@@ -1,0 +1,41 @@
+"""Reading user YAML (recipes, gate configs, task files) strictly: safe tags only, no duplicate keys, no aliases.
+
+PyYAML's SafeLoader already refuses `!!python/...` tags (no code runs). It still expands aliases, so a few hundred
+bytes of nested `*refs` ("billion laughs") become gigabytes of objects and a multi-megabyte error message; none
+of quantkit's files needs an alias, so they are refused where they appear.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects aliases and duplicate keys (which PyYAML would resolve silently to the last one)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not supported; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _construct_unique_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:80]!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse one YAML document strictly; raises yaml.YAMLError (callers name the file in their one-line error)."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
