@@ -32,7 +32,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantkit.acceptance.reference import ReferenceEngine
-    from quantkit.prompts import load_prompts
+    from quantkit.io.prompts import load_prompts
 
     tiny = ROOT / "examples" / "tiny"
     tok = AutoTokenizer.from_pretrained(tiny / "target")
@@ -79,7 +79,7 @@ def main() -> None:
         from quantkit.acceptance.vllm_backend import run_vllm
 
         t0 = time.perf_counter()
-        from quantkit.vllm_engine import make_llm
+        from quantkit.io.vllm_engine import make_llm
 
         llm = make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
         start = time.perf_counter() - t0

@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from quantkit.inspect import inspect_checkpoint
+    from quantkit.check.inspect import inspect_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="quantkit-inspect-large-")) if args.dir is None else args.dir
     try:
@@ -168,7 +168,7 @@ def main() -> None:
             best = min(best, time.perf_counter() - t)
         assert result is not None
         t = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-c", "from quantkit.cli import main; main()", "inspect", str(folder), "--json"],
+        cli = subprocess.run([sys.executable, "-c", "from quantkit.cli.commands import main; main()", "inspect", str(folder), "--json"],
                              capture_output=True, text=True)
         cli_s = time.perf_counter() - t
         assert cli.returncode == 0, cli.stderr

@@ -6,19 +6,18 @@ eval MXFP4 vs BF16 MoE) -> publish --dry-run of the FP8 draft with the gate repo
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import jsonout
-from quantkit.checkpoint import OutputWriteError, check_output_free
 from quantkit.errors import BundledDataError
-from quantkit.paths import tiny_models_dir
+from quantkit.io import jsonout
+from quantkit.io.checkpoint import OutputWriteError, check_output_free
+from quantkit.io.paths import tiny_models_dir
+from quantkit.progress import Progress, or_silent
 
-Progress = Callable[[str], None]
 DEMO_EVAL_TASKS = ["tiny_french_mc", "tiny_french_gen"]
 DEMO_EVAL_LIMIT = 40
 
@@ -56,7 +55,7 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
 def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResult:
     import yaml
 
-    progress = progress or (lambda m: print(f"[quantkit demo] {m}", file=sys.stderr, flush=True))
+    progress = or_silent(progress)
     t0 = time.perf_counter()
     tiny = tiny_models_dir()
     if not (tiny / "target" / "config.json").is_file():
@@ -80,7 +79,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
         progress(f"{name}: done in {entry['seconds']}s")
         return entry
 
-    from quantkit.quantize import apply
+    from quantkit.apply.run import apply
 
     def apply_draft() -> dict[str, Any]:
         r = apply("fp8-draft", tiny / "eagle3-draft", work / "draft-fp8", target=tiny / "target", overwrite=True,
@@ -99,7 +98,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     config_path = work / "gate.yaml"
     config_path.write_text(yaml.safe_dump(gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT), sort_keys=False))
 
-    from quantkit.gate import run_gate, write_reports
+    from quantkit.gate.run import run_gate, write_reports
 
     gate_box: dict[str, Any] = {}
 
@@ -115,7 +114,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     result.gate_passed = g.passed
 
     def publish() -> dict[str, Any]:
-        from quantkit.hub import publish as do_publish
+        from quantkit.publish.hub import publish as do_publish
 
         p = do_publish(work / "draft-fp8", "quantkit-demo/tiny-eagle3-draft-fp8", dry_run=True,
                        report=work / "gate-report" / "report-draft-fp8.json",

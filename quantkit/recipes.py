@@ -24,8 +24,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from quantkit.errors import RecipeError
-from quantkit.paths import recipes_dir
-from quantkit.yamlio import load_yaml
+from quantkit.io.paths import recipes_dir
+from quantkit.io.yamlio import load_yaml
 
 # --- data: what recipes may name ------------------------------------------------------------------------------
 

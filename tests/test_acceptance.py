@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 from quantkit.acceptance.reference import ReferenceEngine, speculative_accept
 from quantkit.acceptance.run import bootstrap_ratio_ci, run_acceptance
 from quantkit.cli import main
-from quantkit.prompts import load_prompts
+from quantkit.io.prompts import load_prompts
 
 from .conftest import require_vllm
 
@@ -114,7 +115,7 @@ def test_reference_and_vllm_agree(tiny, fp8_draft):
     vll = run_acceptance(tiny / "target", tiny / "eagle3-draft", out, backend="vllm", progress=QUIET)
     for a, b in ((ref.baseline, vll.baseline), (ref.candidate, vll.candidate)):
         assert abs(a.mean_acceptance_length - b.mean_acceptance_length) < 0.05
-        assert [p["generated_tokens"] for p in a.per_prompt] == [p["generated_tokens"] for p in b.per_prompt]
+        assert [p.generated_tokens for p in a.per_prompt] == [p.generated_tokens for p in b.per_prompt]
         same = sum(x == y for x, y in zip(a.per_prompt, b.per_prompt))
         assert same >= 0.9 * len(a.per_prompt)
     assert abs(ref.ratio - vll.ratio) < 0.03

@@ -17,8 +17,6 @@ from .conftest import require_vllm
 from .families import tensors
 
 
-
-
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)) \
         if a.dtype != torch.bool else torch.equal(a, b)
@@ -64,7 +62,7 @@ def test_fp8_draft_output_files(tiny, fp8_draft):
 
 
 def _draft_layers_loaded_by_vllm(target: Path, draft: Path) -> dict:
-    from quantkit.vllm_engine import loaded_draft_layers, make_llm
+    from quantkit.io.vllm_engine import loaded_draft_layers, make_llm
 
     llm = make_llm(target, draft, num_speculative_tokens=3, max_model_len=512)
     try:
@@ -75,7 +73,7 @@ def _draft_layers_loaded_by_vllm(target: Path, draft: Path) -> dict:
 
 def _probe_error(info: dict, weight: torch.Tensor) -> float:
     """Relative error of a loaded layer's output on vLLM-side probe input against the source weight's output."""
-    from quantkit.vllm_engine import probe_input
+    from quantkit.io.vllm_engine import probe_input
 
     want = torch.nn.functional.linear(probe_input(weight.shape[1]).float(), weight.float())
     got = torch.tensor(info["probe_output"])
@@ -203,7 +201,7 @@ def test_speculators_format_draft(tiny, tmp_path):
     """A speculators-format draft (speculators_model_type: eagle3, layers.0.*): vLLM builds its hf_config from
     transformer_layer_config only, so the quantization config must be there for the FP8 layers to load as FP8."""
     require_vllm()
-    from quantkit.quantize import apply
+    from quantkit.apply.run import apply
 
     from . import families
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from quantkit.apply.run import apply
 from quantkit.cli import main
-from quantkit.quantize import apply
-from quantkit.vllm_names import is_excluded, runtime_layers
+from quantkit.naming.vllm_names import is_excluded, runtime_layers
 
 from . import families
 

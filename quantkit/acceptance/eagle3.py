@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from quantkit.drafts import draft_info
-from quantkit.headers import checkpoint_tensors
+from quantkit.io.headers import checkpoint_tensors
+from quantkit.naming.drafts import draft_info
 
 FP8_MAX = 448.0
 

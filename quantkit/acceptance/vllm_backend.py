@@ -39,7 +39,7 @@ def run_vllm(target: str | Path, draft: str | Path, prompts: list[str], k: int, 
             "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
     from vllm import SamplingParams
 
-    from quantkit.vllm_engine import make_llm, read_spec_counters
+    from quantkit.io.vllm_engine import make_llm, read_spec_counters
 
     llm = make_llm(target, draft, num_speculative_tokens=k, max_model_len=max_model_len, seed=seed,
                    per_request_spec_decode_metrics="summary")

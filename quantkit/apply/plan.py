@@ -1,0 +1,90 @@
+"""The plan of `quantkit apply`: for every vLLM runtime layer, quantize (with which scheme) or keep (and why), and the vLLM `exclude` list that keeps exactly the kept layers."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+from quantkit.errors import QuantkitError
+from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
+from quantkit.recipes import Recipe
+from quantkit.results import LayerDecision
+
+
+class ApplyError(QuantkitError):
+    """The recipe does not fit the model, or the run cannot go ahead as asked."""
+
+
+class NonFiniteWeightError(QuantkitError):
+    """A source weight that is to be quantized holds NaN or Inf."""
+
+
+class ApplyVerificationError(QuantkitError):
+    """What Quark wrote does not match the plan (a layer quantized that should not be, or the reverse)."""
+
+
+# --- planning ------------------------------------------------------------------------------------------------------
+
+
+def plan_layers(recipe: Recipe, layers: list[Any]) -> list[LayerDecision]:
+    """Decide, for every runtime layer, quantize (with which scheme) or keep (and why). Keep wins over all else."""
+    from quantkit.naming.vllm_names import in_role
+
+    def selects(selector: Any, layer: Any) -> bool:
+        if selector.role is not None:
+            return in_role(layer, selector.role)
+        return any(fnmatch.fnmatchcase(m, selector.pattern) for m in layer.checkpoint_modules)
+
+    decisions = []
+    for layer in layers:
+        base = dict(runtime_name=layer.name, role=layer.role, kind=layer.kind,
+                    checkpoint_modules=list(layer.checkpoint_modules))
+        keep = next((k for k in recipe.keep if selects(k, layer)), None)
+        override = next((o for o in recipe.overrides if selects(o, layer)), None)
+        if keep is not None:
+            decisions.append(LayerDecision(**base, action="keep", scheme=None, reason=keep.reason))
+        elif layer.kind == "embedding":
+            decisions.append(LayerDecision(**base, action="keep", scheme=None,
+                                           reason="embeddings are lookups; Quark quantizes linear layers only"))
+        elif not layer.quantizable:
+            decisions.append(LayerDecision(**base, action="keep", scheme=None,
+                                           reason="vLLM builds this layer without a quantization method, so it "
+                                                  "must stay unquantized"))
+        elif override is not None:
+            decisions.append(LayerDecision(**base, action="quantize", scheme=override.scheme, reason=override.reason))
+        elif recipe.quantize is None or any(in_role(layer, r) for r in recipe.quantize):
+            decisions.append(LayerDecision(**base, action="quantize", scheme=recipe.scheme,
+                                           reason=f"recipe {recipe.name}: {recipe.scheme}"))
+        else:
+            decisions.append(LayerDecision(**base, action="keep", scheme=None,
+                                           reason=f"not in the recipe's quantize roles ({', '.join(recipe.quantize)})"))
+    return decisions
+
+
+def draft_runtime_name(name: str) -> str:
+    return name.replace(f"model.layers.{UNKNOWN_TARGET_LAYERS}.", "model.layers.{N}.")
+
+
+def vllm_exclude(layers: list[Any], decisions: list[LayerDecision], target_known: bool) -> list[str]:
+    """`exclude` entries under vLLM's runtime names that exclude exactly the kept layers (checked by replay)."""
+    from quantkit.naming.vllm_names import exclude_entries_for, excluded_names
+
+    kept_names = {d.runtime_name for d in decisions if d.action == "keep"}
+    kept = [layer for layer in layers if layer.name in kept_names]
+    entries = exclude_entries_for(kept, layers)
+    if not target_known:
+        # The draft's decoder layer number depends on the target; match any number rather than a made-up one.
+        marker = f"model.layers.{UNKNOWN_TARGET_LAYERS}."
+        entries = [("re:" + re.escape("model.layers.") + r"\d+\." + re.escape(e[len(marker):]) + "$")
+                   if e.startswith(marker) else e for e in entries]
+        if any(marker in e for e in entries):  # a compressed `re:` entry kept the stand-in number: spell it out
+            entries = [e for e in entries if marker not in e] + [
+                "re:" + re.escape("model.layers.") + r"\d+\." + re.escape(layer.name[len(marker):]) + "$"
+                for layer in kept if layer.name.startswith(marker)]
+    got = excluded_names(layers, entries)
+    if got != kept_names:
+        raise ApplyVerificationError(
+            f"internal: exclude entries {entries} would exclude {sorted(got ^ kept_names)} differently from the plan"
+        )
+    return entries

@@ -1,0 +1,158 @@
+"""Running Quark 0.13 for `quantkit apply`: the QConfig from the plan, the in-memory path (ModelQuantizer) and the per-shard path (direct_quantize_checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantkit.apply.plan import ApplyError, LayerDecision
+from quantkit.io.headers import checkpoint_tensors
+from quantkit.io.quark import import_quark, quark_output_to_stderr
+from quantkit.progress import Progress
+from quantkit.recipes import Recipe
+
+# Quark template (LLMTemplate.get) for each model_type quantkit supports; drafts use "llama".
+QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
+                   "kimi_k2": "kimi_k2", "minimax_m2": "minimax_m2", "mixtral": "mixtral"}
+# A stand-in target layer count for drafts applied without --target: vLLM numbers the draft's decoder layer after
+# the target's layers, which only matters for kept decoder-layer modules (written as `re:` then).
+
+
+def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision]):
+    """Quark QConfig: global scheme, exclude = every kept module (checkpoint names), overrides per module."""
+    from quark.torch import LLMTemplate
+
+    template = LLMTemplate.get(QUARK_TEMPLATES.get(model_type, "llama"))
+    exclude = sorted({m for d in decisions if d.action == "keep" for m in d.checkpoint_modules})
+    layer_config = {m: d.scheme for d in decisions if d.action == "quantize" and d.scheme != recipe.scheme
+                    for m in d.checkpoint_modules}
+    return template.get_config(scheme=recipe.scheme, exclude_layers=exclude, layer_config=layer_config or None), exclude
+
+
+def _draft_module(src: Path, config: dict[str, Any], decisions: list[LayerDecision]):
+    """A transformers PreTrainedModel whose modules carry the draft checkpoint's own names.
+
+    Quark's exporter needs a PreTrainedModel; an EAGLE-3 draft has no transformers class. Every linear the plan
+    names becomes an nn.Linear at its checkpoint path, every other tensor a parameter or buffer at its path, so
+    the export writes the same names back. No forward pass: drafts take only calibration-free schemes here.
+    """
+    import torch
+    import torch.nn as nn
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, PreTrainedModel
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted({t.file for t in checkpoint_tensors(src).values()}):
+        state.update(load_file(str(src / f)))
+    linears = {m for d in decisions for m in d.checkpoint_modules if d.kind != "embedding"}
+    layer_cfg = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) else config
+    hf_cfg = LlamaConfig(**{k: v for k, v in layer_cfg.items() if k not in ("architectures", "quantization_config")})
+
+    class Eagle3DraftTensors(PreTrainedModel):
+        config_class = LlamaConfig
+        base_model_prefix = "draft"
+        _no_split_modules: list[str] = []
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            for name, t in state.items():
+                module_name, _, leaf = name.rpartition(".")
+                parent = self
+                for part in module_name.split(".") if module_name else []:
+                    if not hasattr(parent, part):
+                        parent.add_module(part, nn.Module())
+                    parent = getattr(parent, part)
+            for m in linears:
+                w = state[f"{m}.weight"]
+                lin = nn.Linear(w.shape[1], w.shape[0], bias=f"{m}.bias" in state, dtype=w.dtype)
+                with torch.no_grad():
+                    lin.weight.copy_(w)
+                    if lin.bias is not None:
+                        lin.bias.copy_(state[f"{m}.bias"])
+                parent_name, _, leaf = m.rpartition(".")
+                parent = self.get_submodule(parent_name) if parent_name else self
+                setattr(parent, leaf, lin)
+            for name, t in state.items():
+                module_name, _, leaf = name.rpartition(".")
+                if module_name in linears:
+                    continue
+                parent = self.get_submodule(module_name) if module_name else self
+                if t.is_floating_point():
+                    parent.register_parameter(leaf, nn.Parameter(t.clone(), requires_grad=False))
+                else:
+                    parent.register_buffer(leaf, t.clone(), persistent=True)
+
+        def forward(self, *args, **kwargs):  # pragma: no cover - never called: no calibration for drafts
+            raise RuntimeError("the draft tensor container has no forward pass")
+
+    model = Eagle3DraftTensors(hf_cfg)
+    model.config._name_or_path = str(src)
+    return model
+
+
+def _calibration_data(src: Path, recipe: Recipe, device: str):
+    """Calibration batches from the built-in prompt set, rendered with the source's chat template."""
+    from quantkit.io.hf import load_tokenizer
+    from quantkit.io.prompts import load_prompts
+
+    assert recipe.calibration is not None
+    tok = load_tokenizer(src)
+    texts = [r.render(tok) for r in load_prompts("builtin")]
+    batches = []
+    for i in range(recipe.calibration.samples):
+        ids = tok(texts[i % len(texts)], return_tensors="pt", add_special_tokens=False,
+                  truncation=True, max_length=recipe.calibration.seq_len)["input_ids"]
+        batches.append(ids.to(device))
+    return batches
+
+
+def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[str, Any],
+                   decisions: list[LayerDecision], device: str, progress: Progress) -> list[str]:
+    import torch
+
+    import_quark()
+    from quark.torch import ModelQuantizer, export_safetensors
+
+    model_type = "llama" if kind == "eagle3-draft" else str(config.get("model_type"))
+    qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
+    if kind == "eagle3-draft":
+        if recipe.needs_calibration:
+            raise ApplyError(f"recipe {recipe.name}: static activation scales need calibration, which an EAGLE-3 "
+                             "draft cannot run alone (it needs target hidden states); use ptpc_fp8 or mxfp4")
+        model = _draft_module(src, config, decisions)
+    else:
+        from quark.torch.utils.llm import preprocess_for_quantization
+
+        from quantkit.io.hf import load_causal_lm
+
+        progress("loading the model with transformers")
+        model = load_causal_lm(src, dtype="auto")
+        # transformers 5 keeps MoE experts as fused 3-D parameters, which Quark's ModelQuantizer silently skips;
+        # Quark's preprocess turns them into per-expert nn.Linear (and the export back into per-expert tensors).
+        with quark_output_to_stderr():
+            preprocess_for_quantization(model)
+    model = model.to(device).eval()
+    data = _calibration_data(src, recipe, device) if recipe.needs_calibration else None
+    progress(f"quantizing with Quark {recipe.scheme} on {device} (in memory)")
+    with quark_output_to_stderr(), torch.no_grad():
+        quantizer = ModelQuantizer(qconfig)
+        model = quantizer.quantize_model(model, data)
+        model = quantizer.freeze(model)
+        export_safetensors(model, str(tmp))
+    return quark_exclude
+
+
+def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[str, Any],
+                   decisions: list[LayerDecision], device: str, progress: Progress) -> list[str]:
+    if recipe.needs_calibration:
+        raise ApplyError(f"recipe {recipe.name}: per-shard cannot calibrate static activation scales (Quark's "
+                         "per-shard path drops input_scale); use --path in-memory")
+    import_quark()
+    from quark.torch import ModelQuantizer
+
+    model_type = "llama" if kind == "eagle3-draft" else str(config.get("model_type"))
+    qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
+    progress(f"quantizing with Quark {recipe.scheme} on {device} (per shard)")
+    with quark_output_to_stderr():
+        ModelQuantizer(qconfig).direct_quantize_checkpoint(str(src), str(tmp), device=device)
+    return quark_exclude

@@ -1,0 +1,136 @@
+"""EAGLE-3 draft checks: vocabulary maps, aux hidden-state layer ids, and the fit with the target (models/llama_eagle3.py, models/llama.py, v1/worker/gpu_model_runner.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantkit.check.findings import Findings
+from quantkit.check.inspect import (
+    PLACEHOLDER,
+    LoadedCheckpoint,
+)
+from quantkit.naming.config import text_config
+
+# --- drafts ----------------------------------------------------------------------------------------------------
+
+
+def draft_checks(ck: LoadedCheckpoint, target: str | Path | None, target_config: dict[str, Any] | None,
+                  n_target: int | None, findings: Findings) -> None:
+    config = ck.config
+    layer_cfg = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) \
+        else config
+    tensors = ck.tensors
+    vocab = layer_cfg.get("vocab_size") or config.get("vocab_size")
+    draft_vocab = config.get("draft_vocab_size") or layer_cfg.get("draft_vocab_size") or vocab
+    head = tensors.get("lm_head.weight")
+    if head is not None and isinstance(draft_vocab, int) and head.shape and head.shape[0] != draft_vocab:
+        findings.add("error", "draft-vocab-size", "lm_head.weight",
+                     f"lm_head has {head.shape[0]} rows but draft_vocab_size is {draft_vocab} (llama_eagle3.py builds "
+                     "lm_head with draft_vocab_size rows)", "set draft_vocab_size in config.json to the lm_head rows")
+    if isinstance(vocab, int) and isinstance(draft_vocab, int) and draft_vocab != vocab:
+        _vocab_maps(ck, vocab, draft_vocab, findings)
+    hidden = layer_cfg.get("hidden_size")
+    target_hidden = config.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or hidden
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    use_aux = eagle.get("use_aux_hidden_state", True)
+    top_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    nested_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    ids = top_ids or nested_ids  # gpu_model_runner: the top-level attribute first, then eagle_config's
+    where = "eagle_aux_hidden_state_layer_ids"
+    if top_ids and nested_ids and list(top_ids) != list(nested_ids):
+        findings.add("warning", "aux-layer-ids", where,
+                     f"top-level eagle_aux_hidden_state_layer_ids {top_ids} differ from eagle_config's {nested_ids}; "
+                     "vLLM uses the top-level ones", "make both the same")
+    fc = tensors.get("fc.weight")
+    n_aux = None
+    if fc is not None and len(fc.shape) == 2 and isinstance(target_hidden, int) and target_hidden > 0:
+        n_aux = fc.shape[1] // target_hidden if fc.shape[1] % target_hidden == 0 else None
+    if target is None:
+        named = (f"the draft's decoder layers are named model.layers.{PLACEHOLDER}.* (N = the target's layer "
+                 "count), and " if any(PLACEHOLDER in layer.name for layer in ck.layers) else "")
+        findings.add("info", "target-unknown", "--target",
+                     f"no --target: {named}aux layer ids, hidden sizes and the real load are not checked",
+                     "pass --target TARGET_DIR")
+        return
+    assert target_config is not None and n_target is not None
+    tcfg = text_config(target_config)
+    t_hidden, t_vocab = tcfg.get("hidden_size"), tcfg.get("vocab_size")
+    if use_aux:
+        effective = list(ids) if ids else [2, n_target // 2, n_target - 3]
+        source_txt = f"{where} {effective}" if ids else f"vLLM's default aux layer ids {effective} (none in config)"
+        bad = [i for i in effective if not isinstance(i, int) or i < 0 or i > n_target]
+        if bad:
+            findings.add("error", "aux-layer-out-of-range", where,
+                         f"{source_txt}: {bad} outside the target's hidden states 0..{n_target} (the target has "
+                         f"{n_target} layers; llama.py collects the state after layer i for aux id i), so vLLM never "
+                         "collects them and the fc input has the wrong size",
+                         f"use ids within 0..{n_target} (the draft's training used the target's layer numbering; "
+                         "is --target the draft's target?)")
+        elif len(set(effective)) != len(effective):
+            findings.add("error", "aux-layer-ids", where,
+                         f"{source_txt} repeats a layer; vLLM then fails with a shape error",
+                         "write explicit distinct ids at the top level and in eagle_config")
+        if n_aux is not None and n_aux != len(effective):
+            findings.add("error", "aux-layer-ids", where,
+                         f"fc takes {n_aux} x {target_hidden} inputs but {len(effective)} aux layer ids are given",
+                         f"give exactly {n_aux} aux layer ids")
+    if isinstance(t_hidden, int) and isinstance(target_hidden, int) and t_hidden != target_hidden:
+        findings.add("error", "hidden-size-mismatch", "model.fc",
+                     f"the draft expects target hidden size {target_hidden} but the target's hidden_size is {t_hidden}",
+                     "is --target the draft's target? (set target_hidden_size in the draft config if it differs)")
+    elif fc is not None and isinstance(t_hidden, int) and len(fc.shape) == 2 and fc.shape[1] % t_hidden:
+        findings.add("error", "hidden-size-mismatch", "model.fc",
+                     f"fc.weight input dim {fc.shape[1]} is not a multiple of the target's hidden_size {t_hidden}",
+                     "is --target the draft's target?")
+    if isinstance(t_vocab, int) and isinstance(vocab, int) and t_vocab != vocab:
+        findings.add("error", "vocab-size-mismatch", "vocab_size",
+                     f"the draft's vocab_size {vocab} differs from the target's {t_vocab}; d2t maps into the target "
+                     "vocabulary", "is --target the draft's target?")
+
+
+def _vocab_maps(ck: LoadedCheckpoint, vocab: int, draft_vocab: int, findings: Findings) -> None:
+    import numpy as np
+
+    from quantkit.io.tensordata import TensorReader
+
+    d2t, t2d = ck.tensors.get("d2t"), ck.tensors.get("t2d")
+    if d2t is None:
+        findings.add("error", "d2t-missing", "d2t",
+                     f"draft vocab ({draft_vocab}) differs from vocab ({vocab}) but there is no d2t tensor; vLLM "
+                     "keeps draft_id_to_target_id at zeros and maps every draft token to the wrong target token",
+                     "save d2t (draft id -> target id offset) with the draft")
+        return
+    if t2d is None:
+        findings.add("warning", "t2d-missing", "t2d",
+                     "no t2d tensor; vLLM skips t2d on load, but it is the only record of the draft vocabulary to "
+                     "check d2t against", "save t2d with the draft")
+    reader = TensorReader(ck.path)
+    if d2t.dtype not in ("I64", "I32") or len(d2t.shape) != 1 or d2t.shape[0] != draft_vocab:
+        findings.add("error", "d2t-invalid", "d2t",
+                     f"d2t is {d2t.dtype} {list(d2t.shape)}; vLLM loads it into an int64 [{draft_vocab}] parameter "
+                     "(draft_vocab_size)", "save d2t as int64 with draft_vocab_size entries")
+        return
+    offsets = reader.array(d2t.file, "d2t").astype(np.int64)
+    targets = np.arange(draft_vocab, dtype=np.int64) + offsets
+    if targets.min() < 0 or targets.max() >= vocab or len(np.unique(targets)) != draft_vocab:
+        findings.add("error", "d2t-invalid", "d2t",
+                     f"arange(draft_vocab) + d2t gives target ids outside 0..{vocab - 1} or repeated ids",
+                     "regenerate d2t from the draft vocabulary")
+        return
+    if t2d is None:
+        return
+    if len(t2d.shape) != 1 or t2d.shape[0] != vocab:
+        findings.add("error", "t2d-invalid", "t2d", f"t2d has shape {list(t2d.shape)}; expected [{vocab}] (vocab_size)",
+                     "regenerate t2d: a mask over the target vocabulary")
+        return
+    mask = reader.array(t2d.file, "t2d").astype(bool)
+    if int(mask.sum()) != draft_vocab:
+        findings.add("error", "t2d-invalid", "t2d",
+                     f"t2d marks {int(mask.sum())} target tokens; draft_vocab_size is {draft_vocab}",
+                     "regenerate t2d from the draft vocabulary")
+        return
+    if not np.array_equal(np.sort(targets), np.nonzero(mask)[0]):
+        findings.add("error", "d2t-t2d-mismatch", "d2t",
+                     "arange(draft_vocab) + d2t does not give the target ids t2d marks: draft tokens map to the "
+                     "wrong target tokens", "regenerate d2t and t2d together")

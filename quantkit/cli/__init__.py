@@ -1,0 +1,20 @@
+"""The `quantkit` command line: one module per command, registered here in pipeline order.
+
+Each command module holds its Click command and its renderer; app.py holds the group and the error contract,
+options.py what every command shares.
+"""
+
+from quantkit.cli import (  # noqa: E402,F401,I001
+    acceptance,
+    apply,
+    check,
+    demo,
+    eval,
+    gate,
+    inspect,
+    publish,
+    recipes,
+)
+from quantkit.cli.app import main
+
+__all__ = ["main"]

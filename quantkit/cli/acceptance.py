@@ -1,0 +1,125 @@
+"""`quantkit acceptance`: does the quantized draft still get its tokens accepted?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from quantkit.cli.app import main
+from quantkit.cli.options import (
+    check_writable_file,
+    json_option,
+    make_console,
+    print_json,
+    trust_option,
+)
+from quantkit.progress import stderr_progress
+
+if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
+    from quantkit.results import AcceptanceResult
+
+
+@main.command("acceptance")
+@click.option("--target", required=True, help="The target (verifier) checkpoint: folder or Hub id.")
+@click.option("--draft", required=True, help="The BF16 EAGLE-3 draft: the baseline.")
+@click.option("--candidate", required=True,
+              help="The quantized draft to compare (or a quantized target, run with the BF16 draft).")
+@click.option("--prompts", default="builtin", show_default=True,
+              help="'builtin' or a JSONL file of {messages|prompt, domain} records.")
+@click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0, 100.0), default=0.0, show_default=True,
+              help="0 = greedy (exact match); > 0 = speculative sampling (reference backend on CPU).")
+@click.option("--max-new-tokens", type=click.IntRange(1, 1_000_000), default=64, show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
+              help="vllm when it can run the checkpoints here, else the PyTorch reference engine.")
+@click.option("--context-lengths", default="", help="Comma-separated prompt lengths in tokens, e.g. 256,1024: "
+              "AL against prompt length (prompts padded with reference notes).")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Device of the reference engine.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the JSON result to this file.")
+@trust_option()
+@json_option("Print the result as JSON.")
+def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k: int, temperature: float,
+                       max_new_tokens: int, backend: str, context_lengths: str, seed: int, device: str,
+                       out_file: Path | None, trust_remote_code: bool, as_json: bool) -> None:
+    """Measure whether a quantized draft still gets its tokens accepted: AL of the candidate vs the BF16 draft.
+
+    \b
+    quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8
+    quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8 --backend reference --temperature 0.7
+
+    Mean acceptance length AL = 1 + accepted draft tokens / drafts (as vLLM and Quark define it), per-position
+    acceptance rates, tokens per target forward, per-domain AL, and the candidate/BF16 ratio with a bootstrap
+    95% interval over prompts. Both drafts run against the same target with the same prompts and settings.
+    """
+    from quantkit.acceptance.run import AcceptanceError, run_acceptance
+    from quantkit.io.hf import remote_code_allowed
+    from quantkit.io.jsonout import write
+
+    try:
+        lengths = [int(x) for x in context_lengths.split(",") if x.strip()]
+    except ValueError:
+        raise AcceptanceError(f"--context-lengths {context_lengths[:80]!r}: give positive integers, e.g. 256,1024") \
+            from None
+    if any(n < 1 or n > 1_000_000 for n in lengths):
+        raise AcceptanceError(f"--context-lengths {context_lengths[:80]!r}: each length must be 1 to 1000000 tokens")
+    if out_file is not None:
+        check_writable_file(out_file, "--out")
+    with remote_code_allowed(trust_remote_code):
+        result = run_acceptance(target, draft, candidate, prompts=prompts, num_speculative_tokens=k,
+                                temperature=temperature, max_new_tokens=max_new_tokens, backend=backend,
+                                context_lengths=lengths, seed=seed, device=device,
+                                progress=stderr_progress("acceptance"))
+    data = result.to_dict()
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        write(out_file, data)
+    if as_json:
+        print_json(data)
+    else:
+        _render_acceptance(result)
+
+
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _render_acceptance(result: AcceptanceResult) -> None:
+    from rich.table import Table
+
+    b, c = result.baseline, result.candidate
+    assert b is not None and c is not None
+    st = result.settings
+    table = Table(title=f"Acceptance length ({result.backend}, K={st.num_speculative_tokens}, T={st.temperature})",
+                  title_justify="left")
+    for col in ("domain", "prompts", "BF16 draft AL", "candidate AL", "ratio"):
+        table.add_column(col, justify="left" if col == "domain" else "right")
+    for d, v in b.per_domain.items():
+        table.add_row(d, str(v.prompts), _f(v.mean_acceptance_length), _f(c.domain_al(d)),
+                      _f(result.per_domain_ratio.get(d)))
+    table.add_row("all", str(st.num_prompts), _f(b.mean_acceptance_length), _f(c.mean_acceptance_length),
+                  _f(result.ratio), style="bold")
+    console = make_console()
+    console.print(table)
+    pos = Table(title="Acceptance rate per position", title_justify="left")
+    pos.add_column("")
+    for i in range(len(b.acceptance_rate_per_pos or [])):
+        pos.add_column(f"pos {i + 1}", justify="right")
+    pos.add_column("tokens/target fwd", justify="right")
+    for name, run in (("BF16 draft", b), ("candidate", c)):
+        pos.add_row(name, *(_f(x) for x in run.acceptance_rate_per_pos or []), _f(run.tokens_per_target_forward, "{:.2f}"))
+    console.print(pos)
+    if result.context_length_ratio:
+        ctx = Table(title="AL against prompt length", title_justify="left")
+        for col in ("tokens", "BF16 draft AL", "candidate AL", "ratio"):
+            ctx.add_column(col, justify="right")
+        for n, r in result.context_length_ratio.items():
+            ctx.add_row(n, _f(b.by_context_length.get(n)), _f(c.by_context_length.get(n)), _f(r))
+        console.print(ctx)
+    lo, hi = result.ratio_ci or [None, None]
+    console.print(f"ratio candidate/BF16 = {_f(result.ratio, '{:.4f}')} (95% bootstrap CI {_f(lo, '{:.4f}')}-"
+                  f"{_f(hi, '{:.4f}')}); {b.num_drafts} and {c.num_drafts} drafts")

@@ -1,0 +1,89 @@
+"""The `quantkit` Click group and its exit contract.
+
+Every QuantkitError becomes one line `error: <message>` with exit 2; an interrupt (Ctrl-C or SIGTERM) one line with
+130 or 143; a command whose answer is "no" (check found errors, the gate failed) exits 1 through exit_failed()."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import click
+
+from quantkit import __version__
+from quantkit.errors import QuantkitError
+
+MAX_MESSAGE = 600
+
+
+class QuantkitGroup(click.Group):
+    """A Click group that prints a QuantkitError as one line `error: <message>` on stderr and exits with 2."""
+
+    group_class = type  # subgroups use this class too
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order registered: the pipeline's (quantkit/cli/__init__.py)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # SIGTERM (a CI runner's cancel, `kill`) unwinds like Ctrl-C, so temporary folders are cleaned up the same way.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, raise_terminated)
+        return super().main(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            name, code = ("SIGTERM", 143) if isinstance(e, Terminated) else ("SIGINT", 130)
+            click.echo(f"error: interrupted by {name}; nothing was left half-written (temporary files removed)",
+                       err=True)
+            ctx.exit(code)
+        except RecursionError:
+            click.echo("error: input nested too deeply to read (a hostile or corrupt JSON/YAML file?); check the "
+                       "files you passed", err=True)
+            ctx.exit(2)
+        except QuantkitError as e:
+            message = " ".join(str(e).split("\n"))  # messages are one line by contract; keep it so for `2>&1 | tail`
+            if len(message) > MAX_MESSAGE:  # a message that echoes hostile input must not flood the terminal
+                message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
+            click.echo(f"error: {message}", err=True)
+            ctx.exit(e.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:  # a bug or a failure inside Quark/vLLM: one line unless asked for the traceback
+            if os.environ.get("QUANTKIT_DEBUG") == "1":
+                raise
+            first = " ".join(str(e).split("\n"))[:300]
+            click.echo(f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)",
+                       err=True)
+            ctx.exit(1)
+
+
+def exit_failed() -> None:
+    """The one way a command says "ran, and the answer is no" (check found errors, the gate failed): exit 1."""
+    raise click.exceptions.Exit(1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so that cleanup runs as for Ctrl-C."""
+
+
+def raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@click.group(cls=QuantkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="quantkit")
+def main() -> None:
+    """Quantize MoE targets to MXFP4 and EAGLE-3 drafts to FP8 with AMD Quark, and check them for vLLM.
+
+    A recipe (a built-in name or your own YAML file) says which layers get which Quark scheme and which stay
+    BF16, and why. Start with `quantkit recipes list`, `quantkit recipes show fp8-draft` and `quantkit demo`.
+
+    \b
+    The pipeline, of which this release has the recipes and the demo:
+      apply -> check -> acceptance -> eval -> gate -> publish
+
+    Errors are printed as one line `error: <message>` with exit status 2.
+    """

@@ -1,0 +1,102 @@
+"""`quantkit check`: will vLLM load this checkpoint as intended? Exit 0 clean, 1 errors found, 2 bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from quantkit.cli.app import exit_failed, main
+from quantkit.cli.options import json_option, make_console, print_json, trust_option
+from quantkit.progress import stderr_progress
+
+if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
+    from quantkit.check.findings import CheckResult
+
+
+@main.command("check")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--target", "target", default=None, type=click.Path(path_type=Path),
+              help="For an EAGLE-3 draft: its target checkpoint (layer names, aux layer ids, hidden sizes, real load).")
+@click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True, envvar="QUANTKIT_TP",
+              help="Tensor-parallel size to check per-shard divisibility for.")
+@click.option("--platform", "platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950",
+              show_default=True, envvar="QUANTKIT_PLATFORM", help="Where the checkpoint will be served.")
+@click.option("--vllm", "vllm_mode", type=click.Choice(["auto", "off", "required"]), default="auto",
+              show_default=True, envvar="QUANTKIT_CHECK_VLLM",
+              help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
+                   "skipped or failed load is an error.")
+@click.option("--load-timeout", "load_timeout", type=click.FloatRange(0, 86400, min_open=True), default=900,
+              show_default=True,
+              help="Seconds the vLLM load and generation may take.")
+@click.option("--numeric", is_flag=True, help="Also compare dequantized weights with --source (reads all weights).")
+@click.option("--source", "source", default=None, type=click.Path(path_type=Path),
+              help="The unquantized checkpoint this one was made from (for --numeric).")
+@trust_option()
+@json_option("Print the findings, per-layer precisions and the vLLM load as JSON.")
+def check_command(folder: Path, target: Path | None, tp: int, platform: str, vllm_mode: str, load_timeout: float,
+                  numeric: bool, source: Path | None, trust_remote_code: bool, as_json: bool) -> None:
+    """Check that vLLM will load a Quark checkpoint as intended, before any GPU time is spent.
+
+    \b
+    quantkit check DRAFT-FP8 --target TARGET
+    quantkit check MODEL-MXFP4 --tp 8 --platform gfx950 --vllm off
+
+    Replays vLLM's Quark loader: required quantization_config keys, exclude entries (vLLM matches runtime names
+    or `re:` only), fused and MoE layers, weight and scale tensors (dtype, shape, finite and positive values), TP
+    divisibility, EAGLE-3 draft specifics, platform notes; then loads the checkpoint in vLLM when it can.
+
+    Exit status: 0 no errors, 1 errors found, 2 bad input (not a checkpoint, unreadable file).
+    """
+    import sys
+
+    from quantkit.check import check_checkpoint
+    from quantkit.io.hf import remote_code_allowed
+
+    progress = stderr_progress("check") if not as_json else None
+    with remote_code_allowed(trust_remote_code):
+        result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,
+                                  source=source, load_timeout_s=load_timeout, progress=progress)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _render_check(result)
+    sys.stdout.flush()
+    if not result.ok:
+        exit_failed()
+
+
+def _render_check(result: CheckResult) -> None:
+    from rich.table import Table
+
+    console = make_console()
+    if result.findings:
+        table = Table(title=f"check {result.path} ({result.architecture}, {result.model_kind}, tp {result.tp}, "
+                            f"{result.platform})", title_justify="left")
+        table.add_column("severity", no_wrap=True)
+        table.add_column("code", no_wrap=True)
+        table.add_column("layer / tensor", overflow="fold")
+        table.add_column("what", overflow="fold")
+        table.add_column("fix", overflow="fold")
+        for f in result.findings:
+            table.add_row(f.severity, f.code, f.layer_or_tensor, f.message, f.fix)
+        console.print(table)
+    load = result.vllm_load
+    line = f"vLLM load: {load.status}"
+    if load.status == "loaded":
+        compared = load.layers or {}
+        bad = sum(not v["as_predicted"] for v in compared.values())
+        line += (f" in {load.engine} ({load.mode}, {load.seconds}s); {len(compared)} layers compared, {bad} "
+                 f"mismatched; generated {load.generated_text!r}")
+    elif load.reason or load.error:
+        line += f": {load.reason or load.error}"
+    console.print(line)
+    if result.numeric is not None:
+        worst = max((v.relative_error or 0.0 for v in result.numeric.layers.values()), default=0.0)
+        console.print(f"numeric: {len(result.numeric.layers)} layers vs {result.numeric.source}, worst "
+                      f"relative error {worst:.4g}")
+    counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "info")}
+    verdict = "OK" if result.ok else "FAILED"
+    console.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info; "
+                  f"{result.seconds:.1f}s")

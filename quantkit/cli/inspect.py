@@ -1,0 +1,83 @@
+"""`quantkit inspect`: every layer under vLLM's runtime names with the precision vLLM will give it (headers only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from quantkit.cli.app import main
+from quantkit.cli.options import json_option, make_console, print_json
+
+if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
+    from quantkit.check.inspect import InspectResult
+
+
+@main.command("inspect")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--target", "target", default=None, type=click.Path(path_type=Path),
+              help="For an EAGLE-3 draft: the target checkpoint folder (only its config.json is read). Its layer "
+                   "count gives the draft's vLLM layer names; without it they show as model.layers.{N}.*.")
+@click.option("--layers", "show_layers", is_flag=True, help="One row per layer instead of groups of layers.")
+@json_option("Print every layer and group with precision, reason and bytes as JSON.")
+def inspect_command(folder: Path, target: Path | None, show_layers: bool, as_json: bool) -> None:
+    """Show the precision vLLM will give every layer of a checkpoint, and why.
+
+    \b
+    quantkit inspect MODEL-MXFP4
+    quantkit inspect DRAFT-FP8 --target TARGET
+
+    Layers are named as vLLM names them at run time (`model.fc`, `model.layers.4.self_attn.qkv_proj`); the reason
+    is the exclude entry, layer_quant_config key or global_quant_config that decided, replaying vLLM's Quark loader.
+    Layers that differ only in their decoder-layer number are grouped (`model.layers.{0-59}.mlp.experts` x60).
+    Reads config.json and safetensors headers only.
+    """
+    from quantkit.check.inspect import inspect_checkpoint
+    from quantkit.naming.config import target_layer_count
+
+    n = target_layer_count(target) if target is not None else None
+    result = inspect_checkpoint(folder, n)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    _render_inspect(result, show_layers)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.2f}"
+
+
+def _render_inspect(result: InspectResult, show_layers: bool) -> None:
+    from rich.table import Table
+
+    console = make_console()
+    n = result.target_num_layers
+    title = f"{result.path}: {result.architecture} ({result.model_kind})" + (f", target layers {n}" if n else "")
+    table = Table(title=title, title_justify="left")
+    table.add_column("vLLM layer", overflow="fold")
+    table.add_column("x", justify="right", no_wrap=True)
+    table.add_column("precision", no_wrap=True)
+    table.add_column("why", overflow="fold")
+    table.add_column("MB", justify="right", no_wrap=True)
+    if show_layers:
+        rows = [(lp.name, 1, lp.precision, lp.reason, lp.bytes, lp.experts) for lp in result.layers]
+    else:
+        rows = [(g.pattern, g.count, g.precision, g.reason, g.bytes, g.experts) for g in result.groups]
+    for name, count, precision, reason, size, experts in rows:
+        label = f"{name} ({experts} experts)" if experts else name
+        table.add_row(label, str(count), precision, reason, _mb(size))
+    console.print(table)
+    sizes = Table(title="Bytes by precision", title_justify="left")
+    sizes.add_column("precision")
+    sizes.add_column("MB", justify="right")
+    sizes.add_column("share", justify="right")
+    total = max(result.total_bytes, 1)
+    for precision, size in sorted(result.bytes_by_precision.items(), key=lambda kv: -kv[1]):
+        sizes.add_row(precision, _mb(size), f"{size / total:.1%}")
+    sizes.add_row("(not in a layer: norms, maps, ...)", _mb(result.other_bytes), f"{result.other_bytes / total:.1%}")
+    sizes.add_row("total", _mb(result.total_bytes), "100%")
+    console.print(sizes)
+    for problem in result.config_problems:
+        console.print(f"note: {problem}")
+    console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")

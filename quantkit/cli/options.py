@@ -1,0 +1,53 @@
+"""Options and output helpers every command shares: --json, --trust-remote-code, the console, strict JSON."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:  # rich and pydantic cost ~0.2 s to import; commands import them when they render or validate
+    from rich.console import Console
+
+
+
+def trust_option() -> Any:
+    return click.option("--trust-remote-code", "trust_remote_code", is_flag=True,
+                        help="Allow transformers/vLLM to run Python code shipped in a model folder (auto_map). "
+                             "Off by default: quantkit never runs a folder's code unless you pass this.")
+
+
+def json_option(help_text: str = "Print JSON on stdout instead of a table.") -> Any:
+    return click.option("--json", "as_json", is_flag=True, help=help_text)
+
+
+def check_writable_file(path: Path, option: str) -> None:
+    """Fail before any work when a result file cannot be written where the user asked."""
+    from quantkit.errors import QuantkitError
+
+    folder = path.expanduser().resolve().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if path.is_dir():
+        raise QuantkitError(f"{option} {path}: is a folder; give a file path such as {path}/result.json")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise QuantkitError(f"{option} {path}: {folder} is not a writable folder; pick a path you can write to")
+
+
+def print_json(data: Any) -> None:
+    from quantkit.io.jsonout import dumps
+
+    click.echo(dumps(data))
+
+
+def make_console() -> Console:
+    from rich.console import Console
+
+    # markup off: recipe reasons and paths are user text, and `[...]` in them must print as written.
+    console = Console(markup=False, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped output ends up in files and CI logs, not an 80-column terminal: wrap less, fold fewer names.
+        console.width = 120
+    return console

@@ -1,0 +1,102 @@
+"""The gate config: a validated YAML file naming the target, the BF16 draft, the candidates, the steps and the thresholds (unknown keys are errors; paths are relative to the file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantkit.errors import QuantkitError
+from quantkit.io.yamlio import load_yaml
+
+
+class GateConfigError(QuantkitError):
+    """The gate config file is missing, not YAML, or breaks the schema."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Candidate(_Strict):
+    name: str
+    path: str
+    baseline: str | None = None
+
+
+class CheckStep(_Strict):
+    platform: Literal["gfx950", "gfx942", "cuda", "cpu"] = "gfx950"
+    tp: int = Field(default=1, ge=1)
+    vllm: Literal["auto", "off", "required"] = "auto"
+
+
+class AcceptanceStep(_Strict):
+    min_ratio: float = Field(default=0.98, gt=0)
+    per_domain_min_ratio: float | None = Field(default=None, gt=0)
+    min_al: float | None = Field(default=None, ge=1)
+    use_ci_lower_bound: bool = False
+    backend: Literal["auto", "reference", "vllm"] = "auto"
+    prompts: str = "builtin"
+    num_speculative_tokens: int = Field(default=3, ge=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+
+
+class EvalStep(_Strict):
+    tasks: list[str] = Field(min_length=1)
+    min_recovery: float = Field(default=0.98, gt=0)
+    use_lower_bound: bool = False
+    limit: int | None = Field(default=None, ge=1)
+    num_fewshot: int = Field(default=0, ge=0)
+    backend: Literal["hf", "vllm"] = "hf"
+
+
+class GateConfig(_Strict):
+    name: str
+    target: str
+    draft: str | None = None
+    candidates: list[Candidate] = Field(min_length=1)
+    steps: list[Literal["check", "acceptance", "eval"]] = Field(min_length=1)
+    check: CheckStep = CheckStep()
+    acceptance: AcceptanceStep = AcceptanceStep()
+    eval: EvalStep | None = None
+
+
+def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
+    """Parse and validate a gate config; one-line errors name the file and the key."""
+    p = Path(path)
+    try:
+        data = load_yaml(p.read_text())
+    except OSError as e:
+        raise GateConfigError(f"gate config {p}: cannot read it ({e.strerror or e}); pass a gate YAML file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = str(getattr(e, "problem", None) or "not valid YAML")[:200]
+        raise GateConfigError(f"gate config {p}:{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise GateConfigError(f"gate config {p}: expected a mapping with name, target, candidates, steps")
+    try:
+        cfg = GateConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].lower()
+        raise GateConfigError(f"gate config {p}: {key}: {msg}") from None
+    if "eval" in cfg.steps and cfg.eval is None:
+        raise GateConfigError(f"gate config {p}: eval: the eval step needs an 'eval:' section with tasks")
+    if "acceptance" in cfg.steps and cfg.draft is None:
+        raise GateConfigError(f"gate config {p}: draft: the acceptance step needs the BF16 draft")
+    names = [c.name for c in cfg.candidates]
+    if len(set(names)) != len(names):
+        raise GateConfigError(f"gate config {p}: candidates: names must be unique")
+    base = p.resolve().parent
+    for where, value in [("target", cfg.target), ("draft", cfg.draft)] + \
+            [(f"candidates[{i}].path", c.path) for i, c in enumerate(cfg.candidates)] + \
+            [(f"candidates[{i}].baseline", c.baseline) for i, c in enumerate(cfg.candidates)]:
+        if value is not None and not (base / value).exists():
+            raise GateConfigError(f"gate config {p}: {where}: {value} does not exist (paths are relative to the "
+                                  "config file)")
+    return cfg, base

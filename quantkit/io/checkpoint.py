@@ -1,0 +1,285 @@
+"""Hugging Face checkpoint folders: resolving a source, reading its config and tensor index, and atomic output.
+
+Reads are header-only (quantkit.io.headers) unless a caller asks for tensors; writes go to a hidden temporary
+folder beside the output and are renamed into place only when complete, so an interrupted or failed run never
+leaves a folder that looks finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
+
+# Files that belong to the weights and are rewritten by a quantizer; everything else in a checkpoint folder
+# (tokenizer, chat template, generation config, README, ...) is carried over unchanged.
+WEIGHT_FILES = re.compile(r".*\.safetensors$|^model\.safetensors\.index\.json$|^config\.json$|^quantkit\.json$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class OutputExistsError(QuantkitError):
+    """The output folder exists and --overwrite was not given."""
+
+
+@dataclass
+class SourceCheckpoint:
+    """A checkpoint folder with its config.json and the header-level view of its tensors."""
+
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    hub_id: str | None = None
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or []
+        return str(archs[0]) if archs else str(self.config.get("model_type", "unknown"))
+
+    @property
+    def size_bytes(self) -> int:
+        return sum((self.path / f).stat().st_size for f in self.files)
+
+
+WEIGHTS_AND_TOKENIZER = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+
+
+def _locate(source: str | Path, patterns: list[str]) -> tuple[Path, str | None]:
+    """The local folder of `source`, downloading the files matching `patterns` when it is a Hub repo id."""
+    path = Path(source).expanduser()
+    hub_id = None
+    if not path.exists():
+        if not HUB_ID.match(str(source)):
+            raise CheckpointError(f"model {source}: no such folder; pass a checkpoint folder or a Hub repo id ORG/NAME")
+        hub_id = str(source)
+        path = _download(hub_id, patterns)
+    if not path.is_dir():
+        raise CheckpointError(f"model {source}: not a folder; pass the checkpoint folder that holds config.json")
+    return path, hub_id
+
+
+def resolve_config(source: str | Path) -> dict[str, Any]:
+    """config.json of a local folder or a Hub repo id, without reading (or downloading) any weights."""
+    path, _ = _locate(source, ["config.json"])
+    return read_config(path)
+
+
+def resolve_source(source: str | Path) -> SourceCheckpoint:
+    """A local folder, or a Hub repo id downloaded with huggingface_hub (safetensors, configs, tokenizer)."""
+    path, hub_id = _locate(source, WEIGHTS_AND_TOKENIZER)
+    config = read_config(path)
+    tensors = checkpoint_tensors(path)
+    if not tensors:
+        raise CheckpointError(f"model {source}: no safetensors weights in {path}; quantkit reads .safetensors only")
+    files = sorted({t.file for t in tensors.values()})
+    return SourceCheckpoint(path=path, config=config, tensors=tensors, hub_id=hub_id, files=files)
+
+
+def _download(repo_id: str, patterns: list[str]) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import (
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+        )
+    except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
+        raise CheckpointError(f"model {repo_id}: huggingface_hub is needed to download it ({e})") from None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except RepositoryNotFoundError:
+        raise CheckpointError(f"model {repo_id}: no such Hub repo (or no access); check the id or set HF_TOKEN") from None
+    except LocalEntryNotFoundError:
+        raise CheckpointError(
+            f"model {repo_id}: not a local folder and the Hub is unreachable; download it first or pass a folder"
+        ) from None
+    except (HfHubHTTPError, OSError) as e:
+        raise CheckpointError(f"model {repo_id}: download failed ({type(e).__name__}); pass a local folder") from None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def copy_aux_files(src: Path, dst: Path) -> list[str]:
+    """Copy everything that is not weights or config (tokenizer, chat template, generation config, ...)."""
+    copied = []
+    for p in sorted(src.iterdir()):
+        if p.is_file() and not WEIGHT_FILES.match(p.name) and not p.name.startswith("."):
+            shutil.copy2(p, dst / p.name)
+            copied.append(p.name)
+    return copied
+
+
+class OutputWriteError(QuantkitError):
+    """The output cannot be written: its parent is not a writable folder, or the disk filled up."""
+
+
+MANIFEST_FILE = "quantkit.json"
+# errno values that mean "the disk (or the file size limit) is full", as OSError or inside a library's message.
+_FULL = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large for this file system or limit",
+         errno.EDQUOT: "disk quota exceeded"}
+
+
+def _real(path: Path | str) -> Path:
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def _relation(out: Path, src: Path) -> str | None:
+    if out == src:
+        return "is"
+    if out.is_relative_to(src):
+        return "lies inside"
+    if src.is_relative_to(out):
+        return "contains"
+    return None
+
+
+def quantkit_owned_files(folder: Path) -> set[str] | None:
+    """The files a previous `quantkit apply` wrote into `folder` (from its quantkit.json), or None if it has none.
+
+    Manifests older than the `output_files` field name no files; then every plain file counts as quantkit's (such
+    a folder was written whole by quantkit's atomic rename).
+    """
+    manifest = folder / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    files = data.get("output_files")
+    if isinstance(files, list) and all(isinstance(f, str) for f in files):
+        return set(files) | {MANIFEST_FILE}
+    return {p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
+
+
+def check_output_free(output: Path, overwrite: bool, sources: Sequence[str | Path] = ()) -> None:
+    """Fail early, before any work, unless writing `output` is safe.
+
+    Never allowed, --overwrite or not: an output that is, contains, or lies inside one of `sources` (after
+    resolving symlinks), an output that is a symlink, and an output whose parent is not a writable folder.
+    An existing empty folder is replaced; an existing non-empty one only with --overwrite, only when a previous
+    `quantkit apply` wrote it (quantkit.json), and only when it holds nothing but the files quantkit wrote.
+    """
+    shown = str(output)
+    out = _real(output)
+    for source in sources:
+        if not Path(source).expanduser().exists():
+            continue  # a Hub id: its files live in the HF cache, checked below through the resolved folder
+        relation = _relation(out, _real(source))
+        if relation:
+            raise OutputExistsError(f"output {shown} {relation} the source {source}; quantkit never writes over or "
+                                    "removes a source: pick an output folder outside it")
+    if Path(output).expanduser().is_symlink():
+        raise OutputExistsError(f"output {shown} is a symbolic link; pass the folder it points to, or another path")
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputWriteError(f"output {shown}: {ancestor} is a file, not a folder; pick an output path in a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputWriteError(f"output {shown}: folder {ancestor} is not writable; pick a folder you can write to")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputExistsError(f"output {shown} exists and is not a folder; remove it or pick another path")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise OutputExistsError(f"output {shown} already exists; pass --overwrite to replace it (only a previous "
+                                "quantkit output) or pick another folder")
+    owned = quantkit_owned_files(out)
+    if owned is None:
+        raise OutputExistsError(f"output {shown} exists and was not written by quantkit apply (no {MANIFEST_FILE}); "
+                                "--overwrite only replaces quantkit outputs: remove it yourself or pick another folder")
+    foreign = [e for e in entries if e not in owned or (out / e).is_dir()]
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise OutputExistsError(f"output {shown} holds files quantkit did not write ({listed}); --overwrite only "
+                                "removes what quantkit wrote: move them away or pick another folder")
+
+
+def full_disk_reason(e: BaseException) -> str | None:
+    """'no space left on device' (or the like) if `e` is a write failure for lack of room, else None."""
+    if isinstance(e, OSError) and e.errno in _FULL:
+        return _FULL[e.errno]
+    text = str(e)
+    for code, reason in _FULL.items():
+        if f"os error {code})" in text or os.strerror(code) in text:
+            return reason
+    return None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish_permissions(folder: Path) -> None:
+    """Give `folder` and its files the modes a plain write would (0o777/0o666 less the umask).
+
+    mkdtemp makes 0700 folders and some writers 0600 files; an output is read by other accounts (a server's).
+    """
+    mask = _umask()
+    for p in folder.rglob("*"):
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
+
+
+@contextlib.contextmanager
+def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str | Path] = ()) -> Iterator[Path]:
+    """Yield a temporary folder beside `output`; rename it to `output` only if the block succeeds.
+
+    The temporary folder is removed on any failure or interrupt (SIGINT, and SIGTERM, which the CLI turns into
+    the same KeyboardInterrupt). A previous output is replaced only as check_output_free allows.
+    """
+    check_output_free(output, overwrite, sources)
+    output = output.expanduser().resolve()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.quantkit-", dir=output.parent))
+    except OSError as e:
+        raise OutputWriteError(f"output {output}: cannot create a folder in {output.parent} "
+                               f"({e.strerror or e}); pick a folder you can write to") from None
+    try:
+        try:
+            yield tmp
+            publish_permissions(tmp)
+        except Exception as e:
+            reason = full_disk_reason(e)
+            if reason:
+                raise OutputWriteError(f"output {output}: {reason} while writing; free space or pick another "
+                                       "folder (nothing was written)") from None
+            raise
+        if output.exists():
+            old = output.with_name(f".{output.name}.quantkit-old-{os.getpid()}")
+            output.rename(old)
+            tmp.rename(output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(output)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

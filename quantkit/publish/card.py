@@ -1,0 +1,268 @@
+"""The model card (README.md) of a published checkpoint: metadata (base model, tags, model-index) from quantkit.json (results.ApplyResult) and the gate report (results.CandidateReport), and a body that says what was quantized and kept and why, how to serve it, how it measured, and how it was made."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantkit.io.checkpoint import HUB_ID
+from quantkit.publish.folder import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    MANIFEST,
+    QUARK_URL,
+    TARGET_PLACEHOLDER,
+    read_manifest,
+)
+from quantkit.results import (
+    ApplyResult,
+    CandidateReport,
+    LayerDecision,
+    load_report,
+    parse_report,
+)
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
+
+
+# --- the model card -----------------------------------------------------------------------------------------------
+
+
+def _formats(manifest: ApplyResult) -> list[str]:
+    schemes = {str(d.scheme) for d in manifest.quantized}
+    schemes.add(str(manifest.recipe.get("scheme", "")))
+    found = []
+    for fmt in ("mxfp4", "fp8"):
+        if any(fmt in s for s in schemes):
+            found.append(fmt)
+    return found
+
+
+def _kept_roles(manifest: ApplyResult) -> set[str]:
+    return {d.role for d in manifest.kept}
+
+
+def card_tags(manifest: ApplyResult) -> list[str]:
+    tags = ["amd-quark", "quantkit", *_formats(manifest)]
+    if manifest.model_kind == "eagle3-draft":
+        tags += ["eagle3", "draft-model", "speculative-decoding"]
+        if "lm_head" in _kept_roles(manifest):
+            tags.append("no-lm-head-quantization")
+    elif manifest.model_kind == "moe-target":
+        tags.append("moe")
+    return tags
+
+
+def _hub_base_model(manifest: ApplyResult, base_model: str | None) -> str | None:
+    if base_model:
+        return base_model
+    source = manifest.source
+    # A local path (absolute, or one that exists here) is not a Hub id even when it has one slash.
+    if HUB_ID.match(source) and not Path(source).exists():
+        return source
+    return None
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _command(manifest: ApplyResult, target: str | None) -> tuple[str, bool]:
+    """The recorded command with the executable shortened to `quantkit`, and whether it was a quantkit command
+    (apply called through the Python API records the interpreter's argv instead)."""
+    recorded = manifest.command.strip()
+    head, _, rest = recorded.partition(" ")
+    if Path(head).name == "quantkit":
+        return f"quantkit {rest}".strip(), True
+    recipe = manifest.recipe.get("name", "RECIPE")
+    cmd = f"quantkit apply --recipe {recipe} --model {manifest.source or 'MODEL'} --output OUTPUT"
+    if manifest.model_kind == "eagle3-draft" and (target or manifest.target_num_layers):
+        cmd += f" --target {target or TARGET_PLACEHOLDER}"
+    if manifest.path:
+        cmd += f" --path {manifest.path}"
+    return cmd, False
+
+
+def _layer_groups(layers: list[LayerDecision]) -> list[list[Any]]:
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for d in layers:
+        key = (d.role, d.action, d.scheme or "bf16", d.reason)
+        groups.setdefault(key, []).append(d.runtime_name)
+    rows = []
+    for (role, action, scheme, reason), names in groups.items():
+        shown = ", ".join(f"`{n}`" for n in names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+        rows.append([role, action, scheme, shown, reason])
+    return rows
+
+
+def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
+    from huggingface_hub import EvalResult
+
+    results = []
+    acc = report.acceptance
+    if acc is not None and acc.candidate is not None and acc.candidate.mean_acceptance_length is not None:
+        k = acc.settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        dataset = acc.settings.prompts or "quantkit-prompts"
+        results.append(EvalResult(
+            task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
+            dataset_type=dataset, dataset_name=dataset, metric_type="mean_acceptance_length",
+            metric_name=f"mean acceptance length (k={k})",
+            metric_value=round(acc.candidate.mean_acceptance_length, 4)))
+        if acc.ratio is not None:
+            results.append(EvalResult(
+                task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
+                dataset_type=dataset, dataset_name=dataset, metric_type="acceptance_length_ratio",
+                metric_name="acceptance length ratio vs the BF16 draft", metric_value=round(acc.ratio, 4)))
+    if report.eval is not None:
+        for t in report.eval.tasks:
+            if t.candidate is None:
+                continue
+            results.append(EvalResult(
+                task_type="text-generation", task_name=t.task, dataset_type=t.task, dataset_name=t.task,
+                metric_type=t.metric, metric_value=round(t.candidate, 4)))
+    return results
+
+
+def _as_report(report: CandidateReport | str | Path | dict[str, Any] | None,
+               folder: str | Path | None = None) -> CandidateReport | None:
+    if report is None or isinstance(report, CandidateReport):
+        return report
+    if isinstance(report, dict):
+        return parse_report(report, model=folder)
+    return load_report(report, model=folder)
+
+
+def build_model_card(folder: str | Path, report: CandidateReport | str | Path | dict[str, Any] | None = None,
+                     repo_id: str | None = None, base_model: str | None = None,
+                     target: str | None = None) -> ModelCard:
+    """The model card (README.md) for an output folder: metadata from quantkit.json and the report, and a body
+    that says what was quantized and kept and why, how it was made, how to serve it, and how it measured."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    manifest = read_manifest(folder)
+    rep = _as_report(report, folder)
+    repo = repo_id or "ORG/NAME"
+    name = repo.split("/")[-1]
+    kind = manifest.model_kind
+    recipe = manifest.recipe
+    base = _hub_base_model(manifest, base_model)
+    target = target or manifest.target
+    formats = _formats(manifest)
+
+    data = ModelCardData(
+        base_model=base, library_name="transformers", tags=card_tags(manifest),
+        pipeline_tag=None if kind == "eagle3-draft" else "text-generation",
+        base_model_relation="quantized")
+    results = _eval_results(rep, name) if rep else []
+    if results:  # model-index needs a model name; without results neither key is written
+        data.model_name, data.eval_results = name, results
+
+    what = {"eagle3-draft": "EAGLE-3 draft model", "moe-target": "mixture-of-experts model",
+            "dense-target": "model"}.get(kind, "model")
+    source_md = f"[{base}](https://huggingface.co/{base})" if base else f"`{manifest.source or 'unknown'}`"
+    body: list[str] = [f"# {name}", ""]
+    body.append(f"{' + '.join(f.upper() for f in formats) or 'Quantized'} {what} ({manifest.architecture}), "
+                f"quantized from {source_md} with [AMD Quark]({QUARK_URL}) by quantkit recipe "
+                f"`{recipe.get('name')}` (Quark scheme `{recipe.get('scheme')}`)"
+                + (f": {str(recipe['description']).rstrip('.')}." if recipe.get("description") else "."))
+    before, after = manifest.size_before_bytes, manifest.size_after_bytes
+    if before > 0:
+        body += ["", f"Weights: {before / 1e6:,.2f} MB -> {after / 1e6:,.2f} MB ({after / before:.2f}x)."]
+
+    layers = manifest.layers
+    n_q = len(manifest.quantized)
+    body += ["", "## What was quantized and what was kept", "",
+             f"{n_q} layers quantized, {len(layers) - n_q} kept in high precision. Layer names are vLLM's runtime "
+             "names, which are what config.json's `exclude` lists, so vLLM loads every kept layer unquantized.", ""]
+    body += _table(["role", "action", "scheme", "layers (vLLM names)", "why"], _layer_groups(layers))
+    body += ["", f"`quantization_config.exclude`: {', '.join(f'`{e}`' for e in manifest.exclude) or 'none'}"]
+    if len(layers) > 3:
+        body += ["", "<details><summary>Every layer</summary>", ""]
+        body += _table(["vLLM layer", "checkpoint modules", "action", "scheme"],
+                       [[d.runtime_name, ", ".join(d.checkpoint_modules), d.action, d.scheme or "bf16"]
+                        for d in layers])
+        body += ["", "</details>"]
+
+    body += ["", "## Serve with vLLM on ROCm", "",
+             "On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads the "
+             "Quark `quantization_config` from config.json, no extra flag is needed.", ""]
+    if kind == "eagle3-draft":
+        k = (rep.acceptance.settings.num_speculative_tokens if rep and rep.acceptance else None) or \
+            DEFAULT_NUM_SPECULATIVE_TOKENS
+        spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": k})
+        body += ["```bash", f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{spec}'", "```"]
+        if not target:
+            n = manifest.target_num_layers
+            body += ["", f"Replace `{TARGET_PLACEHOLDER}` with the target model this draft was trained for"
+                     + (f" ({n} decoder layers)." if n else ".")]
+        body += ["", "This repo is a draft: it only runs next to its target model."]
+    else:
+        body += ["```bash", f"vllm serve {repo}", "```"]
+
+    body += ["", "## Acceptance: BF16 draft vs quantized draft" if kind == "eagle3-draft" else "## Acceptance", ""]
+    acc = rep.acceptance if rep else None
+    if acc is not None and (acc.baseline or acc.candidate):
+        b, c = acc.baseline, acc.candidate
+        settings = ", ".join(x for x in (
+            f"backend {acc.backend}" if acc.backend else "",
+            f"{acc.settings.num_speculative_tokens} speculative tokens" if acc.settings.num_speculative_tokens else "",
+            f"{acc.settings.num_prompts} prompts" if acc.settings.num_prompts else "",
+            f"prompt set {acc.settings.prompts}" if acc.settings.prompts else "") if x)
+        body += ["Mean acceptance length (AL = 1 + accepted / drafts), same target, prompts and settings"
+                 + (f" ({settings})" if settings else "") + ".", ""]
+        rows = []
+        for domain in ["all", *acc.domains()]:
+            bv = b.mean_acceptance_length if (b and domain == "all") else (b.domain_al(domain) if b else None)
+            cv = c.mean_acceptance_length if (c and domain == "all") else (c.domain_al(domain) if c else None)
+            ratio = acc.ratio if domain == "all" and acc.ratio is not None else \
+                (cv / bv if bv and cv is not None else None)
+            rows.append([f"**{domain}**" if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio)])
+        body += _table(["domain", "BF16 draft AL", "quantized draft AL", "ratio"], rows)
+        if acc.ratio_ci:
+            body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
+    else:
+        body += ["Not measured: no gate report was given when this card was made (`quantkit publish --report`)."]
+
+    body += ["", "## Quality (lm-eval)", ""]
+    if rep and rep.eval and rep.eval.tasks:
+        body += _table(["task", "metric", "baseline", "quantized", "delta", "recovery"],
+                       [[t.task, t.metric, _fmt(t.baseline, 4), _fmt(t.candidate, 4), _fmt(t.delta, 4),
+                         _fmt(t.recovery, 4)] for t in rep.eval.tasks])
+    else:
+        body += ["Not measured: the gate report has no eval section." if rep else
+                 "Not measured: no gate report was given when this card was made (`quantkit publish --report`)."]
+    if rep and rep.gate and rep.gate.passed is not None:
+        body += ["", f"## Gate: {'passed' if rep.gate.passed else 'FAILED'}", ""]
+        if rep.gate.checks:
+            body += _table(["check", "value", "threshold", "passed"],
+                           [[ch.name, _fmt(ch.value, 4), f"{ch.op or ''} {_fmt(ch.threshold, 4)}".strip(),
+                             {True: "yes", False: "no", None: "-"}[ch.passed]] for ch in rep.gate.checks])
+
+    command, exact = _command(manifest, target)
+    body += ["", "## How it was made", "", "```bash", command, "```"]
+    if not exact:
+        body += ["", "(quantized through quantkit's Python API; the line above is the equivalent command)"]
+    versions = manifest.versions
+    if versions:
+        body += ["", *_table(["package", "version"], [[k, v] for k, v in versions.items()])]
+    sources = manifest.source_files
+    if sources:
+        body += ["", "<details><summary>Source files (sha256)</summary>", ""]
+        body += _table(["file", "sha256"], [[f, f"`{h}`"] for f, h in sources.items()])
+        body += ["", "</details>"]
+    body += ["", f"`{MANIFEST}` in this repo holds the full record: recipe, per-layer decisions, versions, timings.",
+             ""]
+    yaml_block = data.to_yaml(original_order=["base_model", "base_model_relation", "library_name", "pipeline_tag"])
+    return ModelCard(f"---\n{yaml_block}\n---\n\n" + "\n".join(body))

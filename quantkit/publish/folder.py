@@ -1,0 +1,95 @@
+"""The folder `publish` uploads: it must be one `quantkit apply` wrote (quantkit.json + a Quark config.json); its files with their sizes and SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantkit.errors import QuantkitError
+from quantkit.io.headers import load_json_file
+from quantkit.results import ApplyResult, ResultFileError, load_manifest
+
+if TYPE_CHECKING:
+    pass
+
+
+MANIFEST = "quantkit.json"
+CARD = "README.md"
+
+
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
+
+
+TARGET_PLACEHOLDER = "<TARGET>"
+QUARK_URL = "https://quark.docs.amd.com"
+
+
+class PublishError(QuantkitError):
+    """The folder cannot be published as asked, or the Hub refused or failed the upload."""
+
+
+class PublishAuthError(PublishError):
+    """No token, or the Hub rejected it (401/403)."""
+
+
+@dataclass
+class UploadFile:
+    """One file of the commit: its path in the repo, size and sha256."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+# --- the folder ----------------------------------------------------------------------------------------------------
+
+
+def read_manifest(folder: str | Path) -> ApplyResult:
+    """quantkit.json of an output folder, after checking the folder is one `quantkit apply` wrote."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PublishError(f"{folder}: no such folder; pass the output folder of `quantkit apply`")
+    for name in (MANIFEST, "config.json"):
+        if not (folder / name).is_file():
+            raise PublishError(f"{folder} has no {name}: publish only folders written by `quantkit apply` "
+                               f"(run `quantkit apply --recipe RECIPE --model MODEL --output {folder}` first)")
+    fix = "re-run `quantkit apply` to rewrite the folder"
+    raw = load_json_file(folder / MANIFEST, fix, PublishError)
+    config = load_json_file(folder / "config.json", fix, PublishError)
+    if not isinstance(raw, dict) or not isinstance(raw.get("layers"), list):
+        raise PublishError(f"{folder / MANIFEST}: not a quantkit manifest (no `layers` list); "
+                           "re-run `quantkit apply` to rewrite the folder")
+    try:
+        manifest = load_manifest(folder)
+    except ResultFileError as e:
+        raise PublishError(str(e)) from None
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(qc, dict) or qc.get("quant_method") != "quark":
+        raise PublishError(f"{folder / 'config.json'}: no quantization_config with quant_method quark; "
+                           "publish the output of `quantkit apply`, not its source")
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def upload_files(folder: str | Path) -> list[UploadFile]:
+    """The folder's files as they go to the repo: every regular file except hidden ones and README.md (the
+    generated card replaces it), sorted by path."""
+    folder = Path(folder)
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if not p.is_file() or rel == CARD:
+            continue
+        if any(part.startswith(".") and part != ".gitattributes" for part in rel.split("/")):
+            continue  # e.g. .cache/huggingface from a local_dir download
+        out.append(UploadFile(path=rel, size=p.stat().st_size, sha256=_sha256(p)))
+    return out

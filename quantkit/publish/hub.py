@@ -1,0 +1,245 @@
+"""Publishing a quantkit output folder to the Hugging Face Hub: the generated model card and a one-commit upload.
+
+The card is made from the folder's quantkit.json (what was quantized, what was kept and why, the command and
+versions) and, when given, the gate report (quantkit.publish.report: acceptance and eval tables, model-index results).
+The upload is one `create_commit` holding every file of the folder plus README.md (the card), so a failure at
+any point leaves the repo as it was: LFS blobs uploaded before a failed commit are not part of any revision.
+The token is handed to huggingface_hub and nowhere else: it is never printed, logged, or written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantkit import __version__
+from quantkit.errors import QuantkitError
+from quantkit.io import jsonout
+from quantkit.io.checkpoint import HUB_ID
+from quantkit.publish.card import build_model_card
+from quantkit.publish.folder import (
+    CARD,
+    PublishAuthError,
+    PublishError,
+    UploadFile,
+    read_manifest,
+    upload_files,
+)
+from quantkit.results import CandidateReport
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+UPLOAD_PLAN = "upload-plan.json"
+# Remote files that a re-publish replaces as a set: a shard left over from an earlier upload with more shards
+# would otherwise be loaded next to the new ones by loaders that read every *.safetensors file.
+WEIGHT_FILE = re.compile(r"(^|/)[^/]*\.safetensors$|(^|/)model\.safetensors\.index\.json$")
+
+
+@dataclass
+class PublishResult:
+    """What `publish` did (or, for a dry run, would do); serialises to `--json`."""
+
+    repo_id: str
+    endpoint: str | None
+    revision: str
+    dry_run: bool
+    files: list[UploadFile]
+    deleted: list[str] = field(default_factory=list)
+    commit_url: str | None = None
+    commit_oid: str | None = None
+    pr_url: str | None = None
+    unchanged: bool = False  # re-publish of identical content: no new commit, commit_* is the existing head
+    repo_url: str | None = None
+    card_path: str | None = None  # dry run: where the card was written
+    plan_path: str | None = None  # dry run: where the file list was written
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+
+# --- publishing ----------------------------------------------------------------------------------------------------
+
+
+def resolve_token(token: str | None = None) -> str:
+    """The token to publish with: the argument, else HF_TOKEN, else the huggingface_hub login."""
+    if token:
+        return token
+    from huggingface_hub import get_token
+
+    found = os.environ.get("HF_TOKEN") or get_token()
+    if not found:
+        raise PublishAuthError("no Hugging Face token: set HF_TOKEN or run `hf auth login` with a token that can "
+                               "write to the repo (or use --dry-run to only write the card)")
+    return found
+
+
+def _status(e: BaseException) -> int | None:
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        response = getattr(cur, "response", None)
+        code = getattr(response, "status_code", None)
+        if isinstance(code, int):
+            return code
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _one_line(text: str, secret: str | None) -> str:
+    line = " ".join(str(text).split())
+    return line.replace(secret, "<token>") if secret else line
+
+
+@dataclass
+class _Stage:
+    what: str = "connecting"
+    head_before: str | None = None
+
+
+@contextlib.contextmanager
+def _hub_errors(api: HfApi, repo_id: str, revision: str, token: str) -> Iterator[_Stage]:
+    """Turn what huggingface_hub raises into one-line PublishErrors that name the repo and the fix, and never
+    the token."""
+    import httpx
+
+    stage = _Stage()
+    try:
+        yield stage
+    except QuantkitError:
+        raise
+    except Exception as e:
+        endpoint = api.endpoint
+        status = _status(e)
+        detail = _one_line(str(e).split("\n\n")[-1] if status else str(e), token)[:300]
+        if status in (401, 403):
+            msg = (f"the Hub at {endpoint} refused the token ({status}) while {stage.what} {repo_id}: use a token "
+                   f"with write access to {repo_id.split('/')[0]} in HF_TOKEN or `hf auth login`")
+            raise PublishAuthError(_one_line(msg, token)) from None
+        if status is not None and status >= 500 or isinstance(e, httpx.TransportError):
+            why = f"failed with {status}" if status else f"could not be reached ({type(e).__name__})"
+            msg = f"the Hub at {endpoint} {why} while {stage.what} {repo_id}: " + _after_failure(api, repo_id,
+                                                                                                revision, stage)
+            raise PublishError(_one_line(msg, token)) from None
+        if status == 404:
+            raise PublishError(_one_line(f"{repo_id} (revision {revision}) not found at {endpoint} while "
+                                         f"{stage.what}: check --repo-id and --revision ({detail})", token)) from None
+        msg = f"publishing to {repo_id} at {endpoint} failed while {stage.what}: {type(e).__name__}: {detail}"
+        raise PublishError(_one_line(msg, token)) from None
+
+
+def _after_failure(api: HfApi, repo_id: str, revision: str, stage: _Stage) -> str:
+    """What state the repo is in after a failed upload, checked rather than assumed."""
+    if stage.what not in ("uploading files to", "committing to"):
+        return "nothing was uploaded; run the same command again"
+    try:
+        head = _head(api, repo_id, revision)
+    except Exception:
+        return "nothing was published by this run as far as quantkit knows, but the repo could not be re-read " \
+               "to confirm; check the repo, then run the same command again"
+    if head == stage.head_before:
+        return (f"nothing was committed, the repo is unchanged at {str(head)[:12]}; run the same command again "
+                "(files already uploaded are skipped)")
+    return f"the branch moved to {str(head)[:12]} meanwhile; check the repo before publishing again"
+
+
+def _head(api: HfApi, repo_id: str, revision: str) -> str | None:
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    try:
+        return api.repo_info(repo_id, revision=revision).sha
+    except RevisionNotFoundError:
+        return None
+
+
+def _write_dry_run(out: Path, card: str, result: PublishResult, folder: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CARD).write_text(card)
+    plan = {"repo_id": result.repo_id, "revision": result.revision, "folder": str(folder.resolve()),
+            "files": [asdict(f) for f in result.files], "total_bytes": result.total_bytes}
+    (out / UPLOAD_PLAN).write_text(jsonout.dumps(plan) + "\n")
+
+
+def publish(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
+            create_pr: bool = False, report: CandidateReport | str | Path | dict[str, Any] | None = None,
+            dry_run: bool = False, endpoint: str | None = None, token: str | None = None,
+            base_model: str | None = None, target: str | None = None,
+            dry_run_dir: str | Path | None = None) -> PublishResult:
+    """Upload `folder` and its generated model card to the Hub repo `repo_id` in one commit.
+
+    The repo is created if needed (`private` applies only then); `revision` is a branch, created from main if it
+    does not exist; `create_pr` opens a pull request instead of committing to the branch. Re-publishing identical
+    content makes no commit and returns `unchanged=True` with the existing head. Weight files on the branch that the
+    folder no longer has (*.safetensors, the index) are deleted in the same commit. `dry_run` touches no network:
+    it writes README.md and upload-plan.json (every file with size and sha256) to `dry_run_dir` (default: a
+    `<folder>.publish-preview` folder beside `folder`).
+    """
+    folder = Path(folder).expanduser()
+    read_manifest(folder)
+    if not HUB_ID.match(repo_id):
+        raise PublishError(f"--repo-id {repo_id!r}: use ORG/NAME (letters, digits, '-', '_', '.')")
+    revision = revision or "main"
+    card = str(build_model_card(folder, report, repo_id=repo_id, base_model=base_model, target=target))
+    card_bytes = card.encode()
+    files = [*upload_files(folder),
+             UploadFile(path=CARD, size=len(card_bytes), sha256=hashlib.sha256(card_bytes).hexdigest())]
+    files.sort(key=lambda f: f.path)
+    result = PublishResult(repo_id=repo_id, endpoint=endpoint, revision=revision, dry_run=dry_run, files=files)
+    if dry_run:
+        out = Path(dry_run_dir) if dry_run_dir else folder.parent / f"{folder.name}.publish-preview"
+        _write_dry_run(out, card, result, folder)
+        result.card_path, result.plan_path = str(out / CARD), str(out / UPLOAD_PLAN)
+        return result
+
+    token = resolve_token(token)
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi(endpoint=endpoint, token=token, library_name="quantkit", library_version=__version__)
+    result.endpoint = api.endpoint
+    with _hub_errors(api, repo_id, revision, token) as stage:
+        stage.what = "creating"
+        repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        result.repo_url = str(repo_url)
+        stage.what = "reading"
+        stage.head_before = _head(api, repo_id, revision)
+        if stage.head_before is None:
+            stage.what = f"creating branch {revision} of"
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+            stage.head_before = _head(api, repo_id, revision)
+        local = {f.path for f in files}
+        remote = [e.path for e in api.list_repo_tree(repo_id, revision=revision, recursive=True)
+                  if isinstance(e, RepoFile)]
+        result.deleted = sorted(p for p in remote if WEIGHT_FILE.search(p) and p not in local)
+        ops: list[Any] = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(folder / f.path))
+                          for f in files if f.path != CARD]
+        ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_bytes))
+        ops += [CommitOperationDelete(path_in_repo=p) for p in result.deleted]
+        additions = [op for op in ops if isinstance(op, CommitOperationAdd)]
+        # Upload the blobs first, then commit: the same single commit as create_commit alone makes, but a failure
+        # is reported against the step it happened in.
+        stage.what = "uploading files to"
+        api.preupload_lfs_files(repo_id, additions=additions, revision=revision, create_pr=create_pr,
+                                free_memory=False)
+        stage.what = "committing to"
+        recipe = read_manifest(folder).recipe.get("name", "quantkit")
+        info = api.create_commit(
+            repo_id, ops, revision=revision, create_pr=create_pr,
+            commit_message=f"quantkit publish: {recipe} ({len(files)} files)",
+            commit_description=f"Uploaded by quantkit {__version__} from a `quantkit apply` output folder.")
+    result.commit_url, result.commit_oid = info.commit_url, info.oid
+    result.pr_url = info.pr_url
+    result.unchanged = info.oid == stage.head_before and info.pr_url is None
+    return result
