@@ -1,0 +1,619 @@
+"""Source checkpoint formats quantkit accepts (plain BF16/FP16/FP32, FP8 block-scaled, INT4 compressed-tensors), told
+apart from config.json and safetensors headers alone, and decoded exactly to BF16 one shard at a time.
+
+Formats, as the target checkpoints ship them:
+
+- `bf16`: no `quantization_config`; every tensor is kept as stored (BF16, FP16 or FP32).
+- `fp8-block` (DeepSeek-V3/R1, MiniMax-M2/M2.5): `quantization_config.quant_method == "fp8"` with `weight_block_size`
+  [bn, bk]. Each quantized linear stores `<m>.weight` F8_E4M3 [out, in] and `<m>.weight_scale_inv` F32
+  [ceil(out/bn), ceil(in/bk)] (edge blocks partial). Decoded weight = float32(weight) * scale_inv of its block, in
+  float32, then rounded once to BF16. That is what DeepSeek's `weight_dequant` does (deepseek-ai/DeepSeek-V3
+  inference/kernel.py `weight_dequant_kernel`: `x.to(float32) * s`, stored into a `torch.get_default_dtype()` (bf16)
+  tensor by inference/fp8_cast_bf16.py), what vLLM does (vllm/model_executor/layers/quantization/utils/quant_utils.py
+  `scaled_dequantize`: `(x_q.to(float32) * x_s).to(out_dtype)`; int8_utils.py `block_dequant` for partial blocks) and
+  what compressed-tensors does (compressed_tensors/entrypoints/convert/converters/fp8block_dequantizer.py
+  `FP8BlockDequantizer._create_dequantized_weight`). Any positive block size is decoded; [128, 128] is what ships.
+- `int4-pack-quantized` (Kimi-K2-Thinking, Kimi-K2.5): `quant_method == "compressed-tensors"`, format
+  `pack-quantized`, weights symmetric INT4 with strategy `group`. Each quantized linear stores `<m>.weight_packed` I32
+  [out, ceil(in/8)] (8 values per int32, lowest nibble first, stored as value + 8), `<m>.weight_scale` (BF16) [out,
+  in/group] and `<m>.weight_shape` I32/I64 [2]. Decoding replays compressed-tensors 0.17 bit for bit:
+  compressed_tensors/compressors/pack_quantized/base.py `PackedQuantizationCompressor.decompress` ->
+  pack_quantized/helpers.py `unpack_from_int32` -> quantization/lifecycle/forward.py `dequantize` ->
+  forward_helpers.py `_process_group` / `_dequantize` (`x_q.to(scale.dtype) * scale`, per group of columns), and the
+  model-free path entrypoints/convert/converters/ct_dequantizer.py `CompressedTensorsDequantizer.process` (result
+  `.to(bfloat16)`).
+
+`quantization_config` is looked up where vLLM and compressed-tensors look: top level, then `text_config` (multimodal
+wrappers such as Kimi-K2.5), then the legacy `compression_config` (vllm/transformers_utils/
+model_arch_config_convertor.py `get_quantization_config`; compressed_tensors/utils/safetensors_load.py
+`get_quantization_config`).
+
+Decoded tensors may be requested in float32 instead of BF16 (`decode_tensors(..., dtype=torch.float32)`): that is what
+Quark 0.13's own file-to-file path feeds its quantizer (quark/torch/quantization/file2file_quantization.py
+`_weight_dequant_fp8` returns the float32 product; `_recover_compressed_tensors_weights` upcasts `weight_scale` to
+float32 before `decompress`), so an MXFP4 result byte-identical to Quark's file-to-file output needs float32 input.
+
+Nothing here imports torch at module level; `detect_format`, `decoded_tensor_names`, `decoded_origins`,
+`text_model_view` and `mtp_tensor_names` read names, dtypes and shapes only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from quantkit.errors import CheckpointError, QuantkitError
+
+if TYPE_CHECKING:
+    import torch
+
+FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized"]
+FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized")
+SUPPORTED_FORMATS = (
+    "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
+    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy)"
+)
+_FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
+
+# Tensor-name suffixes that carry a source format and never reach the decoded output.
+FP8_SCALE_SUFFIX = ".weight_scale_inv"
+INT4_PARTS = (".weight_packed", ".weight_scale", ".weight_shape")
+_FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+_SCALE_DTYPES = ("F32", "BF16", "F16")
+
+# Labels for the compressed-tensors formats quantkit refuses (compressed_tensors/config/base.py CompressionFormat).
+_CT_FORMAT_LABELS = {
+    "nvfp4-pack-quantized": "NVFP4",
+    "mxfp4-pack-quantized": "MXFP4",
+    "mxfp8-quantized": "MXFP8",
+    "float-quantized": "FP8 (float-quantized)",
+    "int-quantized": "INT8 (int-quantized)",
+    "naive-quantized": "naive-quantized",
+    "marlin-24": "2:4-sparse Marlin (marlin-24)",
+    "sparse-24-bitmask": "2:4-sparse (sparse-24-bitmask)",
+    "sparse-bitmask": "sparse (sparse-bitmask)",
+    "dense": "dense",
+}
+# quant_method values other libraries write, named in the refusal so a user sees what they have.
+_METHOD_LABELS = {
+    "gptq": "GPTQ", "awq": "AWQ", "bitsandbytes": "bitsandbytes", "mxfp4": "MXFP4 (gpt-oss style)",
+    "modelopt": "ModelOpt", "modelopt_fp4": "ModelOpt NVFP4", "fbgemm_fp8": "FBGEMM FP8", "hqq": "HQQ",
+    "torchao": "torchao", "gguf": "GGUF", "eetq": "EETQ", "aqlm": "AQLM", "quanto": "quanto", "auto-round": "AutoRound",
+    "fp_quant": "FP-Quant", "higgs": "HIGGS", "bitnet": "BitNet", "vptq": "VPTQ", "spqr": "SpQR",
+}  # fmt: skip
+
+
+class UnsupportedSourceFormatError(QuantkitError):
+    """config.json declares a quantization format quantkit cannot decode exactly (raised before any tensor is read)."""
+
+
+class SourceFormatError(CheckpointError):
+    """config.json and the tensors disagree, or a quantized tensor's parts are missing or malformed."""
+
+
+class SplitModuleError(SourceFormatError):
+    """A quantized module's parts lie in different shards and no lookup for the missing part was given."""
+
+
+class NonFiniteWeightError(SourceFormatError):
+    """A decoded weight holds NaN or Inf (a corrupt scale or weight in the source checkpoint)."""
+
+
+@dataclass(frozen=True)
+class SourceFormat:
+    """A checkpoint's storage format, from config.json and its headers.
+
+    `config_key` is where the quantization_config was found ("quantization_config", "text_config.quantization_config",
+    "compression_config"), None for bf16. `block_size` is fp8-block's [rows, cols] per scale; `group_size` and
+    `num_bits` are INT4's; `ignore` is the config's list of modules it left unquantized (`ignored_layers` /
+    `modules_to_not_convert` for fp8, `ignore` for compressed-tensors), kept for provenance: decoding goes by the
+    tensors themselves, not by this list. `stored_dtypes` are the safetensors dtypes found in the checkpoint.
+    """
+
+    name: FormatName
+    config_key: str | None = None
+    block_size: tuple[int, int] | None = None
+    group_size: int | None = None
+    num_bits: int | None = None
+    ignore: tuple[str, ...] = ()
+    stored_dtypes: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        """One line for `inspect`."""
+        if self.name == "fp8-block":
+            assert self.block_size is not None
+            return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
+                    f"quant_method fp8); decoded to BF16")  # fmt: skip
+        if self.name == "int4-pack-quantized":
+            return (f"INT4 symmetric, group {self.group_size}, compressed-tensors pack-quantized "
+                    f"(weight_packed/weight_scale/weight_shape); decoded to BF16")  # fmt: skip
+        return f"unquantized ({', '.join(self.stored_dtypes) or 'no tensors'}); tensors kept as stored"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["description"] = self.description
+        return out
+
+
+# --- config -------------------------------------------------------------------------------------------------------
+
+
+def quantization_config_of(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The quantization_config and where it was found, in the order vLLM and compressed-tensors look."""
+    for key, holder in (("quantization_config", config),
+                        ("text_config.quantization_config", config.get("text_config") or {}),
+                        ("compression_config", config)):  # fmt: skip
+        name = key.rpartition(".")[2]
+        value = holder.get(name) if isinstance(holder, Mapping) else None
+        if value:
+            if not isinstance(value, Mapping):
+                raise UnsupportedSourceFormatError(f"config.json {key} is not an object; {_FIX}")
+            return dict(value), key
+    return None, None
+
+
+def _info(value: Any) -> tuple[str, tuple[int, ...]]:
+    """(dtype, shape) from a headers.TensorInfo-like object or a (dtype, shape) pair."""
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return str(value.dtype), tuple(int(d) for d in value.shape)
+    dtype, shape = value
+    return str(dtype), tuple(int(d) for d in shape)
+
+
+def detect_format(
+    config: Mapping[str, Any], tensors: Mapping[str, Any], *, source: str = "config.json"
+) -> SourceFormat:
+    """The checkpoint's SourceFormat, from config.json and its tensors' (dtype, shape), without reading tensor data.
+
+    `tensors` maps every tensor name of the checkpoint (all shards) to a `(dtype, shape)` pair in safetensors dtype
+    names ("BF16", "F8_E4M3", "I32", ...) or to an object with `.dtype` and `.shape` (quantkit.io.headers.TensorInfo).
+    Raises UnsupportedSourceFormatError for a format quantkit does not decode, and SourceFormatError naming the first
+    tensor that contradicts the config (e.g. fp8 config but a weight without weight_scale_inv). `source` names the
+    config in messages.
+    """
+    infos = {name: _info(v) for name, v in tensors.items()}
+    stored = tuple(sorted({d for d, _ in infos.values()}))
+    qcfg, key = quantization_config_of(config)
+    if qcfg is None:
+        _check_plain(infos, source)
+        return SourceFormat("bf16", stored_dtypes=stored)
+    where = f"{source} {key}"
+    method = str(qcfg.get("quant_method", "")).lower()
+    if key == "compression_config" and not method:
+        method = "compressed-tensors"  # the legacy key predates quant_method
+    if method == "fp8":
+        fmt = _fp8_format(qcfg, key, where, stored)
+        _check_fp8(fmt, infos, where)
+    elif method == "compressed-tensors":
+        fmt = _ct_format(qcfg, key, where, stored)
+        _check_int4(fmt, infos, where)
+    elif method == "quark":
+        raise UnsupportedSourceFormatError(
+            f"{where}: quant_method 'quark': the checkpoint is already quantized by Quark; quantize from the source "
+            f"checkpoint it was made from (supported: {SUPPORTED_FORMATS})"
+        )
+    else:
+        label = _METHOD_LABELS.get(method)
+        what = f"quant_method {method!r}" + (f" ({label})" if label and label.lower() != method else "")
+        raise _unsupported(where, what)
+    return fmt
+
+
+def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
+    return UnsupportedSourceFormatError(
+        f"{where}: {what} is not a supported source format; supported: {SUPPORTED_FORMATS}; {_FIX}"
+    )
+
+
+def _check_plain(infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str) -> None:
+    for name, (dtype, _) in infos.items():
+        if dtype.startswith("F8_") or dtype == "F4" or name.endswith((FP8_SCALE_SUFFIX, ".weight_packed")):
+            raise SourceFormatError(
+                f"{source} has no quantization_config, but tensor {name} is {dtype} (a quantized checkpoint's "
+                f"tensor); restore the checkpoint's config.json or use an unquantized checkpoint"
+            )
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _fp8_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tuple[str, ...]) -> SourceFormat:
+    fmt = str(qcfg.get("fmt") or "e4m3").lower()
+    if "e4m3" not in fmt:
+        raise _unsupported(where, f"FP8 fmt {fmt!r}")
+    block = qcfg.get("weight_block_size")
+    if block is None:
+        raise _unsupported(where, "per-tensor FP8 (quant_method fp8 without weight_block_size)")
+    if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(_positive_int(b) for b in block)):
+        raise _unsupported(where, f"FP8 weight_block_size {block!r} (expected two positive integers)")
+    ignore = qcfg.get("ignored_layers") or qcfg.get("modules_to_not_convert") or ()  # vllm fp8.py Fp8Config.from_config
+    return SourceFormat("fp8-block", key, block_size=(int(block[0]), int(block[1])), ignore=tuple(ignore),
+                        stored_dtypes=stored)  # fmt: skip
+
+
+def _ct_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tuple[str, ...]) -> SourceFormat:
+    if qcfg.get("sparsity_config"):
+        raise _unsupported(where, "sparse compressed-tensors (sparsity_config)")
+    if qcfg.get("transform_config"):
+        # Rotated (SpinQuant/QuIP-style) weights decode to the rotated basis, not the model's weights.
+        raise _unsupported(where, "compressed-tensors with transform_config (rotated weights)")
+    groups = qcfg.get("config_groups") or {}
+    if not isinstance(groups, Mapping) or not groups:
+        raise _unsupported(where, "compressed-tensors without config_groups")
+    top = qcfg.get("format")
+    group_sizes = set()
+    for gname, group in groups.items():
+        gfmt = (group.get("format") if isinstance(group, Mapping) else None) or top
+        if gfmt != "pack-quantized":
+            label = _CT_FORMAT_LABELS.get(str(gfmt))
+            what = f"compressed-tensors format {gfmt!r}" + (f" ({label})" if label and label != gfmt else "")
+            raise _unsupported(where, what + (f" in config_groups.{gname}" if gfmt != top else ""))
+        w = group.get("weights")
+        if not isinstance(w, Mapping):
+            raise _unsupported(where, f"compressed-tensors config_groups.{gname} without weights")
+        wtype, bits = str(w.get("type", "int")), w.get("num_bits")
+        if wtype != "int":
+            raise _unsupported(where, f"pack-quantized {wtype} weights (num_bits {bits})")
+        if bits != 4:
+            raise _unsupported(where, f"INT{bits} pack-quantized weights")
+        if not w.get("symmetric", True):
+            raise _unsupported(where, "asymmetric INT4 (symmetric: false, weight_zero_point)")
+        if w.get("strategy") != "group":
+            raise _unsupported(where, f"INT4 with strategy {w.get('strategy')!r} (only 'group' is supported)")
+        if w.get("actorder") == "group":
+            raise _unsupported(where, "INT4 with actorder 'group' (weight_g_idx)")
+        if group.get("input_activations"):
+            raise _unsupported(where, "INT4 weights with quantized activations (input_activations)")
+        gs = w.get("group_size")
+        if not isinstance(gs, int) or not _positive_int(gs):
+            raise _unsupported(where, f"INT4 group_size {gs!r}")
+        group_sizes.add(gs)
+    if len(group_sizes) != 1:
+        raise _unsupported(where, f"INT4 config_groups with different group sizes {sorted(group_sizes)}")
+    return SourceFormat("int4-pack-quantized", key, group_size=group_sizes.pop(), num_bits=4,
+                        ignore=tuple(qcfg.get("ignore") or ()), stored_dtypes=stored)  # fmt: skip
+
+
+def _check_fp8(fmt: SourceFormat, infos: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> None:
+    assert fmt.block_size is not None
+    bn, bk = fmt.block_size
+    found = False
+    for name, (dtype, shape) in infos.items():
+        if dtype == "F8_E4M3":
+            if not name.endswith(".weight") or len(shape) != 2:
+                raise SourceFormatError(f"{where}: tensor {name} is F8_E4M3 {list(shape)} but not a 2-D .weight; "
+                                        f"the checkpoint does not match its fp8-block config")  # fmt: skip
+            scale = infos.get(name + "_scale_inv")
+            if scale is None:
+                raise SourceFormatError(f"{where}: {name} is F8_E4M3 but {name}_scale_inv is missing; the checkpoint "
+                                        f"is incomplete or not fp8-block, re-download it")  # fmt: skip
+            want = [math.ceil(shape[0] / bn), math.ceil(shape[1] / bk)]
+            if scale[0] not in _SCALE_DTYPES or list(scale[1]) != want:
+                raise SourceFormatError(
+                    f"{where}: {name}_scale_inv is {scale[0]} {list(scale[1])}, expected F32 {want} for {name} "
+                    f"{list(shape)} with weight_block_size [{bn}, {bk}]; the checkpoint does not match its config"
+                )
+            found = True
+        elif dtype.startswith("F8_") or dtype == "F4":
+            raise SourceFormatError(f"{where}: tensor {name} is {dtype}; fp8-block decodes F8_E4M3 weights only")
+        elif name.endswith(FP8_SCALE_SUFFIX):
+            weight = infos.get(name[: -len("_scale_inv")])
+            if weight is None or weight[0] != "F8_E4M3":
+                raise SourceFormatError(
+                    f"{where}: {name} has no F8_E4M3 weight {name[: -len('_scale_inv')]} beside it; the checkpoint "
+                    f"does not match its fp8-block config"
+                )
+        elif name.endswith(".input_scale"):
+            raise SourceFormatError(f"{where}: tensor {name} is a static activation scale, which fp8-block "
+                                    f"checkpoints (activation_scheme dynamic) do not have")  # fmt: skip
+    if not found:
+        raise SourceFormatError(f"{where} says fp8, but no F8_E4M3 weight with weight_scale_inv is in the checkpoint; "
+                                f"the config does not match the weights")  # fmt: skip
+
+
+def _check_int4(fmt: SourceFormat, infos: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> None:
+    assert fmt.group_size is not None
+    found = False
+    for name, (dtype, shape) in infos.items():
+        module, _, suffix = name.rpartition(".")
+        if suffix == "weight_packed":
+            if dtype != "I32" or len(shape) != 2:
+                raise SourceFormatError(f"{where}: {name} is {dtype} {list(shape)}, expected 2-D I32 (8 INT4 values "
+                                        f"per int32); the checkpoint does not match its config")  # fmt: skip
+            scale, wshape = infos.get(f"{module}.weight_scale"), infos.get(f"{module}.weight_shape")
+            if scale is None or wshape is None:
+                missing = f"{module}.weight_scale" if scale is None else f"{module}.weight_shape"
+                raise SourceFormatError(f"{where}: {name} has no {missing}; the checkpoint is incomplete, "
+                                        f"re-download it")  # fmt: skip
+            groups = math.ceil(shape[1] * 8 / fmt.group_size)
+            if scale[0] not in _SCALE_DTYPES or len(scale[1]) != 2 or scale[1][0] != shape[0] or scale[1][1] != groups:
+                raise SourceFormatError(
+                    f"{where}: {module}.weight_scale is {scale[0]} {list(scale[1])}, expected [{shape[0]}, {groups}] "
+                    f"for {name} {list(shape)} with group_size {fmt.group_size}; the checkpoint does not match its "
+                    f"config"
+                )
+            if wshape[0] not in ("I32", "I64") or list(wshape[1]) != [2]:
+                raise SourceFormatError(f"{where}: {module}.weight_shape is {wshape[0]} {list(wshape[1])}, expected "
+                                        f"I32 or I64 [2]")  # fmt: skip
+            if f"{module}.weight" in infos:
+                raise SourceFormatError(f"{where}: both {module}.weight and {name} are stored; the checkpoint is "
+                                        f"ambiguous")  # fmt: skip
+            found = True
+        elif suffix in ("weight_scale", "weight_shape"):
+            if f"{module}.weight_packed" not in infos:
+                raise SourceFormatError(f"{where}: {name} has no {module}.weight_packed beside it; the checkpoint "
+                                        f"does not match its pack-quantized config")  # fmt: skip
+        elif suffix in ("weight_zero_point", "weight_g_idx"):
+            raise SourceFormatError(f"{where}: tensor {name} ({suffix}) is not part of symmetric INT4 without "
+                                    f"activation ordering; the checkpoint does not match its config")  # fmt: skip
+        elif dtype.startswith("F8_") or dtype == "F4":
+            raise SourceFormatError(f"{where}: tensor {name} is {dtype}; a pack-quantized INT4 checkpoint keeps "
+                                    f"unquantized tensors in BF16/FP16/FP32")  # fmt: skip
+    if not found:
+        raise SourceFormatError(f"{where} says pack-quantized, but no .weight_packed tensor is in the checkpoint; "
+                                f"the config does not match the weights")  # fmt: skip
+
+
+# --- names --------------------------------------------------------------------------------------------------------
+
+
+def _primary_of(fmt: SourceFormat, name: str) -> str | None:
+    """For a secondary part (scale, shape), the name of the part that anchors its module; None otherwise."""
+    if fmt.name == "fp8-block" and name.endswith(FP8_SCALE_SUFFIX):
+        return name[: -len("_scale_inv")]
+    if fmt.name == "int4-pack-quantized" and name.endswith((".weight_scale", ".weight_shape")):
+        return name.rpartition(".")[0] + ".weight_packed"
+    return None
+
+
+def _parts_of(fmt: SourceFormat, name: str, present: Callable[[str], bool]) -> tuple[str, list[str]] | None:
+    """(decoded name, source parts) when `name` anchors a quantized module, else None."""
+    if fmt.name == "fp8-block" and name.endswith(".weight") and present(name + "_scale_inv"):
+        return name, [name, name + "_scale_inv"]
+    if fmt.name == "int4-pack-quantized" and name.endswith(".weight_packed"):
+        module = name[: -len(".weight_packed")]
+        return module + ".weight", [name, module + ".weight_scale", module + ".weight_shape"]
+    return None
+
+
+def decoded_tensor_names(fmt: SourceFormat, names: Iterable[str]) -> dict[str, list[str]]:
+    """Decoded tensor name -> the source tensors it is made from, for a whole checkpoint's (or one shard's) names.
+
+    Kept tensors map to themselves (`{n: [n]}`); `x.weight` <- [`x.weight`, `x.weight_scale_inv`] for fp8-block;
+    `x.weight` <- [`x.weight_packed`, `x.weight_scale`, `x.weight_shape`] for INT4. Order follows `names`, each decoded
+    tensor at its anchor's place. Raises SourceFormatError for a part whose module is incomplete in `names` (give all
+    of a checkpoint's names for a plan; for one shard, `decode_tensors` handles modules split across shards).
+    """
+    names = list(names)
+    present = set(names)
+    out: dict[str, list[str]] = {}
+    for name in names:
+        parts = _parts_of(fmt, name, present.__contains__)
+        if parts is not None:
+            missing = [p for p in parts[1] if p not in present]
+            if missing:
+                raise SourceFormatError(f"{name} has no {missing[0]} among the given tensor names; give every "
+                                        f"tensor name of the checkpoint")  # fmt: skip
+            out[parts[0]] = parts[1]
+        elif (anchor := _primary_of(fmt, name)) is not None:
+            if anchor not in present:
+                raise SourceFormatError(f"{name} has no {anchor} among the given tensor names; give every tensor "
+                                        f"name of the checkpoint")  # fmt: skip
+        else:
+            out[name] = [name]
+    return out
+
+
+def decoded_origins(fmt: SourceFormat, names: Iterable[str]) -> dict[str, str]:
+    """Decoded tensor name -> where its values come from, for provenance: the format name ("fp8-block",
+    "int4-pack-quantized") for decoded weights, "stored" for tensors kept as they are in the source."""
+    return {decoded: (fmt.name if parts != [decoded] else "stored")
+            for decoded, parts in decoded_tensor_names(fmt, names).items()}  # fmt: skip
+
+
+# --- decoding -----------------------------------------------------------------------------------------------------
+
+
+def decode_tensors(
+    fmt: SourceFormat,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    lookup: Callable[[str], torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """One shard's tensors with every quantized module decoded: a new dict, the input left untouched.
+
+    Decoded weights are `dtype` (default torch.bfloat16; torch.float32 gives the unrounded products Quark's own
+    file-to-file path quantizes from) under the module's `.weight` name; their source parts (weight_scale_inv,
+    weight_packed, weight_scale, weight_shape) are gone. Every other tensor is passed through as the very same object
+    (same bytes, same dtype: an F32 router stays F32). Order follows the shard, each decoded weight at its anchor's
+    place (`.weight` for fp8-block, `.weight_packed` for INT4).
+
+    Modules split across shards: a module is decoded in the shard that holds its anchor. A missing part of it is
+    fetched with `lookup(name)` (e.g. a reader over the whole checkpoint, as DeepSeek's fp8_cast_bf16.py does); parts
+    whose anchor lives in another shard are dropped when `lookup` is given (that shard decodes them). Without
+    `lookup`, either case raises SplitModuleError naming the module.
+
+    Raises NonFiniteWeightError naming the tensor and the first NaN/Inf index of a decoded weight, SourceFormatError
+    for parts whose dtype or shape do not fit the format.
+    """
+    import torch
+
+    out_dtype = torch.bfloat16 if dtype is None else dtype
+    if fmt.name == "bf16":
+        return dict(tensors)
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if fmt.name == "fp8-block":
+            # An FP8 weight anchors its module even when its scale is in another shard (lookup or SplitModuleError);
+            # a non-E4M3 weight, or a BF16 one beside a scale_inv, is refused by _decode_fp8_block.
+            is_fp8 = tensor.is_floating_point() and tensor.element_size() == 1
+            anchored = name.endswith(".weight") and (is_fp8 or f"{name}_scale_inv" in tensors)
+            parts = (name, [name, name + "_scale_inv"]) if anchored else None
+        else:
+            parts = _parts_of(fmt, name, tensors.__contains__)
+        if parts is not None:
+            decoded, sources = parts
+            values = [tensors[p] if p in tensors else _fetch(p, decoded, lookup) for p in sources]
+            if fmt.name == "fp8-block":
+                result = _decode_fp8_block(decoded, values[0], values[1], fmt, out_dtype)
+            else:
+                result = _decode_int4(decoded, values[0], values[1], values[2], fmt, out_dtype)
+            _check_finite(decoded, result, sources)
+            out[decoded] = result
+            continue
+        anchor = _primary_of(fmt, name)
+        if anchor is not None:
+            if anchor in tensors:
+                continue  # consumed by its anchor
+            if lookup is None:
+                raise SplitModuleError(f"{name} is in this shard but {anchor} is not; decode with a lookup over the "
+                                       f"whole checkpoint (decode_tensors(..., lookup=...))")  # fmt: skip
+            continue  # decoded with its anchor's shard
+        out[name] = tensor
+    return out
+
+
+def _fetch(part: str, decoded: str, lookup: Callable[[str], torch.Tensor] | None) -> torch.Tensor:
+    if lookup is None:
+        raise SplitModuleError(f"{decoded}: {part} is not in this shard; decode with a lookup over the whole "
+                               f"checkpoint (decode_tensors(..., lookup=...))")  # fmt: skip
+    try:
+        return lookup(part)
+    except KeyError:
+        raise SourceFormatError(f"{decoded}: {part} is in no shard of the checkpoint; re-download it") from None
+
+
+def _decode_fp8_block(
+    name: str, weight: torch.Tensor, scale_inv: torch.Tensor, fmt: SourceFormat, out_dtype: torch.dtype
+) -> torch.Tensor:
+    import torch
+
+    assert fmt.block_size is not None
+    bn, bk = fmt.block_size
+    if weight.dtype != torch.float8_e4m3fn or weight.ndim != 2:
+        raise SourceFormatError(f"{name} is {weight.dtype} {list(weight.shape)}, expected 2-D float8_e4m3fn")
+    rows, cols = weight.shape
+    want = [math.ceil(rows / bn), math.ceil(cols / bk)]
+    if list(scale_inv.shape) != want or not scale_inv.is_floating_point():
+        raise SourceFormatError(f"{name}_scale_inv is {scale_inv.dtype} {list(scale_inv.shape)}, expected float32 "
+                                f"{want} for weight_block_size [{bn}, {bk}]")  # fmt: skip
+    # float32(w) * float32(scale) per element, one rounding to out_dtype: DeepSeek weight_dequant_kernel, vLLM
+    # scaled_dequantize / block_dequant, compressed-tensors FP8BlockDequantizer. Scales are expanded along columns
+    # only and applied one row block at a time, so no weight-sized scale tensor is built.
+    result = weight.to(torch.float32)
+    col_scales = scale_inv.to(torch.float32).repeat_interleave(bk, dim=1)[:, :cols]
+    for i in range(want[0]):
+        result[i * bn : (i + 1) * bn].mul_(col_scales[i])
+    return result if out_dtype == torch.float32 else result.to(out_dtype)
+
+
+def _decode_int4(
+    name: str, packed: torch.Tensor, scale: torch.Tensor, shape: torch.Tensor, fmt: SourceFormat,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    import torch
+
+    assert fmt.group_size is not None
+    gs = fmt.group_size
+    dims = [int(v) for v in shape.reshape(-1).tolist()]
+    if packed.dtype != torch.int32 or packed.ndim != 2 or len(dims) != 2:
+        raise SourceFormatError(f"{name}: weight_packed {packed.dtype} {list(packed.shape)} with weight_shape {dims} "
+                                f"is not a 2-D int32 packing of a 2-D weight")  # fmt: skip
+    rows, cols = dims
+    if list(packed.shape) != [rows, math.ceil(cols / 8)]:
+        raise SourceFormatError(f"{name}: weight_packed is {list(packed.shape)}, expected [{rows}, "
+                                f"{math.ceil(cols / 8)}] for weight_shape {dims}")  # fmt: skip
+    if cols % gs:
+        # compressed-tensors refuses it too (quantization/lifecycle/forward_helpers.py _process_group).
+        raise SourceFormatError(f"{name}: {cols} input columns are not a multiple of group_size {gs}")
+    if list(scale.shape) != [rows, cols // gs] or not scale.is_floating_point():
+        raise SourceFormatError(f"{name}: weight_scale is {scale.dtype} {list(scale.shape)}, expected "
+                                f"[{rows}, {cols // gs}] floating point")  # fmt: skip
+    # unpack_from_int32: value i of an int32 is bits [4i, 4i+4), stored as q + 8.
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(rows, -1)[:, :cols] - 8
+    # _dequantize: x_q.to(scale.dtype) * scale (the product's dtype is the scale's); float32 on request, as Quark's
+    # file-to-file path upcasts the scale first.
+    compute = torch.float32 if out_dtype == torch.float32 else scale.dtype
+    values = q.to(compute).view(rows, cols // gs, gs) * scale.to(compute).unsqueeze(-1)
+    return values.reshape(rows, cols).to(out_dtype)
+
+
+def _check_finite(name: str, tensor: torch.Tensor, sources: list[str]) -> None:
+    import torch
+
+    bad = ~torch.isfinite(tensor)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0].tolist())
+        raise NonFiniteWeightError(
+            f"{name}: decoded value at index {list(index)} is {float(tensor[index])} (from {', '.join(sources[:2])}); "
+            f"the source checkpoint is corrupt, re-download it"
+        )
+
+
+# --- model views --------------------------------------------------------------------------------------------------
+
+KIMI_K25_ARCHITECTURES = ("KimiK25ForConditionalGeneration",)
+# Kimi-K2.5's text model as it ships: language_model.model.layers.N.*, language_model.model.embed_tokens,
+# language_model.model.norm, language_model.lm_head (transformers models/kimi_k25 conversion_mapping.py renames
+# `language_model.model` -> `model.language_model` and `language_model.lm_head` -> `lm_head` on load). vLLM builds the
+# language model under the prefix `language_model` as a DeepseekV2ForCausalLM (vllm/model_executor/models/kimi_k25.py
+# KimiK25ForConditionalGeneration.__init__: init_vllm_registered_model(..., prefix="language_model",
+# architectures=["DeepseekV2ForCausalLM"])), so its runtime names are the same `language_model.` + DeepSeek-V3 names.
+# Its hf_to_vllm_mapper maps `language_model.layers.` -> `language_model.model.layers.` only "for legacy NVFP4
+# checkpoint compatibility" (kimi_k25.py hf_to_vllm_mapper), i.e. the released checkpoints already use `.model.`.
+KIMI_TEXT_PREFIX = "language_model."
+
+
+def text_model_view(config: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[str, Any], str]:
+    """(text model config, tensor-name prefix) so a multimodal wrapper's language model reads as a plain text model.
+
+    For Kimi-K2.5 (`KimiK25ForConditionalGeneration`, model_type `kimi_k25`) the text config is `text_config` (a
+    DeepSeek-V3 config; architectures defaulted to ["DeepseekV3ForCausalLM"] when absent) and the prefix is
+    "language_model.": strip it from `language_model.model.layers.3.mlp...` / `language_model.lm_head.weight` to get the
+    DeepSeek-V3 checkpoint names `model.layers.3.mlp...` / `lm_head.weight`; prepend it to DeepSeek-V3 vLLM runtime
+    names to get the wrapper's runtime names. Tensors without the prefix (vision_tower.*, mm_projector.*) are outside
+    the text model. Every other config is its own text model: (config, ""). Raises SourceFormatError for the legacy
+    `language_model.layers.` layout, which vLLM renames on load but quantkit does not.
+    """
+    archs = tuple(config.get("architectures") or ())
+    if config.get("model_type") != "kimi_k25" and not set(archs) & set(KIMI_K25_ARCHITECTURES):
+        return dict(config), ""
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise SourceFormatError("config.json: a Kimi-K2.5 config without text_config; use the release's config.json")
+    names = list(names)
+    legacy = next((n for n in names if n.startswith(KIMI_TEXT_PREFIX + "layers.")), None)
+    if legacy is not None:
+        raise SourceFormatError(f"tensor {legacy} uses the legacy Kimi-K2.5 layout (language_model.layers.*); "
+                                f"use a checkpoint with language_model.model.layers.* names")  # fmt: skip
+    if names and not any(n.startswith(KIMI_TEXT_PREFIX + "model.") for n in names):
+        raise SourceFormatError("Kimi-K2.5 config, but no tensor is named language_model.model.*; the checkpoint "
+                                "does not match its config.json")  # fmt: skip
+    text = dict(text)
+    text.setdefault("architectures", ["DeepseekV3ForCausalLM"])
+    return text, KIMI_TEXT_PREFIX
+
+
+def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """Names of the multi-token-prediction layers' tensors: `model.layers.{L+i}.*` for i < num_nextn_predict_layers
+    (DeepSeek-V3/R1) or num_mtp_modules (MiniMax-M2), L = num_hidden_layers, under the text model's prefix.
+
+    vLLM never loads them into the target model: DeepseekV2Model.load_weights skips every weight for which
+    get_spec_layer_idx_from_weight_name (vllm/model_executor/models/utils.py) returns a layer (deepseek_v2.py,
+    `if spec_layer is not None: continue  # skip spec decode layers for main model`), and MiniMaxM2Model maps
+    `layers.{L+i}.` to None (minimax_m2.py __init__). They are read only by the MTP draft model (DeepSeekMTP).
+    """
+    names = list(names)
+    text, prefix = text_model_view(config, names)
+    n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
+    if n <= 0:
+        return []
+    base = int(text["num_hidden_layers"])
+    starts = tuple(f"{prefix}model.layers.{base + i}." for i in range(n))
+    return [name for name in names if name.startswith(starts)]
