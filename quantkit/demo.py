@@ -98,7 +98,8 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     config_path = work / "gate.yaml"
     config_path.write_text(yaml.safe_dump(gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT), sort_keys=False))
 
-    from quantkit.gate.run import run_gate, write_reports
+    from quantkit.gate.reports import write_reports
+    from quantkit.gate.run import run_gate
 
     gate_box: dict[str, Any] = {}
 

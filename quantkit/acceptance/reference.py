@@ -120,6 +120,7 @@ class ReferenceEngine:
                 extra = target_choice[n_acc]
             else:
                 p = torch.softmax(logits / temperature, -1)
+                assert q is not None  # set above whenever temperature > 0
                 n_acc, extra = speculative_accept(p, q, drafts, gen)
             stats.num_drafts += 1
             stats.num_draft_tokens += k

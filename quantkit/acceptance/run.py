@@ -228,7 +228,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     model_cache: dict[str, Any] = {}
     outputs: dict[str, list[list[int]]] = {}
     for label, tgt, drf in runs:
-        by_len: dict[str, float] = {}
+        by_len: dict[str, float | None] = {}
         summary = None
         for key, recs in prompt_sets:
             texts = [r.render(tokenizer) for r in recs]
@@ -257,7 +257,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     base, cand = results["baseline"], results["candidate"]
     base.model = draft  # whose figures each run is: the BF16 draft, and the candidate (a draft or a target)
     cand.model = candidate
-    pairs = lambda d: [(p.num_drafts, p.num_accepted) for p in d.per_prompt]  # noqa: E731
+    pairs = lambda d: [(p.num_drafts, p.num_accepted) for p in d.per_prompt]
     return AcceptanceResult(
         backend=chosen,
         settings=AcceptanceSettings(num_speculative_tokens=k, temperature=temperature, max_new_tokens=max_new_tokens,

@@ -45,7 +45,8 @@ def _draft_module(src: Path, config: dict[str, Any], decisions: list[LayerDecisi
     for f in sorted({t.file for t in checkpoint_tensors(src).values()}):
         state.update(load_file(str(src / f)))
     linears = {m for d in decisions for m in d.checkpoint_modules if d.kind != "embedding"}
-    layer_cfg = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) else config
+    raw_layer_cfg = config.get("transformer_layer_config")
+    layer_cfg: dict[str, Any] = raw_layer_cfg if isinstance(raw_layer_cfg, dict) else config
     hf_cfg = LlamaConfig(**{k: v for k, v in layer_cfg.items() if k not in ("architectures", "quantization_config")})
 
     class Eagle3DraftTensors(PreTrainedModel):
@@ -55,9 +56,9 @@ def _draft_module(src: Path, config: dict[str, Any], decisions: list[LayerDecisi
 
         def __init__(self, cfg):
             super().__init__(cfg)
-            for name, t in state.items():
+            for name in state:
                 module_name, _, leaf = name.rpartition(".")
-                parent = self
+                parent: nn.Module = self
                 for part in module_name.split(".") if module_name else []:
                     if not hasattr(parent, part):
                         parent.add_module(part, nn.Module())

@@ -94,6 +94,7 @@ def static_contract(ck: LoadedCheckpoint, modules: dict[str, list[tuple[str, Ten
                      "move these entries to layer_quant_config (keys are runtime layer names or * patterns)")
     by_name = {layer.name: layer for layer in ck.layers}
     if quark:
+        assert qc is not None  # `quark` implies a quantization_config
         _exclude_entries(ck, resolved, by_name, modules, findings)
         _layer_quant_config_keys(ck, qc, findings)
     routers = {lp.name for lp in resolved if lp.role == "router" and lp.quantized}
@@ -148,7 +149,7 @@ def _exclude_fix(ck: LoadedCheckpoint, resolved: Sequence[LayerPrecision], extra
     kept = [layer for layer in ck.layers if layer.name in kept_names]
     try:
         entries = exclude_entries_for(kept, ck.layers)
-    except Exception:  # noqa: BLE001 - a list it cannot express: fall back to exact names
+    except Exception:
         entries = [layer.name for layer in kept]
     fixed = []
     for e in entries:  # a draft checked without --target: its decoder layers' number is unknown
@@ -392,8 +393,8 @@ def _parallel_style(layer: LayerPrecision) -> str:
 
 
 def _num_kv_heads(config: dict[str, Any]) -> int | None:
-    layer_cfg = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) \
-        else config
+    raw_layer_cfg = config.get("transformer_layer_config")
+    layer_cfg: dict[str, Any] = raw_layer_cfg if isinstance(raw_layer_cfg, dict) else config
     n = layer_cfg.get("num_key_value_heads") or layer_cfg.get("num_attention_heads")
     return n if isinstance(n, int) and n > 0 else None
 
@@ -407,8 +408,8 @@ def _tp_contract(ck: LoadedCheckpoint, lp: LayerPrecision, modules: dict[str, li
     family = scheme.family
     style = _parallel_style(lp)
     weights = {m: dict(modules.get(m, [])).get(f"{m}.weight") for m in lp.checkpoint_modules}
-    dims = {m: _weight_dims(w, family) for m, w in weights.items() if w is not None}
-    dims = {m: d for m, d in dims.items() if d is not None}
+    all_dims = {m: _weight_dims(w, family) for m, w in weights.items() if w is not None}
+    dims = {m: d for m, d in all_dims.items() if d is not None}
     if not dims:
         return
     mx = family == "mxfp4"

@@ -18,8 +18,8 @@ from quantkit.naming.config import text_config
 def draft_checks(ck: LoadedCheckpoint, target: str | Path | None, target_config: dict[str, Any] | None,
                   n_target: int | None, findings: Findings) -> None:
     config = ck.config
-    layer_cfg = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) \
-        else config
+    raw_layer_cfg = config.get("transformer_layer_config")
+    layer_cfg: dict[str, Any] = raw_layer_cfg if isinstance(raw_layer_cfg, dict) else config
     tensors = ck.tensors
     vocab = layer_cfg.get("vocab_size") or config.get("vocab_size")
     draft_vocab = config.get("draft_vocab_size") or layer_cfg.get("draft_vocab_size") or vocab
@@ -32,7 +32,8 @@ def draft_checks(ck: LoadedCheckpoint, target: str | Path | None, target_config:
         _vocab_maps(ck, vocab, draft_vocab, findings)
     hidden = layer_cfg.get("hidden_size")
     target_hidden = config.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or hidden
-    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    raw_eagle = config.get("eagle_config")
+    eagle: dict[str, Any] = raw_eagle if isinstance(raw_eagle, dict) else {}
     use_aux = eagle.get("use_aux_hidden_state", True)
     top_ids = config.get("eagle_aux_hidden_state_layer_ids")
     nested_ids = eagle.get("eagle_aux_hidden_state_layer_ids")

@@ -73,7 +73,7 @@ def _act_label(a: Mapping[str, Any] | None) -> str:
     if a is None:
         return "BF16 (weight-only)"
     dyn = "dynamic" if a.get("is_dynamic") else "static"
-    q = a.get("qscheme")
+    q: Any = a.get("qscheme")  # JSON: any value, looked up as is
     granularity = {"per_channel": "per-token", "per_tensor": "per-tensor", "per_group": f"group {a.get('group_size')}"}
     return f"{a.get('dtype')} {dyn} {granularity.get(q, q)}"
 
@@ -264,8 +264,8 @@ def tensor_bytes(info: TensorInfo) -> int:
 
 def model_dtype_label(config: Mapping[str, Any]) -> str:
     """The dtype vLLM builds unquantized layers in (the config's torch_dtype / dtype; BF16 when absent)."""
-    layer_cfg = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) \
-        else config
+    raw_layer_cfg = config.get("transformer_layer_config")
+    layer_cfg: Mapping[str, Any] = raw_layer_cfg if isinstance(raw_layer_cfg, dict) else config
     for c in (layer_cfg, config, text_config(dict(config))):
         for key in ("torch_dtype", "dtype"):
             value = c.get(key)
@@ -329,8 +329,9 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
         raw_exclude = qc.get("exclude")
         if isinstance(raw_exclude, list) and all(isinstance(e, str) for e in raw_exclude):
             exclude = list(raw_exclude)
-        lqc = qc.get("layer_quant_config") if isinstance(qc.get("layer_quant_config"), dict) else {}
-        ltqc = qc.get("layer_type_quant_config") if isinstance(qc.get("layer_type_quant_config"), dict) else {}
+        raw_lqc, raw_ltqc = qc.get("layer_quant_config"), qc.get("layer_type_quant_config")
+        lqc = raw_lqc if isinstance(raw_lqc, dict) else {}
+        ltqc = raw_ltqc if isinstance(raw_ltqc, dict) else {}
         gqc = qc.get("global_quant_config")
     out: list[LayerPrecision] = []
     for layer in layers:
@@ -343,7 +344,7 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
             shards=list(layer.shards), experts=experts, bytes=sum(tensor_bytes(i) for _, i in params),
             layer_index=layer.layer_index,
         )  # fmt: skip
-        unq = dict(precision=model_dtype, quantized=False)
+        unq: dict[str, Any] = dict(precision=model_dtype, quantized=False)
         if qc is not None and qc.get("quant_method") != "quark":
             out.append(LayerPrecision(**base, precision="unknown", quantized=False, source="not_quark",
                                       reason=f"quant_method {qc.get('quant_method')!r}: quantkit replays vLLM's "
@@ -360,11 +361,11 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
                                       reason=str(e), problem=str(e)))
             continue
         if not layer.quantizable:
-            excluded = not isinstance(match, PartialFusedExclusion) and match.excluded
-            also = f"; also excluded by {', '.join(repr(e) for e in match.entries)}" if excluded else ""
+            excluded_by = match if not isinstance(match, PartialFusedExclusion) and match.excluded else None
+            also = f"; also excluded by {', '.join(repr(e) for e in excluded_by.entries)}" if excluded_by else ""
             out.append(LayerPrecision(**base, **unq, source="never_quantized",
-                                      entry=", ".join(match.entries) if excluded else None,
-                                      exclude_rule=match.rule if excluded else None,
+                                      entry=", ".join(excluded_by.entries) if excluded_by else None,
+                                      exclude_rule=excluded_by.rule if excluded_by else None,
                                       reason=f"vLLM never quantizes this {layer.kind.replace('_', ' ')} "
                                              f"(no Quark method; {layer.source}){also}"))
             continue
@@ -424,7 +425,7 @@ def _ranges(numbers: Sequence[int]) -> str:
     nums = sorted(set(numbers))
     parts: list[str] = []
     start = prev = nums[0]
-    for n in nums[1:] + [None]:  # type: ignore[list-item]
+    for n in nums[1:] + [None]:
         if n is not None and n == prev + 1:
             prev = n
             continue

@@ -105,7 +105,7 @@ def numeric_logits(ck: LoadedCheckpoint, source: Path, target: str | Path | None
     progress("numeric: logits on built-in prompts")
     try:
         res = logits_agreement(ck.path, source, ck.model_kind, target)
-    except Exception as e:  # noqa: BLE001 - a model that cannot run is a finding, not a crash
+    except Exception as e:
         findings.add("error", "numeric-logits-failed", str(ck.path), f"{type(e).__name__}: {str(e).splitlines()[0]}",
                      "check that --source is the checkpoint this was quantized from")
         return None

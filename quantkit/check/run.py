@@ -78,6 +78,7 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
     load = real_load(ck, layers, target, n_target, vllm, findings, load_timeout_s, progress)
     numeric_result = numeric_agreement(ck, layers, modules, Path(source), findings, progress) if numeric and source else None
     if numeric_result is not None:
+        assert source is not None  # numeric_result is only computed with a source
         numeric_result["logits"] = numeric_logits(ck, Path(source), target, findings, progress)
     return CheckResult(
         path=str(ck.path), architecture=ck.architecture, model_kind=ck.model_kind,

@@ -32,7 +32,7 @@ def scale_data(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
             for t, info in modules.get(m, []):
                 if t.endswith(("weight_scale", "input_scale")) and t not in reported:
                     todo.append((lp, t, info))
-    for n, (lp, t, info) in enumerate(todo):
+    for n, (_lp, t, info) in enumerate(todo):
         if n and n % 2000 == 0:
             progress(f"scale tensors {n}/{len(todo)}")
         arr = reader.array(info.file, t)

@@ -4,7 +4,7 @@ Each command module holds its Click command and its renderer; app.py holds the g
 options.py what every command shares.
 """
 
-from quantkit.cli import (  # noqa: E402,F401,I001
+from quantkit.cli import (  # noqa: F401
     acceptance,
     apply,
     check,

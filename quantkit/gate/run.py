@@ -76,8 +76,11 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
     progress = or_silent(progress)
     t0 = time.perf_counter()
     cfg, base = load_gate_config(config_path)
-    rel = lambda p: str((base / p).resolve()) if p is not None else None  # noqa: E731
-    target, draft = rel(cfg.target), rel(cfg.draft)
+
+    def rel(p: str) -> str:
+        return str((base / p).resolve())
+
+    target, draft = rel(cfg.target), rel(cfg.draft) if cfg.draft is not None else None
     checks: list[GateCheck] = []
     candidates: dict[str, CandidateReport] = {}
 
@@ -87,7 +90,8 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
     for cand in cfg.candidates:
         path = rel(cand.path)
         kind = model_kind(resolve_source(path).config)
-        baseline = rel(cand.baseline) or (draft if kind == "eagle3-draft" else target)
+        baseline = (rel(cand.baseline) if cand.baseline is not None else None) or \
+            (draft if kind == "eagle3-draft" else target)
         report = CandidateReport(model=path, baseline_model=baseline, model_kind=kind)
         candidates[cand.name] = report
         ran: dict[str, bool] = {}
@@ -123,7 +127,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                 add("check", "check.quantized_layers", float(quantized), ">=", 1.0,
                     "" if quantized else "vLLM would load no layer quantized: is this the unquantized source?")
                 ran["check"] = True
-            except Exception as e:  # noqa: BLE001 - the gate reports every failure as a failed step
+            except Exception as e:
                 failed_step("check", e)
 
         wants_acceptance = kind == "eagle3-draft" or (baseline == target and draft is not None)
@@ -133,6 +137,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
             try:
                 from quantkit.acceptance.run import run_acceptance
 
+                assert draft is not None  # load_gate_config requires `draft` when acceptance is a step
                 acc = run_acceptance(target, draft, path, prompts=a.prompts, num_speculative_tokens=a.num_speculative_tokens,
                                      temperature=a.temperature, max_new_tokens=a.max_new_tokens, backend=a.backend,
                                      progress=None)
@@ -148,7 +153,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                     add("acceptance", "acceptance.candidate_al",
                         acc.candidate.mean_acceptance_length if acc.candidate else None, ">=", a.min_al)
                 ran["acceptance"] = True
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 failed_step("acceptance", e)
 
         if "eval" in cfg.steps and kind != "eagle3-draft":
@@ -158,6 +163,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
             try:
                 from quantkit.evaluate.run import run_eval
 
+                assert baseline is not None  # a target's baseline is its own `baseline` or `target`
                 ev = run_eval(path, baseline, e_cfg.tasks, backend=e_cfg.backend, limit=e_cfg.limit,
                                num_fewshot=e_cfg.num_fewshot, progress=None)
                 report.eval = ev
@@ -170,7 +176,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                     if e_cfg.use_lower_bound:
                         add("eval", f"{label}.recovery_lower_bound", t.recovery_lower_bound, ">=", e_cfg.min_recovery)
                 ran["eval"] = True
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 failed_step("eval", e)
 
     # Fail closed: a configured step that produced a result for no candidate is a failure, not a pass.

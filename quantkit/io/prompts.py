@@ -31,6 +31,7 @@ class PromptRecord:
         """The text to feed the model: the chat template applied to `messages`, or the raw `prompt`."""
         if self.prompt is not None:
             return self.prompt
+        assert self.messages is not None  # load_prompts gives every record either `prompt` or `messages`
         return tokenizer.apply_chat_template(list(self.messages), tokenize=False, add_generation_prompt=True)
 
 
@@ -63,7 +64,7 @@ def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
             if key in obj and not isinstance(obj[key], (str, int)):
                 raise PromptFileError(f"prompt file {path}:{n}: '{key}' must be a string")
         messages = obj.get("messages")
-        if messages is not None and (not isinstance(messages, list) or not all(
+        if "messages" in obj and (not isinstance(messages, list) or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages) or not messages):
             raise PromptFileError(f"prompt file {path}:{n}: 'messages' must be a list of {{role, content}} strings")

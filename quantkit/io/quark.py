@@ -19,5 +19,5 @@ def import_quark():
     """Import quark.torch (~30 s) with CPU-safe settings."""
     os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
     with quark_output_to_stderr():
-        import quark.torch  # noqa: F401
+        import quark.torch
     return quark.torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
@@ -33,7 +34,7 @@ def _set_cpu_defaults() -> None:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
-def make_llm(target: str, draft: str | None = None, num_speculative_tokens: int = 3,
+def make_llm(target: str | Path, draft: str | Path | None = None, num_speculative_tokens: int = 3,
              max_model_len: int = 2048, seed: int = 0, **kwargs: Any):
     """An in-process vLLM `LLM` for `target`, with `draft` attached as its EAGLE-3 speculator if given."""
     if not vllm_available():
@@ -65,7 +66,7 @@ class SpecDecodeCounters:
         """AL = 1 + accepted / drafts: tokens produced per target forward pass."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
 
-    def minus(self, before: "SpecDecodeCounters") -> "SpecDecodeCounters":
+    def minus(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
         """Counters accumulated since `before` (vLLM's are cumulative over the engine's life)."""
         return SpecDecodeCounters(
             self.num_drafts - before.num_drafts,

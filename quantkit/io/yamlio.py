@@ -26,7 +26,7 @@ class StrictLoader(yaml.SafeLoader):
 def _construct_unique_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:80]!r}", key_node.start_mark)
         seen.add(key)
@@ -38,4 +38,4 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _co
 
 def load_yaml(text: str) -> Any:
     """Parse one YAML document strictly; raises yaml.YAMLError (callers name the file in their one-line error)."""
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=StrictLoader)

@@ -88,7 +88,8 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
             f"draft {where}: draft vocab ({draft_vocab}) differs from vocab ({vocab}) but d2t/t2d are missing; "
             "vLLM needs d2t to map draft tokens to target tokens"
         )
-    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    raw_eagle_config = config.get("eagle_config")
+    eagle_config = raw_eagle_config if isinstance(raw_eagle_config, dict) else {}
     ids = (config.get("eagle_aux_hidden_state_layer_ids") or eagle_config.get("eagle_aux_hidden_state_layer_ids")
            or layer_config.get("eagle_aux_hidden_state_layer_ids"))
     return DraftInfo(fmt, prefix, hidden, draft_vocab, vocab, list(ids) if ids else None, layer_config)

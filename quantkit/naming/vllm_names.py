@@ -26,9 +26,9 @@ Nothing here imports torch or vllm; `regex` (what vLLM matches with) is imported
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from quantkit.errors import CheckpointError, QuantkitError
 
