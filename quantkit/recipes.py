@@ -26,10 +26,11 @@ from pydantic_core import PydanticCustomError
 from quantkit.errors import RecipeError
 from quantkit.io.paths import recipes_dir
 from quantkit.io.yamlio import load_yaml
+from quantkit.results import EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # --- data: what recipes may name ------------------------------------------------------------------------------
 
-TargetKind = Literal["eagle3-draft", "moe-target", "dense-target"]
+TargetKind = ModelKind
 QuantPath = Literal["in-memory", "per-shard"]
 TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
 
@@ -43,13 +44,13 @@ class RoleInfo:
 
 
 ROLES: dict[str, RoleInfo] = {
-    "fc": RoleInfo("EAGLE-3 draft input projection (3 target hidden states -> hidden size)", ("eagle3-draft",)),
+    "fc": RoleInfo("EAGLE-3 draft input projection (3 target hidden states -> hidden size)", (EAGLE3_DRAFT,)),
     "lm_head": RoleInfo("output projection to the vocabulary"),
     "embed_tokens": RoleInfo("token embedding"),
     "attention": RoleInfo("attention projections, incl. MLA q_a/q_b/kv_a/kv_b/o"),
-    "router": RoleInfo("MoE gate and e_score_correction_bias", ("moe-target",)),
-    "experts": RoleInfo("routed MoE experts", ("moe-target",)),
-    "shared_experts": RoleInfo("MoE shared experts", ("moe-target",)),
+    "router": RoleInfo("MoE gate and e_score_correction_bias", (MOE_TARGET,)),
+    "experts": RoleInfo("routed MoE experts", (MOE_TARGET,)),
+    "shared_experts": RoleInfo("MoE shared experts", (MOE_TARGET,)),
     "dense_mlp": RoleInfo("MLP of dense (non-MoE) layers"),
     "decoder_linears": RoleInfo("every linear layer in the decoder layers"),
 }
@@ -286,7 +287,7 @@ class Recipe(_Strict):
                 f"{where} {scheme!r} has static activation scales and needs calibration data; "
                 f"add '{CALIBRATION_EXAMPLE}' or use a dynamic-activation scheme such as ptpc_fp8",
             ))
-        if self.applies_to == "eagle3-draft" and not any(k.selects("lm_head") for k in self.keep):
+        if self.applies_to == EAGLE3_DRAFT and not any(k.selects("lm_head") for k in self.keep):
             problems.append((
                 "keep",
                 "an eagle3-draft recipe must keep lm_head in high precision (vLLM cannot load a quantized "

@@ -26,6 +26,9 @@ from quantkit.errors import QuantkitError
 SCHEMA_VERSION = 1
 
 ModelKind = Literal["eagle3-draft", "moe-target", "dense-target"]
+EAGLE3_DRAFT: ModelKind = "eagle3-draft"
+MOE_TARGET: ModelKind = "moe-target"
+DENSE_TARGET: ModelKind = "dense-target"
 Severity = Literal["error", "warning", "info"]
 
 
@@ -77,7 +80,7 @@ class ApplyResult(Result):
     source: str = ""
     target: str | None = None  # the --target an EAGLE-3 draft was applied with (folder or Hub id)
     recipe: dict[str, Any] = {}
-    model_kind: str = "dense-target"
+    model_kind: ModelKind = DENSE_TARGET
     architecture: str = ""
     path: str = ""
     path_reason: str = ""
@@ -348,7 +351,7 @@ class CandidateReport(Result):
     schema_version: int = SCHEMA_VERSION
     model: str | None = None
     baseline_model: str | None = None
-    model_kind: str | None = None
+    model_kind: ModelKind | None = None
     check: CheckSummary | None = None
     acceptance: AcceptanceResult | None = None
     eval: EvalResult | None = None

@@ -19,7 +19,7 @@ from quantkit.io.checkpoint import resolve_source
 from quantkit.io.prompts import PromptRecord, load_prompts
 from quantkit.naming.drafts import model_kind
 from quantkit.progress import Progress, or_silent
-from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance
+from quantkit.results import EAGLE3_DRAFT, AcceptanceResult, AcceptanceSettings, DraftAcceptance
 
 
 class AcceptanceError(QuantkitError):
@@ -187,13 +187,13 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     for folder in (target, draft, candidate):  # each checkpoint is read once, whatever role it plays
         if folder not in configs:
             configs[folder] = resolve_source(folder).config
-    for role, folder, want in (("--target", target, None), ("--draft", draft, "eagle3-draft")):
+    for role, folder, want in (("--target", target, None), ("--draft", draft, EAGLE3_DRAFT)):
         kind = model_kind(configs[folder])
         if want and kind != want:
             raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft")
-        if role == "--target" and kind == "eagle3-draft":
+        if role == "--target" and kind == EAGLE3_DRAFT:
             raise AcceptanceError(f"--target {folder}: is an EAGLE-3 draft; pass the model it drafts for")
-    candidate_kind = "draft" if model_kind(configs[candidate]) == "eagle3-draft" else "target"
+    candidate_kind = "draft" if model_kind(configs[candidate]) == EAGLE3_DRAFT else "target"
     runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
                                           candidate if candidate_kind == "draft" else draft)]
     for tgt, drf in {(t, d) for _, t, d in runs}:

@@ -10,6 +10,7 @@ from quantkit.io.headers import checkpoint_tensors
 from quantkit.io.quark import import_quark, quark_output_to_stderr
 from quantkit.progress import Progress
 from quantkit.recipes import Recipe
+from quantkit.results import EAGLE3_DRAFT
 
 # Quark template (LLMTemplate.get) for each model_type quantkit supports; drafts use "llama".
 QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
@@ -114,9 +115,9 @@ def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     import_quark()
     from quark.torch import ModelQuantizer, export_safetensors
 
-    model_type = "llama" if kind == "eagle3-draft" else str(config.get("model_type"))
+    model_type = "llama" if kind == EAGLE3_DRAFT else str(config.get("model_type"))
     qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
-    if kind == "eagle3-draft":
+    if kind == EAGLE3_DRAFT:
         if recipe.needs_calibration:
             raise ApplyError(f"recipe {recipe.name}: static activation scales need calibration, which an EAGLE-3 "
                              "draft cannot run alone (it needs target hidden states); use ptpc_fp8 or mxfp4")
@@ -151,7 +152,7 @@ def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     import_quark()
     from quark.torch import ModelQuantizer
 
-    model_type = "llama" if kind == "eagle3-draft" else str(config.get("model_type"))
+    model_type = "llama" if kind == EAGLE3_DRAFT else str(config.get("model_type"))
     qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
     progress(f"quantizing with Quark {recipe.scheme} on {device} (per shard)")
     with quark_output_to_stderr():

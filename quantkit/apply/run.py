@@ -49,7 +49,7 @@ from quantkit.naming.drafts import (
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
-from quantkit.results import ApplyResult
+from quantkit.results import EAGLE3_DRAFT, ApplyResult
 from quantkit.versions import versions
 
 # Architectures whose transformers 5 in-memory module names differ from their checkpoint names: Quark's in-memory
@@ -109,7 +109,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                          f"({src.architecture}); pick a recipe for {kind} (quantkit recipes list)")
     info: DraftInfo | None = None
     n_target = target_layer_count(target) if target is not None else None
-    if kind == "eagle3-draft":
+    if kind == EAGLE3_DRAFT:
         info = draft_info(src.config, src.tensors, str(model))
         if n_target is not None and info.aux_layer_ids and max(info.aux_layer_ids) > n_target:
             raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
@@ -123,12 +123,12 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                              f"{renamed}; use a dynamic-activation scheme such as ptpc_fp8 or mxfp4")
         run_path, path_note = "per-shard", f"per-shard instead of in-memory: {renamed}"
     layers = runtime_layers(src.config, src.tensors.keys(),
-                            (n_target or UNKNOWN_TARGET_LAYERS) if kind == "eagle3-draft" else None)
+                            (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
     decisions = plan_layers(rec, layers)
     if not any(d.action == "quantize" for d in decisions):
         raise ApplyError(f"recipe {rec.name} quantizes no layer of {model}; check its quantize/keep roles")
-    exclude = vllm_exclude(layers, decisions, target_known=kind != "eagle3-draft" or n_target is not None)
-    if kind == "eagle3-draft" and n_target is None:
+    exclude = vllm_exclude(layers, decisions, target_known=kind != EAGLE3_DRAFT or n_target is not None)
+    if kind == EAGLE3_DRAFT and n_target is None:
         for d in decisions:
             d.runtime_name = draft_runtime_name(d.runtime_name)
     dev = resolve_device(device)
@@ -153,7 +153,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         qc["exclude"] = exclude
         rewrite_layer_quant_config(qc, decisions, layers)
         qc.setdefault("layer_type_quant_config", {})
-        if kind == "eagle3-draft":
+        if kind == EAGLE3_DRAFT:
             assert info is not None
             final_config = draft_config_for_vllm(src.config, info, qc)
         else:

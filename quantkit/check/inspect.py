@@ -33,6 +33,7 @@ from quantkit.errors import CheckpointError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.config import text_config
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS, renamed
+from quantkit.results import EAGLE3_DRAFT
 
 # Bytes per element for sizes (header dtypes); F4/F6 are packed sub-byte types.
 _ELEMENT_BYTES: dict[str, float] = {
@@ -492,9 +493,9 @@ def load_checkpoint(folder: str | Path, target_num_layers: int | None = None) ->
         raise CheckpointError(f"{folder}: no tensors in its safetensors files; is this a HF checkpoint folder?")
     arch = architecture_of(config)
     kind = model_kind(config)
-    n = target_num_layers if kind == "eagle3-draft" else None
-    layers = runtime_layers(config, tensors.keys(), (n or UNKNOWN_TARGET_LAYERS) if kind == "eagle3-draft" else None)
-    if kind == "eagle3-draft" and n is None:
+    n = target_num_layers if kind == EAGLE3_DRAFT else None
+    layers = runtime_layers(config, tensors.keys(), (n or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
+    if kind == EAGLE3_DRAFT and n is None:
         layers = [_placeholder(layer) for layer in layers]
     return LoadedCheckpoint(folder, config, tensors, arch, kind, n, layers, quantization_config_of(config))
 

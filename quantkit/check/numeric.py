@@ -16,6 +16,7 @@ from quantkit.check.findings import NUMERIC_BOUNDS, Findings
 from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
 from quantkit.progress import Progress
+from quantkit.results import EAGLE3_DRAFT
 
 # Below either figure the quantized model no longer computes what its source computes.
 MIN_MEAN_COSINE = 0.98
@@ -50,7 +51,7 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
 
     from quantkit.io.hf import load_causal_lm, load_tokenizer
 
-    if kind == "eagle3-draft":
+    if kind == EAGLE3_DRAFT:
         if target is None:
             raise ValueError("a draft's logits need the target's hidden states: pass --target")
         from transformers import DynamicCache
@@ -98,7 +99,7 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
 def numeric_logits(ck: LoadedCheckpoint, source: Path, target: str | Path | None, findings: Findings,
                     progress: Progress) -> dict[str, Any] | None:
     """Logits of the quantized checkpoint vs its source on a few built-in prompts (quantkit.check.numeric)."""
-    if ck.model_kind == "eagle3-draft" and target is None:
+    if ck.model_kind == EAGLE3_DRAFT and target is None:
         findings.add("info", "numeric-logits-skipped", "--target",
                      "a draft's logits need its target's hidden states", "pass --target TARGET_DIR")
         return None

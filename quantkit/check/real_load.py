@@ -20,6 +20,7 @@ from quantkit.check.inspect import (
 )
 from quantkit.io.hf import trust_remote_code
 from quantkit.progress import Progress
+from quantkit.results import EAGLE3_DRAFT
 
 # --- 2. real load ----------------------------------------------------------------------------------------------
 
@@ -73,7 +74,7 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     if engine is None:
         return skipped("vLLM is not installed (pip install -e '.[vllm]', or vLLM's ROCm build)",
                        "error" if mode == "required" else "info")
-    draft = ck.model_kind == "eagle3-draft"
+    draft = ck.model_kind == EAGLE3_DRAFT
     if draft and target is None:
         return skipped("an EAGLE-3 draft loads only with its target: pass --target")
     if mode == "auto" and any(f.severity == "error" for f in findings):

@@ -30,7 +30,7 @@ from quantkit.check.scales import platform_notes, scale_data
 from quantkit.io.headers import read_config
 from quantkit.naming.config import target_layer_count
 from quantkit.progress import Progress, or_silent
-from quantkit.results import NumericResult, VllmLoad
+from quantkit.results import EAGLE3_DRAFT, NumericResult, VllmLoad
 
 # --- entry point -----------------------------------------------------------------------------------------------
 
@@ -61,7 +61,7 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
     n_target = target_layer_count(target) if target is not None else None
     ck = load_checkpoint(folder, n_target)
     findings = Findings()
-    assumed = _draft_layers_from_exclude(ck) if ck.model_kind == "eagle3-draft" and n_target is None else None
+    assumed = _draft_layers_from_exclude(ck) if ck.model_kind == EAGLE3_DRAFT and n_target is None else None
     if assumed is not None:
         ck = load_checkpoint(folder, assumed)
         findings.add("info", "target-layers-assumed", "--target",
@@ -70,7 +70,7 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
     modules = modules_of(ck.tensors)
     progress("static contract")
     layers = static_contract(ck, modules, tp, findings)
-    if ck.model_kind == "eagle3-draft":
+    if ck.model_kind == EAGLE3_DRAFT:
         draft_checks(ck, target, target_config, n_target, findings)
     progress("scale tensors")
     scale_data(ck, layers, modules, findings, progress)

@@ -29,7 +29,7 @@ from quantkit.errors import QuantkitError
 from quantkit.io import jsonout
 from quantkit.io.paths import eval_tasks_dir
 from quantkit.progress import Progress, or_silent
-from quantkit.results import EvalResult, MetricDelta
+from quantkit.results import EAGLE3_DRAFT, EvalResult, MetricDelta
 from quantkit.versions import versions
 
 LOCAL_TASKS_DIR = eval_tasks_dir()
@@ -307,7 +307,7 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
     from quantkit.naming.drafts import model_kind
 
     for option, src in (("--baseline", sources["baseline"]), ("--model", sources["candidate"])):
-        if model_kind(src.config) == "eagle3-draft":
+        if model_kind(src.config) == EAGLE3_DRAFT:
             raise EvalError(f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
                             "own; evaluate targets, and measure drafts with `quantkit acceptance`")
     if backend == "vllm":

@@ -33,6 +33,7 @@ from quantkit.errors import QuantkitError
 from quantkit.gate.config import load_gate_config
 from quantkit.progress import Progress, or_silent
 from quantkit.results import (
+    EAGLE3_DRAFT,
     CandidateReport,
     GateCheck,
     GateReport,
@@ -91,7 +92,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
         path = rel(cand.path)
         kind = model_kind(resolve_source(path).config)
         baseline = (rel(cand.baseline) if cand.baseline is not None else None) or \
-            (draft if kind == "eagle3-draft" else target)
+            (draft if kind == EAGLE3_DRAFT else target)
         report = CandidateReport(model=path, baseline_model=baseline, model_kind=kind)
         candidates[cand.name] = report
         ran: dict[str, bool] = {}
@@ -116,7 +117,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
             try:
                 from quantkit.check import check_checkpoint
 
-                chk = check_checkpoint(path, target=target if kind == "eagle3-draft" else None, tp=cfg.check.tp,
+                chk = check_checkpoint(path, target=target if kind == EAGLE3_DRAFT else None, tp=cfg.check.tp,
                                        platform=cfg.check.platform, vllm=cfg.check.vllm, progress=None)
                 report.check = summary = chk.summary()
                 first = chk.errors[0] if chk.errors else None
@@ -130,7 +131,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
             except Exception as e:
                 failed_step("check", e)
 
-        wants_acceptance = kind == "eagle3-draft" or (baseline == target and draft is not None)
+        wants_acceptance = kind == EAGLE3_DRAFT or (baseline == target and draft is not None)
         if "acceptance" in cfg.steps and wants_acceptance:
             a = cfg.acceptance
             progress(f"{cand.name}: acceptance")
@@ -156,7 +157,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
             except Exception as e:
                 failed_step("acceptance", e)
 
-        if "eval" in cfg.steps and kind != "eagle3-draft":
+        if "eval" in cfg.steps and kind != EAGLE3_DRAFT:
             e_cfg = cfg.eval
             assert e_cfg is not None
             progress(f"{cand.name}: eval")

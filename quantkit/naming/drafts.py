@@ -19,6 +19,7 @@ from typing import Any
 from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.config import text_config
+from quantkit.results import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -41,14 +42,14 @@ class DraftInfo:
     layer_config: dict[str, Any]  # the Llama-style config of the decoder layer
 
 
-def model_kind(config: dict[str, Any]) -> str:
+def model_kind(config: dict[str, Any]) -> ModelKind:
     """`eagle3-draft`, `moe-target` or `dense-target`, from config.json alone."""
     if is_eagle3_draft(config):
-        return "eagle3-draft"
+        return EAGLE3_DRAFT
     if any(isinstance(c.get(k), int) and c.get(k, 0) > 1 for c in (config, text_config(config))
            for k in MOE_CONFIG_KEYS):
-        return "moe-target"
-    return "dense-target"
+        return MOE_TARGET
+    return DENSE_TARGET
 
 
 def is_eagle3_draft(config: dict[str, Any]) -> bool:
@@ -118,5 +119,5 @@ def draft_config_for_vllm(config: dict[str, Any], info: DraftInfo, quantization_
 
 
 def require_draft(kind: str, where: str) -> None:
-    if kind != "eagle3-draft":
+    if kind != EAGLE3_DRAFT:
         raise CheckpointError(f"model {where}: not an EAGLE-3 draft (config.json has no LlamaForCausalLMEagle3)")

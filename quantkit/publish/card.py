@@ -15,6 +15,8 @@ from quantkit.publish.folder import (
     read_manifest,
 )
 from quantkit.results import (
+    EAGLE3_DRAFT,
+    MOE_TARGET,
     ApplyResult,
     CandidateReport,
     LayerDecision,
@@ -45,11 +47,11 @@ def _kept_roles(manifest: ApplyResult) -> set[str]:
 
 def card_tags(manifest: ApplyResult) -> list[str]:
     tags = ["amd-quark", "quantkit", *_formats(manifest)]
-    if manifest.model_kind == "eagle3-draft":
+    if manifest.model_kind == EAGLE3_DRAFT:
         tags += ["eagle3", "draft-model", "speculative-decoding"]
         if "lm_head" in _kept_roles(manifest):
             tags.append("no-lm-head-quantization")
-    elif manifest.model_kind == "moe-target":
+    elif manifest.model_kind == MOE_TARGET:
         tags.append("moe")
     return tags
 
@@ -88,7 +90,7 @@ def _command(manifest: ApplyResult, target: str | None) -> tuple[str, bool]:
         return f"quantkit {rest}".strip(), True
     recipe = manifest.recipe.get("name", "RECIPE")
     cmd = f"quantkit apply --recipe {recipe} --model {manifest.source or 'MODEL'} --output OUTPUT"
-    if manifest.model_kind == "eagle3-draft" and (target or manifest.target_num_layers):
+    if manifest.model_kind == EAGLE3_DRAFT and (target or manifest.target_num_layers):
         cmd += f" --target {target or TARGET_PLACEHOLDER}"
     if manifest.path:
         cmd += f" --path {manifest.path}"
@@ -163,14 +165,13 @@ def build_model_card(folder: str | Path, report: CandidateReport | str | Path | 
 
     data = ModelCardData(
         base_model=base, library_name="transformers", tags=card_tags(manifest),
-        pipeline_tag=None if kind == "eagle3-draft" else "text-generation",
+        pipeline_tag=None if kind == EAGLE3_DRAFT else "text-generation",
         base_model_relation="quantized")
     results = _eval_results(rep, name) if rep else []
     if results:  # model-index needs a model name; without results neither key is written
         data.model_name, data.eval_results = name, results
 
-    what = {"eagle3-draft": "EAGLE-3 draft model", "moe-target": "mixture-of-experts model",
-            "dense-target": "model"}.get(kind, "model")
+    what = {EAGLE3_DRAFT: "EAGLE-3 draft model", MOE_TARGET: "mixture-of-experts model"}.get(kind, "model")
     source_md = f"[{base}](https://huggingface.co/{base})" if base else f"`{manifest.source or 'unknown'}`"
     body: list[str] = [f"# {name}", ""]
     body.append(f"{' + '.join(f.upper() for f in formats) or 'Quantized'} {what} ({manifest.architecture}), "
@@ -198,7 +199,7 @@ def build_model_card(folder: str | Path, report: CandidateReport | str | Path | 
     body += ["", "## Serve with vLLM on ROCm", "",
              "On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads the "
              "Quark `quantization_config` from config.json, no extra flag is needed.", ""]
-    if kind == "eagle3-draft":
+    if kind == EAGLE3_DRAFT:
         k = (rep.acceptance.settings.num_speculative_tokens if rep and rep.acceptance else None) or \
             DEFAULT_NUM_SPECULATIVE_TOKENS
         spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": k})
@@ -211,7 +212,7 @@ def build_model_card(folder: str | Path, report: CandidateReport | str | Path | 
     else:
         body += ["```bash", f"vllm serve {repo}", "```"]
 
-    body += ["", "## Acceptance: BF16 draft vs quantized draft" if kind == "eagle3-draft" else "## Acceptance", ""]
+    body += ["", "## Acceptance: BF16 draft vs quantized draft" if kind == EAGLE3_DRAFT else "## Acceptance", ""]
     acc = rep.acceptance if rep else None
     if acc is not None and (acc.baseline or acc.candidate):
         b, c = acc.baseline, acc.candidate
