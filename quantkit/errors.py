@@ -17,3 +17,16 @@ class CheckpointError(QuantkitError):
 
 class BundledDataError(QuantkitError):
     """Data that ships with a source checkout (recipes, tiny example models) is missing or not generated yet."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (the CLI installs the handler) so that cleanup runs as for Ctrl-C."""
+
+
+class ResumableInterrupt(KeyboardInterrupt):
+    """An interrupt that left a resumable temporary folder; `hint` says how to continue (the CLI prints it)."""
+
+    def __init__(self, hint: str, terminated: bool = False):
+        super().__init__(hint)
+        self.hint = hint
+        self.terminated = terminated

@@ -10,24 +10,12 @@ Counters follow vLLM's (vllm/v1/spec_decode/metrics.py): one draft per round, ac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from quantkit.acceptance.eagle3 import Eagle3Draft
-
-
-@dataclass
-class SequenceStats:
-    """Spec-decode counters and output of one prompt."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    target_forwards: int = 0
+from quantkit.acceptance.stats import SequenceStats
 
 
 def speculative_accept(p: torch.Tensor, q: torch.Tensor, draft_tokens: list[int],

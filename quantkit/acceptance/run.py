@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantkit.acceptance.reference import SequenceStats
+from quantkit.acceptance.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.prompts import PromptRecord, load_prompts

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from quantkit.acceptance.reference import SequenceStats
+from quantkit.acceptance.stats import SequenceStats
 from quantkit.errors import QuantkitError
 
 

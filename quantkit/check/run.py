@@ -57,6 +57,9 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
         raise CheckInputError(f"--tp {tp!r}: must be a positive integer")
     if numeric and source is None:
         raise CheckInputError("--numeric needs --source SRC: the unquantized checkpoint to compare with")
+    if numeric:
+        assert source is not None
+        read_config(source)  # a missing or unreadable --source is bad input, found before any work
     target_config = read_config(target) if target is not None else None
     n_target = target_layer_count(target) if target is not None else None
     ck = load_checkpoint(folder, n_target)

@@ -9,6 +9,7 @@ import click
 
 from quantkit.cli.app import main
 from quantkit.cli.options import (
+    TokenCounts,
     check_writable_file,
     json_option,
     make_console,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--max-new-tokens", type=click.IntRange(1, 1_000_000), default=64, show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
               help="vllm when it can run the checkpoints here, else the PyTorch reference engine.")
-@click.option("--context-lengths", default="", help="Comma-separated prompt lengths in tokens, e.g. 256,1024: "
+@click.option("--context-lengths", "lengths", type=TokenCounts(), default="", help="Comma-separated prompt lengths in tokens, e.g. 256,1024: "
               "AL against prompt length (prompts padded with reference notes).")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @trust_option()
 @json_option("Print the result as JSON.")
 def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k: int, temperature: float,
-                       max_new_tokens: int, backend: str, context_lengths: str, seed: int, device: str,
+                       max_new_tokens: int, backend: str, lengths: list[int], seed: int, device: str,
                        out_file: Path | None, trust_remote_code: bool, as_json: bool) -> None:
     """Measure whether a quantized draft still gets its tokens accepted: AL of the candidate vs the BF16 draft.
 
@@ -56,17 +57,10 @@ def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k:
     acceptance rates, tokens per target forward, per-domain AL, and the candidate/BF16 ratio with a bootstrap
     95% interval over prompts. Both drafts run against the same target with the same prompts and settings.
     """
-    from quantkit.acceptance.run import AcceptanceError, run_acceptance
+    from quantkit.acceptance.run import run_acceptance
     from quantkit.io.hf import remote_code_allowed
     from quantkit.io.jsonout import write
 
-    try:
-        lengths = [int(x) for x in context_lengths.split(",") if x.strip()]
-    except ValueError:
-        raise AcceptanceError(f"--context-lengths {context_lengths[:80]!r}: give positive integers, e.g. 256,1024") \
-            from None
-    if any(n < 1 or n > 1_000_000 for n in lengths):
-        raise AcceptanceError(f"--context-lengths {context_lengths[:80]!r}: each length must be 1 to 1000000 tokens")
     if out_file is not None:
         check_writable_file(out_file, "--out")
     with remote_code_allowed(trust_remote_code):

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 import click
 
 from quantkit import __version__
-from quantkit.errors import QuantkitError
+from quantkit.errors import QuantkitError, ResumableInterrupt, Terminated
 
 MAX_MESSAGE = 600
 
@@ -35,10 +36,11 @@ class QuantkitGroup(click.Group):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as e:
-            name, code = ("SIGTERM", 143) if isinstance(e, Terminated) else ("SIGINT", 130)
-            click.echo(f"error: interrupted by {name}; nothing was left half-written (temporary files removed)",
-                       err=True)
-            ctx.exit(code)
+            term = isinstance(e, Terminated) or (isinstance(e, ResumableInterrupt) and e.terminated)
+            name, code = ("SIGTERM", 143) if term else ("SIGINT", 130)
+            hint = getattr(e, "hint", None) or "nothing was left half-written (temporary files removed)"
+            click.echo(f"error: interrupted by {name}; {hint}", err=True)
+            interrupted_exit(code)
         except RecursionError:
             click.echo("error: input nested too deeply to read (a hostile or corrupt JSON/YAML file?); check the "
                        "files you passed", err=True)
@@ -60,13 +62,20 @@ class QuantkitGroup(click.Group):
             ctx.exit(1)
 
 
+def interrupted_exit(code: int) -> None:
+    """Exit with 128 + signal once cleanup has run (the `finally` blocks did it on the way here).
+
+    os._exit, not sys.exit: a library caught mid-import or mid-kernel can leave the interpreter re-raising the signal
+    at shutdown (the process then dies with -2 instead of 130), so nothing after this point may run.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def exit_failed() -> None:
     """The one way a command says "ran, and the answer is no" (check found errors, the gate failed): exit 1."""
     raise click.exceptions.Exit(1)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is so that cleanup runs as for Ctrl-C."""
 
 
 def raise_terminated(signum: int, frame: Any) -> None:

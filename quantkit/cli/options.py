@@ -51,3 +51,20 @@ def make_console() -> Console:
         # Piped output ends up in files and CI logs, not an 80-column terminal: wrap less, fold fewer names.
         console.width = 120
     return console
+
+
+class TokenCounts(click.ParamType):
+    """A comma-separated list of token counts, each 1 to 1,000,000 (e.g. 256,1024); bad values are usage errors."""
+
+    name = "N,N,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        if isinstance(value, list):
+            return value
+        try:
+            counts = [int(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            self.fail(f"{str(value)[:80]!r} is not a list of integers such as 256,1024", param, ctx)
+        if any(not 1 <= n <= 1_000_000 for n in counts):
+            self.fail(f"{str(value)[:80]!r}: each length must be 1 to 1000000 tokens", param, ctx)
+        return counts

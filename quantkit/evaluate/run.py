@@ -304,17 +304,15 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
         raise EvalError(f"num_fewshot {num_fewshot}: give 0 or more")
     names = parse_task_names(tasks)
     sources = {"baseline": resolve_source(baseline), "candidate": resolve_source(model)}
+    from quantkit.io.hf import load_tokenizer
     from quantkit.naming.drafts import model_kind
 
     for option, src in (("--baseline", sources["baseline"]), ("--model", sources["candidate"])):
         if model_kind(src.config) == EAGLE3_DRAFT:
             raise EvalError(f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
                             "own; evaluate targets, and measure drafts with `quantkit acceptance`")
-    if backend == "vllm":
-        for src in sources.values():
-            reason = vllm_refusal(str(src.hub_id or src.path), src.config)
-            if reason:
-                raise EvalError(reason)
+    for src in sources.values():
+        load_tokenizer(src.path)  # both must have a tokenizer: found now, not after the baseline's whole run
 
     t0 = time.perf_counter()
     specs, manager = resolve_tasks(names, progress)

@@ -68,7 +68,9 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     """Parse and validate a gate config; one-line errors name the file and the key."""
     p = Path(path)
     try:
-        data = load_yaml(p.read_text())
+        data = load_yaml(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise GateConfigError(f"gate config {p}: not UTF-8 text; save it as UTF-8 YAML") from None
     except OSError as e:
         raise GateConfigError(f"gate config {p}: cannot read it ({e.strerror or e}); pass a gate YAML file") from None
     except yaml.YAMLError as e:

@@ -21,6 +21,10 @@ from quantkit.errors import QuantkitError
 _TRUST = contextvars.ContextVar("quantkit_trust_remote_code", default=False)
 
 
+class TokenizerError(QuantkitError):
+    """A model folder has no tokenizer that transformers can load."""
+
+
 class RemoteCodeError(QuantkitError):
     """Loading a folder would run Python code shipped in it, and the user did not pass --trust-remote-code."""
 
@@ -75,10 +79,12 @@ def load_tokenizer(folder: str | Path, **kwargs: Any) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code(), **kwargs)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, TypeError) as e:
         if _needs_remote_code(e):
             raise _refusal(folder, e) from None
-        raise
+        first = " ".join(str(e).split())[:160]
+        raise TokenizerError(f"{folder}: no tokenizer transformers can load ({first}); copy the model's tokenizer "
+                             "files (tokenizer.json, tokenizer_config.json) into the folder") from None
 
 
 def load_causal_lm(folder: str | Path, **kwargs: Any) -> Any:

@@ -36,6 +36,19 @@ def _construct_unique_mapping(loader: StrictLoader, node: yaml.MappingNode, deep
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
+class TooDeepError(yaml.YAMLError):
+    """A document nested deeper than Python's recursion limit (hostile or corrupt)."""
+
+    problem = "nested too deeply to read (a hostile or corrupt file?)"
+    problem_mark = None
+
+    def __str__(self) -> str:
+        return self.problem
+
+
 def load_yaml(text: str) -> Any:
     """Parse one YAML document strictly; raises yaml.YAMLError (callers name the file in their one-line error)."""
-    return yaml.load(text, Loader=StrictLoader)
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: safe tags only
+    except RecursionError:
+        raise TooDeepError() from None

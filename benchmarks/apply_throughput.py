@@ -1,0 +1,302 @@
+"""Throughput of quantkit's native per-shard executor against Quark 0.13's file-to-file path and the disk floor.
+
+Builds a random Qwen3-MoE-shaped bf16 checkpoint (experts, attention, routers, norms, embeddings, lm_head) of about
+--size-mb in shards of about --shard-mb in a temporary folder, then measures in this one run:
+  (a) the floor: every shard read and written back with safetensors (load_file + save_file), one stream and
+      --threads streams at once;
+  (b) Quark: `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` in a fresh process, with the
+      `import quark.torch` time reported apart from the work;
+  (c) quantkit: `quantkit.apply.executor.quantize_checkpoint` in a fresh process, on --devices;
+and checks that (b) and (c) wrote byte-identical folders. Each process starts cold: before each stage the source
+shards are evicted from the page cache (posix_fadvise DONTNEED; --hot keeps them cached). Wall time includes the
+process start and imports; work time is the quantize call alone; MB/s is source bytes / work seconds.
+
+Needs only torch, safetensors and amd-quark (no vLLM); run from the repository root:
+    python benchmarks/apply_throughput.py                                  # 865 MB, 200 MB shards, CPU, mxfp4
+    python benchmarks/apply_throughput.py --size-mb 200 --shard-mb 50
+    python benchmarks/apply_throughput.py --devices cuda:0,cuda:1 --size-mb 6900 --json
+    python benchmarks/apply_throughput.py --skip-quark --scheme ptpc_fp8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1024 * 1024
+# Qwen3-30B-A3B dimensions with 64 experts per layer (the last layer gets fewer, to hit --size-mb) and a small
+# vocabulary: kept (BF16) tensors are ~12% of the bytes, as in real MoE checkpoints (~5-10%).
+HIDDEN, MOE_INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, EXPERTS = 2048, 768, 32, 4, 128, 8192, 64
+
+# CPU seconds of the process and of the worker processes it waited for (Quark spawns one per device in a list);
+# peak RSS from VmHWM, which, unlike ru_maxrss, does not start from the parent's peak at fork.
+CPU_SECONDS = """
+def cpu_seconds():
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+def peak_rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+"""
+
+QUARK_SCRIPT = """
+import contextlib, json, os, resource, sys, time
+os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+""" + CPU_SECONDS + """
+
+def main():
+    args = json.loads(sys.argv[1])
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        from quark.torch import LLMTemplate, ModelQuantizer
+    t1 = time.perf_counter()
+    cpu0 = cpu_seconds()
+    cfg = LLMTemplate.get("qwen3_moe").get_config(scheme=args["scheme"], exclude_layers=args["exclude"])
+    device = args["devices"][0] if len(args["devices"]) == 1 else args["devices"]
+    with contextlib.redirect_stdout(sys.stderr):
+        ModelQuantizer(cfg).direct_quantize_checkpoint(args["src"], args["dst"], device=device)
+    t2 = time.perf_counter()
+    print("RESULT " + json.dumps({"import_s": t1 - t0, "work_s": t2 - t1, "peak_rss_mb": peak_rss_mb(),
+                                  "cpu_s": cpu_seconds() - cpu0}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+NATIVE_SCRIPT = """
+import json, resource, sys, time
+from pathlib import Path
+""" + CPU_SECONDS + """
+
+def main():
+    args = json.loads(sys.argv[1])
+    t0 = time.perf_counter()
+    import torch  # noqa: F401
+    from quantkit.apply.executor import quantize_checkpoint
+    t1 = time.perf_counter()
+    cpu0 = cpu_seconds()
+    report = quantize_checkpoint(Path(args["src"]), Path(args["dst"]), scheme=args["scheme"], exclude=args["exclude"],
+                                 layer_config=None, devices=args["devices"])
+    t2 = time.perf_counter()
+    print("RESULT " + json.dumps({"import_s": t1 - t0, "work_s": t2 - t1, "peak_rss_mb": peak_rss_mb(),
+                                  "cpu_s": cpu_seconds() - cpu0,
+                                  "quark_loaded": any(m == "quark" or m.startswith("quark.") for m in sys.modules),
+                                  "shards": len(report.shards)}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def build_checkpoint(out: Path, size_mb: float, shard_mb: float) -> tuple[list[str], int]:
+    """Random Qwen3-MoE layers until ~size_mb, saved in ~shard_mb shards; returns (kept modules, bytes)."""
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    def layer(i: int, experts: int) -> dict[str, torch.Tensor]:
+        p = f"model.layers.{i}"
+        t = {f"{p}.input_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+             f"{p}.self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
+             f"{p}.self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+             f"{p}.self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+             f"{p}.self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
+             f"{p}.self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
+             f"{p}.self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
+             f"{p}.post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+             f"{p}.mlp.gate.weight": rand(EXPERTS, HIDDEN)}
+        for e in range(experts):
+            t[f"{p}.mlp.experts.{e}.gate_proj.weight"] = rand(MOE_INTER, HIDDEN)
+            t[f"{p}.mlp.experts.{e}.up_proj.weight"] = rand(MOE_INTER, HIDDEN)
+            t[f"{p}.mlp.experts.{e}.down_proj.weight"] = rand(HIDDEN, MOE_INTER)
+        return t
+
+    target = size_mb * MB
+    dense = 2 * (HEADS * HEAD_DIM * HIDDEN * 2 + 2 * KV_HEADS * HEAD_DIM * HIDDEN) + EXPERTS * HIDDEN * 2
+    expert = 3 * MOE_INTER * HIDDEN * 2
+    shard: dict[str, torch.Tensor] = {}
+    shards: list[dict[str, torch.Tensor]] = []
+    kept: list[str] = ["lm_head"]
+    total = 0
+
+    def add(name: str, t: torch.Tensor) -> None:
+        nonlocal shard, total
+        if shard and sum(x.numel() * 2 for x in shard.values()) + t.numel() * 2 > shard_mb * MB:
+            shards.append(shard)
+            shard = {}
+        shard[name] = t
+        total += t.numel() * 2
+
+    add("model.embed_tokens.weight", rand(VOCAB, HIDDEN))
+    layers = 0
+    while layers == 0 or total + VOCAB * HIDDEN * 2 + dense + expert <= target:
+        experts = int(max(1, min(EXPERTS, (target - total - VOCAB * HIDDEN * 2 - dense) // expert)))
+        for name, t in layer(layers, experts).items():
+            add(name, t)
+            if (".self_attn." in name and name.endswith("_proj.weight")) or name.endswith(".mlp.gate.weight"):
+                kept.append(name.removesuffix(".weight"))
+        layers += 1
+    add("model.norm.weight", torch.ones(HIDDEN, dtype=torch.bfloat16))
+    add("lm_head.weight", rand(VOCAB, HIDDEN))
+    shards.append(shard)
+    written = 0
+    weight_map = {}
+    for i, tensors in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in tensors})
+        written += (out / fname).stat().st_size
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": written},
+                                                                   "weight_map": weight_map}, indent=2))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": HIDDEN,
+        "moe_intermediate_size": MOE_INTER, "num_hidden_layers": layers, "num_experts": EXPERTS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": VOCAB,
+        "torch_dtype": "bfloat16"}, indent=2))
+    return sorted(kept), written
+
+
+def evict(folder: Path) -> None:
+    """Flush earlier stages' writes (so no stage pays for another's writeback) and drop the folder's pages from the
+    page cache, so the next reader starts from disk."""
+    os.sync()
+    for p in folder.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def floor(src: Path, dst: Path, threads: int) -> float:
+    """safetensors load_file + save_file of every shard, `threads` at a time; seconds."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    shards = sorted(src.glob("*.safetensors"))
+
+    def copy(p: Path) -> None:
+        save_file(load_file(str(p)), str(dst / p.name))
+
+    t0 = time.perf_counter()
+    if threads == 1:
+        for p in shards:
+            copy(p)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(copy, shards))
+    return time.perf_counter() - t0
+
+
+def run_child(script: str, args: dict) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(textwrap.dedent(script))
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, f.name, json.dumps(args)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=False)
+    wall = time.perf_counter() - t0
+    os.unlink(f.name)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {**json.loads(lines[-1][len("RESULT "):]), "wall_s": wall}
+
+
+def same_tree(a: Path, b: Path) -> tuple[bool, int, list[str]]:
+    fa = {str(p.relative_to(a)) for p in a.rglob("*") if p.is_file()}
+    fb = {str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()}
+    differ = sorted(fa ^ fb) + sorted(n for n in fa & fb if (a / n).read_bytes() != (b / n).read_bytes())
+    return not differ, len(fa), differ
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=float, default=865)
+    ap.add_argument("--shard-mb", type=float, default=200)
+    ap.add_argument("--devices", default="cpu", help="cpu | cuda | cuda:0,cuda:1 (Quark gets the same list)")
+    ap.add_argument("--scheme", default="mxfp4", choices=["mxfp4", "ptpc_fp8"])
+    ap.add_argument("--threads", type=int, default=4, help="streams for the parallel floor")
+    ap.add_argument("--skip-quark", action="store_true")
+    ap.add_argument("--hot", action="store_true", help="keep the source in the page cache between stages")
+    ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    args = ap.parse_args()
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+
+    def log(msg: str) -> None:
+        print(f"[apply_throughput] {msg}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        root = Path(tmp)
+        src = root / "src"
+        t0 = time.perf_counter()
+        kept, size = build_checkpoint(src, args.size_mb, args.shard_mb)
+        shards = len(list(src.glob("*.safetensors")))
+        log(f"built {size / MB:.0f} MB in {shards} shards in {time.perf_counter() - t0:.1f}s; {len(kept)} kept modules")
+        rows: dict[str, dict] = {}
+
+        def prepare() -> None:
+            if not args.hot:
+                evict(src)
+
+        prepare()
+        rows["floor, 1 stream"] = {"wall_s": floor(src, root / "floor1", 1)}
+        prepare()
+        rows[f"floor, {args.threads} streams"] = {"wall_s": floor(src, root / "floorN", args.threads)}
+        for r in rows.values():
+            r["work_s"] = r["wall_s"]
+        child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices}
+        if not args.skip_quark:
+            prepare()
+            log("running Quark direct_quantize_checkpoint")
+            rows["quark f2f"] = run_child(QUARK_SCRIPT, {**child_args, "dst": str(root / "quark")})
+        prepare()
+        log("running quantkit's executor")
+        rows["quantkit native"] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(root / "native")})
+        identical = None
+        if not args.skip_quark:
+            identical, files, differ = same_tree(root / "quark", root / "native")
+            log(f"byte-identical to Quark: {identical} ({files} files){'' if identical else ' differ: ' + str(differ)}")
+        quark = rows.get("quark f2f")
+        for r in rows.values():
+            r["mb_per_s"] = size / MB / r["work_s"]
+        for r in rows.values():
+            if quark:
+                r["wall_vs_quark"] = r["wall_s"] / quark["wall_s"]
+                r["throughput_vs_quark"] = r["mb_per_s"] / quark["mb_per_s"]
+    result = {"size_mb": round(size / MB, 1), "shards": shards, "scheme": args.scheme, "devices": devices,
+              "cpu_cores": len(os.sched_getaffinity(0)), "page_cache": "hot" if args.hot else "evicted per stage",
+              "byte_identical": identical, "rows": rows}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices {','.join(devices)}, "
+          f"{result['cpu_cores']} CPU cores, page cache {result['page_cache']}")
+    print(f"{'':22s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'wall/Quark':>11s} "
+          f"{'MB/s / Quark':>13s} {'peak RSS MB':>12s}")
+    for name, r in rows.items():
+        def f(key: str, fmt: str, r: dict = r) -> str:
+            return format(r[key], fmt) if key in r else "-"
+        print(f"{name:22s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
+              f"{f('mb_per_s', '8.0f')} {f('wall_vs_quark', '11.2f')} {f('throughput_vs_quark', '13.2f')} "
+              f"{f('peak_rss_mb', '12.0f')}")
+    if identical is not None:
+        print(f"quantkit output byte-identical to Quark's: {'yes' if identical else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()

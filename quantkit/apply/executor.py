@@ -1,0 +1,828 @@
+"""Streaming per-shard executor: quantize a safetensors checkpoint shard by shard, without Quark, into exactly the
+files AMD Quark 0.13's `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` writes.
+
+Pipeline: one reader thread reads each source shard once into memory (hashing those bytes: sha256_in) and exposes
+its tensors as zero-copy views; one worker thread per device quantizes (on CPU a small pool runs one tensor per
+core); one writer thread serialises each output shard the way safetensors does, hashing the bytes as it writes
+(sha256_out), verifies it, renames it into place and records it in a journal. A memory budget of (workers + 2)
+source shards bounds what is in flight, so memory stays near that many shards whatever the model's size.
+
+Replayed from quark/torch/quantization/file2file_quantization.py (Quark 0.13):
+- shards are found with os.walk, processed and indexed in that order (`_get_safetensor_files`); a shard's tensors
+  come in file order (safetensors `load_file`), each output shard is `save_file(tensors)` (no metadata);
+- a tensor is quantized iff its name passes `_is_linear_weight_tensor` (ends in `.weight`, module not ending in
+  `norm`, no `embed`), it has 2+ dims, its module does not fnmatch an exclude pattern, and then the first matching
+  `layer_config` pattern or the global scheme applies (`_get_layer_quant_config_by_tensor_name`); it is written as
+  `<name>` then `<name>_scale` (`_single_stage_quantize_weight`);
+- other linear-named float tensors that are not excluded 2-D+ weights in F16/BF16/F32 are cast to the config's
+  dtype (`_quantize_and_save_safetensor_shard`, `_get_model_dtype_from_hf_model_config`); all else passes through;
+- `exclude` in config.json is every 2-D+ linear module matching a pattern, sorted (`_build_exclude_aware_quant_config`);
+- every other file and folder of the source (not *.safetensors, not README*.md) is copied (`_copy_json_and_py_files`),
+  then model.safetensors.index.json and config.json are written with json.dump(indent=4, ensure_ascii=False).
+
+Differences from Quark, on purpose: sources that are already quantized (a quantization_config, or `.weight_scale`/
+`.weight_packed`/`.weight_shape` tensors) or hold shards in sub-folders are refused instead of being dequantized or
+flattened; an existing non-empty `dst` is refused unless resuming (Quark deletes it); NaN/Inf in a weight to be
+quantized is an error (Quark writes garbage scales). The journal `.quantkit-journal.json` lives in `dst` while the
+run is incomplete and is removed when it completes, so a finished folder holds exactly Quark's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import math
+import os
+import queue
+import resource
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from quantkit.errors import QuantkitError
+
+if TYPE_CHECKING:
+    import torch
+
+JOURNAL_NAME = ".quantkit-journal.json"
+JOURNAL_VERSION = 1
+_PARTIAL_SUFFIX = ".quantkit-partial"
+_READ_CHUNK = 16 * 1024 * 1024
+_MB = 1024 * 1024
+
+
+class ExecutorError(QuantkitError):
+    """The per-shard executor cannot quantize this checkpoint as asked."""
+
+
+class CorruptShardError(ExecutorError):
+    """A source shard is truncated or is not a valid safetensors file."""
+
+
+class NonFiniteWeightError(ExecutorError):
+    """A weight that is to be quantized holds NaN or Inf."""
+
+
+class ShardVerificationError(ExecutorError):
+    """A written shard does not match its source or the scheme's layout (a bug, never a user error)."""
+
+
+@dataclass
+class ShardEvent:
+    """Progress of one shard: `kind` is "start" (a worker took it), "done" (written and journaled) or "resumed"
+    (a previous run's output was kept)."""
+
+    kind: Literal["start", "done", "resumed"]
+    shard: str
+    index: int
+    total: int
+    device: str | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class ShardRecord:
+    """One output shard: sizes, hashes (of the bytes read and of the bytes written), who made it and how long."""
+
+    name: str
+    bytes_in: int
+    bytes_out: int
+    sha256_in: str
+    sha256_out: str
+    tensors: int
+    quantized: int
+    seconds: float
+    device: str
+    resumed: bool = False
+
+
+@dataclass
+class ExecutorReport:
+    """What `quantize_checkpoint` did; `to_dict()` is JSON-ready."""
+
+    source: str
+    output: str
+    scheme: str
+    devices: list[str]
+    exclude: list[str]
+    shards: list[ShardRecord] = field(default_factory=list)
+    total_seconds: float = 0.0
+    mb_per_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    resumed_shards: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- safetensors format ----------------------------------------------------------------------------------------------
+
+# safetensors dtype names <-> torch dtype names, and the order safetensors lays tensors out in: by dtype, this order
+# (the Rust Dtype enum, descending), then by name.
+_ST_TO_TORCH = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
+                "F8_E8M0": "float8_e8m0fnu", "I16": "int16", "U16": "uint16", "F16": "float16", "BF16": "bfloat16",
+                "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64", "F64": "float64",
+                "I64": "int64", "U64": "uint64"}
+_ST_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
+             "F8_E5M2", "I8", "U8", "BOOL"]
+_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8, "I64": 8, "U64": 8}
+_FLOAT_ST = {"F16", "BF16", "F32"}  # file2file_quantization.py _FLOATING_POINT_DTYPE_STRS
+
+
+def _st_dtype(t: torch.Tensor) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    for st, tn in _ST_TO_TORCH.items():
+        if tn == name:
+            return st
+    raise ExecutorError(f"tensor dtype {t.dtype} has no safetensors name")
+
+
+@dataclass
+class _HeaderEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _parse_header(raw: bytes | bytearray | memoryview, size: int, where: str) -> tuple[int, list[_HeaderEntry]]:
+    """(data start, entries in file order) of a safetensors file of `size` bytes whose first bytes are `raw`;
+    CorruptShardError for anything safetensors itself would refuse."""
+    if size < 8:
+        raise CorruptShardError(f"{where}: truncated safetensors file ({size} bytes); re-download it")
+    n = int.from_bytes(bytes(raw[:8]), "little")
+    if n > size - 8 or n > 100 * _MB:
+        raise CorruptShardError(f"{where}: header length {n} exceeds the file ({size} bytes); the file is truncated "
+                                "or not safetensors; re-download it")
+    try:
+        header = json.loads(bytes(raw[8:8 + n]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptShardError(f"{where}: unreadable safetensors header ({e}); re-download it") from None
+    if not isinstance(header, dict):
+        raise CorruptShardError(f"{where}: safetensors header is not a JSON object; re-download it")
+    entries = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CorruptShardError(f"{where}: malformed header entry for {name}; re-download it") from None
+        if dtype not in _ST_ITEMSIZE:
+            raise CorruptShardError(f"{where}: tensor {name} has unsupported dtype {dtype}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if not (isinstance(begin, int) and isinstance(end, int)) or end < begin or \
+                end - begin != numel * _ST_ITEMSIZE[dtype]:
+            raise CorruptShardError(f"{where}: tensor {name} has inconsistent data offsets; re-download it")
+        entries.append(_HeaderEntry(name, dtype, shape, begin, end))
+    entries.sort(key=lambda e: (e.begin, e.end))  # file order, as safetensors' load_file iterates
+    pos = 0
+    for entry in entries:
+        if entry.begin != pos:
+            raise CorruptShardError(f"{where}: tensor data is not contiguous at {entry.name}; re-download it")
+        pos = entry.end
+    if 8 + n + pos != size:
+        raise CorruptShardError(f"{where}: file is {size} bytes but its header describes {8 + n + pos}; the file is "
+                                "truncated or damaged; re-download it")
+    return 8 + n, entries
+
+
+def _read_header_file(path: Path) -> list[_HeaderEntry]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        raw = head + f.read(min(n, 100 * _MB))
+    return _parse_header(raw, size, str(path))[1]
+
+
+def _header_bytes(items: list[tuple[str, str, tuple[int, ...], int]]) -> tuple[bytes, list[int]]:
+    """safetensors' header for (name, dtype, shape, nbytes) items already in layout order, and the data offsets."""
+    header: dict[str, Any] = {}
+    offsets = []
+    pos = 0
+    for name, dtype, shape, nbytes in items:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        offsets.append(pos)
+        pos += nbytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    return len(raw).to_bytes(8, "little") + raw, offsets
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in memory order (CPU, contiguous), without a copy."""
+    import torch
+
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def serialize_safetensors(tensors: dict[str, torch.Tensor], path: Path,
+                          expected: dict[str, bytes] | None = None) -> tuple[int, str]:
+    """Write `tensors` to `path` byte-identically to `safetensors.torch.save_file(tensors, path)` (no metadata),
+    streaming from each tensor's memory. Returns (bytes written, sha256 of them). `expected` maps tensor names to
+    the sha256 digest their bytes must have (checked on the bytes as written)."""
+    order = sorted(tensors, key=lambda k: (_ST_ORDER.index(_st_dtype(tensors[k])), k))
+    views = {k: _tensor_bytes(tensors[k].contiguous()) for k in order}
+    head, _ = _header_bytes([(k, _st_dtype(tensors[k]), tuple(tensors[k].shape), views[k].nbytes) for k in order])
+    digest = hashlib.sha256(head)
+    written = len(head)
+    with open(path, "wb") as f:
+        f.write(head)
+        for k in order:
+            mv = views[k]
+            if expected is not None and k in expected and hashlib.sha256(mv).digest() != expected[k]:
+                raise ShardVerificationError(f"{path.name}: kept tensor {k} would be written with bytes that differ "
+                                             "from the source (internal error)")
+            f.write(mv)
+            digest.update(mv)
+            written += mv.nbytes
+    return written, digest.hexdigest()
+
+
+# --- planning --------------------------------------------------------------------------------------------------------
+
+
+def is_linear_weight_name(name: str) -> bool:
+    """file2file_quantization.py `_is_linear_weight_tensor`: `<module>.weight`, module not ending in "norm" and
+    without "embed"."""
+    if "." not in name:
+        return False
+    module, param = name.rsplit(".", 1)
+    return param == "weight" and not module.endswith("norm") and "embed" not in module
+
+
+def module_of(name: str) -> str:
+    return name.removesuffix(".weight")
+
+
+def scheme_for(name: str, shape: tuple[int, ...], scheme: str, exclude: list[str],
+               layer_config: dict[str, str] | None) -> str | None:
+    """The scheme Quark's file-to-file path quantizes tensor `name` with, or None if it passes the tensor through."""
+    if not is_linear_weight_name(name) or len(shape) < 2:
+        return None
+    module = module_of(name)
+    if any(fnmatch.fnmatch(module, p) for p in exclude):
+        return None
+    for pattern, s in (layer_config or {}).items():
+        if fnmatch.fnmatch(module, pattern):
+            return s
+    return scheme
+
+
+def find_shards(src: Path) -> list[str]:
+    """Source shards in the order Quark 0.13 processes and indexes them (`_get_safetensor_files`: os.walk)."""
+    found = []
+    for root, _dirs, files in os.walk(src):
+        for f in files:
+            if f.endswith(".safetensors"):
+                found.append(os.path.relpath(os.path.join(root, f), src))
+    nested = [f for f in found if os.sep in f]
+    if nested:
+        raise ExecutorError(f"{src}: safetensors files in sub-folders ({nested[0]}); Quark's file-to-file path would "
+                            "flatten them into one folder: move them or quantize that folder on its own")
+    if not found:
+        raise ExecutorError(f"{src}: no *.safetensors files; point to a Hugging Face checkpoint folder")
+    return found
+
+
+def model_dtype_name(config: dict[str, Any]) -> str:
+    """`_get_model_dtype_from_hf_model_config`: text_config dtype/torch_dtype, then top-level torch_dtype/dtype,
+    bfloat16 when none is given or it is "auto"."""
+    text: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else {}
+    name = text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or config.get("dtype")
+    if isinstance(name, str) and name.lower() != "auto":
+        return name.lower()
+    return "bfloat16"
+
+
+def _has_quantization_config(config: dict[str, Any]) -> bool:
+    return "quantization_config" in config or any(
+        isinstance(v, dict) and "quantization_config" in v for v in config.values())
+
+
+@dataclass
+class _Plan:
+    shards: list[str]
+    exclude_modules: list[str]
+    source_floating_excluded: set[str]
+    model_dtype: str
+    sizes: dict[str, int]
+
+
+def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None) -> _Plan:
+    from quantkit.apply.native import SCHEMES
+
+    for s in [scheme, *(layer_config or {}).values()]:
+        if s not in SCHEMES:
+            raise ExecutorError(f"scheme {s!r}: the native executor supports {', '.join(SCHEMES)}; use Quark for others")
+    cfg_path = src / "config.json"
+    if not cfg_path.is_file():
+        raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
+    config = json.loads(cfg_path.read_text())
+    if _has_quantization_config(config):
+        raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
+                            "unquantized checkpoint, or use Quark's path, which dequantizes first")
+    shards = find_shards(src)
+    excluded: set[str] = set()
+    floating: set[str] = set()
+    sizes = {}
+    for shard in shards:
+        path = src / shard
+        sizes[shard] = path.stat().st_size
+        for e in _read_header_file(path):
+            if e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
+                raise ExecutorError(f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
+                                    "checkpoint, or use Quark's path, which dequantizes first")
+            if is_linear_weight_name(e.name) and len(e.shape) >= 2 and \
+                    any(fnmatch.fnmatch(module_of(e.name), p) for p in exclude):
+                excluded.add(module_of(e.name))
+                if e.dtype in _FLOAT_ST:
+                    floating.add(e.name)
+    dtype = model_dtype_name(config)
+    import torch
+
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise ExecutorError(f"{cfg_path}: dtype {dtype!r} is not a torch dtype; set torch_dtype to bfloat16, "
+                            "float16 or float32")
+    return _Plan(shards, sorted(excluded), floating, dtype, sizes)
+
+
+# --- journal ---------------------------------------------------------------------------------------------------------
+
+
+def _run_key(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None) -> dict[str, Any]:
+    return {"source": str(src.resolve()), "scheme": scheme, "exclude": list(exclude),
+            "layer_config": dict(layer_config or {})}
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 * _MB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- the pipeline ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Loaded:
+    index: int
+    name: str
+    buffer: bytearray
+    sha256: str
+    tensors: list[tuple[_HeaderEntry, torch.Tensor]]
+    source_digests: dict[str, bytes]
+    seconds: float
+
+
+@dataclass
+class _Output:
+    index: int
+    name: str
+    loaded: _Loaded
+    tensors: dict[str, torch.Tensor]
+    expected: dict[str, bytes]
+    quantized: int
+    device: str
+    seconds: float
+
+
+class _Stop(Exception):
+    pass
+
+
+def _load_shard(src: Path, name: str, index: int) -> _Loaded:
+    import torch
+
+    t0 = time.perf_counter()
+    path = src / name
+    hasher = hashlib.sha256()
+    chunks: queue.Queue[memoryview | None] = queue.Queue()
+
+    def hash_chunks() -> None:  # sha256 of each chunk while the next one is read (both release the GIL)
+        while (chunk := chunks.get()) is not None:
+            hasher.update(chunk)
+
+    hashing = threading.Thread(target=hash_chunks, name="quantkit-sha256", daemon=True)
+    hashing.start()
+    got = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            buffer = bytearray(size)
+            view = memoryview(buffer)
+            while got < size:
+                n = f.readinto(view[got:got + _READ_CHUNK])
+                if not n:
+                    break
+                chunks.put(view[got:got + n])
+                got += n
+    finally:
+        chunks.put(None)
+        hashing.join()
+    if got != size:
+        raise CorruptShardError(f"{path}: read {got} of {size} bytes; the file changed while reading; rerun")
+    sha = hasher.hexdigest()
+    start, entries = _parse_header(view, size, str(path))
+    tensors = []
+    for e in entries:
+        dtype = getattr(torch, _ST_TO_TORCH[e.dtype])
+        offset = start + e.begin
+        if e.end == e.begin:
+            t = torch.empty(e.shape, dtype=dtype)
+        elif offset % _ST_ITEMSIZE[e.dtype]:  # misaligned: copy rather than view
+            t = torch.frombuffer(bytearray(view[offset:start + e.end]), dtype=dtype).reshape(e.shape)
+        else:
+            t = torch.frombuffer(buffer, dtype=dtype, count=(e.end - e.begin) // _ST_ITEMSIZE[e.dtype],
+                                 offset=offset).reshape(e.shape)
+        tensors.append((e, t))
+    return _Loaded(index, name, buffer, sha, tensors, {}, time.perf_counter() - t0)
+
+
+def _first_non_finite(t: torch.Tensor) -> tuple[list[int], str]:
+    import torch
+
+    bad = (~torch.isfinite(t)).nonzero()
+    if bad.numel() == 0:
+        return [], "finite"
+    idx = bad[0].tolist()
+    v = t[tuple(idx)].item()
+    return idx, "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+
+
+@dataclass
+class _Settings:
+    src: Path
+    dst: Path
+    scheme: str
+    exclude: list[str]
+    layer_config: dict[str, str] | None
+    plan: _Plan
+
+
+def _process(loaded: _Loaded, s: _Settings, device: str, pool: ThreadPoolExecutor | None) -> _Output:
+    """Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) on one loaded shard."""
+    import torch
+
+    from quantkit.apply.native import NonFiniteWeight, expected_layout, quantize_weight
+
+    t0 = time.perf_counter()
+    model_dtype = getattr(torch, s.plan.model_dtype)
+    jobs: list[tuple[str, Any]] = []  # (kind, payload) in Quark's insertion order
+
+    def quantize(name: str, w: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            q, scale = quantize_weight(w.to(device) if device != "cpu" else w, scheme, finite_only=True)
+        except NonFiniteWeight:
+            idx, kind = _first_non_finite(w)
+            raise NonFiniteWeightError(f"{name}[{', '.join(map(str, idx))}] is {kind} (shard {loaded.name}); fix or "
+                                       "re-download the source weights") from None
+        except ValueError as e:
+            raise ExecutorError(f"{name} in {loaded.name}: cannot quantize with {scheme}: {e}") from None
+        q, scale = q.cpu(), scale.cpu()
+        layout = expected_layout(tuple(w.shape), scheme)
+        for suffix, t in (("", q), ("_scale", scale)):
+            if (_st_dtype(t), tuple(t.shape)) != layout[suffix]:
+                raise ShardVerificationError(f"{name}{suffix}: {scheme} gave {_st_dtype(t)} {tuple(t.shape)}, "
+                                             f"expected {layout[suffix]} (internal error)")
+        bad_scale = bool((scale == 0xFF).any()) if scheme == "mxfp4" else \
+            not bool((torch.isfinite(scale) & (scale > 0)).all())
+        if bad_scale:
+            raise ShardVerificationError(f"{name}_scale: a scale is not finite and positive (internal error)")
+        return q.contiguous(), scale.contiguous()
+
+    def digest(mv: memoryview) -> bytes:
+        return hashlib.sha256(mv).digest()
+
+    start = 8 + int.from_bytes(bytes(memoryview(loaded.buffer)[:8]), "little")
+    for e, t in loaded.tensors:
+        target = scheme_for(e.name, e.shape, s.scheme, s.exclude, s.layer_config)
+        if target is not None:
+            jobs.append(("quantize", (e.name, t, target)))
+        elif is_linear_weight_name(e.name) and e.name not in s.plan.source_floating_excluded and \
+                t.is_floating_point() and t.dtype != model_dtype:
+            jobs.append(("cast", (e.name, t)))
+        else:
+            # The bytes the header names, hashed independently of the tensor view that will be written.
+            jobs.append(("keep", (e.name, t, memoryview(loaded.buffer)[start + e.begin:start + e.end])))
+
+    def run(kind: str, payload: Any) -> Any:
+        if kind == "quantize":
+            return quantize(*payload)
+        if kind == "cast":
+            return payload[1].to(model_dtype)
+        return digest(payload[2])
+
+    if pool is not None:
+        results = list(pool.map(lambda j: run(*j), jobs))
+    else:
+        results = [run(*j) for j in jobs]
+    tensors: dict[str, torch.Tensor] = {}
+    expected: dict[str, bytes] = {}
+    quantized = 0
+    for (kind, payload), result in zip(jobs, results, strict=True):
+        name = payload[0]
+        if kind == "quantize":
+            tensors[name], tensors[name + "_scale"] = result
+            quantized += 1
+        elif kind == "cast":
+            tensors[name] = result
+        else:
+            tensors[name] = payload[1]
+            expected[name] = result
+    return _Output(loaded.index, loaded.name, loaded, tensors, expected, quantized, device, time.perf_counter() - t0)
+
+
+def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
+                        layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
+                        progress: Callable[[ShardEvent], None] | None = None) -> ExecutorReport:
+    """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
+    `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
+    layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
+
+    `exclude` are Quark's fnmatch patterns on checkpoint module names; `layer_config` maps module patterns to
+    schemes (first match wins). `devices`: torch devices, one worker each ("cpu", "cuda:0", ...). With
+    `resume=True` the shards a previous, interrupted run recorded in dst's journal (and whose output still hashes
+    as recorded) are kept; all others are redone. `progress` is called in the caller's thread.
+    """
+    import torch
+
+    t_start = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    if not devices:
+        raise ExecutorError("devices: give at least one, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")
+    for d in devices:
+        try:
+            dev = torch.device(d)
+        except RuntimeError:
+            raise ExecutorError(f"device {d!r}: not a torch device; use cpu, cuda or cuda:<n>") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ExecutorError(f"device {d}: no CUDA/ROCm GPU visible to torch; use cpu")
+    if src.resolve() == dst.resolve():
+        raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
+    plan = _plan(src, scheme, exclude, layer_config)
+    settings = _Settings(src, dst, scheme, list(exclude), layer_config, plan)
+    key = _run_key(src, scheme, exclude, layer_config)
+    journal_path = dst / JOURNAL_NAME
+    journal: dict[str, Any] = {"quantkit_journal": JOURNAL_VERSION, **key, "shards": {}}
+    if dst.exists() and any(dst.iterdir()):
+        if not resume:
+            raise ExecutorError(f"output {dst} exists and is not empty; remove it, or pass resume=True to continue "
+                                "an interrupted run")
+        if not journal_path.is_file():
+            raise ExecutorError(f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
+                                "remove it or choose another output folder")
+        try:
+            old = json.loads(journal_path.read_text())
+        except json.JSONDecodeError:
+            old = {}
+        if {k: old.get(k) for k in key} != key or old.get("quantkit_journal") != JOURNAL_VERSION:
+            raise ExecutorError(f"{journal_path}: journal of a different run (source, scheme or exclusions "
+                                "differ); remove the output folder to start over")
+        journal["shards"] = old.get("shards", {})
+    dst.mkdir(parents=True, exist_ok=True)
+    for stale in [*dst.glob("*" + _PARTIAL_SUFFIX), dst / (JOURNAL_NAME + ".tmp")]:
+        stale.unlink(missing_ok=True)
+
+    total = len(plan.shards)
+    emit_queue: queue.Queue[ShardEvent] = queue.Queue()
+    report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
+                            exclude=plan.exclude_modules)
+    records: dict[str, ShardRecord] = {}
+    weight_maps: dict[str, list[str]] = {}
+
+    # Resume: keep what a previous run finished, if its output and source are still what it recorded.
+    todo = []
+    for i, name in enumerate(plan.shards):
+        entry = journal["shards"].get(name)
+        out = dst / name
+        st = (src / name).stat()
+        if resume and entry and out.is_file() and out.stat().st_size == entry["bytes_out"] and \
+                entry["source_size"] == st.st_size and entry["source_mtime_ns"] == st.st_mtime_ns and \
+                _sha256_file(out) == entry["sha256_out"]:
+            records[name] = ShardRecord(name, entry["bytes_in"], entry["bytes_out"], entry["sha256_in"],
+                                        entry["sha256_out"], entry["tensors"], entry["quantized"], 0.0,
+                                        entry["device"], resumed=True)
+            weight_maps[name] = entry["weight_map"]
+            emit_queue.put(ShardEvent("resumed", name, i, total, entry["device"], entry["bytes_in"],
+                                      entry["bytes_out"]))
+        else:
+            journal["shards"].pop(name, None)
+            todo.append((i, name))
+    _write_json_atomic(journal_path, journal)
+
+    cpu_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    saved_threads = torch.get_num_threads()
+    uses_cpu = any(torch.device(d).type == "cpu" for d in devices)
+    pool = ThreadPoolExecutor(max_workers=cpu_threads, thread_name_prefix="quantkit-cpu") if uses_cpu else None
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    # Memory budget: source shards alive at once (being read, queued, quantized or written).
+    slots = threading.Semaphore(len(devices) + 2)
+    work: queue.Queue[_Loaded | None] = queue.Queue()
+    results: queue.Queue[_Output | None] = queue.Queue()
+
+    def fail(e: BaseException) -> None:
+        errors.append(e)
+        stop.set()
+
+    # One reader per device: several read streams beat one on fast disks (and a GPU is fed faster than one reads).
+    pending: queue.Queue[tuple[int, str]] = queue.Queue()
+    for item in todo:
+        pending.put(item)
+    readers_left = [len(devices)]
+    readers_lock = threading.Lock()
+
+    def reader() -> None:
+        try:
+            while True:
+                while not slots.acquire(timeout=0.1):
+                    if stop.is_set():
+                        return
+                try:
+                    i, name = pending.get_nowait()
+                except queue.Empty:
+                    slots.release()
+                    return
+                if stop.is_set():
+                    slots.release()
+                    return
+                try:
+                    work.put(_load_shard(src, name, i))
+                except BaseException:
+                    slots.release()
+                    raise
+        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
+            fail(e)
+        finally:
+            with readers_lock:
+                readers_left[0] -= 1
+                if readers_left[0] == 0:  # the last reader out tells every worker to finish
+                    for _ in devices:
+                        work.put(None)
+
+    def worker(device: str) -> None:
+        try:
+            if torch.device(device).type == "cuda" and torch.device(device).index is not None:
+                torch.cuda.set_device(torch.device(device))
+            while True:
+                loaded = work.get()
+                if loaded is None:
+                    return
+                if stop.is_set():
+                    slots.release()
+                    continue
+                emit_queue.put(ShardEvent("start", loaded.name, loaded.index, total, device, len(loaded.buffer)))
+                try:
+                    out = _process(loaded, settings, device, pool if torch.device(device).type == "cpu" else None)
+                except BaseException:
+                    slots.release()
+                    raise
+                results.put(out)
+                del loaded, out  # the writer owns them now: holding them here would keep the shard in memory
+        except BaseException as e:  # noqa: BLE001
+            fail(e)
+        finally:
+            results.put(None)
+
+    def writer() -> None:
+        finished_workers = 0
+        while finished_workers < len(devices):
+            out = results.get()
+            if out is None:
+                finished_workers += 1
+                continue
+            try:
+                t0 = time.perf_counter()
+                final = dst / out.name
+                partial = dst / (out.name + _PARTIAL_SUFFIX)
+                try:
+                    nbytes, sha_out = serialize_safetensors(out.tensors, partial, out.expected)
+                except BaseException:
+                    partial.unlink(missing_ok=True)
+                    raise
+                os.replace(partial, final)
+                st = (src / out.name).stat()
+                loaded = out.loaded
+                seconds = loaded.seconds + out.seconds + time.perf_counter() - t0
+                rec = ShardRecord(out.name, len(loaded.buffer), nbytes, loaded.sha256, sha_out, len(out.tensors),
+                                  out.quantized, round(seconds, 3), out.device)
+                names = list(out.tensors)
+                del out, loaded
+                slots.release()
+                journal["shards"][rec.name] = {**asdict(rec), "source_size": st.st_size,
+                                               "source_mtime_ns": st.st_mtime_ns, "weight_map": names}
+                _write_json_atomic(journal_path, journal)
+                records[rec.name] = rec
+                weight_maps[rec.name] = names
+                emit_queue.put(ShardEvent("done", rec.name, plan.shards.index(rec.name), total, rec.device,
+                                          rec.bytes_in, rec.bytes_out, rec.seconds))
+            except BaseException as e:  # noqa: BLE001
+                fail(e)
+
+    threads = [threading.Thread(target=reader, name=f"quantkit-reader-{k}", daemon=True) for k in range(len(devices))]
+    threads.append(threading.Thread(target=writer, name="quantkit-writer", daemon=True))
+    threads += [threading.Thread(target=worker, args=(d,), name=f"quantkit-{d}", daemon=True) for d in devices]
+    try:
+        if uses_cpu:
+            torch.set_num_threads(1)  # parallel across tensors instead: cheaper than intra-op threads per step
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads) or not emit_queue.empty():
+            with contextlib.suppress(queue.Empty):
+                event = emit_queue.get(timeout=0.05)
+                if progress is not None:
+                    progress(event)
+    finally:
+        stop.set()  # no-op after a clean run; after an error or an interrupt it winds the threads down
+        for t in threads:
+            t.join()
+        if pool is not None:
+            pool.shutdown(wait=True)
+        torch.set_num_threads(saved_threads)
+    if errors:
+        first = errors[0]
+        if isinstance(first, QuantkitError):
+            raise first
+        raise ExecutorError(f"quantizing {src} failed: {type(first).__name__}: {first}") from first
+
+    # All shards are in place: the files Quark writes after its shard loop, in its order.
+    _copy_aux_files(src, dst)
+    weight_map: dict[str, str] = {}
+    for name in plan.shards:
+        for tensor in weight_maps[name]:
+            weight_map[tensor] = name
+    total_size = sum((dst / name).stat().st_size for name in plan.shards if weight_maps[name])
+    with open(dst / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False, indent=4)
+    _write_config(src, dst, scheme, plan.exclude_modules, layer_config)
+    journal_path.unlink(missing_ok=True)
+
+    report.shards = [records[name] for name in plan.shards]
+    report.resumed_shards = sum(r.resumed for r in report.shards)
+    report.total_seconds = round(time.perf_counter() - t_start, 3)
+    done_bytes = sum(r.bytes_in for r in report.shards if not r.resumed)
+    report.mb_per_s = round(done_bytes / _MB / max(report.total_seconds, 1e-9), 1)
+    report.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return report
+
+
+def _copy_aux_files(src: Path, dst: Path) -> None:
+    """file2file_quantization.py `_copy_json_and_py_files`: every folder and every file but *.safetensors and
+    README*.md, in os.listdir order."""
+    for name in os.listdir(src):
+        s, d = src / name, dst / name
+        if s.is_dir():
+            shutil.copytree(s, d, dirs_exist_ok=True)
+            continue
+        if name.endswith(".safetensors") or name == JOURNAL_NAME:
+            continue
+        if name.lower().endswith(".md") and "readme" in name.lower():
+            continue
+        shutil.copy2(s, d)
+
+
+def _remove_quantization_config(config: dict[str, Any]) -> None:
+    """file2file_quantization.py `_remove_quantization_config`."""
+    for key in [k for k in config if k == "quantization_config"]:
+        del config[key]
+    for value in config.values():
+        if isinstance(value, dict):
+            _remove_quantization_config(value)
+
+
+def _write_config(src: Path, dst: Path, scheme: str, exclude_modules: list[str],
+                  layer_config: dict[str, str] | None) -> None:
+    """file2file_quantization.py `_export_quant_config`."""
+    from quantkit.apply.native import quark_quantization_config
+
+    config = json.loads((src / "config.json").read_text())
+    _remove_quantization_config(config)
+    config["quantization_config"] = quark_quantization_config(scheme, exclude_modules, layer_config)
+    with open(dst / "config.json", "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=4)
