@@ -71,6 +71,19 @@ class LayerDecision(Result):
     source_format: str | None = None  # how the source stored it (bf16, fp8-block, int4-pack-quantized)
 
 
+class ShardSummary(Result):
+    """One shard as the executor wrote it: sizes, the SHA-256 of the bytes read and written, device, seconds."""
+
+    name: str
+    bytes_in: int = 0
+    bytes_out: int = 0
+    sha256_in: str = ""
+    sha256_out: str = ""
+    device: str = ""
+    seconds: float = 0.0
+    resumed: bool = False
+
+
 class ApplyResult(Result):
     """Everything `apply` did; written as quantkit.json (the manifest) and printed by `--json`."""
 
@@ -99,6 +112,13 @@ class ApplyResult(Result):
     verified: dict[str, Any] = {}
     target_num_layers: int | None = None
     output_files: list[str] = []
+    # The shard executor (engine "native") and --dry-run:
+    devices: list[str] = []
+    device_plan: dict[str, list[str]] = {}  # device -> source shards it quantizes
+    shards: list[ShardSummary] = []
+    resumed_shards: int = 0
+    throughput_mb_s: float | None = None
+    dry_run: bool = False
 
     @property
     def quantized(self) -> list[LayerDecision]:
@@ -259,7 +279,8 @@ class AcceptanceResult(Result):
     ratio_ci: list[float | None] | None = None
     per_domain_ratio: dict[str, float | None] = {}
     context_length_ratio: dict[str, float | None] = {}
-    candidate_kind: str | None = None
+    candidate_kind: str | None = None  # "draft", "target", or "pair" (candidate draft on candidate target)
+    candidate_target: str | None = None  # pair mode: the quantized target the candidate draft runs on
     greedy_outputs_identical: bool | None = None
 
     @model_validator(mode="before")
