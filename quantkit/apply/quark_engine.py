@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.apply.plan import ApplyError, LayerDecision
+from quantkit.apply.plan import ApplyError, LayerDecision, quark_exclusions
 from quantkit.io.headers import checkpoint_tensors
 from quantkit.io.quark import import_quark, quark_output_to_stderr
 from quantkit.progress import Progress
@@ -15,8 +15,6 @@ from quantkit.results import EAGLE3_DRAFT
 # Quark template (LLMTemplate.get) for each model_type quantkit supports; drafts use "llama".
 QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
                    "kimi_k2": "kimi_k2", "minimax_m2": "minimax_m2", "mixtral": "mixtral"}
-# A stand-in target layer count for drafts applied without --target: vLLM numbers the draft's decoder layer after
-# the target's layers, which only matters for kept decoder-layer modules (written as `re:` then).
 
 
 def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision]):
@@ -24,9 +22,7 @@ def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision]
     from quark.torch import LLMTemplate
 
     template = LLMTemplate.get(QUARK_TEMPLATES.get(model_type, "llama"))
-    exclude = sorted({m for d in decisions if d.action == "keep" for m in d.checkpoint_modules})
-    layer_config = {m: d.scheme for d in decisions if d.action == "quantize" and d.scheme != recipe.scheme
-                    for m in d.checkpoint_modules}
+    exclude, layer_config = quark_exclusions(recipe, decisions)
     return template.get_config(scheme=recipe.scheme, exclude_layers=exclude, layer_config=layer_config or None), exclude
 
 
@@ -133,6 +129,7 @@ def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
         # Quark's preprocess turns them into per-expert nn.Linear (and the export back into per-expert tensors).
         with quark_output_to_stderr():
             preprocess_for_quantization(model)
+        refuse_in_memory_renames(model, decisions, config, recipe)
     model = model.to(device).eval()
     data = _calibration_data(src, recipe, device) if recipe.needs_calibration else None
     progress(f"quantizing with Quark {recipe.scheme} on {device} (in memory)")
@@ -142,6 +139,27 @@ def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
         model = quantizer.freeze(model)
         export_safetensors(model, str(tmp))
     return quark_exclude
+
+
+def refuse_in_memory_renames(model: Any, decisions: list[LayerDecision], config: dict[str, Any],
+                             recipe: Recipe) -> None:
+    """Refuse the in-memory path when transformers holds a layer to quantize under another name than the checkpoint.
+
+    Quark's in-memory export writes the module names of the loaded model. transformers 5 renames some
+    architectures' modules while loading (conversion_mapping.py: MiniMax-M2's and Mixtral's
+    `block_sparse_moe.experts.<e>.w1/w2/w3` become `mlp.experts.<e>.gate_proj/...`), and vLLM's loader for them reads
+    the checkpoint names, so such an export would load with those layers missing. Compared for any architecture
+    (not from a list): every checkpoint module the plan quantizes must be a module of the loaded model.
+    """
+    names = {n for n, _ in model.named_modules()}
+    missing = [m for d in decisions if d.action == "quantize" for m in d.checkpoint_modules if m not in names]
+    if missing:
+        arch = (config.get("architectures") or [config.get("model_type")])[0]
+        fix = ("use a dynamic-activation scheme (ptpc_fp8, mxfp4), which runs per shard" if recipe.needs_calibration
+               else "use --path per-shard (the default for this recipe)")
+        raise ApplyError(f"--path in-memory: transformers renames {arch}'s modules in memory ({missing[0]} is not a "
+                         f"module of the loaded model), so Quark's in-memory export would hold names vLLM does not "
+                         f"read; {fix}")
 
 
 def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[str, Any],

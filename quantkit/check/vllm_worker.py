@@ -3,7 +3,9 @@
 `quantkit check` runs this module in a subprocess with a timeout (`python -m quantkit.check.vllm_worker --model M [--draft D]`),
 so a vLLM crash, hang or memory blow-up cannot take the checking process with it. The last stdout line starting with
 MARKER holds the result: generated token ids and text, and per loaded module its quant method, weight dtype and scale
-range (quantkit.io.vllm_engine); or {"error": ...}.
+range (quantkit.io.vllm_engine); with --compare-bytes, per MXFP4 layer whether the weight and scale bytes vLLM holds
+equal the checkpoint's (quantkit.io.vllm_engine.compare_mx_bytes; positions and values only, never tensors); or
+{"error": ...}.
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 MARKER = "QUANTKIT_VLLM_LOAD "
 PROMPT = "The capital of France is"
 
 
-def load_and_generate(model: str, draft: str | None, max_tokens: int) -> dict:
+def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_bytes: dict | None = None) -> dict:
+    """Load, generate greedily, and read back what vLLM loaded. `compare_bytes` is {"folder": the checked checkpoint,
+    "layers": {loaded layer name: [its checkpoint modules]}} for the layers whose MXFP4 bytes to compare."""
     from vllm import SamplingParams
 
     from quantkit.io.vllm_engine import (
         loaded_draft_layers,
+        loaded_mx_bytes,
         loaded_target_layers,
         make_llm,
     )
@@ -31,8 +37,11 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int) -> dict:
     completion = out[0].outputs[0]
     layers = loaded_draft_layers(llm) if draft else loaded_target_layers(llm)
     keep = ("method", "scheme", "dtype", "shape", "scale_min", "scale_max", "scale_finite")
-    return {"token_ids": list(completion.token_ids), "text": completion.text,
-            "layers": {name: {k: v for k, v in info.items() if k in keep} for name, info in layers.items()}}
+    result = {"token_ids": list(completion.token_ids), "text": completion.text,
+              "layers": {name: {k: v for k, v in info.items() if k in keep} for name, info in layers.items()}}
+    if compare_bytes and compare_bytes.get("layers"):
+        result["bytes"] = loaded_mx_bytes(llm, compare_bytes["folder"], compare_bytes["layers"], draft=bool(draft))
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,12 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default=None, help="EAGLE-3 draft attached to --model")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--trust-remote-code", action="store_true", help="let vLLM run a model folder's code")
+    parser.add_argument("--compare-bytes", default=None, metavar="JSON",
+                        help='file with {"folder": ..., "layers": {name: [checkpoint modules]}}: compare MXFP4 bytes')
     args = parser.parse_args(argv)
     from quantkit.io.hf import remote_code_allowed
 
     try:
+        compare = json.loads(Path(args.compare_bytes).read_text(encoding="utf-8")) if args.compare_bytes else None
         with remote_code_allowed(args.trust_remote_code):
-            result = load_and_generate(args.model, args.draft, args.max_tokens)
+            result = load_and_generate(args.model, args.draft, args.max_tokens, compare)
     except Exception as e:  # reported to the parent as one line; the log on stderr has the rest
         message = " ".join(str(e).split())[:500]
         print(MARKER + json.dumps({"error": f"{type(e).__name__}: {message}"}), flush=True)

@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--draft", required=True, help="The BF16 EAGLE-3 draft: the baseline.")
 @click.option("--candidate", required=True,
               help="The quantized draft to compare (or a quantized target, run with the BF16 draft).")
+@click.option("--candidate-target", default=None,
+              help="Pair mode: the quantized target the candidate draft runs on; compares (this + --candidate) "
+                   "with (--target + --draft), the deployment as served.")
 @click.option("--prompts", default="builtin", show_default=True,
               help="'builtin' or a JSONL file of {messages|prompt, domain} records.")
 @click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
@@ -44,7 +47,8 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               help="Also write the JSON result to this file.")
 @trust_option()
 @json_option("Print the result as JSON.")
-def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k: int, temperature: float,
+def acceptance_command(target: str, draft: str, candidate: str, candidate_target: str | None, prompts: str, k: int,
+                       temperature: float,
                        max_new_tokens: int, backend: str, lengths: list[int], seed: int, device: str,
                        out_file: Path | None, trust_remote_code: bool, as_json: bool) -> None:
     """Measure whether a quantized draft still gets its tokens accepted: AL of the candidate vs the BF16 draft.
@@ -52,10 +56,12 @@ def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k:
     \b
     quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8
     quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8 --backend reference --temperature 0.7
+    quantkit acceptance --target T --draft DRAFT --candidate DRAFT-FP8 --candidate-target T-MXFP4
 
     Mean acceptance length AL = 1 + accepted draft tokens / drafts (as vLLM and Quark define it), per-position
     acceptance rates, tokens per target forward, per-domain AL, and the candidate/BF16 ratio with a bootstrap
-    95% interval over prompts. Both drafts run against the same target with the same prompts and settings.
+    95% interval over prompts. Both drafts run against the same target with the same prompts and settings; with
+    --candidate-target, the quantized draft runs on the quantized target (the pair) against the BF16 pair.
     """
     from quantkit.acceptance.run import run_acceptance
     from quantkit.io.hf import remote_code_allowed
@@ -67,7 +73,7 @@ def acceptance_command(target: str, draft: str, candidate: str, prompts: str, k:
         result = run_acceptance(target, draft, candidate, prompts=prompts, num_speculative_tokens=k,
                                 temperature=temperature, max_new_tokens=max_new_tokens, backend=backend,
                                 context_lengths=lengths, seed=seed, device=device,
-                                progress=stderr_progress("acceptance"))
+                                candidate_target=candidate_target, progress=stderr_progress("acceptance"))
     data = result.to_dict()
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +96,9 @@ def _render_acceptance(result: AcceptanceResult) -> None:
     st = result.settings
     table = Table(title=f"Acceptance length ({result.backend}, K={st.num_speculative_tokens}, T={st.temperature})",
                   title_justify="left")
-    for col in ("domain", "prompts", "BF16 draft AL", "candidate AL", "ratio"):
+    pair = result.candidate_kind == "pair"
+    base_name, cand_name = ("BF16 pair", "quantized pair") if pair else ("BF16 draft", "candidate")
+    for col in ("domain", "prompts", f"{base_name} AL", f"{cand_name} AL", "ratio"):
         table.add_column(col, justify="left" if col == "domain" else "right")
     for d, v in b.per_domain.items():
         table.add_row(d, str(v.prompts), _f(v.mean_acceptance_length), _f(c.domain_al(d)),
@@ -104,16 +112,18 @@ def _render_acceptance(result: AcceptanceResult) -> None:
     for i in range(len(b.acceptance_rate_per_pos or [])):
         pos.add_column(f"pos {i + 1}", justify="right")
     pos.add_column("tokens/target fwd", justify="right")
-    for name, run in (("BF16 draft", b), ("candidate", c)):
+    for name, run in ((base_name, b), (cand_name, c)):
         pos.add_row(name, *(_f(x) for x in run.acceptance_rate_per_pos or []), _f(run.tokens_per_target_forward, "{:.2f}"))
     console.print(pos)
     if result.context_length_ratio:
         ctx = Table(title="AL against prompt length", title_justify="left")
-        for col in ("tokens", "BF16 draft AL", "candidate AL", "ratio"):
+        for col in ("tokens", f"{base_name} AL", f"{cand_name} AL", "ratio"):
             ctx.add_column(col, justify="right")
         for n, r in result.context_length_ratio.items():
             ctx.add_row(n, _f(b.by_context_length.get(n)), _f(c.by_context_length.get(n)), _f(r))
         console.print(ctx)
     lo, hi = result.ratio_ci or [None, None]
-    console.print(f"ratio candidate/BF16 = {_f(result.ratio, '{:.4f}')} (95% bootstrap CI {_f(lo, '{:.4f}')}-"
-                  f"{_f(hi, '{:.4f}')}); {b.num_drafts} and {c.num_drafts} drafts")
+    console.print(f"ratio {cand_name}/{base_name} = {_f(result.ratio, '{:.4f}')} (95% bootstrap CI "
+                  f"{_f(lo, '{:.4f}')}-{_f(hi, '{:.4f}')}); {b.num_drafts} and {c.num_drafts} drafts")
+    if pair:
+        console.print(f"pair: {c.draft} on {c.target}; baseline: {b.draft} on {b.target}")

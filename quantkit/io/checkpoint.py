@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.errors import CheckpointError, QuantkitError, ResumableInterrupt, Terminated
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 
 # Files that belong to the weights and are rewritten by a quantizer; everything else in a checkpoint folder
@@ -248,30 +248,64 @@ def publish_permissions(folder: Path) -> None:
     os.chmod(folder, 0o777 & ~mask)
 
 
+RESUMABLE_MARKER = ".quantkit-journal.json"  # quantkit.apply.executor.JOURNAL_NAME: present while a run is resumable
+
+
+def partial_folder(output: Path) -> Path:
+    """Where a resumable run builds `output`: a hidden folder beside it with a fixed name, so `--resume` finds it."""
+    return output.with_name(f".{output.name}.quantkit-partial")
+
+
 @contextlib.contextmanager
-def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str | Path] = ()) -> Iterator[Path]:
+def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str | Path] = (), *,
+                  resumable: bool = False, resume: bool = False, resume_hint: str = "") -> Iterator[Path]:
     """Yield a temporary folder beside `output`; rename it to `output` only if the block succeeds.
 
-    The temporary folder is removed on any failure or interrupt (SIGINT, and SIGTERM, which the CLI turns into
-    the same KeyboardInterrupt). A previous output is replaced only as check_output_free allows.
+    On any failure or interrupt (SIGINT, and SIGTERM, which the CLI turns into the same KeyboardInterrupt) the
+    temporary folder is removed, except a `resumable` run's, which stays while it holds the executor's journal: then
+    an interrupt raises ResumableInterrupt and an error gets `resume_hint` appended. `resume` continues such a folder;
+    without it an existing one is an error (or discarded with `overwrite`). A previous output is replaced only as
+    check_output_free allows.
     """
     check_output_free(output, overwrite, sources)
     output = output.expanduser().resolve()
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.quantkit-", dir=output.parent))
+        if resumable:
+            tmp = partial_folder(output)
+            if tmp.exists() and not (tmp / RESUMABLE_MARKER).is_file():
+                shutil.rmtree(tmp)  # nothing to resume in it (the journal is written before any shard)
+            if tmp.exists() and not resume:
+                if not overwrite:
+                    raise OutputExistsError(f"output {output}: an interrupted run left {tmp.name} beside it; pass "
+                                            "--resume to continue it, or --overwrite to start over")
+                shutil.rmtree(tmp)
+            tmp.mkdir(exist_ok=True)
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.quantkit-", dir=output.parent))
     except OSError as e:
         raise OutputWriteError(f"output {output}: cannot create a folder in {output.parent} "
                                f"({e.strerror or e}); pick a folder you can write to") from None
+    keep = False
     try:
         try:
             yield tmp
             publish_permissions(tmp)
+        except KeyboardInterrupt as e:
+            if resumable and (tmp / RESUMABLE_MARKER).is_file():
+                keep = True
+                raise ResumableInterrupt(f"the finished shards are kept in {tmp}; {resume_hint}",
+                                         terminated=isinstance(e, Terminated)) from None
+            raise
         except Exception as e:
             reason = full_disk_reason(e)
+            keep = resumable and (tmp / RESUMABLE_MARKER).is_file()
+            hint = f"; {resume_hint}" if keep and resume_hint else ""
             if reason:
                 raise OutputWriteError(f"output {output}: {reason} while writing; free space or pick another "
-                                       "folder (nothing was written)") from None
+                                       f"folder{hint or ' (nothing was written)'}") from None
+            if keep and isinstance(e, QuantkitError):
+                raise type(e)(f"{e}{hint}") from None
             raise
         if output.exists():
             old = output.with_name(f".{output.name}.quantkit-old-{os.getpid()}")
@@ -281,5 +315,5 @@ def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str |
         else:
             tmp.rename(output)
     finally:
-        if tmp.exists():
+        if tmp.exists() and not keep:
             shutil.rmtree(tmp, ignore_errors=True)
