@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from quantkit.errors import QuantkitError
-from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
+from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS, VISION_ROLE
 from quantkit.recipes import Recipe
 from quantkit.results import LayerDecision
 
@@ -44,6 +44,10 @@ def plan_layers(recipe: Recipe, layers: list[Any]) -> list[LayerDecision]:
         override = next((o for o in recipe.overrides if selects(o, layer)), None)
         if keep is not None:
             decisions.append(LayerDecision(**base, action="keep", scheme=None, reason=keep.reason))
+        elif layer.role == VISION_ROLE:
+            decisions.append(LayerDecision(**base, action="keep", scheme=None,
+                                           reason="multimodal encoder (vision tower / projector): runs once per image "
+                                                  "and is small; AMD's Kimi-K2.5 MXFP4 release keeps it BF16"))
         elif layer.kind == "embedding":
             decisions.append(LayerDecision(**base, action="keep", scheme=None,
                                            reason="embeddings are lookups; Quark quantizes linear layers only"))
@@ -71,8 +75,12 @@ def vllm_exclude(layers: list[Any], decisions: list[LayerDecision], target_known
     from quantkit.naming.vllm_names import exclude_entries_for, excluded_names
 
     kept_names = {d.runtime_name for d in decisions if d.action == "keep"}
-    kept = [layer for layer in layers if layer.name in kept_names]
-    entries = exclude_entries_for(kept, layers)
+    # Encoders of a multimodal wrapper are kept whole: one anchored `re:` entry each (vLLM matches from the start)
+    # instead of hundreds of names; the replay below checks it excludes exactly them.
+    encoders = sorted({layer.name.split(".", 1)[0] for layer in layers if layer.role == VISION_ROLE})
+    text_layers = [layer for layer in layers if layer.role != VISION_ROLE]
+    kept = [layer for layer in text_layers if layer.name in kept_names]
+    entries = exclude_entries_for(kept, text_layers) + [f"re:{re.escape(e)}\\." for e in encoders]
     if not target_known:
         # The draft's decoder layer number depends on the target; match any number rather than a made-up one.
         marker = f"model.layers.{UNKNOWN_TARGET_LAYERS}."

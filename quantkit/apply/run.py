@@ -79,6 +79,8 @@ class ApplyPlan:
     engine: str
     engine_reason: str
     devices: list[str]
+    source_format: Any  # quantkit.io.formats.SourceFormat
+    mtp_modules: int = 0
 
 
 def resolve_devices(devices: str | list[str] | None) -> list[str]:
@@ -140,6 +142,17 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                                               "not run natively)")}[chosen]
 
     src = resolve_source(model)
+    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names
+
+    fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"))
+    if fmt.name != "bf16":
+        if chosen != "native":
+            why = "--engine quark" if engine == "quark" else f"path {run_path}"
+            raise ApplyError(f"{model} is a {fmt.name} checkpoint, which only quantkit's shard executor decodes exactly "
+                             f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine auto and a recipe "
+                             "without calibration")
+        engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
+    names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
     kind = model_kind(src.config)
     if kind != rec.applies_to:
         raise ApplyError(f"recipe {rec.name} applies to {rec.applies_to} checkpoints, but {model} is a {kind} "
@@ -151,8 +164,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         if n_target is not None and info.aux_layer_ids and max(info.aux_layer_ids) > n_target:
             raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
                              f"{n_target} layers; is --target the draft's target?")
-    layers = runtime_layers(src.config, src.tensors.keys(),
-                            (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
+    layers = runtime_layers(src.config, names, (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
     decisions = plan_layers(rec, layers)
     if not any(d.action == "quantize" for d in decisions):
         raise ApplyError(f"recipe {rec.name} quantizes no layer of {model}; check its quantize/keep roles")
@@ -160,12 +172,24 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     if kind == EAGLE3_DRAFT and n_target is None:
         for d in decisions:
             d.runtime_name = draft_runtime_name(d.runtime_name)
+    if fmt.name != "bf16":
+        from quantkit.io.formats import decoded_origins
+
+        origins = decoded_origins(fmt, src.tensors)
+        for d in decisions:
+            origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
+            d.source_format = fmt.name if origin == fmt.name else "bf16"
     quark_exclude, layer_config = quark_exclusions(rec, decisions)
+    # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
+    # loads them into the target (quantkit.io.formats.mtp_tensor_names), only its MTP draft does; kept BF16 so that
+    # MTP speculation stays possible.
+    mtp = sorted({n.removesuffix(".weight") for n in mtp_tensor_names(src.config, names) if n.endswith(".weight")})
+    quark_exclude = sorted(set(quark_exclude) | set(mtp))
     devs = resolve_devices(devices)
     if chosen == "quark" and len(devs) > 1:
         devs = devs[:1]  # Quark's own multi-device mode re-imports Quark per worker (slower than one device)
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
-                     run_path, path_reason, chosen, engine_reason, devs)
+                     run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp))
 
 
 def predicted_output_bytes(plan: ApplyPlan) -> int:
@@ -176,7 +200,7 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
 
     quantized = {f"{m}.weight": d.scheme for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
     total = 0
-    for name, t in plan.src.tensors.items():
+    for name, t in decoded_infos(plan).items():
         scheme = quantized.get(name)
         if scheme == "mxfp4" and len(t.shape) >= 2:
             rows = math.prod(t.shape[:-1])
@@ -186,6 +210,26 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
         else:
             total += math.prod(t.shape) * DTYPE_BYTES.get(t.dtype, 1)
     return total
+
+
+def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
+    """The tensors the quantizer sees: the source's, or for a quantized source its decoded BF16 weights."""
+    from quantkit.io.formats import decoded_tensor_names
+    from quantkit.io.headers import TensorInfo
+
+    fmt, tensors = plan.source_format, plan.src.tensors
+    if fmt.name == "bf16":
+        return dict(tensors)
+    out: dict[str, Any] = {}
+    for name, parts in decoded_tensor_names(fmt, tensors).items():
+        if parts == [name]:
+            out[name] = tensors[name]
+        elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
+            out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)
+        else:  # int4 pack-quantized: 8 values per int32 along the input dimension
+            packed = tensors[parts[0]]
+            out[name] = TensorInfo(packed.file, "BF16", (*packed.shape[:-1], packed.shape[-1] * 8))
+    return out
 
 
 def device_plan(plan: ApplyPlan) -> dict[str, list[str]]:
@@ -268,7 +312,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         recipe=rec.to_dict(), model_kind=plan.kind, architecture=src.architecture, path=plan.path,
         path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
         exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
-        target_num_layers=plan.n_target, versions=versions())
+        target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name)
     if dry_run:
         timings["total"] = time.perf_counter() - t0
         return ApplyResult(**base, dry_run=True, size_after_bytes=predicted_output_bytes(plan),

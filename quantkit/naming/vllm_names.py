@@ -587,10 +587,60 @@ def runtime_layers(
     layers are numbered after the target's). Raises CheckpointLayoutError when the tensors do not fit the layout the
     architecture's vLLM model file loads.
     """
+    archs = config.get("architectures") or []
+    wrapper = next((_WRAPPERS[a] for a in archs if a in _WRAPPERS), None)
+    if wrapper is not None:
+        return _wrapped_layers(config, list(tensor_names), *wrapper)
     arch = _ARCHS[architecture_of(config)]
     ckpt = _Checkpoint(tensor_names)
     layers = arch.build(config, ckpt, target_num_layers)
     _reject_leftovers(ckpt, arch.source)
+    return layers
+
+
+# Multimodal wrappers around a supported text model. Kimi-K2.5: vllm/model_executor/models/kimi_k25.py
+# (KimiK25ForConditionalGeneration): `language_model` is a DeepseekV2ForCausalLM built from `text_config` with prefix
+# "language_model" (checkpoint tensors language_model.model.layers.*, language_model.lm_head; its
+# hf_to_vllm_mapper's language_model.layers. -> language_model.model.layers. is for legacy NVFP4 checkpoints only);
+# `vision_tower` (MoonViT) and `mm_projector` are built WITH the quant config for Quark checkpoints
+# (_maybe_ignore_quant_config drops it only for compressed-tensors), so they must be excluded to stay BF16; the
+# mapper renames mm_projector.proj.0/2 to mm_projector.linear_1/2.
+_KIMI_K25 = "vllm/model_executor/models/kimi_k25.py"
+_WRAPPERS: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str]] = {
+    "KimiK25ForConditionalGeneration": (
+        "language_model.", ("vision_tower.", "mm_projector."),
+        (("mm_projector.proj.0", "mm_projector.linear_1"), ("mm_projector.proj.2", "mm_projector.linear_2")),
+        _KIMI_K25),
+}
+VISION_ROLE = "vision"
+
+
+def _wrapped_layers(config: Mapping[str, Any], names: list[str], prefix: str, encoders: tuple[str, ...],
+                    renames: tuple[tuple[str, str], ...], source: str) -> list[RuntimeLayer]:
+    """The text model's layers under the wrapper's prefix, plus one kept-BF16 layer per encoder linear."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointLayoutError(f"{source}: a {config.get('architectures')} config needs a text_config")
+    text = dict(text)
+    if not text.get("architectures"):
+        text["architectures"] = ["DeepseekV3ForCausalLM"] if text.get("model_type") in ("deepseek_v3", "kimi_k2") \
+            else []
+    inner = [n[len(prefix):] for n in names if n.startswith(prefix)]
+    if not inner:
+        raise CheckpointLayoutError(f"{source}: no {prefix}* tensors; is this a {config.get('architectures')} "
+                                    "checkpoint as it ships (language_model.model.layers.*)?")
+    layers = [RuntimeLayer(prefix + lay.name, lay.kind, lay.role, tuple(prefix + s for s in lay.shards),
+                           tuple(prefix + m for m in lay.checkpoint_modules), lay.quantizable, lay.layer_index,
+                           lay.exclude_renames, lay.source)
+              for lay in runtime_layers(text, inner)]
+    others = [n for n in names if not n.startswith(prefix)]
+    unknown = [n for n in others if not n.startswith(encoders)]
+    if unknown:
+        raise CheckpointLayoutError(f"{source}: tensor {unknown[0]} is neither {prefix}* nor an encoder "
+                                    f"({', '.join(encoders)}); quantkit does not know where vLLM loads it")
+    for module in dict.fromkeys(n.removesuffix(".weight") for n in others if n.endswith(".weight")):
+        runtime = renamed(module, renames)
+        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), True, None, (), source))
     return layers
 
 
