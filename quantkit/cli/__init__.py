@@ -9,6 +9,7 @@ from quantkit.cli import (  # noqa: F401
     apply,
     check,
     demo,
+    deploy,
     eval,
     gate,
     inspect,

@@ -16,6 +16,8 @@ from quantkit import __version__
 from quantkit.errors import QuantkitError, ResumableInterrupt, Terminated
 
 MAX_MESSAGE = 600
+# `quantkit --help` lists the commands in the order a user runs them.
+PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "eval", "gate", "deploy", "publish", "demo")
 
 
 class QuantkitGroup(click.Group):
@@ -24,7 +26,8 @@ class QuantkitGroup(click.Group):
     group_class = type  # subgroups use this class too
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.commands)  # in the order registered: the pipeline's (quantkit/cli/__init__.py)
+        rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
+        return sorted(self.commands, key=lambda name: (rank.get(name, len(rank)), name))
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         # SIGTERM (a CI runner's cancel, `kill`) unwinds like Ctrl-C, so temporary folders are cleaned up the same way.

@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
+from quantkit.naming.config import text_config
+from quantkit.naming.drafts import is_eagle3_draft
 
 Platform = Literal["gfx950", "gfx942", "cpu", "cuda"]
 PLATFORMS: tuple[str, ...] = ("gfx950", "gfx942", "cpu", "cuda")
@@ -46,7 +48,6 @@ KV_CACHE_DTYPES: tuple[str, ...] = (
     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
     "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
 )  # fmt: skip
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 MXFP4_GROUP = 32
 # Above this many speculative tokens the manifest warns (see `_check_num_speculative_tokens`).
 MAX_USEFUL_SPECULATIVE_TOKENS = 8
@@ -181,21 +182,10 @@ class DeployManifest:
 # --- config helpers ----------------------------------------------------------------------------------------------
 
 
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config: `text_config` of multimodal wrappers (Kimi-K2.5), else the config itself."""
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
-
-
 def draft_layer_config(config: dict[str, Any]) -> dict[str, Any]:
     """The Llama-style layer config of an EAGLE-3 draft (speculators format keeps it in transformer_layer_config)."""
     layer = config.get("transformer_layer_config")
     return layer if isinstance(layer, dict) else config
-
-
-def is_eagle3_draft(config: dict[str, Any]) -> bool:
-    archs = config.get("architectures") or []
-    return config.get("speculators_model_type") == "eagle3" or any(a in EAGLE3_ARCHITECTURES for a in archs)
 
 
 def _int(value: Any) -> int | None:

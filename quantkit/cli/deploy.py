@@ -1,0 +1,62 @@
+"""`quantkit deploy`: the `vllm serve` command, environment and deploy.json for a checkpoint or a draft + target pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from quantkit.cli.app import exit_failed, main
+from quantkit.cli.options import json_option, make_console, print_json
+
+
+@main.command("deploy")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--target", default=None, help="For an EAGLE-3 draft: the target it is served with (folder or Hub id).")
+@click.option("--platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950", show_default=True,
+              envvar="QUANTKIT_PLATFORM", help="Where it will be served: MI355X (gfx950), MI300X (gfx942), CUDA, CPU.")
+@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--max-model-len", type=click.IntRange(16, 10_000_000), default=None,
+              help="Default: the target's max_position_embeddings.")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM --kv-cache-dtype.")
+@click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--model-ref", default=None, help="What the command names for the model (e.g. its Hub id once published).")
+@click.option("--draft-ref", default=None, help="Likewise for the draft.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="Folder to write deploy.json into.")
+@json_option("Print the manifest as JSON.")
+def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max_model_len: int | None,
+                   kv_cache_dtype: str, k: int, model_ref: str | None, draft_ref: str | None, out_dir: Path,
+                   as_json: bool) -> None:
+    """Write deploy.json and print the `vllm serve` command line and its environment.
+
+    \b
+    quantkit deploy MOE-MXFP4 --platform gfx950 --tp 8
+    quantkit deploy DRAFT-FP8 --target MOE-MXFP4 --platform gfx950 --tp 8 --num-speculative-tokens 3
+
+    Platform environment variables come from vLLM's own envs.py and AMD's ROCm recipes (each with its source).
+    The combination is checked against known-bad ones (quantized draft lm_head, aux layers beyond the target, a TP
+    size that splits an MXFP4 group, a KV-cache dtype the draft cannot use, ...), each with its source; findings use
+    check's format. Exit 0 when no error was found, 1 otherwise, 2 for bad input.
+    """
+    from quantkit.deploy.manifest import deploy_manifest
+
+    manifest = deploy_manifest(folder, target=target, platform=platform, tp=tp, max_model_len=max_model_len,
+                               kv_cache_dtype=kv_cache_dtype, num_speculative_tokens=k, model_ref=model_ref,
+                               draft_ref=draft_ref)
+    path = manifest.write(out_dir)
+    if as_json:
+        print_json(manifest.to_dict())
+    else:
+        console = make_console()
+        console.print("environment:")
+        for e in manifest.env:
+            console.print(f"  {e.name}={e.value}    # {e.why} ({e.source})")
+        console.print("command:")
+        console.print(f"  {manifest.command}")
+        for f in manifest.findings:
+            console.print(f"{f.severity}: {f.code} {f.layer_or_tensor}: {f.message}" + (f" Fix: {f.fix}" if f.fix else "")
+                          + (f" [{f.source}]" if f.source else ""))
+        console.print(f"wrote {path}")
+    if not manifest.ok:
+        exit_failed()
