@@ -247,6 +247,7 @@ class InspectResult:
     num_tensors: int
     config_problems: list[str]
     seconds: float = 0.0
+    source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -255,6 +256,7 @@ class InspectResult:
             "groups": [g.to_dict() for g in self.groups], "layers": [layer.to_dict() for layer in self.layers],
             "bytes_by_precision": self.bytes_by_precision, "other_bytes": self.other_bytes,
             "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
+            "source_format": self.source_format,
             "seconds": round(self.seconds, 3),
         }  # fmt: skip
 
@@ -536,4 +538,18 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None)
         target_num_layers=ck.target_num_layers, quantization=quant, layers=resolved, groups=group_layers(resolved),
         bytes_by_precision=by_precision, other_bytes=total - in_layers, total_bytes=total,
         num_tensors=len(ck.tensors), config_problems=problems, seconds=time.perf_counter() - t0,
+        source_format=_source_format(ck),
     )  # fmt: skip
+
+
+def _source_format(ck: LoadedCheckpoint) -> str:
+    """The source format `apply` would decode (bf16, fp8-block, int4-pack-quantized), or why it cannot."""
+    from quantkit.errors import QuantkitError
+    from quantkit.io.formats import detect_format
+
+    if ck.qc is not None and ck.qc.get("quant_method") == "quark":
+        return "quark (already quantized by Quark)"
+    try:
+        return detect_format(ck.config, ck.tensors, source=str(ck.path / "config.json")).description
+    except QuantkitError as e:
+        return f"not decodable: {e}"

@@ -80,4 +80,6 @@ def _render_inspect(result: InspectResult, show_layers: bool) -> None:
     console.print(sizes)
     for problem in result.config_problems:
         console.print(f"note: {problem}")
+    if result.source_format:
+        console.print(f"source format: {result.source_format}")
     console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")

@@ -544,7 +544,7 @@ _ARCHS: dict[str, _Arch] = {
                                           source="vllm/model_executor/models/minimax_m2.py"),
         "vllm/model_executor/models/minimax_m2.py"),
 }  # fmt: skip
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHS)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (*_ARCHS, "KimiK25ForConditionalGeneration")
 # What vllm/transformers_utils/configs/speculators/algos.py (update_eagle3) turns a speculators eagle3 config into.
 _SPECULATORS_EAGLE3 = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
 
@@ -563,7 +563,7 @@ def architecture_of(config: Mapping[str, Any]) -> str:
         )
     archs = config.get("architectures") or []
     for arch in archs:
-        if arch in _ARCHS:
+        if arch in _ARCHS or arch in _WRAPPERS:
             return arch
     named = ", ".join(archs) if archs else "no architectures"
     raise UnsupportedArchitectureError(
@@ -574,7 +574,8 @@ def architecture_of(config: Mapping[str, Any]) -> str:
 
 def is_draft_config(config: Mapping[str, Any]) -> bool:
     """Whether config.json is an EAGLE-3 draft (whose runtime names need the target's layer count)."""
-    return _ARCHS[architecture_of(config)].is_draft
+    arch = architecture_of(config)
+    return arch in _ARCHS and _ARCHS[arch].is_draft
 
 
 def runtime_layers(
