@@ -56,7 +56,7 @@ def test_gate_passes_on_the_bundled_pair(tiny, fp8_draft, tmp_path, monkeypatch)
     suite = ET.parse(tmp_path / "r" / "junit.xml").getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(data["gate"]["checks"])
     # the per-candidate report is what publish --report reads
-    from quantkit.publish.report import load_report
+    from quantkit.results import load_report
 
     rep = load_report(tmp_path / "r" / "report.json", model=out)
     assert rep.acceptance is not None and rep.acceptance.ratio == acc["ratio"] and rep.gate.passed is True
