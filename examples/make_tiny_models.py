@@ -1,6 +1,7 @@
 """Regenerate the bundled tiny models in examples/tiny/ (CPU only, deterministic, ~10 minutes on 2 cores).
 
     python examples/make_tiny_models.py [--out examples/tiny] [--quick]
+    python examples/make_tiny_models.py --only moe-eagle3-draft   # just the MoE target's draft (~5 minutes)
 
 Makes, from nothing but this script and examples/tiny_corpus.py:
   tokenizer        a byte-level BPE tokenizer (2048 tokens) with a chat template, trained on the corpus;
@@ -10,6 +11,8 @@ Makes, from nothing but this script and examples/tiny_corpus.py:
                    stored as `midlayer.*`, norm, lm_head over a 1024-token draft vocab, d2t/t2d), trained with
                    test-time training (3 chained steps) on the target's own greedy outputs;
   moe-target/      a 2-layer Qwen3-MoE (8 experts, top-2) trained briefly on the same corpus, in 2+ shards;
+  moe-eagle3-draft/ an EAGLE-3 draft for moe-target, trained the same way from moe-target as saved (so
+                   `--only moe-eagle3-draft` regenerates it alone, identically); aux ids MOE_AUX_LAYER_IDS;
 and quantkit/data/prompts.jsonl, the built-in prompt set (held-out seed).
 
 The draft reproduces vLLM's EAGLE-3 forward exactly (see Eagle3Draft below): step 1 feeds fc(concat of the
@@ -45,6 +48,10 @@ HIDDEN = 256
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 TARGET_LAYERS = 4
 AUX_LAYER_IDS = [1, 2, 3]  # vLLM's default (2, L//2, L-3) repeats a layer when L=4
+# The MoE target has 2 layers: vLLM's default (2, 1, -1) is out of range. Ids 0..L are what Qwen3MoeModel.forward
+# collects (vllm/model_executor/models/qwen3_moe.py: id 0 = embeddings, id i = residual stream after layer i-1).
+MOE_AUX_LAYER_IDS = [0, 1, 2]
+MOE_DRAFT_STEPS, MOE_DRAFT_PROMPTS = 120, 800
 SEQ = 128
 SEED = 1234
 
@@ -159,9 +166,9 @@ class MidLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     """EAGLE-3 draft with vLLM's forward (llama_eagle3.py, norm_before_residual=False, norm_output=False)."""
 
-    def __init__(self, embed: nn.Embedding, inter: int, theta: float):
+    def __init__(self, embed: nn.Embedding, inter: int, theta: float, n_aux: int = len(AUX_LAYER_IDS)):
         super().__init__()
-        self.fc = nn.Linear(len(AUX_LAYER_IDS) * HIDDEN, HIDDEN, bias=False)
+        self.fc = nn.Linear(n_aux * HIDDEN, HIDDEN, bias=False)
         self.midlayer = MidLayer(inter)
         self.norm = RMSNorm(HIDDEN)
         self.lm_head = nn.Linear(HIDDEN, DRAFT_VOCAB, bias=False)
@@ -227,19 +234,21 @@ class Eagle3Draft(nn.Module):
         return logits
 
 
-def target_features(target, seqs: torch.Tensor):
-    """Aux hidden states (residual stream entering layers AUX_LAYER_IDS) and greedy next tokens."""
+def target_features(target, seqs: torch.Tensor, aux_ids: list[int] = AUX_LAYER_IDS):
+    """Aux hidden states (residual stream entering layers aux_ids; id L = entering the final norm) and greedy
+    next tokens."""
     captured: dict[int, torch.Tensor] = {}
-    hooks = [target.model.layers[i].register_forward_pre_hook(
+    layers = target.model.layers
+    hooks = [(layers[i] if i < len(layers) else target.model.norm).register_forward_pre_hook(
         lambda mod, args, kwargs, i=i: captured.__setitem__(i, (args[0] if args else kwargs["hidden_states"])),
-        with_kwargs=True) for i in AUX_LAYER_IDS]
+        with_kwargs=True) for i in aux_ids]
     try:
         with torch.no_grad():
             logits = target(input_ids=seqs).logits
     finally:
         for h in hooks:
             h.remove()
-    aux = torch.cat([captured[i] for i in AUX_LAYER_IDS], -1)
+    aux = torch.cat([captured[i] for i in aux_ids], -1)
     return aux, logits.argmax(-1)
 
 
@@ -261,7 +270,8 @@ def greedy_generate(target, tokenizer, prompts: list[str], max_new: int, batch: 
     return out
 
 
-def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int) -> tuple[Eagle3Draft, torch.Tensor]:
+def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int, aux_ids: list[int] = AUX_LAYER_IDS,
+                max_new: int = 80) -> tuple[Eagle3Draft, torch.Tensor]:
     import random
 
     rng = random.Random(SEED + 7)
@@ -270,7 +280,7 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int) -> tu
         _, user, _ = tiny_corpus.example(rng)
         prompts.append(tiny_corpus.render_chat([{"role": "user", "content": user}], add_generation_prompt=True))
     t0 = time.time()
-    seqs = greedy_generate(target, tokenizer, prompts, max_new=80)
+    seqs = greedy_generate(target, tokenizer, prompts, max_new=max_new)
     log(f"draft data: {len(seqs)} greedy target continuations ({time.time() - t0:.0f}s)")
     length = min(SEQ, max(len(s) for s in seqs))
     pad = tokenizer.pad_token_id
@@ -292,7 +302,7 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int) -> tu
 
     feats, labels = [], []
     for i in range(0, len(data), 64):
-        a, g = target_features(target, data[i:i + 64])
+        a, g = target_features(target, data[i:i + 64], aux_ids)
         feats.append(a)
         labels.append(g)
     aux, greedy = torch.cat(feats), torch.cat(labels)
@@ -300,7 +310,7 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int) -> tu
         f"{(t2d[greedy[valid]]).float().mean():.3f} of the target's greedy tokens")
 
     torch.manual_seed(SEED + 1)
-    draft = Eagle3Draft(target.model.embed_tokens, inter, target.config.rope_parameters["rope_theta"])
+    draft = Eagle3Draft(target.model.embed_tokens, inter, target.config.rope_parameters["rope_theta"], len(aux_ids))
     for p in draft.embed.parameters():
         p.requires_grad_(False)
     params = [p for n, p in draft.named_parameters() if not n.startswith("embed")]
@@ -338,7 +348,8 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int) -> tu
     return draft, (d2t, t2d)
 
 
-def save_draft(draft: Eagle3Draft, d2t: torch.Tensor, t2d: torch.Tensor, target_cfg, out: Path, inter: int):
+def save_draft(draft: Eagle3Draft, d2t: torch.Tensor, t2d: torch.Tensor, target_cfg, out: Path, inter: int,
+               aux_ids: list[int] = AUX_LAYER_IDS):
     from safetensors.torch import save_file
 
     tensors = {n: p.detach().to(torch.bfloat16).contiguous() for n, p in draft.named_parameters()
@@ -370,8 +381,8 @@ def save_draft(draft: Eagle3Draft, d2t: torch.Tensor, t2d: torch.Tensor, target_
         "eos_token_id": target_cfg.eos_token_id,
         "pad_token_id": target_cfg.pad_token_id,
         # vLLM reads the aux ids from eagle_config (gpu_model_runner.py) and, in newer runners, the top level.
-        "eagle_aux_hidden_state_layer_ids": AUX_LAYER_IDS,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX_LAYER_IDS, "use_aux_hidden_state": True,
+        "eagle_aux_hidden_state_layer_ids": list(aux_ids),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_ids), "use_aux_hidden_state": True,
                          "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -421,12 +432,53 @@ def save_sharded(state: dict[str, torch.Tensor], out: Path, max_bytes: int) -> N
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
+def make_moe_draft(moe_dir: Path, out: Path, quick: bool) -> None:
+    """The EAGLE-3 draft of the MoE target, trained from the target folder as saved (bf16 weights, run in float32).
+
+    Same recipe as the Llama target's draft (greedy target continuations, 3-step test-time training, draft vocab of
+    the most frequent output tokens), with aux ids MOE_AUX_LAYER_IDS for the 2-layer target and a smaller budget.
+    """
+    from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(moe_dir)
+    target = Qwen3MoeForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    inter = 512
+    draft, (d2t, t2d) = train_draft(target, tokenizer, steps=30 if quick else MOE_DRAFT_STEPS,
+                                    n_prompts=256 if quick else MOE_DRAFT_PROMPTS, inter=inter,
+                                    aux_ids=MOE_AUX_LAYER_IDS)
+    save_draft(draft, d2t, t2d, target.config, out, inter, MOE_AUX_LAYER_IDS)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):  # the target's, byte for byte
+        shutil.copyfile(moe_dir / name, out / name)
+    for f in out.iterdir():
+        f.chmod(0o644)
+
+
+def only_moe_draft(out_root: Path, quick: bool) -> None:
+    """--only moe-eagle3-draft: regenerate out_root/moe-eagle3-draft from out_root/moe-target; nothing else changes."""
+    moe_dir = out_root / "moe-target"
+    if not (moe_dir / "config.json").is_file():
+        raise SystemExit(f"{moe_dir}: no MoE target; run this script without --only first")
+    tmp = Path(tempfile.mkdtemp(prefix=".moe-draft-", dir=out_root))
+    try:
+        make_moe_draft(moe_dir, tmp, quick)
+        final = out_root / "moe-eagle3-draft"
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        os.chmod(final, 0o755)  # mkdtemp made it private
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
 # --------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "tiny")
     ap.add_argument("--prompts-out", type=Path, default=HERE.parent / "quantkit" / "data" / "prompts.jsonl")
     ap.add_argument("--quick", action="store_true", help="few steps, for checking the script itself")
+    ap.add_argument("--only", choices=["moe-eagle3-draft"], default=None,
+                    help="regenerate only this model from the bundled ones already in --out")
     args = ap.parse_args()
 
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -435,6 +487,10 @@ def main() -> None:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     quick = args.quick
     t_start = time.time()
+    if args.only == "moe-eagle3-draft":
+        only_moe_draft(args.out, quick)
+        log(f"done in {time.time() - t_start:.0f}s: {args.out / 'moe-eagle3-draft'}")
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=args.out.parent))
     try:
@@ -499,6 +555,8 @@ def main() -> None:
         moe.generation_config.pad_token_id = tokenizer.pad_token_id
         moe.generation_config.save_pretrained(mdir)
         tokenizer.save_pretrained(mdir)
+        del moe
+        make_moe_draft(mdir, tmp / "moe-eagle3-draft", quick)
 
         shutil.rmtree(tok_dir)
         # ---- built-in prompt set (held-out seed)
