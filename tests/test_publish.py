@@ -1,11 +1,15 @@
 """`quantkit publish`: the real huggingface_hub client over real HTTP against the Hub-protocol server in
 tests/hub_server.py: upload, download back byte for byte, the card's metadata, idempotence, auth and 5xx errors,
-the dry run, and that the token is never printed or written."""
+the dry run, that the token is never printed or written, the acceptance sidecar and chart, the deploy manifest, and
+that nothing published names a local path, the user or the host."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import re
 import secrets
 import shutil
 import socket
@@ -75,8 +79,9 @@ def hub(token: str):
         yield server
 
 
-def manifest_for(out: Path, source: str = BASE) -> dict[str, Any]:
-    """A quantkit.json as `quantkit apply --recipe fp8-draft` writes it for the tiny draft (same keys and shapes)."""
+def manifest_for(out: Path, source: str = BASE, target: str | Path = TINY / "target") -> dict[str, Any]:
+    """A quantkit.json as `quantkit apply --recipe fp8-draft --target TINY/target` writes it for the tiny draft
+    (same keys and shapes; apply records the command line and the folders as given)."""
     def layer(name, role, kind, modules, action):
         keep = action == "keep"
         return {"runtime_name": name, "role": role, "kind": kind, "checkpoint_modules": modules, "action": action,
@@ -86,9 +91,9 @@ def manifest_for(out: Path, source: str = BASE) -> dict[str, Any]:
 
     return {
         "quantkit_manifest_version": 1,
-        "command": f"/opt/venv/bin/quantkit apply --recipe fp8-draft --model {source} --output {out.name} "
-                   f"--target {TARGET}",
-        "output": str(out), "source": source,
+        "command": f"/opt/venv/bin/quantkit apply --recipe fp8-draft --model {source} --output {out} "
+                   f"--target {target}",
+        "output": str(out), "source": str(source), "target": str(target),
         "recipe": {"name": "fp8-draft", "description": "EAGLE-3 draft: decoder linears in FP8 (ptpc), fc and lm_head "
                    "kept BF16", "applies_to": "eagle3-draft", "scheme": "ptpc_fp8", "quantize": ["decoder_linears"],
                    "keep": RECIPE_KEEP, "overrides": [], "path": "in-memory", "calibration": "none"},
@@ -139,13 +144,16 @@ REPORT = {
     "schema_version": 1,
     "model": "tiny-eagle3-draft-fp8",
     "acceptance": {
-        "backend": "vllm", "num_speculative_tokens": 3, "prompts": "quantkit-builtin", "num_prompts": 42,
-        "baseline": {"mean_acceptance_length": 2.612, "per_domain": {"code": 2.91, "french": 2.31}},
-        "candidate": {"mean_acceptance_length": 2.587, "per_domain": {"code": 2.88, "french": 2.30}},
-        "ratio": 0.9904, "ratio_ci": [0.975, 1.004],
+        "backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 42,
+        "candidate_kind": "draft",
+        "baseline": {"mean_acceptance_length": 2.612, "per_domain": {"code": 2.91, "french": 2.31},
+                     "acceptance_rate_per_pos": [0.81, 0.52, 0.282], "num_drafts": 400, "num_accepted": 645},
+        "candidate": {"mean_acceptance_length": 2.587, "per_domain": {"code": 2.88, "french": 2.30},
+                      "acceptance_rate_per_pos": [0.8, 0.51, 0.277], "num_drafts": 404, "num_accepted": 641},
+        "ratio": 0.9904, "ratio_ci": [0.975, 1.004], "per_domain_ratio": {"code": 0.9897, "french": 0.9957},
     },
     "eval": {"tasks": [{"task": "tiny_mc", "metric": "acc", "baseline": 0.8125, "candidate": 0.8047,
-                        "delta": -0.0078, "recovery": 0.9904}]},
+                        "delta": -0.0078, "delta_ci95": [-0.031, 0.0154], "recovery": 0.9904}]},
     "gate": {"passed": True, "checks": [{"name": "acceptance.ratio", "value": 0.9904, "threshold": 0.97, "op": ">=",
                                          "passed": True}]},
 }
@@ -172,6 +180,10 @@ def download_all(hub: HubServer, token: str, cache: Path, rev: str = "main") -> 
 
 def folder_files(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+GENERATED = {"README.md", "quantkit.json", "acceptance.json", "acceptance.png", "deploy.json"}
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -202,17 +214,21 @@ def test_publish_uploads_folder_and_card_in_one_commit_and_downloads_back_identi
 
     remote = download_all(hub, token, tmp_path / "cache")
     local = folder_files(draft_out)
-    assert set(remote) == set(local) | {"README.md", ".gitattributes"}
+    # The folder's files, the card, and what publish generates: the sidecar, the chart, deploy.json; quantkit.json
+    # is replaced by its copy without local paths (test_nothing_published_names_a_local_path_the_user_or_the_host).
+    assert set(remote) == set(local) | GENERATED | {".gitattributes"}
+    assert sorted(result.generated) == sorted(GENERATED)
     for path, data in local.items():
-        assert remote[path] == data, path
+        if path not in GENERATED:
+            assert remote[path] == data, path
     card = str(build_model_card(draft_out, report_file, repo_id=REPO))
     assert remote["README.md"].decode() == card
-    # The weights went through LFS (upload URL, verify), the JSON files inline in the commit.
+    # The weights and the chart went through LFS (upload URL, verify), the JSON files inline in the commit.
     blobs = hub.repos[REPO].commits[result.commit_oid].files
-    assert blobs["model.safetensors"].lfs and not blobs["config.json"].lfs
-    assert hub.count("PUT", "/__lfs-upload/") == 1
+    assert blobs["model.safetensors"].lfs and blobs["acceptance.png"].lfs and not blobs["config.json"].lfs
+    assert hub.count("PUT", "/__lfs-upload/") == 2
     assert {f.path: (f.size, f.sha256) for f in result.files} == {
-        p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in {**local, "README.md": card.encode()}.items()}
+        p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in remote.items() if p != ".gitattributes"}
 
 
 def test_card_metadata_parses_back_from_the_hub(hub: HubServer, token: str, draft_out: Path, report_file: Path,
@@ -238,7 +254,7 @@ def test_card_metadata_parses_back_from_the_hub(hub: HubServer, token: str, draf
 
     text = card.text
     serve = next(line for line in text.splitlines() if line.startswith("vllm serve "))
-    assert serve.startswith(f"vllm serve {TARGET} --speculative-config '")
+    assert serve.startswith(f"vllm serve {TARGET} --tensor-parallel-size 1 --max-model-len 4096 --speculative-config '")
     assert json.loads(serve.split("'")[1]) == {"method": "eagle3", "model": REPO, "num_speculative_tokens": 3}
     assert "| fc | keep | bf16 | `model.fc` | fc's input concatenates" in text
     assert "| lm_head | keep | bf16 | `lm_head` | vLLM cannot load a quantized EAGLE-3 draft lm_head |" in text
@@ -259,8 +275,9 @@ def test_card_without_report_or_hub_source(draft_out: Path, tmp_path: Path) -> N
     assert card.data.base_model is None and card.data.base_model_relation == "quantized"
     assert card.data.eval_results is None
     assert "Not measured: no gate report" in card.text
-    assert "vllm serve <TARGET> --speculative-config" in card.text and "(4 decoder layers)" in card.text
+    assert "vllm serve <TARGET> --tensor-parallel-size 1" in card.text and "(4 decoder layers)" in card.text
     assert "equivalent command" in card.text
+    assert "quantized from `local-draft`" in card.text and str(tmp_path) not in card.text
     assert build_model_card(draft_out, repo_id=REPO, base_model="org/explicit").data.base_model == "org/explicit"
 
 
@@ -456,7 +473,9 @@ def test_dry_run_needs_no_server_and_no_token(draft_out: Path, report_file: Path
     card = ModelCard.load(out / "README.md")
     assert card.data.base_model_relation == "quantized" and "eagle3" in card.data.tags
     plan = json.loads((out / "upload-plan.json").read_text())
-    local = {**folder_files(draft_out), "README.md": (out / "README.md").read_bytes()}
+    generated = {p: d for p, d in folder_files(out).items() if p != "upload-plan.json"}
+    assert set(generated) == GENERATED and generated["acceptance.png"].startswith(PNG_SIGNATURE)
+    local = {**folder_files(draft_out), **generated}
     assert {f["path"]: (f["size"], f["sha256"]) for f in plan["files"]} == {
         p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in local.items()}
     assert plan["total_bytes"] == sum(len(d) for d in local.values())
@@ -474,7 +493,7 @@ def test_token_is_never_printed_or_written(hub: HubServer, token: str, draft_out
             cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--json", env=env),
             cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--dry-run", env=env)]
     assert [r.exit_code for r in runs] == [0, 0, 0], [r.output for r in runs]
-    assert runs[0].stdout.startswith("published 7 files") and runs[0].stdout.rstrip().endswith(
+    assert runs[0].stdout.startswith("published 10 files") and runs[0].stdout.rstrip().endswith(
         hub.history(REPO)[1].oid)  # the second run made the newest commit
     assert runs[1].stdout and json.loads(runs[1].stdout)["unchanged"] is False  # no report: a new card
     download_all(hub, token, tmp_path / "cache")
@@ -483,6 +502,263 @@ def test_token_is_never_printed_or_written(hub: HubServer, token: str, draft_out
                     under=tmp_path)
     for data in hub.files(REPO).values():
         assert token.encode() not in data
+
+
+# --- what ships with the weights: acceptance sidecar, chart, deploy manifest ----------------------------------------
+
+
+def test_acceptance_sidecar_round_trips_through_the_hub(hub: HubServer, token: str, draft_out: Path,
+                                                        report_file: Path, tmp_path: Path) -> None:
+    from huggingface_hub import HfApi
+
+    from quantkit.io.paths import builtin_prompts_file
+    from quantkit.publish.sidecar import AcceptanceSidecar
+    from quantkit.versions import versions
+
+    publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, base_model=BASE, target=TARGET)
+    local = HfApi(endpoint=hub.url, token=token).hf_hub_download(REPO, "acceptance.json", cache_dir=tmp_path / "c")
+    sidecar = AcceptanceSidecar.parse(json.loads(Path(local).read_text()))
+
+    expected = AcceptanceSidecar.from_acceptance(load_report(report_file).acceptance, model=REPO, base_model=BASE,
+                                                 target=TARGET)
+    assert sidecar == expected
+    # The figures are the report's, beside each other, and the provenance is what the sidecar promises.
+    acc = REPORT["acceptance"]
+    assert sidecar.schema_version == 1 and sidecar.model == REPO and sidecar.base_model == BASE
+    assert sidecar.target == TARGET and sidecar.candidate_kind == "draft"
+    assert sidecar.num_speculative_tokens == 3 and sidecar.batch_size is None
+    assert sidecar.baseline.acceptance_rate_per_pos == acc["baseline"]["acceptance_rate_per_pos"]
+    assert sidecar.candidate.acceptance_rate_per_pos == acc["candidate"]["acceptance_rate_per_pos"]
+    assert sidecar.baseline.al_per_domain == acc["baseline"]["per_domain"]
+    assert sidecar.candidate.al_per_domain == acc["candidate"]["per_domain"]
+    assert sidecar.baseline.mean_acceptance_length == 2.612 and sidecar.candidate.mean_acceptance_length == 2.587
+    assert sidecar.ratio == 0.9904 and sidecar.ratio_ci95 == [0.975, 1.004]
+    assert sidecar.prompt_set.name == "builtin" and sidecar.prompt_set.num_prompts == 42
+    assert sidecar.prompt_set.sha256 == hashlib.sha256(builtin_prompts_file().read_bytes()).hexdigest()
+    # The report records no library versions: the installed vLLM's, and the sidecar says so.
+    assert sidecar.engine == "vllm" and sidecar.engine_version == versions()["vllm"]
+    assert sidecar.engine_version_from == "installed"
+
+    # A reader of this version refuses a newer one, and ignores keys it does not know.
+    data = json.loads(Path(local).read_text())
+    assert AcceptanceSidecar.parse({**data, "added_later": 1}) == sidecar
+    with pytest.raises(ReportError, match="schema_version 2 is not supported"):
+        AcceptanceSidecar.parse({**data, "schema_version": 2})
+
+
+def test_sidecar_of_a_prompt_file_hashes_the_file(draft_out: Path, tmp_path: Path) -> None:
+    from quantkit.publish.sidecar import AcceptanceSidecar
+
+    prompts = tmp_path / "my-prompts.jsonl"
+    prompts.write_text('{"prompt": "hello", "domain": "chat"}\n')
+    report = parse_report({**REPORT, "acceptance": {**REPORT["acceptance"], "prompts": str(prompts),
+                                                    "backend": "reference"}})
+    sidecar = AcceptanceSidecar.from_acceptance(report.acceptance, model=REPO)
+    assert sidecar.prompt_set.name == "my-prompts.jsonl"
+    assert sidecar.prompt_set.sha256 == hashlib.sha256(prompts.read_bytes()).hexdigest()
+    assert sidecar.engine == "reference" and sidecar.engine_version is not None  # torch's, for quantkit's engine
+    prompts.unlink()  # gone by publish time: named, not hashed
+    gone = AcceptanceSidecar.from_acceptance(report.acceptance, model=REPO)
+    assert gone.prompt_set.name == "my-prompts.jsonl" and gone.prompt_set.sha256 is None
+    card = build_model_card(draft_out, report, repo_id=REPO)
+    assert str(tmp_path) not in card.text
+    assert {r.dataset_name for r in card.data.eval_results if r.metric_type == "mean_acceptance_length"} == \
+        {"my-prompts.jsonl"}
+
+
+def test_chart_is_a_png_uploaded_and_linked_from_the_card(hub: HubServer, token: str, draft_out: Path,
+                                                          report_file: Path, tmp_path: Path) -> None:
+    from quantkit.publish.charts import render_acceptance_chart
+
+    publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token)
+    remote = download_all(hub, token, tmp_path / "cache")
+    png = remote["acceptance.png"]
+    assert png.startswith(PNG_SIGNATURE) and png[12:16] == b"IHDR"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width >= 800 and height >= 600  # four panels: positions, domains, ratio with its CI, eval deltas
+    assert "![Acceptance rate per position and AL per domain, BF16 vs quantized](acceptance.png)" in \
+        remote["README.md"].decode()
+
+    # The gate's entry point gives the same bytes from the same results; nothing to draw writes nothing.
+    report = load_report(report_file)
+    path = render_acceptance_chart(report.acceptance, report.eval, tmp_path / "gate" / "acceptance.png")
+    assert path is not None and path.read_bytes() == png
+    assert render_acceptance_chart(None, None, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    eval_only = render_acceptance_chart(None, report.eval, tmp_path / "eval.png")
+    assert eval_only is not None and eval_only.read_bytes().startswith(PNG_SIGNATURE)
+
+    # Without a report there is no chart nor sidecar, and a re-publish removes the earlier ones with the figures.
+    again = publish(draft_out, REPO, endpoint=hub.url, token=token)
+    assert again.deleted == ["acceptance.json", "acceptance.png"]
+    files = hub.files(REPO)
+    assert "acceptance.png" not in files and "acceptance.json" not in files and "deploy.json" in files
+    assert "(acceptance.png)" not in files["README.md"].decode()
+
+
+def test_matplotlib_is_imported_only_to_draw(draft_out: Path, report_file: Path) -> None:
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom quantkit.cli import main\n"
+            "from quantkit.publish import build_model_card\n"
+            "assert CliRunner().invoke(main, ['publish', '--help']).exit_code == 0\n"
+            f"build_model_card({str(draft_out)!r}, {str(report_file)!r}, repo_id={REPO!r})\n"
+            "print('matplotlib' in sys.modules)\n")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_card_serves_with_the_deploy_manifest_and_uploads_it(hub: HubServer, token: str, draft_out: Path,
+                                                             report_file: Path, tmp_path: Path) -> None:
+    from quantkit.deploy.manifest import deploy_manifest
+
+    publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, target=TARGET)
+    remote = download_all(hub, token, tmp_path / "cache")
+    deploy = json.loads(remote["deploy.json"])
+    # quantkit deploy's own manifest for the pair, naming the Hub ids: the target's, and this repo as the draft.
+    want = deploy_manifest(draft_out, target=TINY / "target", model_ref=TARGET, draft_ref=REPO).to_dict()
+    assert deploy == want
+    assert deploy["model"] == TARGET and deploy["draft"] == REPO and deploy["speculative_config"]["model"] == REPO
+    text = remote["README.md"].decode()
+    block = text.split("## Serve with vLLM on ROCm")[1].split("```bash\n")[1].split("\n```")[0].splitlines()
+    assert block == [*(f"export {e['name']}={e['value']}" for e in deploy["env"]), deploy["command"]]
+    assert {e["name"] for e in deploy["env"]} >= {"VLLM_ROCM_USE_AITER", "HIP_FORCE_DEV_KERNARG"}
+    assert "| VLLM_ROCM_USE_AITER | 1 | master switch for AMD's AITER kernels" in text
+
+    # A draft whose target folder is not on this machine: the plain line, no deploy.json, and the card says why.
+    manifest = json.loads((draft_out / "quantkit.json").read_text())
+    manifest["target"] = str(tmp_path / "gone-target")
+    (draft_out / "quantkit.json").write_text(json.dumps(manifest))
+    result = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, target=TARGET)
+    assert result.deleted == ["deploy.json"] and "deploy.json" not in hub.files(REPO)
+    card = hub.files(REPO)["README.md"].decode()
+    assert f"vllm serve {TARGET} --speculative-config '" in card
+    assert "No `deploy.json` in this repo: the draft's target checkpoint is not on this machine" in card
+    assert str(tmp_path) not in card
+
+
+def test_card_for_a_moe_target_uses_the_deploy_environment(tmp_path: Path) -> None:
+    out = tmp_path / "moe-mxfp4"
+    shutil.copytree(TINY / "moe-target", out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "quark"}
+    (out / "config.json").write_text(json.dumps(config))
+    manifest = {"model_kind": "moe-target", "architecture": config["architectures"][0],
+                "source": str(TINY / "moe-target"), "output": str(out), "recipe": {"name": "mxfp4-moe"},
+                "command": f"quantkit apply --recipe mxfp4-moe --model {TINY / 'moe-target'} --output {out}",
+                "layers": []}
+    (out / "quantkit.json").write_text(json.dumps(manifest))
+    card = build_model_card(out, repo_id="amd-test/moe-mxfp4", base_model="amd-test/tiny-moe")
+    assert "export VLLM_ROCM_USE_AITER_MOE=1\n" in card.text
+    assert "\nvllm serve amd-test/moe-mxfp4 --tensor-parallel-size 1 --max-model-len " in card.text
+    assert "quantkit apply --recipe mxfp4-moe --model amd-test/tiny-moe --output moe-mxfp4" in card.text
+    assert str(TINY) not in card.text and str(tmp_path) not in card.text
+
+
+def test_hub_ids_must_be_hub_ids(draft_out: Path, tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="--target .*: not a Hub id"):
+        build_model_card(draft_out, repo_id=REPO, target=str(TINY / "target"))
+    with pytest.raises(PublishError, match="--base-model .*: not a Hub id"):
+        build_model_card(draft_out, repo_id=REPO, base_model=str(tmp_path))
+
+
+# --- nothing local is published ---------------------------------------------------------------------------------
+
+
+def _local_names() -> list[str]:
+    import getpass
+
+    names = [getpass.getuser(), socket.gethostname()]
+    with contextlib.suppress(OSError):  # no controlling terminal (CI, this sandbox)
+        names.append(os.getlogin())
+    return sorted({n for n in names if n})
+
+
+def test_nothing_published_names_a_local_path_the_user_or_the_host(hub: HubServer, token: str, tmp_path: Path,
+                                                                   draft_out: Path) -> None:
+    """apply ran with local folders under the user's home on this host: the card, quantkit.json, the sidecar,
+    deploy.json and every other uploaded file name the Hub ids instead. Every file is scanned as downloaded back."""
+    user, host = getpass_user(), socket.gethostname()
+    home = tmp_path / "home" / user / host  # the paths involved carry the user and host names, as real ones do
+    source = home / "models" / "tiny-eagle3-draft"
+    prompts = home / "prompts" / "chat.jsonl"
+    prompts.parent.mkdir(parents=True)
+    prompts.write_text('{"prompt": "hi", "domain": "chat"}\n')
+    manifest = manifest_for(draft_out, source=str(source))
+    manifest["path_reason"] = f"in-memory: {source} fits in memory"
+    (draft_out / "quantkit.json").write_text(json.dumps(manifest, indent=2))
+    tok = json.loads((draft_out / "tokenizer_config.json").read_text())
+    (draft_out / "tokenizer_config.json").write_text(json.dumps({**tok, "name_or_path": str(source)}))
+    report = json.loads(json.dumps(REPORT))
+    report.update(model=str(draft_out), baseline_model=str(source))
+    report["acceptance"]["prompts"] = str(prompts)
+    report["acceptance"]["baseline"].update(target=str(TINY / "target"), draft=str(source), model=str(source))
+    report["acceptance"]["candidate"].update(target=str(TINY / "target"), draft=str(draft_out), model=str(draft_out))
+    report["eval"].update(model=str(draft_out), baseline_model=str(source))
+    report_file = home / "gate-report.json"
+    report_file.write_text(json.dumps(report))
+
+    result = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, base_model=BASE,
+                     target=TARGET)
+    remote = download_all(hub, token, tmp_path / "cache")
+    assert set(remote) >= GENERATED and "tokenizer_config.json" in result.generated
+
+    paths = {str(p) for p in (draft_out, draft_out.resolve(), source, prompts, report_file, TINY / "target",
+                              (TINY / "target").resolve(), tmp_path, ROOT, home)}
+    for path, data in remote.items():
+        for p in paths:
+            assert p.encode() not in data, f"{path} names the local path {p}"
+    # The user and host names as words (they are short: inside weights or compressed pixels any byte pair may
+    # occur) in every file quantkit wrote or rewrote, the PNG's text chunks for the chart; the others are the
+    # folder's own bytes.
+    local = folder_files(draft_out)
+    for path, data in remote.items():
+        if path in result.generated:
+            if path.endswith(".png"):
+                chunks = png_chunks(data)
+                assert any(kind == b"IDAT" for kind, _ in chunks) and chunks[-1] == (b"IEND", b"")
+                data = b"\n".join(body for kind, body in chunks if kind in (b"tEXt", b"iTXt", b"zTXt"))
+            for name in _local_names():
+                assert not re.search(rb"(?<![A-Za-z0-9])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9])", data), \
+                    f"{path} names {name!r}"
+        elif path != ".gitattributes":
+            assert data == local[path], path
+
+    published = json.loads(remote["quantkit.json"])
+    assert published["source"] == BASE and published["output"] == draft_out.name and published["target"] == TARGET
+    assert published["command"] == (f"quantkit apply --recipe fp8-draft --model {BASE} --output {draft_out.name} "
+                                     f"--target {TARGET}")
+    assert published["path_reason"] == f"in-memory: {BASE} fits in memory"
+    assert published["redacted"] == ["source", "output", "target", "command"]
+    assert json.loads(remote["tokenizer_config.json"])["name_or_path"] == BASE
+    assert {k: v for k, v in published.items() if k not in ("source", "output", "target", "command", "path_reason",
+                                                            "redacted")} == \
+        {k: v for k, v in manifest.items() if k not in ("source", "output", "target", "command", "path_reason")}
+    card = remote["README.md"].decode()
+    assert "Local paths of the machine that ran `apply` are not published" in card
+    assert f"`source` names the base model (`{BASE}`)" in card
+    sidecar = json.loads(remote["acceptance.json"])
+    assert sidecar["prompt_set"]["name"] == "chat.jsonl"
+    assert sidecar["prompt_set"]["sha256"] == hashlib.sha256(prompts.read_bytes()).hexdigest()
+    assert (sidecar["model"], sidecar["base_model"], sidecar["target"]) == (REPO, BASE, TARGET)
+
+
+def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(type, body) of every chunk of a PNG (the format's own framing: length, type, body, CRC)."""
+    assert data.startswith(PNG_SIGNATURE)
+    out, i = [], len(PNG_SIGNATURE)
+    while i < len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        out.append((data[i + 4:i + 8], data[i + 8:i + 8 + n]))
+        i += 12 + n
+    return out
+
+
+def getpass_user() -> str:
+    import getpass
+
+    return getpass.getuser()
 
 
 # --- the report format -----------------------------------------------------------------------------------------
@@ -521,7 +797,12 @@ def test_publish_a_real_apply_output(hub: HubServer, token: str, tmp_path: Path,
     result = publish(out, REPO, endpoint=hub.url, token=token, base_model=BASE, target=TARGET)
     remote = download_all(hub, token, tmp_path / "cache")
     for path, data in folder_files(out).items():
-        assert remote[path] == data, path
+        if path not in result.generated:
+            assert remote[path] == data, path
+    for path, data in remote.items():
+        for local in (str(tmp_path), str(TINY)):
+            assert local.encode() not in data, (path, local)
+    assert json.loads(remote["deploy.json"])["model"] == TARGET
     card = ModelCard(remote["README.md"].decode())
     assert card.data.base_model == BASE and "no-lm-head-quantization" in card.data.tags
     assert "| fc | keep | bf16 | `model.fc` |" in card.text and "ptpc_fp8" in card.text

@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit.io.checkpoint import HUB_ID
+from quantkit.publish.bundle import Publication, prepare
+from quantkit.publish.charts import CHART
 from quantkit.publish.folder import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     MANIFEST,
     QUARK_URL,
     TARGET_PLACEHOLDER,
-    read_manifest,
 )
+from quantkit.publish.sidecar import BUILTIN_PROMPTS, SIDECAR, prompt_set_name
 from quantkit.results import (
     EAGLE3_DRAFT,
     MOE_TARGET,
     ApplyResult,
     CandidateReport,
     LayerDecision,
-    load_report,
-    parse_report,
 )
 
 if TYPE_CHECKING:
@@ -54,16 +54,6 @@ def card_tags(manifest: ApplyResult) -> list[str]:
     elif manifest.model_kind == MOE_TARGET:
         tags.append("moe")
     return tags
-
-
-def _hub_base_model(manifest: ApplyResult, base_model: str | None) -> str | None:
-    if base_model:
-        return base_model
-    source = manifest.source
-    # A local path (absolute, or one that exists here) is not a Hub id even when it has one slash.
-    if HUB_ID.match(source) and not Path(source).exists():
-        return source
-    return None
 
 
 def _cell(value: Any) -> str:
@@ -109,6 +99,13 @@ def _layer_groups(layers: list[LayerDecision]) -> list[list[Any]]:
     return rows
 
 
+def _dataset_name(prompts: str | None) -> str:
+    """The prompt set as model-index names it: quantkit's bundled set, or the prompt file's name (no local path)."""
+    if prompts == BUILTIN_PROMPTS:
+        return "quantkit-builtin"
+    return prompt_set_name(prompts) or "quantkit-prompts"
+
+
 def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
     from huggingface_hub import EvalResult
 
@@ -116,7 +113,7 @@ def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
     acc = report.acceptance
     if acc is not None and acc.candidate is not None and acc.candidate.mean_acceptance_length is not None:
         k = acc.settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
-        dataset = acc.settings.prompts or "quantkit-prompts"
+        dataset = _dataset_name(acc.settings.prompts)
         results.append(EvalResult(
             task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
             dataset_type=dataset, dataset_name=dataset, metric_type="mean_acceptance_length",
@@ -137,30 +134,121 @@ def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
     return results
 
 
-def _as_report(report: CandidateReport | str | Path | dict[str, Any] | None,
-               folder: str | Path | None = None) -> CandidateReport | None:
-    if report is None or isinstance(report, CandidateReport):
-        return report
-    if isinstance(report, dict):
-        return parse_report(report, model=folder)
-    return load_report(report, model=folder)
-
-
 def build_model_card(folder: str | Path, report: CandidateReport | str | Path | dict[str, Any] | None = None,
                      repo_id: str | None = None, base_model: str | None = None,
                      target: str | None = None) -> ModelCard:
     """The model card (README.md) for an output folder: metadata from quantkit.json and the report, and a body
-    that says what was quantized and kept and why, how it was made, how to serve it, and how it measured."""
+    that says what was quantized and kept and why, how it was made, how to serve it, and how it measured. Models
+    are named by Hub id (`base_model`, `target`, `repo_id`), never by a local path."""
+    return render_card(prepare(folder, report, repo_id=repo_id, base_model=base_model, target=target))
+
+
+def _serve_section(pub: Publication) -> list[str]:
+    manifest, repo, target = pub.manifest, pub.repo_id, pub.target_ref
+    kind = manifest.model_kind
+    body = ["", "## Serve with vLLM on ROCm", ""]
+    deploy = pub.deploy_json
+    if deploy is not None:
+        platform = {"gfx950": "AMD Instinct MI355X (gfx950)", "gfx942": "AMD Instinct MI300X (gfx942)"}.get(
+            str(deploy.get("platform")), str(deploy.get("platform")))
+        body += [f"On {platform} with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads the "
+                 "Quark `quantization_config` from config.json, no extra flag is needed.", ""]
+        # The placeholder stays unquoted so that it reads as one; every real argument is shell-quoted.
+        command = " ".join(a if a == TARGET_PLACEHOLDER else shlex.quote(a) for a in deploy.get("argv", []))
+        env = deploy.get("env") or []
+        body += ["```bash", *(f"export {e['name']}={shlex.quote(str(e['value']))}" for e in env), command, "```"]
+        if env:
+            body += ["", *_table(["environment", "value", "why"], [[e["name"], e["value"], e["why"]] for e in env])]
+        body += ["", "Set `--tensor-parallel-size` to your GPU count: `quantkit deploy --tp N` checks a size against "
+                 "this checkpoint (attention heads, MXFP4 scale groups). `deploy.json` in this repo holds this "
+                 "command, the environment with each variable's source, and the checks."]
+        findings = deploy.get("findings") or []
+        if findings:
+            body += ["", "Found by `quantkit deploy` for this command:", ""]
+            body += [f"- **{f['severity']}** `{f['code']}` {f['layer_or_tensor']}: {f['message']}"
+                     + (f" Fix: {f['fix']}" if f.get("fix") else "") for f in findings]
+    else:
+        body += ["On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads "
+                 "the Quark `quantization_config` from config.json, no extra flag is needed.", ""]
+        if kind == EAGLE3_DRAFT:
+            spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": pub.num_speculative_tokens})
+            body += ["```bash", f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{spec}'", "```"]
+        else:
+            body += ["```bash", f"vllm serve {repo}", "```"]
+        body += ["", f"No `deploy.json` in this repo: {pub.deploy_missing}; `quantkit deploy` with the checkpoint "
+                 "folders writes the checked command and environment."]
+    if kind == EAGLE3_DRAFT:
+        if not target:
+            n = manifest.target_num_layers
+            body += ["", f"Replace `{TARGET_PLACEHOLDER}` with the target model this draft was trained for"
+                     + (f" ({n} decoder layers)." if n else ".")]
+        body += ["", "This repo is a draft: it only runs next to its target model."]
+    return body
+
+
+def _acceptance_section(pub: Publication) -> list[str]:
+    rep, kind = pub.report, pub.manifest.model_kind
+    body = ["", "## Acceptance: BF16 draft vs quantized draft" if kind == EAGLE3_DRAFT else "## Acceptance", ""]
+    acc = rep.acceptance if rep else None
+    side = pub.sidecar
+    if acc is not None and side is not None:
+        b, c = acc.baseline, acc.candidate
+        prompts = side.prompt_set
+        settings = ", ".join(x for x in (
+            f"backend {side.engine}" + (f" {side.engine_version}" if side.engine_version else "") if side.engine else "",
+            f"{side.num_speculative_tokens} speculative tokens" if side.num_speculative_tokens else "",
+            f"{prompts.num_prompts} prompts" if prompts.num_prompts else "",
+            f"prompt set {prompts.name}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
+            if prompts.name else "") if x)
+        body += ["Mean acceptance length (AL = 1 + accepted / drafts), same target, prompts and settings"
+                 + (f" ({settings})" if settings else "") + ".", ""]
+        rows = []
+        for domain in ["all", *acc.domains()]:
+            bv = b.mean_acceptance_length if (b and domain == "all") else (b.domain_al(domain) if b else None)
+            cv = c.mean_acceptance_length if (c and domain == "all") else (c.domain_al(domain) if c else None)
+            ratio = acc.ratio if domain == "all" and acc.ratio is not None else \
+                (cv / bv if bv and cv is not None else None)
+            rows.append([f"**{domain}**" if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio)])
+        body += _table(["domain", "BF16 draft AL", "quantized draft AL", "ratio"], rows)
+        if acc.ratio_ci:
+            body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
+        if pub.chart:
+            body += ["", f"![Acceptance rate per position and AL per domain, BF16 vs quantized]({CHART})"]
+        body += ["", f"`{SIDECAR}` in this repo holds these figures (per-position rates, AL per domain, K, the "
+                 "prompt set's SHA-256, engine and version, both runs) in a versioned format."]
+    else:
+        body += ["Not measured: no gate report was given when this card was made (`quantkit publish --report`)."
+                 if rep is None else "Not measured: the gate report has no acceptance figures."]
+    return body
+
+
+def _redaction_note(pub: Publication) -> list[str]:
+    fields = [f for f in pub.redacted if f in ("source", "output", "target", "command")]
+    if not pub.redacted:
+        return []
+    names = {"source": "`source` names the base model" + (f" (`{pub.base_ref}`)" if pub.base_ref else
+                                                          " by its folder name"),
+             "output": "`output` is the folder's name", "target": "`target` names the draft's target" +
+             (f" (`{pub.target_ref}`)" if pub.target_ref else " by its folder name"),
+             "command": "`command` is rewritten with these names"}
+    what = "; ".join(names[f] for f in fields)
+    other = " Other absolute paths were replaced by their base names." if \
+        any(f not in names for f in pub.redacted) else ""
+    return ["", f"Local paths of the machine that ran `apply` are not published: in this repo's `{MANIFEST}`, "
+            f"{what}.{other}"]
+
+
+def render_card(pub: Publication) -> ModelCard:
+    """The card of a prepared publication (bundle.prepare)."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    manifest = read_manifest(folder)
-    rep = _as_report(report, folder)
-    repo = repo_id or "ORG/NAME"
+    manifest = pub.manifest
+    rep = pub.report
+    repo = pub.repo_id
     name = repo.split("/")[-1]
     kind = manifest.model_kind
     recipe = manifest.recipe
-    base = _hub_base_model(manifest, base_model)
-    target = target or manifest.target
+    base = pub.base_ref
     formats = _formats(manifest)
 
     data = ModelCardData(
@@ -196,51 +284,16 @@ def build_model_card(folder: str | Path, report: CandidateReport | str | Path | 
                         for d in layers])
         body += ["", "</details>"]
 
-    body += ["", "## Serve with vLLM on ROCm", "",
-             "On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads the "
-             "Quark `quantization_config` from config.json, no extra flag is needed.", ""]
-    if kind == EAGLE3_DRAFT:
-        k = (rep.acceptance.settings.num_speculative_tokens if rep and rep.acceptance else None) or \
-            DEFAULT_NUM_SPECULATIVE_TOKENS
-        spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": k})
-        body += ["```bash", f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{spec}'", "```"]
-        if not target:
-            n = manifest.target_num_layers
-            body += ["", f"Replace `{TARGET_PLACEHOLDER}` with the target model this draft was trained for"
-                     + (f" ({n} decoder layers)." if n else ".")]
-        body += ["", "This repo is a draft: it only runs next to its target model."]
-    else:
-        body += ["```bash", f"vllm serve {repo}", "```"]
-
-    body += ["", "## Acceptance: BF16 draft vs quantized draft" if kind == EAGLE3_DRAFT else "## Acceptance", ""]
-    acc = rep.acceptance if rep else None
-    if acc is not None and (acc.baseline or acc.candidate):
-        b, c = acc.baseline, acc.candidate
-        settings = ", ".join(x for x in (
-            f"backend {acc.backend}" if acc.backend else "",
-            f"{acc.settings.num_speculative_tokens} speculative tokens" if acc.settings.num_speculative_tokens else "",
-            f"{acc.settings.num_prompts} prompts" if acc.settings.num_prompts else "",
-            f"prompt set {acc.settings.prompts}" if acc.settings.prompts else "") if x)
-        body += ["Mean acceptance length (AL = 1 + accepted / drafts), same target, prompts and settings"
-                 + (f" ({settings})" if settings else "") + ".", ""]
-        rows = []
-        for domain in ["all", *acc.domains()]:
-            bv = b.mean_acceptance_length if (b and domain == "all") else (b.domain_al(domain) if b else None)
-            cv = c.mean_acceptance_length if (c and domain == "all") else (c.domain_al(domain) if c else None)
-            ratio = acc.ratio if domain == "all" and acc.ratio is not None else \
-                (cv / bv if bv and cv is not None else None)
-            rows.append([f"**{domain}**" if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio)])
-        body += _table(["domain", "BF16 draft AL", "quantized draft AL", "ratio"], rows)
-        if acc.ratio_ci:
-            body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
-    else:
-        body += ["Not measured: no gate report was given when this card was made (`quantkit publish --report`)."]
+    body += _serve_section(pub)
+    body += _acceptance_section(pub)
 
     body += ["", "## Quality (lm-eval)", ""]
     if rep and rep.eval and rep.eval.tasks:
         body += _table(["task", "metric", "baseline", "quantized", "delta", "recovery"],
                        [[t.task, t.metric, _fmt(t.baseline, 4), _fmt(t.candidate, 4), _fmt(t.delta, 4),
                          _fmt(t.recovery, 4)] for t in rep.eval.tasks])
+        if pub.chart and pub.sidecar is None:
+            body += ["", f"![lm-eval deltas with their 95% intervals]({CHART})"]
     else:
         body += ["Not measured: the gate report has no eval section." if rep else
                  "Not measured: no gate report was given when this card was made (`quantkit publish --report`)."]
@@ -251,7 +304,7 @@ def build_model_card(folder: str | Path, report: CandidateReport | str | Path | 
                            [[ch.name, _fmt(ch.value, 4), f"{ch.op or ''} {_fmt(ch.threshold, 4)}".strip(),
                              {True: "yes", False: "no", None: "-"}[ch.passed]] for ch in rep.gate.checks])
 
-    command, exact = _command(manifest, target)
+    command, exact = _command(manifest, pub.target_ref)
     body += ["", "## How it was made", "", "```bash", command, "```"]
     if not exact:
         body += ["", "(quantized through quantkit's Python API; the line above is the equivalent command)"]
@@ -263,7 +316,9 @@ def build_model_card(folder: str | Path, report: CandidateReport | str | Path | 
         body += ["", "<details><summary>Source files (sha256)</summary>", ""]
         body += _table(["file", "sha256"], [[f, f"`{h}`"] for f, h in sources.items()])
         body += ["", "</details>"]
-    body += ["", f"`{MANIFEST}` in this repo holds the full record: recipe, per-layer decisions, versions, timings.",
-             ""]
+    body += ["", f"`{MANIFEST}` in this repo holds the full record: recipe, per-layer decisions, versions, timings."]
+    body += _redaction_note(pub)
+    body += [""]
     yaml_block = data.to_yaml(original_order=["base_model", "base_model_relation", "library_name", "pipeline_tag"])
-    return ModelCard(f"---\n{yaml_block}\n---\n\n" + "\n".join(body))
+    # Every input is already public; this only guards the card against a local path that slipped through.
+    return ModelCard(pub.redactor.known(f"---\n{yaml_block}\n---\n\n" + "\n".join(body)))

@@ -12,7 +12,7 @@ from quantkit.io.headers import load_json_file
 from quantkit.results import ApplyResult, ResultFileError, load_manifest
 
 if TYPE_CHECKING:
-    pass
+    from quantkit.publish.redact import Redactor
 
 
 MANIFEST = "quantkit.json"
@@ -92,4 +92,40 @@ def upload_files(folder: str | Path) -> list[UploadFile]:
         if any(part.startswith(".") and part != ".gitattributes" for part in rel.split("/")):
             continue  # e.g. .cache/huggingface from a local_dir download
         out.append(UploadFile(path=rel, size=p.stat().st_size, sha256=_sha256(p)))
+    return out
+
+
+# Text files of a checkpoint that may record where they were written (tokenizer and config files, notes): checked for
+# the known local paths of a publish and uploaded with them replaced. Weights are never rewritten.
+TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".md", ".yaml", ".yml", ".py")
+MAX_TEXT_BYTES = 64 << 20
+
+
+def rewritten_text_files(folder: str | Path, files: list[UploadFile], redactor: Redactor,
+                         own: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Folder files whose text names a known local path, with those paths replaced: {path in repo: new bytes}.
+    Files in `own` (quantkit's own JSON: deploy.json, acceptance.json) also lose any other absolute path."""
+    import json
+
+    folder = Path(folder)
+    out: dict[str, bytes] = {}
+    for f in files:
+        if not f.path.endswith(TEXT_SUFFIXES) or f.size > MAX_TEXT_BYTES:
+            continue
+        data = (folder / f.path).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if f.path in own:
+            try:
+                obj = json.loads(text)
+                cleaned = redactor.deep(obj)
+                new = text if cleaned == obj else json.dumps(cleaned, indent=2) + "\n"
+            except ValueError:
+                new = redactor.text(text)
+        else:
+            new = redactor.known(text)
+        if new != text:
+            out[f.path] = new.encode("utf-8")
     return out

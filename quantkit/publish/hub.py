@@ -1,9 +1,12 @@
 """Publishing a quantkit output folder to the Hugging Face Hub: the generated model card and a one-commit upload.
 
 The card is made from the folder's quantkit.json (what was quantized, what was kept and why, the command and
-versions) and, when given, the gate report (quantkit.publish.report: acceptance and eval tables, model-index results).
-The upload is one `create_commit` holding every file of the folder plus README.md (the card), so a failure at
-any point leaves the repo as it was: LFS blobs uploaded before a failed commit are not part of any revision.
+versions) and, when given, the gate report (acceptance and eval tables, model-index results). Next to the folder's
+files the upload holds what bundle.py generates: README.md (the card), quantkit.json without local paths,
+acceptance.json and acceptance.png when the report has figures, deploy.json when the checkpoint can be checked.
+Nothing published names a local path: models are named by Hub id (redact.py).
+The upload is one `create_commit`, so a failure at any point leaves the repo as it was: LFS blobs uploaded before a
+failed commit are not part of any revision.
 The token is handed to huggingface_hub and nowhere else: it is never printed, logged, or written.
 """
 
@@ -13,6 +16,7 @@ import contextlib
 import hashlib
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,15 +26,20 @@ from quantkit import __version__
 from quantkit.errors import QuantkitError
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import HUB_ID
-from quantkit.publish.card import build_model_card
+from quantkit.publish.bundle import DEFAULT_PLATFORM, Publication, prepare
+from quantkit.publish.card import build_model_card, render_card
+from quantkit.publish.charts import CHART
 from quantkit.publish.folder import (
     CARD,
+    MANIFEST,
     PublishAuthError,
     PublishError,
     UploadFile,
     read_manifest,
+    rewritten_text_files,
     upload_files,
 )
+from quantkit.publish.sidecar import SIDECAR
 from quantkit.results import CandidateReport
 
 if TYPE_CHECKING:
@@ -40,6 +49,12 @@ UPLOAD_PLAN = "upload-plan.json"
 # Remote files that a re-publish replaces as a set: a shard left over from an earlier upload with more shards
 # would otherwise be loaded next to the new ones by loaders that read every *.safetensors file.
 WEIGHT_FILE = re.compile(r"(^|/)[^/]*\.safetensors$|(^|/)model\.safetensors\.index\.json$")
+DEPLOY = "deploy.json"
+# Generated files a re-publish removes when it no longer generates them: figures of an earlier report (or a deploy
+# manifest of an earlier folder) must not stay next to weights they were not measured on.
+GENERATED_FILES = (SIDECAR, CHART, DEPLOY)
+
+__all__ = ["PublishAuthError", "PublishError", "PublishResult", "build_model_card", "publish", "read_manifest"]
 
 
 @dataclass
@@ -59,6 +74,7 @@ class PublishResult:
     repo_url: str | None = None
     card_path: str | None = None  # dry run: where the card was written
     plan_path: str | None = None  # dry run: where the file list was written
+    generated: list[str] = field(default_factory=list)  # files quantkit wrote or rewrote for the upload
 
     @property
     def total_bytes(self) -> int:
@@ -164,9 +180,33 @@ def _head(api: HfApi, repo_id: str, revision: str) -> str | None:
         return None
 
 
-def _write_dry_run(out: Path, card: str, result: PublishResult, folder: Path) -> None:
+def generated_files(pub: Publication, work: Path) -> dict[str, bytes]:
+    """The files quantkit writes for the upload ({path in repo: bytes}): the card, the public quantkit.json, the
+    acceptance sidecar and chart, deploy.json, and folder text files rewritten without local paths. `work` is a
+    scratch folder for the chart."""
+    out: dict[str, bytes] = {CARD: str(render_card(pub)).encode(),
+                             MANIFEST: (jsonout.dumps(pub.manifest_json) + "\n").encode()}
+    if pub.sidecar is not None:
+        out[SIDECAR] = pub.sidecar.to_json().encode()
+    if pub.chart:
+        from quantkit.publish.charts import render_acceptance_chart
+
+        rep = pub.report
+        path = render_acceptance_chart(rep.acceptance if rep else None, rep.eval if rep else None, work / CHART)
+        if path is not None:
+            out[CHART] = path.read_bytes()
+    if pub.deploy_json is not None:
+        out[DEPLOY] = (jsonout.dumps(pub.deploy_json) + "\n").encode()
+    folder_files = [f for f in upload_files(pub.folder) if f.path not in out]
+    out.update(rewritten_text_files(pub.folder, folder_files, pub.redactor, own=(SIDECAR, DEPLOY)))
+    return out
+
+
+def _write_dry_run(out: Path, generated: dict[str, bytes], result: PublishResult, folder: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / CARD).write_text(card)
+    for path, data in generated.items():
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_bytes(data)
     plan = {"repo_id": result.repo_id, "revision": result.revision, "folder": str(folder.resolve()),
             "files": [asdict(f) for f in result.files], "total_bytes": result.total_bytes}
     (out / UPLOAD_PLAN).write_text(jsonout.dumps(plan) + "\n")
@@ -176,30 +216,33 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
             create_pr: bool = False, report: CandidateReport | str | Path | dict[str, Any] | None = None,
             dry_run: bool = False, endpoint: str | None = None, token: str | None = None,
             base_model: str | None = None, target: str | None = None,
-            dry_run_dir: str | Path | None = None) -> PublishResult:
+            dry_run_dir: str | Path | None = None, platform: str = DEFAULT_PLATFORM, tp: int = 1) -> PublishResult:
     """Upload `folder` and its generated model card to the Hub repo `repo_id` in one commit.
 
     The repo is created if needed (`private` applies only then); `revision` is a branch, created from main if it
     does not exist; `create_pr` opens a pull request instead of committing to the branch. Re-publishing identical
     content makes no commit and returns `unchanged=True` with the existing head. Weight files on the branch that the
     folder no longer has (*.safetensors, the index) are deleted in the same commit. `dry_run` touches no network:
-    it writes README.md and upload-plan.json (every file with size and sha256) to `dry_run_dir` (default: a
-    `<folder>.publish-preview` folder beside `folder`).
+    it writes the generated files (README.md, quantkit.json, ...) and upload-plan.json (every file with size and
+    sha256) to `dry_run_dir` (default: a `<folder>.publish-preview` folder beside `folder`). `platform` and `tp` are
+    those of the card's `vllm serve` command and deploy.json.
     """
     folder = Path(folder).expanduser()
     read_manifest(folder)
     if not HUB_ID.match(repo_id):
         raise PublishError(f"--repo-id {repo_id!r}: use ORG/NAME (letters, digits, '-', '_', '.')")
     revision = revision or "main"
-    card = str(build_model_card(folder, report, repo_id=repo_id, base_model=base_model, target=target))
-    card_bytes = card.encode()
-    files = [*upload_files(folder),
-             UploadFile(path=CARD, size=len(card_bytes), sha256=hashlib.sha256(card_bytes).hexdigest())]
+    pub = prepare(folder, report, repo_id=repo_id, base_model=base_model, target=target, platform=platform, tp=tp)
+    with tempfile.TemporaryDirectory(prefix="quantkit-publish-") as work:
+        generated = generated_files(pub, Path(work))
+    files = [f for f in upload_files(folder) if f.path not in generated]
+    files += [UploadFile(path=p, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for p, d in generated.items()]
     files.sort(key=lambda f: f.path)
-    result = PublishResult(repo_id=repo_id, endpoint=endpoint, revision=revision, dry_run=dry_run, files=files)
+    result = PublishResult(repo_id=repo_id, endpoint=endpoint, revision=revision, dry_run=dry_run, files=files,
+                           generated=sorted(generated))
     if dry_run:
         out = Path(dry_run_dir) if dry_run_dir else folder.parent / f"{folder.name}.publish-preview"
-        _write_dry_run(out, card, result, folder)
+        _write_dry_run(out, generated, result, folder)
         result.card_path, result.plan_path = str(out / CARD), str(out / UPLOAD_PLAN)
         return result
 
@@ -222,10 +265,10 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
         local = {f.path for f in files}
         remote = [e.path for e in api.list_repo_tree(repo_id, revision=revision, recursive=True)
                   if isinstance(e, RepoFile)]
-        result.deleted = sorted(p for p in remote if WEIGHT_FILE.search(p) and p not in local)
-        ops: list[Any] = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(folder / f.path))
-                          for f in files if f.path != CARD]
-        ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_bytes))
+        result.deleted = sorted(p for p in remote if (WEIGHT_FILE.search(p) or p in GENERATED_FILES)
+                                and p not in local)
+        ops: list[Any] = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=generated[f.path]
+                                             if f.path in generated else str(folder / f.path)) for f in files]
         ops += [CommitOperationDelete(path_in_repo=p) for p in result.deleted]
         additions = [op for op in ops if isinstance(op, CommitOperationAdd)]
         # Upload the blobs first, then commit: the same single commit as create_commit alone makes, but a failure
@@ -234,7 +277,7 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
         api.preupload_lfs_files(repo_id, additions=additions, revision=revision, create_pr=create_pr,
                                 free_memory=False)
         stage.what = "committing to"
-        recipe = read_manifest(folder).recipe.get("name", "quantkit")
+        recipe = pub.manifest.recipe.get("name", "quantkit")
         info = api.create_commit(
             repo_id, ops, revision=revision, create_pr=create_pr,
             commit_message=f"quantkit publish: {recipe} ({len(files)} files)",

@@ -1,0 +1,147 @@
+"""What one `publish` generates next to the folder's own files: the public names of the models involved (Hub ids, never
+local paths), the redacted quantkit.json, the acceptance sidecar, the deploy manifest; the card and the upload are
+made from this one object so that they agree.
+
+Generated files (they replace any file of the same name in the folder):
+
+| file | what | when |
+|---|---|---|
+| `README.md` | the model card (card.py) | always |
+| `quantkit.json` | the folder's manifest with local paths replaced (redact.py) | always |
+| `acceptance.json` | `AcceptanceSidecar` (sidecar.py) | the report has acceptance figures |
+| `acceptance.png` | the chart (charts.py) | the report has acceptance or eval figures |
+| `deploy.json` | quantkit.deploy's manifest, naming the Hub ids | the checkpoint (and a draft's target) is readable |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import QuantkitError
+from quantkit.io.checkpoint import HUB_ID
+from quantkit.io.headers import load_json_file
+from quantkit.publish.folder import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    MANIFEST,
+    TARGET_PLACEHOLDER,
+    PublishError,
+    read_manifest,
+)
+from quantkit.publish.redact import Redactor, hub_ref, is_local, public_manifest
+from quantkit.publish.sidecar import AcceptanceSidecar, prompt_file
+from quantkit.results import EAGLE3_DRAFT, ApplyResult, CandidateReport, load_report, parse_report
+
+DEFAULT_PLATFORM = "gfx950"
+
+
+@dataclass
+class Publication:
+    """The public view of one output folder: what the card says and what the upload holds besides the weights."""
+
+    folder: Path
+    repo_id: str
+    manifest: ApplyResult  # as published: no local paths
+    manifest_json: dict[str, Any]  # the published quantkit.json
+    report: CandidateReport | None
+    base_ref: str | None  # the base model's Hub id
+    target_ref: str | None  # a draft's target's Hub id
+    redactor: Redactor
+    sidecar: AcceptanceSidecar | None
+    deploy: Any  # quantkit.deploy.manifest.DeployManifest | None
+    deploy_json: dict[str, Any] | None
+    deploy_missing: str  # why there is no deploy manifest ("" when there is one)
+    chart: bool  # whether acceptance.png is part of the upload
+    num_speculative_tokens: int
+
+    @property
+    def redacted(self) -> list[str]:
+        value = self.manifest_json.get("redacted")
+        return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def as_report(report: CandidateReport | str | Path | dict[str, Any] | None,
+              folder: str | Path | None = None) -> CandidateReport | None:
+    if report is None or isinstance(report, CandidateReport):
+        return report
+    if isinstance(report, dict):
+        return parse_report(report, model=folder)
+    return load_report(report, model=folder)
+
+
+def _hub_id_option(value: str | None, option: str) -> str | None:
+    if value is None:
+        return None
+    if not HUB_ID.match(value) or is_local(value):
+        raise PublishError(f"{option} {value}: not a Hub id; pass the model's Hub id ORG/NAME (the card and the "
+                           "published files name models by Hub id, never by local path)")
+    return value
+
+
+def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str | None, k: int, platform: str,
+            tp: int) -> tuple[Any, str]:
+    """quantkit.deploy's manifest naming the Hub ids, or None and why not (one line, no local path)."""
+    from quantkit.deploy.manifest import deploy_manifest
+
+    target_local = None
+    if manifest.model_kind == EAGLE3_DRAFT:
+        recorded = manifest.target
+        if recorded and is_local(recorded) and Path(recorded).expanduser().is_dir():
+            target_local = str(Path(recorded).expanduser())
+        if target_local is None:
+            return None, ("the draft's target checkpoint is not on this machine (quantkit.json's `target` is not a "
+                          "local folder), so the pair could not be checked")
+    try:
+        if target_local is not None:
+            return deploy_manifest(folder, target=target_local, platform=platform, tp=tp, num_speculative_tokens=k,
+                                   model_ref=target_ref or TARGET_PLACEHOLDER, draft_ref=repo_id), ""
+        return deploy_manifest(folder, platform=platform, tp=tp, num_speculative_tokens=k, model_ref=repo_id), ""
+    except QuantkitError as e:
+        return None, f"`quantkit deploy` could not read the checkpoint ({type(e).__name__})"
+
+
+def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str, Any] | None = None,
+            repo_id: str | None = None, base_model: str | None = None, target: str | None = None,
+            platform: str = DEFAULT_PLATFORM, tp: int = 1) -> Publication:
+    """Everything publish generates for `folder`, with models named by `repo_id`, `base_model` (default: the
+    source's Hub id when it came from the Hub) and `target` (default: the recorded target's Hub id)."""
+    from quantkit.publish.charts import chart_panels
+
+    folder = Path(folder).expanduser()
+    manifest = read_manifest(folder)
+    raw = load_json_file(folder / MANIFEST, "re-run `quantkit apply` to rewrite the folder", PublishError)
+    repo = repo_id or "ORG/NAME"
+    base_ref = _hub_id_option(base_model, "--base-model") or hub_ref(manifest.source)
+    target_ref = _hub_id_option(target, "--target") or hub_ref(manifest.target)
+    rep = as_report(report, folder)
+
+    redactor = Redactor()
+    source_public = base_ref or Path(manifest.source).name or "unknown"
+    redactor.add(manifest.source, source_public)
+    redactor.add(manifest.target, target_ref or Path(manifest.target or "").name)
+    for local in (manifest.output, str(folder), str(folder.resolve())):
+        redactor.add(local, folder.name)
+    if rep is not None:
+        redactor.add(rep.model, folder.name)
+        redactor.add(rep.baseline_model, base_ref or Path(rep.baseline_model or "").name)
+        prompts = rep.acceptance.settings.prompts if rep.acceptance else None
+        if prompts and prompt_file(prompts) is not None and prompts != "builtin":
+            redactor.add(prompts, Path(prompts).name)
+    published = public_manifest(raw, redactor, folder.name, source_public, target_ref)
+    public = ApplyResult.model_validate(published)
+
+    acc = rep.acceptance if rep else None
+    k = (acc.settings.num_speculative_tokens if acc else None) or DEFAULT_NUM_SPECULATIVE_TOKENS
+    sidecar = None
+    if acc is not None:
+        sidecar = AcceptanceSidecar.from_acceptance(acc, model=repo, base_model=base_ref, target=target_ref)
+        if not sidecar.has_figures():
+            sidecar = None
+    chart = bool(chart_panels(acc, rep.eval if rep else None))
+
+    deploy, missing = _deploy(folder, manifest, repo, target_ref, k, platform, tp)
+    deploy_json = redactor.deep(deploy.to_dict()) if deploy is not None else None
+    return Publication(folder=folder, repo_id=repo, manifest=public, manifest_json=published, report=rep,
+                       base_ref=base_ref, target_ref=target_ref, redactor=redactor, sidecar=sidecar, deploy=deploy,
+                       deploy_json=deploy_json, deploy_missing=missing, chart=chart, num_speculative_tokens=k)
