@@ -31,10 +31,14 @@ from quantkit.cli.options import json_option, make_console, print_json
 @click.option("--dry-run-dir", type=click.Path(path_type=Path), default=None,
               help="Where --dry-run writes README.md and upload-plan.json (default: FOLDER.publish-preview beside it).")
 @click.option("--endpoint", envvar="HF_ENDPOINT", default=None, help="Hub URL (default https://huggingface.co).")
+@click.option("--platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950", show_default=True,
+              envvar="QUANTKIT_PLATFORM", help="Platform of the card's `vllm serve` command and deploy.json.")
+@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Tensor-parallel size of the card's `vllm serve` command and deploy.json.")
 @json_option("Print the result (files, commit URL, or the dry-run plan) as JSON.")
 def publish_command(folder: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool,
                     report: Path | None, base_model: str | None, target: str | None, dry_run: bool,
-                    dry_run_dir: Path | None, endpoint: str | None, as_json: bool) -> None:
+                    dry_run_dir: Path | None, endpoint: str | None, platform: str, tp: int, as_json: bool) -> None:
     """Upload a `quantkit apply` output FOLDER and a generated model card to a Hub repo, in one commit.
 
     \b
@@ -48,7 +52,8 @@ def publish_command(folder: Path, repo_id: str, private: bool, revision: str | N
     from quantkit.publish.hub import publish
 
     result = publish(folder, repo_id, private=private, revision=revision, create_pr=create_pr, report=report,
-                     dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir)
+                     dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir,
+                     platform=platform, tp=tp)
     if as_json:
         print_json(result.to_dict())
         return
