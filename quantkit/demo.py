@@ -58,11 +58,15 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
         "candidates": [
             # the deployment pair: FP8 draft served on the MXFP4 target, against the BF16 draft on the BF16 target
             {"name": "draft-fp8", "path": str(workdir / "draft-fp8"), "target": str(workdir / "moe-mxfp4")},
+            # the MXFP4 target alone: checked, evaluated, and (its baseline being `target`) run with the BF16 draft,
+            # which splits the pair's AL change into the target's part and the draft's
             {"name": "moe-mxfp4", "path": str(workdir / "moe-mxfp4"), "baseline": str(tiny / "moe-target")},
         ],
         "steps": ["check", "acceptance", "eval"],
         "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm},
-        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": backend,
+        # per domain: 6 prompts of short answers (~27 drafts); the MXFP4 target rewrites a few of them (its greedy text
+        # differs from BF16's), which moves a domain's AL by up to ~10% with no draft at fault
+        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": backend,
                        "num_speculative_tokens": 3, "max_new_tokens": 64},
         "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
     }

@@ -71,13 +71,15 @@ def _render_demo(result: DemoResult) -> None:
     try:
         data = json.loads(report.read_text())
         acc = data["candidates"]["draft-fp8"].get("acceptance")
+        target_acc = data["candidates"]["moe-mxfp4"].get("acceptance")
         ev = data["candidates"]["moe-mxfp4"].get("eval")
     except (OSError, KeyError, json.JSONDecodeError):
-        acc = ev = None
-    if acc and acc.get("candidate") and acc.get("ratio") is not None:
-        console.print(f"acceptance ({acc['backend']}): BF16 pair AL {acc['baseline']['mean_acceptance_length']:.3f}, "
-                      f"MXFP4 target + FP8 draft AL {acc['candidate']['mean_acceptance_length']:.3f}, ratio "
-                      f"{acc['ratio']:.3f} (95% CI {acc['ratio_ci'][0]:.3f}-{acc['ratio_ci'][1]:.3f})")
+        acc = target_acc = ev = None
+    for run, what in ((acc, "MXFP4 target + FP8 draft"), (target_acc, "MXFP4 target + BF16 draft")):
+        if run and run.get("candidate") and run.get("ratio") is not None:
+            console.print(f"acceptance ({run['backend']}): BF16 pair AL {run['baseline']['mean_acceptance_length']:.3f}"
+                          f", {what} AL {run['candidate']['mean_acceptance_length']:.3f}, ratio {run['ratio']:.3f} "
+                          f"(95% CI {run['ratio_ci'][0]:.3f}-{run['ratio_ci'][1]:.3f})")
     if ev:
         for t in ev["tasks"]:
             console.print(f"eval {t['task']} {t['metric']}: BF16 {t['baseline']:.3f}, MXFP4 {t['candidate']:.3f}, "

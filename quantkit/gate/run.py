@@ -42,6 +42,7 @@ from quantkit.results import (
     GateCheck,
     GateReport,
     GateSummary,
+    ModelKind,
     Result,
     Verdict,
 )
@@ -92,7 +93,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
     from quantkit.io.checkpoint import resolve_source
     from quantkit.naming.drafts import model_kind
 
-    kinds: dict[str, str] = {}
+    kinds: dict[str, ModelKind] = {}
     for i, cand in enumerate(cfg.candidates):  # before any step runs: a pair's path must be a draft
         kinds[cand.name] = kind = model_kind(resolve_source(rel(cand.path)).config)
         if cand.target is not None and kind != EAGLE3_DRAFT:

