@@ -200,7 +200,10 @@ def _acceptance_section(pub: Publication) -> list[str]:
             f"{prompts.num_prompts} prompts" if prompts.num_prompts else "",
             f"prompt set {prompts.name}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
             if prompts.name else "") if x)
-        body += ["Mean acceptance length (AL = 1 + accepted / drafts), same target, prompts and settings"
+        pair = acc.candidate_kind == "pair"
+        body += ["Mean acceptance length (AL = 1 + accepted / drafts), "
+                 + ("the quantized draft on the quantized target against the BF16 draft on the BF16 target, same "
+                    "prompts and settings" if pair else "same target, prompts and settings")
                  + (f" ({settings})" if settings else "") + ".", ""]
         rows = []
         for domain in ["all", *acc.domains()]:
