@@ -7,14 +7,20 @@ Builds a random Qwen3-MoE-shaped bf16 checkpoint (experts, attention, routers, n
   (b) Quark: `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` in a fresh process, with the
       `import quark.torch` time reported apart from the work;
   (c) quantkit: `quantkit.apply.executor.quantize_checkpoint` in a fresh process, on --devices;
-and checks that (b) and (c) wrote byte-identical folders. Each process starts cold: before each stage the source
-shards are evicted from the page cache (posix_fadvise DONTNEED; --hot keeps them cached). Wall time includes the
-process start and imports; work time is the quantize call alone; MB/s is source bytes / work seconds.
+(b) and (c) once per --devices given (repeat it to compare 1 and 2 GPUs against the same floor), and checks that
+(b) and (c) wrote byte-identical folders. Quark given several devices writes model.safetensors.index.json in the
+order its device processes finish, which varies run to run; against such a run the index is compared as a mapping
+(same metadata and weight_map dict) and every other file byte for byte, and quantkit's folder is also compared byte
+for byte, index included, with Quark's single-device folder when the run has one. Each process starts cold: before
+each stage the source shards are evicted from the page cache (posix_fadvise DONTNEED; --hot keeps them cached).
+Wall time includes the process start and imports; work time is the quantize call alone; MB/s is source bytes / work
+seconds; vs_floor is MB/s over the parallel floor's.
 
 Needs only torch, safetensors and amd-quark (no vLLM); run from the repository root:
     python benchmarks/apply_throughput.py                                  # 865 MB, 200 MB shards, CPU, mxfp4
     python benchmarks/apply_throughput.py --size-mb 200 --shard-mb 50
     python benchmarks/apply_throughput.py --devices cuda:0,cuda:1 --size-mb 6900 --json
+    python benchmarks/apply_throughput.py --devices cuda:0 --devices cuda:0,cuda:1 --size-mb 6900 --shard-mb 180
     python benchmarks/apply_throughput.py --skip-quark --scheme ptpc_fp8
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,7 +98,8 @@ def main():
     print("RESULT " + json.dumps({"import_s": t1 - t0, "work_s": t2 - t1, "peak_rss_mb": peak_rss_mb(),
                                   "cpu_s": cpu_seconds() - cpu0,
                                   "quark_loaded": any(m == "quark" or m.startswith("quark.") for m in sys.modules),
-                                  "shards": len(report.shards)}))
+                                  "shards": len(report.shards), "readers": report.readers,
+                                  "page_locked": report.page_locked}))
 
 if __name__ == "__main__":
     main()
@@ -216,10 +224,22 @@ def run_child(script: str, args: dict) -> dict:
     return {**json.loads(lines[-1][len("RESULT "):]), "wall_s": wall}
 
 
-def same_tree(a: Path, b: Path) -> tuple[bool, int, list[str]]:
+INDEX = "model.safetensors.index.json"
+
+
+def same_tree(a: Path, b: Path, index_as_mapping: bool = False) -> tuple[bool, int, list[str]]:
+    """Same files with the same bytes; with index_as_mapping the index only needs the same metadata and weight_map
+    dict (key order aside)."""
     fa = {str(p.relative_to(a)) for p in a.rglob("*") if p.is_file()}
     fb = {str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()}
-    differ = sorted(fa ^ fb) + sorted(n for n in fa & fb if (a / n).read_bytes() != (b / n).read_bytes())
+
+    def same(n: str) -> bool:
+        x, y = (a / n).read_bytes(), (b / n).read_bytes()
+        if x == y:
+            return True
+        return index_as_mapping and n == INDEX and json.loads(x) == json.loads(y)
+
+    differ = sorted(fa ^ fb) + sorted(n for n in fa & fb if not same(n))
     return not differ, len(fa), differ
 
 
@@ -227,7 +247,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=float, default=865)
     ap.add_argument("--shard-mb", type=float, default=200)
-    ap.add_argument("--devices", default="cpu", help="cpu | cuda | cuda:0,cuda:1 (Quark gets the same list)")
+    ap.add_argument("--devices", action="append", default=None,
+                    help="cpu | cuda | cuda:0,cuda:1 (Quark gets the same list); repeat to measure several sets")
     ap.add_argument("--scheme", default="mxfp4", choices=["mxfp4", "ptpc_fp8"])
     ap.add_argument("--threads", type=int, default=4, help="streams for the parallel floor")
     ap.add_argument("--skip-quark", action="store_true")
@@ -235,7 +256,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     args = ap.parse_args()
-    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    device_sets = [[d.strip() for d in spec.split(",") if d.strip()] for spec in (args.devices or ["cpu"])]
 
     def log(msg: str) -> None:
         print(f"[apply_throughput] {msg}", file=sys.stderr, flush=True)
@@ -255,48 +276,78 @@ def main() -> None:
 
         prepare()
         rows["floor, 1 stream"] = {"wall_s": floor(src, root / "floor1", 1)}
+        shutil.rmtree(root / "floor1")
         prepare()
-        rows[f"floor, {args.threads} streams"] = {"wall_s": floor(src, root / "floorN", args.threads)}
+        parallel = f"floor, {args.threads} streams"
+        rows[parallel] = {"wall_s": floor(src, root / "floorN", args.threads)}
+        shutil.rmtree(root / "floorN")
         for r in rows.values():
             r["work_s"] = r["wall_s"]
-        child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices}
-        if not args.skip_quark:
+        several = len(device_sets) > 1
+        identity: dict[str, dict] = {}
+        single_quark: Path | None = None  # a single-device Quark folder: deterministic, compared byte for byte
+        for k, devices in enumerate(device_sets):
+            tag = f" [{','.join(devices)}]" if several else ""
+            child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices}
+            quark_dst, native_dst = root / f"quark-{k}", root / f"native-{k}"
+            if not args.skip_quark:
+                prepare()
+                log(f"running Quark direct_quantize_checkpoint on {','.join(devices)}")
+                rows["quark f2f" + tag] = run_child(QUARK_SCRIPT, {**child_args, "dst": str(quark_dst)})
             prepare()
-            log("running Quark direct_quantize_checkpoint")
-            rows["quark f2f"] = run_child(QUARK_SCRIPT, {**child_args, "dst": str(root / "quark")})
-        prepare()
-        log("running quantkit's executor")
-        rows["quantkit native"] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(root / "native")})
-        identical = None
-        if not args.skip_quark:
-            identical, files, differ = same_tree(root / "quark", root / "native")
-            log(f"byte-identical to Quark: {identical} ({files} files){'' if identical else ' differ: ' + str(differ)}")
-        quark = rows.get("quark f2f")
+            log(f"running quantkit's executor on {','.join(devices)}")
+            rows["quantkit native" + tag] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(native_dst)})
+            check: dict[str, dict] = {}
+            if not args.skip_quark:
+                mapping = len(devices) > 1
+                same, files, differ = same_tree(quark_dst, native_dst, index_as_mapping=mapping)
+                check["vs_quark_same_devices"] = {"identical": same, "files": files, "differ": differ,
+                                                  "index": "as mapping (Quark's multi-device index order varies)"
+                                                  if mapping else "bytes"}
+            if single_quark is not None:
+                same, files, differ = same_tree(single_quark, native_dst)
+                check["vs_quark_single_device_bytes"] = {"identical": same, "files": files, "differ": differ}
+            if not args.skip_quark:
+                if len(devices) == 1 and single_quark is None:
+                    single_quark = quark_dst
+                else:
+                    shutil.rmtree(quark_dst)
+            shutil.rmtree(native_dst)
+            for name, c in check.items():
+                log(f"{','.join(devices)} {name}: identical {c['identical']} ({c['files']} files)"
+                    f"{'' if c['identical'] else ' differ: ' + str(c['differ'])}")
+            identity[",".join(devices)] = check
         for r in rows.values():
             r["mb_per_s"] = size / MB / r["work_s"]
-        for r in rows.values():
+        floor_mb_s = rows[parallel]["mb_per_s"]
+        for name, r in rows.items():
+            r["vs_floor"] = r["mb_per_s"] / floor_mb_s
+            quark = rows.get("quark f2f" + (name[name.index(" ["):] if " [" in name else ""))
             if quark:
                 r["wall_vs_quark"] = r["wall_s"] / quark["wall_s"]
                 r["throughput_vs_quark"] = r["mb_per_s"] / quark["mb_per_s"]
-    result = {"size_mb": round(size / MB, 1), "shards": shards, "scheme": args.scheme, "devices": devices,
+    checks = [c["identical"] for check in identity.values() for c in check.values()]
+    result = {"size_mb": round(size / MB, 1), "shards": shards, "scheme": args.scheme, "devices": device_sets,
               "cpu_cores": len(os.sched_getaffinity(0)), "page_cache": "hot" if args.hot else "evicted per stage",
-              "byte_identical": identical, "rows": rows}
+              "byte_identical": all(checks) if checks else None, "identity": identity, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices {','.join(devices)}, "
-          f"{result['cpu_cores']} CPU cores, page cache {result['page_cache']}")
-    print(f"{'':22s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'wall/Quark':>11s} "
-          f"{'MB/s / Quark':>13s} {'peak RSS MB':>12s}")
+    print(f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices "
+          f"{' and '.join(','.join(d) for d in device_sets)}, {result['cpu_cores']} CPU cores, page cache "
+          f"{result['page_cache']}")
+    print(f"{'':34s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'vs floor':>9s} "
+          f"{'wall/Quark':>11s} {'MB/s / Quark':>13s} {'peak RSS MB':>12s}")
     for name, r in rows.items():
         def f(key: str, fmt: str, r: dict = r) -> str:
             return format(r[key], fmt) if key in r else "-"
-        print(f"{name:22s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
-              f"{f('mb_per_s', '8.0f')} {f('wall_vs_quark', '11.2f')} {f('throughput_vs_quark', '13.2f')} "
-              f"{f('peak_rss_mb', '12.0f')}")
-    if identical is not None:
-        print(f"quantkit output byte-identical to Quark's: {'yes' if identical else 'NO'}")
-
+        print(f"{name:34s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
+              f"{f('mb_per_s', '8.0f')} {f('vs_floor', '9.2f')} {f('wall_vs_quark', '11.2f')} "
+              f"{f('throughput_vs_quark', '13.2f')} {f('peak_rss_mb', '12.0f')}")
+    for devices, check in identity.items():
+        for name, c in check.items():
+            extra = f", index {c['index']}" if "index" in c else ""
+            print(f"quantkit on {devices} {name}: {'identical' if c['identical'] else 'DIFFERENT'}{extra}")
 
 if __name__ == "__main__":
     main()

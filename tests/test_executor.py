@@ -165,6 +165,101 @@ def test_serializer_matches_safetensors(tmp_path):
         assert n == len(want) and sha == hashlib.sha256(want).hexdigest()
 
 
+# --- the batched (GPU) path and the read pipeline, on CPU ---------------------------------------------------------------
+
+
+def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, batched: bool) -> list[tuple]:
+    """Every shard through the per-tensor path (proven equal to Quark above) or the batched one `_process_device`
+    runs on a GPU, here on CPU: (tensor names in order, {name: (dtype, shape, bytes)}, kept-tensor digests)."""
+    from quantkit.apply import executor as ex
+
+    plan = ex._plan(src, scheme, exclude, layer_config)
+    settings = ex._Settings(src, src, scheme, exclude, layer_config, plan)
+    outs = []
+    for i, name in enumerate(plan.shards):
+        loaded = ex._load_shard(src, name, i, torch.empty(plan.sizes[name], dtype=torch.uint8))
+        out = ex._process_device(loaded, settings, "cpu") if batched else ex._process(loaded, settings, "cpu", None)
+        outs.append((list(out.tensors), {k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8)
+                                              .numpy().tobytes()) for k, t in out.tensors.items()},
+                     out.expected, out.quantized))
+    return outs
+
+
+def _mixed_family() -> ec.Family:
+    """Same last dims in several shapes, 3-D weights, bf16/f16/f32 weights, a last dim not a multiple of 32, and
+    PTPC-FP8 overrides for some experts: every way the batches can group and split."""
+    fam = _edge_family()
+    g = torch.Generator().manual_seed(9)
+    for e in range(6):
+        fam.tensors[f"model.layers.1.mlp.experts.{e}.up_proj.weight"] = (torch.randn(24, 64, generator=g) * 0.02
+                                                                           ).to(torch.bfloat16)
+        fam.tensors[f"model.layers.1.mlp.experts.{e}.down_proj.weight"] = (torch.randn(64, 24 + 8 * (e % 2),
+                                                                                        generator=g) * 0.02
+                                                                            ).to(torch.bfloat16)
+    fam.tensors["model.layers.1.mlp.experts.fused3d.weight"] = torch.randn(3, 16, 64, generator=g)
+    return fam
+
+
+@pytest.mark.parametrize("family,scheme,layer_config", [
+    ("mixed", "mxfp4", None),
+    ("mixed", "ptpc_fp8", None),
+    ("mixed", "mxfp4", {"*experts.1.*": "ptpc_fp8", "*experts.fused*": "ptpc_fp8", "*.proj16": "ptpc_fp8"}),
+    ("deepseek_v3", "mxfp4", {"*self_attn*": "ptpc_fp8"}),
+])
+@pytest.mark.parametrize("batch_bytes", [1 << 30, 5000])
+def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, scheme, layer_config, batch_bytes):
+    """The GPU path stacks same-shape tensors, quantizes once and splits: each tensor's bytes, names, order and
+    digests must be the per-tensor path's (and so Quark's); a batch limit of 5000 bytes also splits the groups."""
+    from quantkit.apply import executor as ex
+
+    fam = _mixed_family() if family == "mixed" else ec.FAMILIES[family]()
+    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=30_000, aux=False)
+    exclude = [m for m in ec.exclude_modules(fam) if not (layer_config and "self_attn" in m)]
+    monkeypatch.setattr(ex, "_DEVICE_BATCH_BYTES", batch_bytes)
+    per_tensor = _shard_outputs(src, scheme, exclude, layer_config, batched=False)
+    batched = _shard_outputs(src, scheme, exclude, layer_config, batched=True)
+    assert sum(q for *_, q in per_tensor) > 10
+    assert batched == per_tensor
+
+
+def test_batched_path_names_the_non_finite_weight(tmp_path):
+
+    fam = ec.qwen3_moe(layers=1)
+    fam.tensors["model.layers.0.mlp.experts.5.up_proj.weight"][3, 7] = float("-inf")
+    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=10**7, aux=False)
+    with pytest.raises(NonFiniteWeightError, match=r"experts\.5\.up_proj\.weight\[3, 7\] is -inf"):
+        _shard_outputs(src, "mxfp4", ec.exclude_modules(fam), None, batched=True)
+
+
+def test_several_readers_write_the_same_folder(tmp_path):
+    """Readers finish shards out of order; the folder (index order included) is the one-reader folder."""
+    src, exclude = _checkpoint(tmp_path, shard_bytes=30_000)
+    one = _run(src, tmp_path / "one", exclude, readers=1)
+    four = _run(src, tmp_path / "four", exclude, readers=4)
+    assert len(four.shards) >= 8
+    assert ec.tree_bytes(tmp_path / "one") == ec.tree_bytes(tmp_path / "four")
+    assert [r.sha256_out for r in one.shards] == [r.sha256_out for r in four.shards]
+    with pytest.raises(ExecutorError, match="readers=0"):
+        _run(src, tmp_path / "zero", exclude, readers=0)
+
+
+def test_exclusion_matcher_is_fnmatch():
+    import fnmatch
+    import random
+
+    from quantkit.apply.executor import _matcher
+
+    rng = random.Random(0)
+    parts = ["model", "layers", "0", "12", "mlp", "experts", "gate", "self_attn", "q_proj", "lm_head", "[x]"]
+    names = [".".join(rng.choice(parts) for _ in range(rng.randint(1, 5))) for _ in range(300)]
+    for _ in range(50):
+        patterns = tuple(rng.choice([n, n.replace("0", "?"), "*" + n[-5:], n[:4] + "*", "*[0-9].mlp*", "[!m]*",
+                                     "model.layers.[1]*"]) for n in rng.sample(names, rng.randint(0, 6)))
+        match = _matcher(patterns)
+        for n in names:
+            assert match(n) == any(fnmatch.fnmatch(n, p) for p in patterns), (n, patterns)
+
+
 # --- resume, corruption, refusal --------------------------------------------------------------------------------------
 
 

@@ -1,11 +1,19 @@
 """Streaming per-shard executor: quantize a safetensors checkpoint shard by shard, without Quark, into exactly the
 files AMD Quark 0.13's `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` writes.
 
-Pipeline: one reader thread reads each source shard once into memory (hashing those bytes: sha256_in) and exposes
-its tensors as zero-copy views; one worker thread per device quantizes (on CPU a small pool runs one tensor per
-core); one writer thread serialises each output shard the way safetensors does, hashing the bytes as it writes
-(sha256_out), verifies it, renames it into place and records it in a journal. A memory budget of (workers + 2)
-source shards bounds what is in flight, so memory stays near that many shards whatever the model's size.
+Pipeline: reader threads (1 on CPU, where quantizing is the bottleneck; 4 when a GPU quantizes, because one read
+stream is slower than a GPU) read each source shard once into a reused host buffer (hashing those bytes: sha256_in)
+and expose its tensors as zero-copy views; one worker thread per device quantizes (on CPU a small pool runs one
+tensor per core; on a GPU the shard's weights are batched by shape, see `_process_device`); one writer thread
+serialises each output shard the way safetensors does, hashing the bytes as it writes (sha256_out), verifies it,
+renames it into place and records it in a journal.
+
+Memory bound: there are `readers + workers + 1` source buffers (slots), each the size of the largest shard, and a
+shard holds its buffer from its read until its output is written, so host memory stays near slots x (largest shard
++ its output; the output is at most ~0.3x the shard for MXFP4 from bf16 and ~0.5x for FP8) whatever the model's
+size. Readers are dropped (down to 1) until the slots fit in half of the available memory. When a GPU is used the
+buffers are page-locked (cudaHostRegister, so host-to-device copies are asynchronous DMA) while they fit in a
+quarter of the machine's memory; GPU memory per worker is bounded by batches of at most 1 GiB of source bytes.
 
 Replayed from quark/torch/quantization/file2file_quantization.py (Quark 0.13):
 - shards are found with os.walk, processed and indexed in that order (`_get_safetensor_files`); a shard's tensors
@@ -31,11 +39,13 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import json
 import math
 import os
 import queue
+import re
 import resource
 import shutil
 import threading
@@ -56,6 +66,9 @@ JOURNAL_VERSION = 1
 _PARTIAL_SUFFIX = ".quantkit-partial"
 _READ_CHUNK = 16 * 1024 * 1024
 _MB = 1024 * 1024
+_GPU_READERS = 4  # read streams when a GPU quantizes: one stream reads ~0.8 GB/s, 4 reach a disk's parallel rate
+_DEVICE_BATCH_BYTES = 1 << 30  # source bytes per batched quantize call on a GPU (its temporaries are ~3x that)
+_PIN_FRACTION = 0.25  # page-lock the source buffers only while they take at most this share of the memory
 
 
 class ExecutorError(QuantkitError):
@@ -119,6 +132,8 @@ class ExecutorReport:
     mb_per_s: float = 0.0
     peak_rss_mb: float = 0.0
     resumed_shards: int = 0
+    readers: int = 0
+    page_locked: bool = False  # the source buffers were page-locked for asynchronous GPU copies
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -272,13 +287,26 @@ def module_of(name: str) -> str:
     return name.removesuffix(".weight")
 
 
+@functools.lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """`lambda name: any(fnmatch.fnmatch(name, p) for p in patterns)`, in one set lookup and one regex: a recipe's
+    exclusions are hundreds of module names, tested against every tensor of the model. (fnmatch.fnmatch is
+    fnmatchcase on POSIX, where os.path.normcase changes nothing.)"""
+    if os.path.normcase("A") != "A":  # case-insensitive platforms: keep fnmatch's own rule
+        return lambda name: any(fnmatch.fnmatch(name, p) for p in patterns)
+    literal = {p for p in patterns if not any(c in p for c in "*?[")}
+    wild = [p for p in patterns if p not in literal]
+    regex = re.compile("|".join(fnmatch.translate(p) for p in wild)) if wild else None
+    return lambda name: name in literal or (regex is not None and regex.match(name) is not None)
+
+
 def scheme_for(name: str, shape: tuple[int, ...], scheme: str, exclude: list[str],
                layer_config: dict[str, str] | None) -> str | None:
     """The scheme Quark's file-to-file path quantizes tensor `name` with, or None if it passes the tensor through."""
     if not is_linear_weight_name(name) or len(shape) < 2:
         return None
     module = module_of(name)
-    if any(fnmatch.fnmatch(module, p) for p in exclude):
+    if _matcher(tuple(exclude))(module):
         return None
     for pattern, s in (layer_config or {}).items():
         if fnmatch.fnmatch(module, pattern):
@@ -350,8 +378,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
             if e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
                 raise ExecutorError(f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
                                     "checkpoint, or use Quark's path, which dequantizes first")
-            if is_linear_weight_name(e.name) and len(e.shape) >= 2 and \
-                    any(fnmatch.fnmatch(module_of(e.name), p) for p in exclude):
+            if is_linear_weight_name(e.name) and len(e.shape) >= 2 and _matcher(tuple(exclude))(module_of(e.name)):
                 excluded.add(module_of(e.name))
                 if e.dtype in _FLOAT_ST:
                     floating.add(e.name)
@@ -374,7 +401,9 @@ def _run_key(src: Path, scheme: str, exclude: list[str], layer_config: dict[str,
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    # Compact: json's C encoder (indent would use the pure-Python one, holding the GIL for the journal's whole
+    # weight map after every shard).
+    tmp.write_text(json.dumps(data, separators=(",", ":")))
     os.replace(tmp, path)
 
 
@@ -393,10 +422,12 @@ def _sha256_file(path: Path) -> str:
 class _Loaded:
     index: int
     name: str
-    buffer: bytearray
+    host: torch.Tensor  # the slot's buffer (uint8, at least `size` bytes); goes back to the pool when written
+    view: memoryview  # the shard's bytes: host[:size]
+    size: int
     sha256: str
     tensors: list[tuple[_HeaderEntry, torch.Tensor]]
-    source_digests: dict[str, bytes]
+    data_start: int
     seconds: float
 
 
@@ -416,7 +447,81 @@ class _Stop(Exception):
     pass
 
 
-def _load_shard(src: Path, name: str, index: int) -> _Loaded:
+def _cuda_host_register(t: torch.Tensor, register: bool) -> bool:
+    """Page-lock (or unlock) a CPU tensor's memory for every GPU (cudaHostRegisterPortable) without copying it;
+    False if CUDA refuses. A failed CUDA runtime call leaves an error in the calling thread's CUDA state, so callers
+    use threads that never launch kernels (the readers; `_HostBuffers.close` uses a throwaway thread)."""
+    import torch
+
+    try:
+        cudart = torch.cuda.cudart()
+        rc = cudart.cudaHostRegister(t.data_ptr(), t.numel(), 1) if register else \
+            cudart.cudaHostUnregister(t.data_ptr())
+    except Exception:  # noqa: BLE001 - no CUDA runtime binding (ROCm builds, old torch): stay pageable
+        return False
+    return int(getattr(rc, "value", rc)) == 0
+
+
+class _HostBuffers:
+    """The memory budget: one source buffer per slot, allocated on first use at the largest shard's size and reused
+    (no fresh page faults per shard), optionally page-locked so that a GPU copies from it asynchronously."""
+
+    def __init__(self, slots: int, capacity: int, pin: bool) -> None:
+        self.free: queue.Queue[torch.Tensor | None] = queue.Queue()
+        for _ in range(slots):
+            self.free.put(None)
+        self.capacity = max(capacity, 1)
+        # Below 1 MiB, buffers may share pages, which CUDA refuses to lock twice; such shards copy in no time.
+        self.pin = pin and self.capacity >= _MB
+        self.pinned: list[torch.Tensor] = []
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()
+
+    def acquire(self, stop: threading.Event) -> torch.Tensor | None:
+        """A free buffer, waiting for one; None once `stop` is set."""
+        import torch
+
+        while True:
+            try:
+                buf = self.free.get(timeout=0.1)
+            except queue.Empty:
+                if stop.is_set():
+                    return None
+                continue
+            if buf is None:
+                buf = torch.empty(self.capacity, dtype=torch.uint8)
+            return buf
+
+    def pin_once(self, buf: torch.Tensor) -> None:
+        """Page-lock `buf` on its first use, after the read that filled it: CUDA's start-up (about a second, in
+        the workers) then overlaps the first reads instead of delaying them."""
+        with self.lock:
+            if not self.pin or buf.data_ptr() in self.seen:
+                return
+            self.seen.add(buf.data_ptr())
+        if _cuda_host_register(buf, True):
+            with self.lock:
+                self.pinned.append(buf)
+        else:
+            self.pin = False  # one refusal is enough: the rest stay pageable (slower, still correct)
+
+    def release(self, buf: torch.Tensor) -> None:
+        self.free.put(buf)
+
+    def close(self) -> None:
+        def unregister() -> None:
+            for buf in self.pinned:
+                _cuda_host_register(buf, False)
+
+        if self.pinned:
+            t = threading.Thread(target=unregister, name="quantkit-unpin", daemon=True)
+            t.start()
+            t.join()
+            self.pinned.clear()
+
+
+def _load_shard(src: Path, name: str, index: int, host: torch.Tensor) -> _Loaded:
+    """Read shard `name` into `host` (a uint8 buffer at least its size), hashing it; its tensors as views."""
     import torch
 
     t0 = time.perf_counter()
@@ -434,8 +539,10 @@ def _load_shard(src: Path, name: str, index: int) -> _Loaded:
     try:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            buffer = bytearray(size)
-            view = memoryview(buffer)
+            if size > host.numel():
+                raise CorruptShardError(f"{path}: the file grew from {host.numel()} to {size} bytes after the run "
+                                        "started; rerun")
+            view = memoryview(host.numpy())[:size]  # type: ignore[arg-type]
             while got < size:
                 n = f.readinto(view[got:got + _READ_CHUNK])
                 if not n:
@@ -456,12 +563,11 @@ def _load_shard(src: Path, name: str, index: int) -> _Loaded:
         if e.end == e.begin:
             t = torch.empty(e.shape, dtype=dtype)
         elif offset % _ST_ITEMSIZE[e.dtype]:  # misaligned: copy rather than view
-            t = torch.frombuffer(bytearray(view[offset:start + e.end]), dtype=dtype).reshape(e.shape)
+            t = host[offset:start + e.end].clone().view(dtype).reshape(e.shape)
         else:
-            t = torch.frombuffer(buffer, dtype=dtype, count=(e.end - e.begin) // _ST_ITEMSIZE[e.dtype],
-                                 offset=offset).reshape(e.shape)
+            t = host[offset:start + e.end].view(dtype).reshape(e.shape)
         tensors.append((e, t))
-    return _Loaded(index, name, buffer, sha, tensors, {}, time.perf_counter() - t0)
+    return _Loaded(index, name, host, view, size, sha, tensors, start, time.perf_counter() - t0)
 
 
 def _first_non_finite(t: torch.Tensor) -> tuple[list[int], str]:
@@ -485,82 +591,245 @@ class _Settings:
     plan: _Plan
 
 
-def _process(loaded: _Loaded, s: _Settings, device: str, pool: ThreadPoolExecutor | None) -> _Output:
-    """Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) on one loaded shard."""
+@dataclass
+class _Job:
+    kind: Literal["quantize", "cast", "keep"]
+    entry: _HeaderEntry
+    tensor: torch.Tensor
+    scheme: str | None = None
+
+
+def _jobs(loaded: _Loaded, s: _Settings) -> list[_Job]:
+    """What Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) does with each tensor, in its order."""
     import torch
 
-    from quantkit.apply.native import NonFiniteWeight, expected_layout, quantize_weight
+    model_dtype = getattr(torch, s.plan.model_dtype)
+    jobs = []
+    for e, t in loaded.tensors:
+        target = scheme_for(e.name, e.shape, s.scheme, s.exclude, s.layer_config)
+        if target is not None:
+            jobs.append(_Job("quantize", e, t, target))
+        elif is_linear_weight_name(e.name) and e.name not in s.plan.source_floating_excluded and \
+                t.is_floating_point() and t.dtype != model_dtype:
+            jobs.append(_Job("cast", e, t))
+        else:
+            jobs.append(_Job("keep", e, t))
+    return jobs
+
+
+def _non_finite_error(name: str, w: torch.Tensor, shard: str) -> NonFiniteWeightError:
+    idx, kind = _first_non_finite(w)
+    return NonFiniteWeightError(f"{name}[{', '.join(map(str, idx))}] is {kind} (shard {shard}); fix or re-download "
+                                "the source weights")
+
+
+def _check_layout(name: str, shape: tuple[int, ...], scheme: str, q: torch.Tensor, scale: torch.Tensor) -> None:
+    from quantkit.apply.native import expected_layout
+
+    layout = expected_layout(shape, scheme)
+    for suffix, t in (("", q), ("_scale", scale)):
+        if (_st_dtype(t), tuple(t.shape)) != layout[suffix]:
+            raise ShardVerificationError(f"{name}{suffix}: {scheme} gave {_st_dtype(t)} {tuple(t.shape)}, "
+                                         f"expected {layout[suffix]} (internal error)")
+
+
+def _bad_scale(scale: torch.Tensor, scheme: str) -> torch.Tensor:
+    """A 0-dim bool tensor on the scale's device: some scale is not finite and positive (E8M0 0xFF is NaN)."""
+    import torch
+
+    return (scale == 0xFF).any() if scheme == "mxfp4" else ~(torch.isfinite(scale) & (scale > 0)).all()
+
+
+def _finish(loaded: _Loaded, jobs: list[_Job], results: list[Any], device: str, t0: float) -> _Output:
+    """The output shard's tensors in Quark's insertion order (it is the index's order): `<name>`, `<name>_scale`."""
+    tensors: dict[str, torch.Tensor] = {}
+    expected: dict[str, bytes] = {}
+    quantized = 0
+    for job, result in zip(jobs, results, strict=True):
+        name = job.entry.name
+        if job.kind == "quantize":
+            tensors[name], tensors[name + "_scale"] = result
+            quantized += 1
+        elif job.kind == "cast":
+            tensors[name] = result
+        else:
+            tensors[name] = job.tensor
+            expected[name] = result
+    return _Output(loaded.index, loaded.name, loaded, tensors, expected, quantized, device, time.perf_counter() - t0)
+
+
+def _keep_digest(loaded: _Loaded, job: _Job) -> bytes:
+    """sha256 of the bytes the header names, independently of the tensor view that will be written."""
+    e = job.entry
+    return hashlib.sha256(loaded.view[loaded.data_start + e.begin:loaded.data_start + e.end]).digest()
+
+
+def _process(loaded: _Loaded, s: _Settings, device: str, pool: ThreadPoolExecutor | None) -> _Output:
+    """Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) on one loaded shard, one tensor at a time
+    (the CPU path: `pool` runs one tensor per core)."""
+    import torch
+
+    from quantkit.apply.native import NonFiniteWeight, quantize_weight
 
     t0 = time.perf_counter()
     model_dtype = getattr(torch, s.plan.model_dtype)
-    jobs: list[tuple[str, Any]] = []  # (kind, payload) in Quark's insertion order
+    jobs = _jobs(loaded, s)
 
     def quantize(name: str, w: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             q, scale = quantize_weight(w.to(device) if device != "cpu" else w, scheme, finite_only=True)
         except NonFiniteWeight:
-            idx, kind = _first_non_finite(w)
-            raise NonFiniteWeightError(f"{name}[{', '.join(map(str, idx))}] is {kind} (shard {loaded.name}); fix or "
-                                       "re-download the source weights") from None
+            raise _non_finite_error(name, w, loaded.name) from None
         except ValueError as e:
             raise ExecutorError(f"{name} in {loaded.name}: cannot quantize with {scheme}: {e}") from None
         q, scale = q.cpu(), scale.cpu()
-        layout = expected_layout(tuple(w.shape), scheme)
-        for suffix, t in (("", q), ("_scale", scale)):
-            if (_st_dtype(t), tuple(t.shape)) != layout[suffix]:
-                raise ShardVerificationError(f"{name}{suffix}: {scheme} gave {_st_dtype(t)} {tuple(t.shape)}, "
-                                             f"expected {layout[suffix]} (internal error)")
-        bad_scale = bool((scale == 0xFF).any()) if scheme == "mxfp4" else \
-            not bool((torch.isfinite(scale) & (scale > 0)).all())
-        if bad_scale:
+        _check_layout(name, tuple(w.shape), scheme, q, scale)
+        if bool(_bad_scale(scale, scheme)):
             raise ShardVerificationError(f"{name}_scale: a scale is not finite and positive (internal error)")
         return q.contiguous(), scale.contiguous()
 
-    def digest(mv: memoryview) -> bytes:
-        return hashlib.sha256(mv).digest()
+    def run(job: _Job) -> Any:
+        if job.kind == "quantize":
+            assert job.scheme is not None
+            return quantize(job.entry.name, job.tensor, job.scheme)
+        if job.kind == "cast":
+            return job.tensor.to(model_dtype)
+        return _keep_digest(loaded, job)
 
-    start = 8 + int.from_bytes(bytes(memoryview(loaded.buffer)[:8]), "little")
-    for e, t in loaded.tensors:
-        target = scheme_for(e.name, e.shape, s.scheme, s.exclude, s.layer_config)
-        if target is not None:
-            jobs.append(("quantize", (e.name, t, target)))
-        elif is_linear_weight_name(e.name) and e.name not in s.plan.source_floating_excluded and \
-                t.is_floating_point() and t.dtype != model_dtype:
-            jobs.append(("cast", (e.name, t)))
-        else:
-            # The bytes the header names, hashed independently of the tensor view that will be written.
-            jobs.append(("keep", (e.name, t, memoryview(loaded.buffer)[start + e.begin:start + e.end])))
+    results = list(pool.map(run, jobs)) if pool is not None else [run(j) for j in jobs]
+    return _finish(loaded, jobs, results, device, t0)
 
-    def run(kind: str, payload: Any) -> Any:
-        if kind == "quantize":
-            return quantize(*payload)
-        if kind == "cast":
-            return payload[1].to(model_dtype)
-        return digest(payload[2])
 
-    if pool is not None:
-        results = list(pool.map(lambda j: run(*j), jobs))
-    else:
-        results = [run(*j) for j in jobs]
-    tensors: dict[str, torch.Tensor] = {}
-    expected: dict[str, bytes] = {}
-    quantized = 0
-    for (kind, payload), result in zip(jobs, results, strict=True):
-        name = payload[0]
-        if kind == "quantize":
-            tensors[name], tensors[name + "_scale"] = result
-            quantized += 1
-        elif kind == "cast":
-            tensors[name] = result
-        else:
-            tensors[name] = payload[1]
-            expected[name] = result
-    return _Output(loaded.index, loaded.name, loaded, tensors, expected, quantized, device, time.perf_counter() - t0)
+def _host_empty(nbytes: int, pinned: bool) -> torch.Tensor:
+    import torch
+
+    if pinned:
+        with contextlib.suppress(RuntimeError):
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _process_device(loaded: _Loaded, s: _Settings, device: str) -> _Output:
+    """The same shard on a GPU, batched: per-tensor copies, kernel launches and synchronisations cost more than the
+    math for the thousands of small expert tensors of an MoE checkpoint.
+
+    The tensors to quantize are grouped by (scheme, dtype, last dim) — 2-D ones only for PTPC-FP8, whose channel
+    is dim 0 — and each group's rows are copied (asynchronously, from the page-locked source buffer) into one device
+    tensor, quantized in one call and split back. Both schemes quantize every row on its own (MXFP4: groups of 32
+    along the last dim; PTPC-FP8: one scale per output channel), so a stacked tensor's rows give exactly each
+    tensor's own bytes. All results are copied into one host buffer; the shard costs one final synchronisation
+    (plus the few the quantizers make per batch to check for NaN/Inf). Works on CPU too (for tests).
+    """
+    import torch
+
+    from quantkit.apply.native import NonFiniteWeight, expected_layout, quantize_weight
+
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    model_dtype = getattr(torch, s.plan.model_dtype)
+    jobs = _jobs(loaded, s)
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, job in enumerate(jobs):
+        if job.kind == "quantize":
+            e = job.entry
+            rowwise = job.scheme == "mxfp4" or len(e.shape) == 2
+            key = (job.scheme, e.dtype, e.shape[-1]) if rowwise else (job.scheme, e.name)
+            groups.setdefault(key, []).append(i)
+    batches: list[tuple[bool, list[int]]] = []
+    for key, members in groups.items():
+        batch: list[int] = []
+        nbytes = 0
+        for i in members:
+            n = jobs[i].entry.end - jobs[i].entry.begin
+            if batch and nbytes + n > _DEVICE_BATCH_BYTES:
+                batches.append((len(key) == 3, batch))
+                batch, nbytes = [], 0
+            batch.append(i)
+            nbytes += n
+        batches.append((len(key) == 3, batch))
+
+    # One host buffer for every result, each batch's weights then its scales, 64-byte aligned.
+    def layout_bytes(i: int, suffix: str) -> int:
+        job = jobs[i]
+        assert job.scheme is not None
+        dtype, shape = expected_layout(job.entry.shape, job.scheme)[suffix]
+        return math.prod(shape) * _ST_ITEMSIZE[dtype]
+
+    offsets = []
+    total = 0
+    for _, batch in batches:
+        q_off = total
+        total += -(-sum(layout_bytes(i, "") for i in batch) // 64) * 64
+        s_off = total
+        total += -(-sum(layout_bytes(i, "_scale") for i in batch) // 64) * 64
+        offsets.append((q_off, s_off))
+    out_host = _host_empty(total, dev.type == "cuda" and total > 0)
+    results: list[Any] = [None] * len(jobs)
+    flags = []
+    try:
+        for (rowwise, batch), (q_off, s_off) in zip(batches, offsets, strict=True):
+            first = jobs[batch[0]]
+            scheme = first.scheme
+            assert scheme is not None
+            cols = first.entry.shape[-1]
+            if rowwise:
+                rows = [math.prod(jobs[i].entry.shape) // max(cols, 1) for i in batch]
+                x = torch.empty((sum(rows), cols), dtype=first.tensor.dtype, device=dev)
+                r = 0
+                for i, n in zip(batch, rows, strict=True):
+                    x[r:r + n].copy_(jobs[i].tensor.reshape(n, cols), non_blocking=True)
+                    r += n
+            else:
+                rows = [first.entry.shape[0]]
+                x = first.tensor.to(dev, non_blocking=True)
+            try:
+                q, scale = quantize_weight(x, scheme, finite_only=True)
+            except NonFiniteWeight:
+                for i in batch:
+                    if _first_non_finite(jobs[i].tensor)[0]:
+                        raise _non_finite_error(jobs[i].entry.name, jobs[i].tensor, loaded.name) from None
+                raise
+            except ValueError as e:
+                raise ExecutorError(f"{first.entry.name} in {loaded.name}: cannot quantize with {scheme}: {e}") \
+                    from None
+            del x
+            flags.append(_bad_scale(scale, scheme))
+            q_bytes, s_bytes = q.reshape(-1).view(torch.uint8), scale.reshape(-1).view(torch.uint8)
+            q_host = out_host[q_off:q_off + q_bytes.numel()]
+            s_host = out_host[s_off:s_off + s_bytes.numel()]
+            q_host.copy_(q_bytes, non_blocking=True)
+            s_host.copy_(s_bytes, non_blocking=True)
+            q_host, s_host = q_host.view(q.dtype).view(q.shape), s_host.view(scale.dtype).view(scale.shape)
+            r = 0
+            for i, n in zip(batch, rows, strict=True):
+                shape = jobs[i].entry.shape
+                if rowwise:
+                    qi, si = q_host[r:r + n].reshape(*shape[:-1], q.shape[-1]), s_host[r:r + n]
+                else:
+                    qi, si = q_host, s_host
+                _check_layout(jobs[i].entry.name, shape, scheme, qi, si)
+                results[i] = (qi, si)
+                r += n
+        # CPU work while the last copies run.
+        for i, job in enumerate(jobs):
+            if job.kind == "cast":
+                results[i] = job.tensor.to(model_dtype)
+            elif job.kind == "keep":
+                results[i] = _keep_digest(loaded, job)
+        bad = bool(torch.stack(flags).any().item()) if flags else False  # synchronises: every copy is done
+    except BaseException:
+        if dev.type == "cuda":  # the source buffer goes back to the pool: no copy may still read it
+            torch.cuda.synchronize(dev)
+        raise
+    if bad:
+        raise ShardVerificationError(f"{loaded.name}: a scale is not finite and positive (internal error)")
+    return _finish(loaded, jobs, results, device, t0)
 
 
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
                         layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
-                        progress: Callable[[ShardEvent], None] | None = None) -> ExecutorReport:
+                        progress: Callable[[ShardEvent], None] | None = None,
+                        readers: int | None = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -568,7 +837,9 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     `exclude` are Quark's fnmatch patterns on checkpoint module names; `layer_config` maps module patterns to
     schemes (first match wins). `devices`: torch devices, one worker each ("cpu", "cuda:0", ...). With
     `resume=True` the shards a previous, interrupted run recorded in dst's journal (and whose output still hashes
-    as recorded) are kept; all others are redone. `progress` is called in the caller's thread.
+    as recorded) are kept; all others are redone. `progress` is called in the caller's thread. `readers`: read
+    streams (default 1 for CPU-only runs, 4 when a GPU quantizes); fewer are used when their buffers would not fit
+    in half of the available memory (see the module's memory bound).
     """
     import torch
 
@@ -576,6 +847,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     src, dst = Path(src), Path(dst)
     if not devices:
         raise ExecutorError("devices: give at least one, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")
+    if readers is not None and readers < 1:
+        raise ExecutorError(f"readers={readers}: give at least 1 read stream")
     for d in devices:
         try:
             dev = torch.device(d)
@@ -639,11 +912,20 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     cpu_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     saved_threads = torch.get_num_threads()
     uses_cpu = any(torch.device(d).type == "cpu" for d in devices)
+    uses_gpu = not all(torch.device(d).type == "cpu" for d in devices)
     pool = ThreadPoolExecutor(max_workers=cpu_threads, thread_name_prefix="quantkit-cpu") if uses_cpu else None
     stop = threading.Event()
     errors: list[BaseException] = []
-    # Memory budget: source shards alive at once (being read, queued, quantized or written).
-    slots = threading.Semaphore(len(devices) + 2)
+    # Memory budget (see the module docstring): one buffer per shard alive at once (being read, queued, quantized
+    # or written).
+    largest = max((plan.sizes[name] for _, name in todo), default=1)
+    n_readers = max(1, min(readers or (_GPU_READERS if uses_gpu else 1), len(todo)))
+    half_free = _available_memory() // 2
+    while n_readers > 1 and (n_readers + len(devices) + 1) * largest > half_free:
+        n_readers -= 1
+    slots = n_readers + len(devices) + 1
+    pin = uses_gpu and torch.cuda.is_available() and slots * largest <= _PIN_FRACTION * _total_memory()
+    buffers = _HostBuffers(slots, largest, pin)
     work: queue.Queue[_Loaded | None] = queue.Queue()
     results: queue.Queue[_Output | None] = queue.Queue()
 
@@ -651,31 +933,33 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         errors.append(e)
         stop.set()
 
-    # One reader per device: several read streams beat one on fast disks (and a GPU is fed faster than one reads).
     pending: queue.Queue[tuple[int, str]] = queue.Queue()
     for item in todo:
         pending.put(item)
-    readers_left = [len(devices)]
+    readers_left = [n_readers]
     readers_lock = threading.Lock()
 
     def reader() -> None:
         try:
             while True:
-                while not slots.acquire(timeout=0.1):
-                    if stop.is_set():
-                        return
+                host = buffers.acquire(stop)
+                if host is None:
+                    return
                 try:
                     i, name = pending.get_nowait()
                 except queue.Empty:
-                    slots.release()
+                    buffers.release(host)
                     return
                 if stop.is_set():
-                    slots.release()
+                    buffers.release(host)
                     return
                 try:
-                    work.put(_load_shard(src, name, i))
+                    loaded = _load_shard(src, name, i, host)
+                    buffers.pin_once(host)
+                    work.put(loaded)
+                    del loaded
                 except BaseException:
-                    slots.release()
+                    buffers.release(host)
                     raise
         except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
             fail(e)
@@ -695,13 +979,16 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                 if loaded is None:
                     return
                 if stop.is_set():
-                    slots.release()
+                    buffers.release(loaded.host)
                     continue
-                emit_queue.put(ShardEvent("start", loaded.name, loaded.index, total, device, len(loaded.buffer)))
+                emit_queue.put(ShardEvent("start", loaded.name, loaded.index, total, device, loaded.size))
                 try:
-                    out = _process(loaded, settings, device, pool if torch.device(device).type == "cpu" else None)
+                    if torch.device(device).type == "cpu":
+                        out = _process(loaded, settings, device, pool)
+                    else:
+                        out = _process_device(loaded, settings, device)
                 except BaseException:
-                    slots.release()
+                    buffers.release(loaded.host)
                     raise
                 results.put(out)
                 del loaded, out  # the writer owns them now: holding them here would keep the shard in memory
@@ -730,11 +1017,12 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                 st = (src / out.name).stat()
                 loaded = out.loaded
                 seconds = loaded.seconds + out.seconds + time.perf_counter() - t0
-                rec = ShardRecord(out.name, len(loaded.buffer), nbytes, loaded.sha256, sha_out, len(out.tensors),
+                rec = ShardRecord(out.name, loaded.size, nbytes, loaded.sha256, sha_out, len(out.tensors),
                                   out.quantized, round(seconds, 3), out.device)
                 names = list(out.tensors)
-                del out, loaded
-                slots.release()
+                host = loaded.host
+                del out, loaded  # no view of the buffer may outlive this: the next shard is read into it
+                buffers.release(host)
                 journal["shards"][rec.name] = {**asdict(rec), "source_size": st.st_size,
                                                "source_mtime_ns": st.st_mtime_ns, "weight_map": names}
                 _write_json_atomic(journal_path, journal)
@@ -745,12 +1033,13 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             except BaseException as e:  # noqa: BLE001
                 fail(e)
 
-    threads = [threading.Thread(target=reader, name=f"quantkit-reader-{k}", daemon=True) for k in range(len(devices))]
+    threads = [threading.Thread(target=reader, name=f"quantkit-reader-{k}", daemon=True) for k in range(n_readers)]
     threads.append(threading.Thread(target=writer, name="quantkit-writer", daemon=True))
     threads += [threading.Thread(target=worker, args=(d,), name=f"quantkit-{d}", daemon=True) for d in devices]
     try:
-        if uses_cpu:
-            torch.set_num_threads(1)  # parallel across tensors instead: cheaper than intra-op threads per step
+        # CPU: parallel across tensors instead, cheaper than intra-op threads per step. GPU only: the CPU does no
+        # tensor math but rare casts; many idle intra-op threads only spin after each small CPU op.
+        torch.set_num_threads(1 if uses_cpu else min(4, cpu_threads))
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads) or not emit_queue.empty():
@@ -764,7 +1053,12 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             t.join()
         if pool is not None:
             pool.shutdown(wait=True)
+        page_locked = bool(buffers.pinned)
+        buffers.close()
         torch.set_num_threads(saved_threads)
+        host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
+        if uses_gpu and host_empty_cache is not None:
+            host_empty_cache()  # the output shards' page-locked memory, cached by torch
     if errors:
         first = errors[0]
         if isinstance(first, QuantkitError):
@@ -789,7 +1083,25 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     done_bytes = sum(r.bytes_in for r in report.shards if not r.resumed)
     report.mb_per_s = round(done_bytes / _MB / max(report.total_seconds, 1e-9), 1)
     report.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    report.readers, report.page_locked = n_readers, page_locked
     return report
+
+
+def _meminfo(key: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
+        return int(next(line for line in f if line.startswith(key + ":")).split()[1]) * 1024
+    return None
+
+
+def _total_memory() -> int:
+    total = _meminfo("MemTotal")
+    return total if total is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _available_memory() -> int:
+    """MemAvailable (free plus reclaimable page cache), not MemFree: the source's own pages fill the cache."""
+    available = _meminfo("MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _copy_aux_files(src: Path, dst: Path) -> None:
