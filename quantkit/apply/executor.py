@@ -169,6 +169,7 @@ class _HeaderEntry:
     shape: tuple[int, ...]
     begin: int
     end: int
+    decoded: bool = False  # made by decoding a quantized source (quantkit.io.formats): not a view of the shard
 
 
 def _parse_header(raw: bytes | bytearray | memoryview, size: int, where: str) -> tuple[int, list[_HeaderEntry]]:
@@ -354,7 +355,8 @@ class _Plan:
     sizes: dict[str, int]
 
 
-def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None) -> _Plan:
+def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
+          decode: Any = None) -> _Plan:
     from quantkit.apply.native import SCHEMES
 
     for s in [scheme, *(layer_config or {}).values()]:
@@ -364,7 +366,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
     if not cfg_path.is_file():
         raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
     config = json.loads(cfg_path.read_text())
-    if _has_quantization_config(config):
+    if decode is None and _has_quantization_config(config):
         raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
                             "unquantized checkpoint, or use Quark's path, which dequantizes first")
     shards = find_shards(src)
@@ -375,7 +377,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
         path = src / shard
         sizes[shard] = path.stat().st_size
         for e in _read_header_file(path):
-            if e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
+            if decode is None and e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
                 raise ExecutorError(f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
                                     "checkpoint, or use Quark's path, which dequantizes first")
             if is_linear_weight_name(e.name) and len(e.shape) >= 2 and _matcher(tuple(exclude))(module_of(e.name)):
@@ -520,6 +522,26 @@ class _HostBuffers:
             self.pinned.clear()
 
 
+def _decoded(loaded: _Loaded, fmt: Any) -> _Loaded:
+    """A quantized source shard (FP8-block, INT4 pack-quantized) as its decoded BF16 tensors, exactly as
+    quantkit.io.formats.decode_tensors decodes them; tensors stored unquantized stay the very views of the shard.
+    The decoded tensors live outside the shard buffer, so memory per shard in flight grows by their size."""
+    from quantkit.io.formats import decode_tensors
+
+    source = {e.name: t for e, t in loaded.tensors}
+    entries = {e.name: e for e, _ in loaded.tensors}
+    tensors = []
+    for name, t in decode_tensors(fmt, source).items():
+        if name in source and t is source[name]:
+            tensors.append((entries[name], t))
+        else:
+            t = t.contiguous()
+            nbytes = t.numel() * t.element_size()
+            tensors.append((_HeaderEntry(name, _st_dtype(t), tuple(t.shape), 0, nbytes, decoded=True), t))
+    loaded.tensors = tensors
+    return loaded
+
+
 def _load_shard(src: Path, name: str, index: int, host: torch.Tensor) -> _Loaded:
     """Read shard `name` into `host` (a uint8 buffer at least its size), hashing it; its tensors as views."""
     import torch
@@ -659,8 +681,11 @@ def _finish(loaded: _Loaded, jobs: list[_Job], results: list[Any], device: str, 
 
 
 def _keep_digest(loaded: _Loaded, job: _Job) -> bytes:
-    """sha256 of the bytes the header names, independently of the tensor view that will be written."""
+    """sha256 of the bytes the header names, independently of the tensor view that will be written (a decoded
+    tensor has no bytes in the shard: its digest is of the decoded values, so the write is still checked)."""
     e = job.entry
+    if e.decoded:
+        return hashlib.sha256(_tensor_bytes(job.tensor)).digest()
     return hashlib.sha256(loaded.view[loaded.data_start + e.begin:loaded.data_start + e.end]).digest()
 
 
@@ -829,7 +854,7 @@ def _process_device(loaded: _Loaded, s: _Settings, device: str) -> _Output:
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
                         layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
                         progress: Callable[[ShardEvent], None] | None = None,
-                        readers: int | None = None) -> ExecutorReport:
+                        readers: int | None = None, decode: Any = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -858,7 +883,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             raise ExecutorError(f"device {d}: no CUDA/ROCm GPU visible to torch; use cpu")
     if src.resolve() == dst.resolve():
         raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
-    plan = _plan(src, scheme, exclude, layer_config)
+    plan = _plan(src, scheme, exclude, layer_config, decode)
     settings = _Settings(src, dst, scheme, list(exclude), layer_config, plan)
     key = _run_key(src, scheme, exclude, layer_config)
     journal_path = dst / JOURNAL_NAME
@@ -955,6 +980,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                     return
                 try:
                     loaded = _load_shard(src, name, i, host)
+                    if decode is not None:
+                        loaded = _decoded(loaded, decode)
                     buffers.pin_once(host)
                     work.put(loaded)
                     del loaded

@@ -77,13 +77,14 @@ def restore_kept_tensors(src: SourceCheckpoint, out: Path, decisions: list[Layer
 
 
 def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecision],
-                  kept_checked_by_hash: bool = False) -> dict[str, Any]:
+                  kept_checked_by_hash: bool = False, source_tensors: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check the written tensors against the plan: kept tensors byte-identical to the source, quantized ones in
     a quantized dtype with finite, positive scales. Raises ApplyVerificationError on the first mismatch.
 
     `kept_checked_by_hash`: the native executor already proved every kept tensor's bytes equal to the source's
     (SHA-256 of the bytes read against the bytes written), so here only their presence, dtype and shape are
-    checked from the headers, without reading the output back."""
+    checked from the headers, without reading the output back. `source_tensors` replaces the source's own tensor list
+    for a decoded source (FP8-block, INT4): what the quantizer saw."""
     from safetensors import safe_open
 
     out_tensors = checkpoint_tensors(out)
@@ -110,7 +111,7 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
             handles[key] = safe_open(str(folder / file), "pt")
         return handles[key].get_tensor(name)
 
-    for name, info in src.tensors.items():
+    for name, info in (source_tensors or src.tensors).items():  # a decoded source: its decoded tensors
         if name.startswith(quantized_tensor_prefixes):
             continue
         o = out_tensors.get(name)

@@ -339,7 +339,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                      f"quantizing {len(src.files)} shard(s) with the native executor")
             report = quantize_checkpoint(src.path, tmp, scheme=rec.scheme, exclude=plan.quark_exclude,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
-                                         resume=continuing, progress=_shard_progress(progress, src.size_bytes))
+                                         resume=continuing, progress=_shard_progress(progress, src.size_bytes),
+                                         decode=plan.source_format if plan.source_format.name != "bf16" else None)
             shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
                                    sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
                       for r in report.shards]
@@ -364,7 +365,12 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             assert plan.info is not None
             final_config = draft_config_for_vllm(src.config, plan.info, qc)
         else:
-            final_config = {**src.config, "quantization_config": qc}
+            # The source's own quantization config (FP8-block, compressed-tensors; top level or in text_config) must
+            # not survive: vLLM reads the top-level one first and text_config's second.
+            final_config = {k: ({kk: vv for kk, vv in v.items() if kk != "quantization_config"}
+                                if isinstance(v, dict) else v)
+                            for k, v in src.config.items() if k not in ("quantization_config", "compression_config")}
+            final_config["quantization_config"] = qc
         (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
         for stale in tmp.iterdir():  # the quantizers copy some aux files; take them all from the source instead
             if stale.is_file() and stale.name not in {"config.json", "model.safetensors.index.json"} and \
@@ -375,7 +381,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         progress("verifying the written tensors against the plan and the source")
         # The executor already checked every shard as it wrote it (kept tensors by hash, scales finite and
         # positive); the whole-folder check against the plan runs for both engines.
-        verified = verify_output(src, tmp, decisions, kept_checked_by_hash=native)
+        decoded = decoded_infos(plan) if plan.source_format.name != "bf16" else None
+        verified = verify_output(src, tmp, decisions, kept_checked_by_hash=native, source_tensors=decoded)
         verified["restored_source_dtype"] = restored
         timings["verify"] = time.perf_counter() - t2
         timings["total"] = time.perf_counter() - t0
