@@ -14,20 +14,11 @@ from pathlib import Path
 
 from quantkit.acceptance.stats import SequenceStats
 from quantkit.errors import QuantkitError
+from quantkit.io.vllm_engine import is_vllm_cpu
 
 
 class VllmAcceptanceError(QuantkitError):
     """vLLM cannot run the acceptance measurement as asked."""
-
-
-def is_vllm_cpu() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("vllm-cpu")
-        return True
-    except PackageNotFoundError:
-        return False
 
 
 def run_vllm(target: str | Path, draft: str | Path, prompts: list[str], k: int, max_new_tokens: int,

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from quantkit.errors import QuantkitError
+from quantkit.io.vllm_engine import is_vllm_cpu
 
 Progress = Callable[[str], None]
 SERVED_MODEL_NAME = "quantkit-target"
@@ -84,16 +85,6 @@ class ServeRequestError(ServeError):
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
-
-
-def is_vllm_cpu() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("vllm-cpu")
-        return True
-    except PackageNotFoundError:
-        return False
 
 
 def free_port(host: str = HOST) -> int:

