@@ -220,6 +220,10 @@ class Recipe(_Strict):
     overrides: list[Override] = []
     path: QuantPath = "auto"
     calibration: Calibration | None = None
+    # Multi-token-prediction layers (DeepSeek num_nextn_predict_layers, MiniMax num_mtp_modules): vLLM never loads
+    # them into the target, only its MTP draft does. keep: written BF16 (MTP speculation stays possible); drop: left
+    # out, and the output config says it has none.
+    mtp: Literal["keep", "drop"] = "keep"
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -171,3 +171,26 @@ def test_decoded_nan_is_refused_naming_the_tensor(tmp_path):
     with pytest.raises(QuantkitError, match=name.removesuffix("_scale_inv")):
         apply("mxfp4-moe", src, tmp_path / "out", devices="cpu", progress=None)
     assert not (tmp_path / "out").exists()
+
+
+def test_mtp_layer_kept_bf16_by_default_and_dropped_on_request(built, tmp_path):
+    """DeepSeek-V3's MTP layer (model.layers.3.* for 3 decoder layers): vLLM never loads it into the target; kept
+    BF16 by default, left out with the recipe's `mtp: drop` (and the output config then says it has none)."""
+    import yaml
+
+    from quantkit.apply import apply
+    from quantkit.recipes import load_recipe
+
+    src, out, _ = built[1]["deepseek"]
+    kept = {n: t for n, t in _tensors(out).items() if n.startswith("model.layers.3.")}
+    assert kept and all(t.dtype in (torch.bfloat16, torch.float32) for t in kept.values())
+    recipe = load_recipe("mxfp4-moe").to_dict()
+    recipe.update(name="mxfp4-moe-no-mtp", mtp="drop")
+    path = tmp_path / "no-mtp.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = apply(path, src, tmp_path / "out", devices="cpu", progress=None)
+    dropped = _tensors(tmp_path / "out")
+    assert not [n for n in dropped if n.startswith("model.layers.3.")]
+    assert set(dropped) == {n for n in _tensors(out) if not n.startswith("model.layers.3.")}
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["num_nextn_predict_layers"] == 0
+    assert result.size_after_bytes < sum(f.stat().st_size for f in out.glob("*.safetensors"))

@@ -611,6 +611,7 @@ class _Settings:
     exclude: list[str]
     layer_config: dict[str, str] | None
     plan: _Plan
+    drop: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -628,6 +629,8 @@ def _jobs(loaded: _Loaded, s: _Settings) -> list[_Job]:
     model_dtype = getattr(torch, s.plan.model_dtype)
     jobs = []
     for e, t in loaded.tensors:
+        if e.name in s.drop:  # left out of the output on purpose (a recipe's `mtp: drop`)
+            continue
         target = scheme_for(e.name, e.shape, s.scheme, s.exclude, s.layer_config)
         if target is not None:
             jobs.append(_Job("quantize", e, t, target))
@@ -854,7 +857,8 @@ def _process_device(loaded: _Loaded, s: _Settings, device: str) -> _Output:
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
                         layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
                         progress: Callable[[ShardEvent], None] | None = None,
-                        readers: int | None = None, decode: Any = None) -> ExecutorReport:
+                        readers: int | None = None, decode: Any = None,
+                        drop: set[str] | None = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -884,7 +888,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     if src.resolve() == dst.resolve():
         raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
     plan = _plan(src, scheme, exclude, layer_config, decode)
-    settings = _Settings(src, dst, scheme, list(exclude), layer_config, plan)
+    settings = _Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()))
     key = _run_key(src, scheme, exclude, layer_config)
     journal_path = dst / JOURNAL_NAME
     journal: dict[str, Any] = {"quantkit_journal": JOURNAL_VERSION, **key, "shards": {}}

@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ class ApplyPlan:
     devices: list[str]
     source_format: Any  # quantkit.io.formats.SourceFormat
     mtp_modules: int = 0
+    dropped: set[str] = field(default_factory=set)  # tensors left out (the recipe's `mtp: drop`)
 
 
 def resolve_devices(devices: str | list[str] | None) -> list[str]:
@@ -183,13 +184,18 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
     # loads them into the target (quantkit.io.formats.mtp_tensor_names), only its MTP draft does; kept BF16 so that
     # MTP speculation stays possible.
-    mtp = sorted({n.removesuffix(".weight") for n in mtp_tensor_names(src.config, names) if n.endswith(".weight")})
+    mtp_names = mtp_tensor_names(src.config, names)
+    mtp = sorted({n.removesuffix(".weight") for n in mtp_names if n.endswith(".weight")})
     quark_exclude = sorted(set(quark_exclude) | set(mtp))
+    if rec.mtp == "drop" and mtp_names and chosen != "native":
+        raise ApplyError(f"recipe {rec.name}: mtp: drop needs quantkit's shard executor (engine native); use "
+                         "mtp: keep with --engine quark")
     devs = resolve_devices(devices)
     if chosen == "quark" and len(devs) > 1:
         devs = devs[:1]  # Quark's own multi-device mode re-imports Quark per worker (slower than one device)
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
-                     run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp))
+                     run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
+                     set(mtp_names) if rec.mtp == "drop" else set())
 
 
 def predicted_output_bytes(plan: ApplyPlan) -> int:
@@ -340,7 +346,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             report = quantize_checkpoint(src.path, tmp, scheme=rec.scheme, exclude=plan.quark_exclude,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
                                          resume=continuing, progress=_shard_progress(progress, src.size_bytes),
-                                         decode=plan.source_format if plan.source_format.name != "bf16" else None)
+                                         decode=plan.source_format if plan.source_format.name != "bf16" else None,
+                                         drop=plan.dropped)
             shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
                                    sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
                       for r in report.shards]
@@ -371,6 +378,12 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                 if isinstance(v, dict) else v)
                             for k, v in src.config.items() if k not in ("quantization_config", "compression_config")}
             final_config["quantization_config"] = qc
+            if plan.dropped:  # the MTP layers are gone: say so where vLLM's MTP draft would look for them
+                for cfg in (final_config, final_config.get("text_config")):
+                    if isinstance(cfg, dict):
+                        for key in ("num_nextn_predict_layers", "num_mtp_modules"):
+                            if key in cfg:
+                                cfg[key] = 0
         (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
         for stale in tmp.iterdir():  # the quantizers copy some aux files; take them all from the source instead
             if stale.is_file() and stale.name not in {"config.json", "model.safetensors.index.json"} and \
@@ -381,7 +394,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         progress("verifying the written tensors against the plan and the source")
         # The executor already checked every shard as it wrote it (kept tensors by hash, scales finite and
         # positive); the whole-folder check against the plan runs for both engines.
-        decoded = decoded_infos(plan) if plan.source_format.name != "bf16" else None
+        decoded = decoded_infos(plan) if plan.source_format.name != "bf16" or plan.dropped else None
+        if decoded is not None and plan.dropped:
+            decoded = {n: t for n, t in decoded.items() if n not in plan.dropped}
         verified = verify_output(src, tmp, decisions, kept_checked_by_hash=native, source_tensors=decoded)
         verified["restored_source_dtype"] = restored
         timings["verify"] = time.perf_counter() - t2
