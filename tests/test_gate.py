@@ -43,16 +43,23 @@ def test_gate_passes_on_the_bundled_pair(tiny, fp8_draft, tmp_path, monkeypatch)
     result = _gate(_config(tmp_path, tiny, out), tmp_path / "r", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["schema_version"] == 1 and data["gate"]["passed"] is True
+    assert data["schema_version"] == 1 and data["gate"]["passed"] is True and data["gate"]["verdict"] == "pass"
     names = {c["name"] for c in data["gate"]["checks"]}
-    assert {"check.errors", "acceptance.ratio", "acceptance.candidate_al", "acceptance.per_domain_ratio.math"} <= names
+    assert {"check.errors", "acceptance.ratio", "acceptance.candidate_al", "acceptance.per_domain_ratio.math",
+            "check.unexpected_unquantized", "check.precision_mismatches", "size.ratio", "size.prediction_error",
+            "tokenizer.drifted_files"} <= names
+    assert data["candidates"]["draft-fp8"]["verdict"] == "pass"
+    assert "gate verdict: pass" in result.stderr
     acc = data["candidates"]["draft-fp8"]["acceptance"]
     assert acc["ratio"] >= 0.98 and acc["baseline"]["mean_acceptance_length"] >= 2.0
     # the three report forms agree, and the step summary got the Markdown appended
     assert json.loads((tmp_path / "r" / "report.json").read_text()) == data
     md = (tmp_path / "r" / "report.md").read_text()
-    assert "PASSED" in md and "| **all** |" in md
+    assert "PASSED (verdict: **pass**)" in md and "| **all** |" in md
     assert summary.read_text() == "before\n" + md
+    # the acceptance chart, linked from the Markdown
+    chart = tmp_path / "r" / "acceptance-draft-fp8.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](acceptance-draft-fp8.png)" in md
     suite = ET.parse(tmp_path / "r" / "junit.xml").getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(data["gate"]["checks"])
     # the per-candidate report is what publish --report reads
@@ -65,6 +72,7 @@ def test_gate_passes_on_the_bundled_pair(tiny, fp8_draft, tmp_path, monkeypatch)
 def test_gate_fails_on_a_damaged_draft(tiny, broken_fp8_draft, tmp_path):
     result = _gate(_config(tmp_path, tiny, broken_fp8_draft), tmp_path / "r")
     assert result.exit_code == 1, result.output
+    assert "gate verdict: regression" in result.stderr
     lines = [x for x in result.stderr.splitlines() if x.startswith("gate failed:")]
     assert any("acceptance: acceptance.ratio = " in x and "threshold >= 0.98" in x for x in lines), lines
     assert any("acceptance.candidate_al" in x and "threshold >= 2" in x for x in lines), lines
@@ -92,6 +100,8 @@ def test_gate_fails_closed_on_a_missing_step_result(tiny, fp8_draft, tmp_path):
     result = _gate(cfg, tmp_path / "r")
     assert result.exit_code == 1, result.output
     assert any("eval: eval.result: no result" in x for x in result.stderr.splitlines()), result.stderr
+    assert "gate verdict: infeasible" in result.stderr
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["gate"]["verdict"] == "infeasible"
 
 
 @pytest.mark.parametrize("mutate, needle", [
@@ -100,6 +110,12 @@ def test_gate_fails_closed_on_a_missing_step_result(tiny, fp8_draft, tmp_path):
     (lambda c: c.update(steps=["check", "benchmark"]), "steps.1"),
     (lambda c: c["candidates"][0].update(path="/nowhere/x"), "candidates[0].path: /nowhere/x does not exist"),
     (lambda c: c.pop("target"), "target: field required"),
+    (lambda c: c.update(serve={"al_tolerence": 0.1}), "serve.al_tolerence: unknown key"),
+    (lambda c: c.update(serve={"batch_sizes": [1, 8], "require_batch_sizes": [16]}),
+     "serve.require_batch_sizes: [16] not in serve.batch_sizes [1, 8]"),
+    (lambda c: c.update(serve={"batch_sizes": [0]}), "serve.batch_sizes: distinct sizes of at least 1"),
+    (lambda c: c.update(steps=["check", "serve", "serve"]), "steps: each step at most once"),
+    (lambda c: c.update(check={"max_size_ratio": 0}), "check.max_size_ratio: input should be greater than 0"),
 ])
 def test_bad_gate_config(tiny, tmp_path, mutate, needle):
     cfg = {"name": "t", "target": str(tiny / "target"), "draft": str(tiny / "eagle3-draft"),

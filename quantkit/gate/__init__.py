@@ -1,4 +1,5 @@
-"""`quantkit gate`: the pre-deployment gate over check, acceptance and eval, judged against thresholds."""
+"""`quantkit gate`: the pre-deployment gate over check, acceptance, eval and a real `vllm serve`, judged against
+thresholds into one verdict (pass, regression, anomalous, infeasible)."""
 
 from quantkit.gate.reports import write_reports
 from quantkit.gate.run import GateResult, run_gate

@@ -94,7 +94,7 @@ class GateResult(Result):
     name: str
     config: str
     passed: bool
-    verdict: ReleaseVerdict = "pass"
+    verdict: ReleaseVerdict
     reasons: list[str] = []
     checks: list[GateCheck]
     candidates: dict[str, CandidateReport]

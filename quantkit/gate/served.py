@@ -17,9 +17,13 @@ process group (also on Ctrl-C, and on SIGTERM through the CLI's handler, which r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, ServedBatch, ServeReport
+
+if TYPE_CHECKING:
+    from quantkit.deploy.serve import ServedResult
 
 MAX_PROBLEMS = 5  # malformed responses kept in the report per batch size
 
@@ -56,11 +60,8 @@ def in_process_al(target: str, draft: str, texts: list[str], k: int, max_new_tok
     return 1 + sum(s.num_accepted for s in stats) / drafts if drafts else None
 
 
-def served_batch(res: object) -> ServedBatch:
-    """results.ServedBatch from a quantkit.deploy.serve.ServedResult."""
-    from quantkit.deploy.serve import ServedResult
-
-    assert isinstance(res, ServedResult)
+def served_batch(res: ServedResult) -> ServedBatch:
+    """results.ServedBatch from a quantkit.deploy.serve.ServedResult (its per-request detail left out)."""
     spec = res.spec
     return ServedBatch(
         batch_size=res.batch_size, num_requests=len(res.requests), mean_acceptance_length=res.mean_acceptance_length,

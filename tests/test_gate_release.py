@@ -1,0 +1,315 @@
+"""The gate's release side on real models: the serve step (a real `vllm serve` of the bundled deployment pair, MXFP4
+MoE target + FP8 EAGLE-3 draft), the release figures (size against apply's dry-run prediction, tokenizer drift,
+unquantized layers), and the verdict with its exit code: pass 0, regression / anomalous / infeasible 1.
+
+Servers: one for the agreement test (42 built-in prompts at batch 1 and 8), one SIGKILLed while requests run, one
+stopped by its startup timeout. Each test asserts that nothing of the server's process group is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from quantkit.cli import main
+
+from .conftest import TINY, require_vllm
+
+pytestmark = pytest.mark.slow
+TARGET, DRAFT = TINY / "moe-target", TINY / "moe-eagle3-draft"
+K, MAX_TOKENS = 3, 64
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    """The deployment pair as a user makes it: fp8-draft on the MoE target's draft, mxfp4-moe on the MoE target."""
+    from quantkit.apply.run import apply
+
+    root = tmp_path_factory.mktemp("release-pair")
+    apply("fp8-draft", DRAFT, root / "moe-draft-fp8", target=TARGET, progress=None)
+    apply("mxfp4-moe", TARGET, root / "moe-mxfp4", progress=None)
+    return root / "moe-draft-fp8", root / "moe-mxfp4"
+
+
+@pytest.fixture(scope="module")
+def few_prompts(tmp_path_factory) -> Path:
+    """Every fourth built-in prompt (11, all domains): for the tests whose server is meant to fail."""
+    from quantkit.io.paths import builtin_prompts_file
+
+    lines = builtin_prompts_file().read_text().splitlines()[::4]
+    path = tmp_path_factory.mktemp("prompts") / "few.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _config(tmp_path: Path, candidates: list[dict], steps: list[str], **over) -> str:
+    cfg = {"name": "release", "target": str(TARGET), "draft": str(DRAFT), "candidates": candidates, "steps": steps,
+           "check": {"vllm": "off"},
+           "acceptance": {"min_al": 2.0, "num_speculative_tokens": K, "max_new_tokens": MAX_TOKENS}}
+    for key, value in over.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _gate(config: str, out: Path, *extra: str):
+    return CliRunner().invoke(main, ["gate", config, "--out", str(out), *extra])
+
+
+def _failures(result) -> list[str]:
+    return [x for x in result.stderr.splitlines() if x.startswith("gate failed:")]
+
+
+def _servers() -> dict[int, int]:
+    """vLLM API servers that are children of this process: pid -> port (from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and "--port" in argv and \
+                ("vllm.entrypoints.openai.api_server" in argv or "serve" in argv):
+            found[int(entry)] = int(argv[argv.index("--port") + 1])
+    return found
+
+
+def _nothing_left(pid: int, port: int) -> None:
+    from quantkit.deploy.serve import group_members
+
+    assert group_members(pid) == [], f"processes of the server's group {pid} are still alive"
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on port {port}"
+
+
+# --- served AL agrees with in-process AL -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(pair, tmp_path_factory):
+    """The gate's serve step alone on the pair: 42 built-in prompts at batch 1 and 8, in-process vLLM reference."""
+    require_vllm()
+    draft_q, target_q = pair
+    tmp = tmp_path_factory.mktemp("served")
+    cfg = _config(tmp, [{"name": "pair", "path": str(draft_q), "target": str(target_q)}], ["serve"],
+                  serve={"batch_sizes": [1, 8], "require_batch_sizes": [1, 8]})
+    t0 = time.perf_counter()
+    result = _gate(cfg, tmp / "r", "--json")
+    print(f"\ngate serve step: {time.perf_counter() - t0:.1f} s")
+    return result, tmp / "r"
+
+
+def test_served_al_agrees_with_in_process(served, pair):
+    result, out = served
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["gate"]["verdict"] == "pass" and data["gate"]["passed"] is True and data["gate"]["reasons"] == []
+    from quantkit.results import load_report
+
+    rep = load_report(out / "report.json", model=pair[0])
+    sr = rep.serve
+    assert sr is not None and sr.error is None and sr.in_process_source == "vllm"  # no acceptance step: run here
+    assert sr.target == str(pair[1]) and sr.draft == str(pair[0]) and sr.num_prompts == 42
+    assert sr.in_process_al is not None and sr.in_process_al > 2.5
+    assert [b.batch_size for b in sr.batches] == [1, 8]
+    for b in sr.batches:
+        # greedy, same engine settings: the same tokens, so the same counters (measured: equal to 4 decimals)
+        assert b.mean_acceptance_length == pytest.approx(sr.in_process_al, abs=0.02)
+        assert b.num_requests == 42 and b.well_formed and b.malformed_responses == 0
+        assert b.num_drafts and b.num_draft_tokens == K * b.num_drafts
+        assert len(b.accepted_per_pos) == K and sum(b.accepted_per_pos) == b.num_accepted
+        assert b.mean_acceptance_length == pytest.approx(1 + b.num_accepted / b.num_drafts)
+        assert b.tokens_per_s and b.tokens_per_s > 0 and 0 < (b.ttft_s["p50"] or 0) <= (b.ttft_s["max"] or 0)
+        print(f"batch {b.batch_size}: served AL {b.mean_acceptance_length:.4f} (in-process {sr.in_process_al:.4f}), "
+              f"TTFT p50 {1000 * (b.ttft_s['p50'] or 0):.1f} ms, {b.tokens_per_s:.1f} tok/s, up in {sr.startup_s} s")
+    names = {c["name"]: c for c in data["gate"]["checks"]}
+    for b in (1, 8):
+        assert names[f"serve.bs{b}.al_vs_in_process"]["passed"] and names[f"serve.bs{b}.acceptance_length"]["passed"]
+        assert names[f"serve.bs{b}.malformed_responses"]["value"] == 0
+    md = (out / "report.md").read_text()
+    assert "served (`vllm serve`" in md and "| 8 | " in md
+    port = int(sr.command[sr.command.index("--port") + 1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    assert _servers() == {}
+
+
+# --- a server that dies or does not come up ----------------------------------------------------------------------
+
+
+def test_server_killed_midway_fails_the_step_cleanly(pair, few_prompts, tmp_path):
+    require_vllm()
+    import httpx
+
+    from quantkit.deploy.serve import parse_prometheus
+
+    draft_q, target_q = pair
+    seen: dict = {}
+    stop = threading.Event()
+
+    def killer() -> None:
+        # find our server, wait until vLLM reports requests running, then SIGKILL it: the kill lands mid-request
+        while not stop.is_set():
+            servers = _servers()
+            if servers:
+                pid, port = next(iter(servers.items()))
+                seen.update(pid=pid, port=port)
+                with httpx.Client(timeout=5) as client:
+                    while not stop.is_set():
+                        with contextlib.suppress(httpx.HTTPError):
+                            metrics = parse_prometheus(client.get(f"http://127.0.0.1:{port}/metrics").text)
+                            if sum(v for _, v in metrics.get("vllm:num_requests_running", [])) > 0:
+                                seen["running_at_kill"] = True
+                                os.kill(pid, signal.SIGKILL)
+                                return
+                        time.sleep(0.02)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    cfg = _config(tmp_path, [{"name": "pair", "path": str(draft_q), "target": str(target_q)}], ["serve"],
+                  acceptance={"prompts": str(few_prompts)}, serve={"batch_sizes": [1]})
+    try:
+        result = _gate(cfg, tmp_path / "r", "--json")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert seen.get("running_at_kill"), "the kill did not land while requests were running"
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["gate"]["verdict"] == "infeasible"
+    lines = _failures(result)
+    print(f"\n{lines}")
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("gate failed: pair: serve: serve.error: step failed: vllm serve ")
+    assert "was killed by signal 9 while serving requests" in lines[0] and "last log lines:" in lines[0]
+    assert data["candidates"]["pair"]["serve"]["error"] in lines[0]
+    assert data["gate"]["reasons"] == [f"infeasible: serve.error: could not run ("
+                                       f"step failed: {data['candidates']['pair']['serve']['error']})"]
+    _nothing_left(seen["pid"], seen["port"])
+
+
+def test_server_that_does_not_come_up_is_infeasible(pair, few_prompts, tmp_path):
+    require_vllm()
+    draft_q, target_q = pair
+    cfg = _config(tmp_path, [{"name": "pair", "path": str(draft_q), "target": str(target_q)}], ["serve"],
+                  acceptance={"prompts": str(few_prompts)}, serve={"startup_timeout_s": 4})
+    result = _gate(cfg, tmp_path / "r", "--json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["gate"]["verdict"] == "infeasible" and data["candidates"]["pair"]["verdict"] == "infeasible"
+    lines = _failures(result)
+    assert len(lines) == 1 and "did not answer /health within 4 s" in lines[0] and "startup_timeout_s" in lines[0]
+    assert "last log lines:" in lines[0] or "the log is empty" in lines[0]
+    sr = data["candidates"]["pair"]["serve"]
+    assert sr["batches"] == [] and sr["in_process_al"] > 2.5  # the reference ran; the server never answered
+    assert _servers() == {}
+    assert "gate verdict: infeasible" in result.stderr
+
+
+# --- release figures ---------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_drift_size_and_unquantized_are_caught(pair, tmp_path):
+    """One changed token in a copy of the draft's tokenizer.json, and an extra tensor in its weights; the intact
+    draft beside it passes the same figures; the BF16 draft itself is no quantized output."""
+    from safetensors.torch import load_file, save_file
+
+    draft_q, _ = pair
+    bad = tmp_path / "draft-drifted"
+    shutil.copytree(draft_q, bad)
+    tok = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    token = next(t for t, i in vocab.items() if i == 100)
+    vocab[token + "x"] = vocab.pop(token)
+    (bad / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    import torch
+
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors["model.extra_tensor"] = torch.zeros(200_000, dtype=torch.bfloat16)  # 400 kB on a 1.66 MB output
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+
+    cfg = _config(tmp_path, [{"name": "intact", "path": str(draft_q)}, {"name": "drifted", "path": str(bad)},
+                             {"name": "bf16", "path": str(DRAFT)}], ["check"])
+    result = _gate(cfg, tmp_path / "r", "--json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["gate"]["verdict"] == "regression"
+    cands = data["candidates"]
+    assert cands["intact"]["verdict"] == "pass", cands["intact"]["verdict_reasons"]
+    assert cands["intact"]["release"]["tokenizer_drift"] == []
+    assert abs(cands["intact"]["release"]["size_ratio"] / cands["intact"]["release"]["predicted_size_ratio"] - 1) < 0.01
+    assert cands["drifted"]["verdict"] == "regression"
+    drift = cands["drifted"]["release"]["tokenizer_drift"]
+    assert drift == [f"tokenizer.json: model.vocab: id 100 is {token!r} in source, {token + 'x'!r} in output"]
+    lines = _failures(result)
+    assert any(x.startswith("gate failed: drifted: check: tokenizer.drifted_files = 1 (threshold <= 0)") and
+               "id 100" in x for x in lines), lines
+    assert any("drifted: check: size.prediction_error = " in x and "apply --dry-run predicts" in x for x in lines)
+    # the BF16 source as a candidate: as large as its source, no layer quantized, and no quantkit.json to predict from
+    bf16 = {c["name"]: c for c in cands["bf16"]["gate"]["checks"]}
+    assert bf16["size.ratio"]["value"] == 1.0 and bf16["size.ratio"]["op"] == "<" and not bf16["size.ratio"]["passed"]
+    assert bf16["check.unexpected_unquantized"]["value"] == 1 and not bf16["check.unexpected_unquantized"]["passed"]
+    assert "size.prediction_error" not in bf16
+    assert not any(x.startswith("gate failed: intact:") for x in lines)
+
+
+# --- anomalous ---------------------------------------------------------------------------------------------------
+
+
+def test_candidate_beating_its_baseline_beyond_the_ci_is_anomalous(tiny, fp8_draft, broken_fp8_draft, few_prompts,
+                                                                  tmp_path):
+    """Swapped paths: the damaged draft given as the BF16 baseline. The good FP8 draft then 'beats' it with a ratio CI
+    wholly above 1: no threshold is missed, yet the gate must not pass it."""
+    good, _ = fp8_draft
+    cfg = _config(tmp_path, [{"name": "draft-fp8", "path": str(good)}], ["acceptance"], target=str(tiny / "target"),
+                  draft=str(broken_fp8_draft), acceptance={"backend": "reference", "prompts": str(few_prompts)})
+    result = _gate(cfg, tmp_path / "r", "--json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["gate"]["verdict"] == "anomalous", data["gate"]["reasons"]
+    acc = data["candidates"]["draft-fp8"]["acceptance"]
+    assert acc["ratio_ci"][0] > 1 and acc["ratio"] >= 0.98  # the threshold holds: only the CI makes it anomalous
+    ratio = next(c for c in data["gate"]["checks"] if c["name"] == "acceptance.ratio")
+    assert not ratio["passed"] and ratio["message"].startswith("anomalous: better than its baseline beyond its CI")
+    assert [r.split(": ")[0] for r in data["gate"]["reasons"]] == ["anomalous"]
+    assert "gate verdict: anomalous" in result.stderr
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "FAILED (verdict: **anomalous**)" in md
+
+
+def test_served_and_in_process_disagreeing_is_anomalous():
+    """The rule the serve step applies, on figures: a served AL beyond al_tolerance of the in-process AL is anomalous,
+    not a regression, even when it clears min_al; within it, a pass."""
+    from dataclasses import replace
+
+    from quantkit.deploy.checks import judge, served_al_check
+    from quantkit.gate.run import Figures
+
+    figs = Figures()
+    far = replace(served_al_check(3.2, 3.6455, 0.05), name="serve.bs8.al_vs_in_process")
+    near = replace(served_al_check(3.62, 3.6455, 0.05), name="serve.bs1.al_vs_in_process")
+    bad = figs.add("pair", "serve", far, value=abs(3.2 - 3.6455), op="<=", threshold=0.05)
+    good = figs.add("pair", "serve", near, value=abs(3.62 - 3.6455), op="<=", threshold=0.05)
+    assert not bad.passed and bad.message.startswith("anomalous: 3.2 disagrees with 3.646")
+    assert good.passed and good.message == ""
+    assert judge([rc for _, rc in figs.judged]).verdict == "anomalous"
+    # a strict "<" threshold: equal to it misses
+    assert not figs.plain("c", "check", "size.ratio", 1.0, "<", 1.0).passed
+    assert figs.plain("c", "check", "size.ratio", 0.99, "<", 1.0).passed
