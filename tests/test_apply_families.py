@@ -84,7 +84,7 @@ def test_deepseek_v3_attention_fp8_under_runtime_names(outputs):
 
 def test_minimax_m2_uses_per_shard_and_keeps_names(outputs):
     res, out = outputs["mm"], outputs["base"] / "mm"
-    assert res.path == "per-shard" and "block_sparse_moe" in res.path_reason
+    assert res.path == "per-shard"  # the default for every recipe without static activation scales (issue 12)
     src, got = families.tensors(outputs["mm_src"]), families.tensors(out)
     assert got["model.layers.1.block_sparse_moe.experts.7.w2.weight"].dtype == torch.uint8
     assert torch.equal(got["model.layers.1.block_sparse_moe.gate.weight"], src["model.layers.1.block_sparse_moe.gate.weight"])
