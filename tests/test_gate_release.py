@@ -90,6 +90,15 @@ def _servers() -> dict[int, int]:
     return found
 
 
+def _drop_kept_log(line: str) -> None:
+    """A failed server's log is kept for the user (the message ends with `(log PATH)`); the test removes it."""
+    import re
+
+    m = re.search(r"\(log (/\S+\.log)\)", line)
+    assert m, f"the message names no log file: {line}"
+    Path(m.group(1)).unlink()
+
+
 def _nothing_left(pid: int, port: int) -> None:
     from quantkit.deploy.serve import group_members
 
@@ -203,6 +212,7 @@ def test_server_killed_midway_fails_the_step_cleanly(pair, few_prompts, tmp_path
     assert data["gate"]["reasons"] == [f"infeasible: serve.error: could not run ("
                                        f"step failed: {data['candidates']['pair']['serve']['error']})"]
     _nothing_left(seen["pid"], seen["port"])
+    _drop_kept_log(lines[0])
 
 
 def test_server_that_does_not_come_up_is_infeasible(pair, few_prompts, tmp_path):
@@ -221,6 +231,7 @@ def test_server_that_does_not_come_up_is_infeasible(pair, few_prompts, tmp_path)
     assert sr["batches"] == [] and sr["in_process_al"] > 2.5  # the reference ran; the server never answered
     assert _servers() == {}
     assert "gate verdict: infeasible" in result.stderr
+    _drop_kept_log(lines[0])
 
 
 # --- release figures ---------------------------------------------------------------------------------------------
