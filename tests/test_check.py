@@ -35,11 +35,23 @@ def edit_config(folder: Path, fn) -> None:
 
 
 def edit_tensors(folder: Path, fn) -> None:
-    """Rewrite the (single) safetensors file of an apply output after `fn` changed its tensors dict."""
-    (path,) = folder.glob("*.safetensors")
-    tensors = load_file(str(path))
+    """Rewrite an apply output's safetensors shards after `fn` changed its tensors dict (all shards merged): each
+    tensor goes back to its shard, a new one to the first shard, and the index follows."""
+    shards = sorted(folder.glob("*.safetensors"))
+    home = {}
+    tensors = {}
+    for path in shards:
+        for name, t in load_file(str(path)).items():
+            tensors[name], home[name] = t, path.name
     fn(tensors)
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    for path in shards:
+        mine = {n: t for n, t in tensors.items() if home.get(n, shards[0].name) == path.name}
+        save_file(mine, str(path), metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {n: home.get(n, shards[0].name) for n in tensors}
+        index.write_text(json.dumps(data))
 
 
 def errors(result) -> set[tuple[str, str]]:
@@ -196,11 +208,11 @@ def test_8_index_names_a_missing_file(tiny_outputs, tmp_path):
     bad = copy(tiny_outputs["mxfp4-moe"], tmp_path / "m")
     from quantkit.io.headers import checkpoint_tensors
 
-    names = sorted(checkpoint_tensors(bad))
-    weight_map = {n: "model.safetensors" for n in names}
-    weight_map[names[-1]] = "model-00002-of-00002.safetensors"
+    tensors = checkpoint_tensors(bad)
+    weight_map = {n: info.file for n, info in tensors.items()}
+    weight_map[sorted(tensors)[-1]] = "model-00009-of-00009.safetensors"
     (bad / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    assert "model-00002-of-00002.safetensors" in _bad_input(bad)
+    assert "model-00009-of-00009.safetensors" in _bad_input(bad)
 
 
 def test_8_corrupt_header_json(tiny_outputs, tmp_path):
