@@ -87,7 +87,7 @@ def test_builtin_recipes_are_the_expected_files_and_load() -> None:
 
 def test_fp8_draft_keeps_fc_and_lm_head_bf16() -> None:
     recipe = load_recipe("fp8-draft")
-    assert (recipe.applies_to, recipe.scheme, recipe.path) == ("eagle3-draft", "ptpc_fp8", "in-memory")
+    assert (recipe.applies_to, recipe.scheme, recipe.path) == ("eagle3-draft", "ptpc_fp8", "auto")
     assert recipe.quantize == ["decoder_linears"]
     assert [k.role for k in recipe.keep] == ["fc", "lm_head"]
     assert recipe.calibration is None and not recipe.needs_calibration
@@ -96,7 +96,7 @@ def test_fp8_draft_keeps_fc_and_lm_head_bf16() -> None:
 
 def test_mxfp4_moe_quantizes_only_experts() -> None:
     recipe = load_recipe("mxfp4-moe")
-    assert (recipe.applies_to, recipe.scheme, recipe.path) == ("moe-target", "mxfp4", "in-memory")
+    assert (recipe.applies_to, recipe.scheme, recipe.path) == ("moe-target", "mxfp4", "auto")
     assert recipe.quantize == ["experts"]
     assert {k.role for k in recipe.keep} == {
         "router", "attention", "lm_head", "shared_experts", "dense_mlp", "embed_tokens",

@@ -95,6 +95,13 @@ def plugin_in_process(tmp_path_factory):
 
 def make_llm(folder: Path):
     from vllm import LLM
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    # In-process engines share vLLM's parallel state: one started earlier in the session for a dense model leaves it
+    # initialised without an expert-parallel group, which an MoE engine then cannot get (parallel_state.py
+    # ensure_model_parallel_initialized keeps what exists). Start from a clean state.
+    destroy_model_parallel()
+    destroy_distributed_environment()
 
     # raw_logits + full-vocab logprobs: prompt_logprobs return the model's logits at every prompt position.
     return LLM(model=str(folder), enforce_eager=True, max_model_len=256, seed=0, logprobs_mode="raw_logits",
@@ -272,7 +279,7 @@ def test_plugin_serves_mxfp4_checkpoint_with_the_bytes_vllm_loaded(served):
     assert sorted(set(classes.values())) == [want[0]] and len(classes) == want[1], classes
 
     loaded = llm.collective_rpc(_uint8_params)[0]
-    ckpt = load_file(str(folder / "model.safetensors"))
+    ckpt = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
     cfg = json.loads((folder / "config.json").read_text())
     used: list[str] = []
     for pname, tensor in loaded.items():
@@ -419,12 +426,25 @@ def test_logits_agree_with_quarks_importer(served, quark_models):
 
 
 def damaged_copy(src: Path, dst: Path, edit) -> Path:
+    """A copy of `src` after `edit` changed its tensors (all shards merged); each tensor goes back to its shard,
+    the index follows (outputs keep the source's shards: per shard is the default path)."""
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
+    shards = sorted(dst.glob("*.safetensors"))
+    home, tensors = {}, {}
+    for shard in shards:
+        for k, v in load_file(str(shard)).items():
+            tensors[k], home[k] = v, shard.name
     edit(tensors)
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    for shard in shards:
+        save_file({k: v for k, v in tensors.items() if home.get(k, shards[0].name) == shard.name}, str(shard),
+                  metadata={"format": "pt"})
+    index = dst / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {k: home.get(k, shards[0].name) for k in tensors}
+        index.write_text(json.dumps(data))
     return dst
 
 
