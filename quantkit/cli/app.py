@@ -16,6 +16,8 @@ from quantkit import __version__
 from quantkit.errors import QuantkitError, ResumableInterrupt, Terminated
 
 MAX_MESSAGE = 600
+# Signals received (name, exit code): an interrupt stays an interrupt even when a library turns it into another error.
+RECEIVED: list[tuple[str, int]] = []
 # `quantkit --help` lists the commands in the order a user runs them.
 PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "eval", "gate", "deploy", "publish", "demo")
 
@@ -33,6 +35,8 @@ class QuantkitGroup(click.Group):
         # SIGTERM (a CI runner's cancel, `kill`) unwinds like Ctrl-C, so temporary folders are cleaned up the same way.
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, raise_terminated)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, raise_interrupted)
         return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -57,6 +61,13 @@ class QuantkitGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as e:  # a bug or a failure inside Quark/vLLM: one line unless asked for the traceback
+            if RECEIVED:
+                # A library caught the KeyboardInterrupt and raised something else (safetensors' loader turns one
+                # into a ValueError): it is still the interrupt, and cleanup already ran on the way here.
+                name, code = RECEIVED[-1]
+                click.echo(f"error: interrupted by {name}; nothing was left half-written (temporary files removed)",
+                           err=True)
+                interrupted_exit(code)
             if os.environ.get("QUANTKIT_DEBUG") == "1":
                 raise
             first = " ".join(str(e).split("\n"))[:300]
@@ -82,7 +93,13 @@ def exit_failed() -> None:
 
 
 def raise_terminated(signum: int, frame: Any) -> None:
+    RECEIVED.append(("SIGTERM", 143))
     raise Terminated()
+
+
+def raise_interrupted(signum: int, frame: Any) -> None:
+    RECEIVED.append(("SIGINT", 130))
+    raise KeyboardInterrupt()
 
 
 @click.group(cls=QuantkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
