@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from quantkit.errors import QuantkitError
+from quantkit.io.checkpoint import sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -407,14 +408,6 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     # weight map after every shard).
     tmp.write_text(json.dumps(data, separators=(",", ":")))
     os.replace(tmp, path)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 * _MB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- the pipeline ----------------------------------------------------------------------------------------------------
@@ -926,7 +919,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         st = (src / name).stat()
         if resume and entry and out.is_file() and out.stat().st_size == entry["bytes_out"] and \
                 entry["source_size"] == st.st_size and entry["source_mtime_ns"] == st.st_mtime_ns and \
-                _sha256_file(out) == entry["sha256_out"]:
+                sha256_file(out) == entry["sha256_out"]:
             records[name] = ShardRecord(name, entry["bytes_in"], entry["bytes_out"], entry["sha256_in"],
                                         entry["sha256_out"], entry["tensors"], entry["quantized"], 0.0,
                                         entry["device"], resumed=True)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit.errors import QuantkitError
+from quantkit.io.checkpoint import sha256_file
 from quantkit.io.headers import load_json_file
 from quantkit.results import ApplyResult, ResultFileError, load_manifest
 
@@ -72,14 +72,6 @@ def read_manifest(folder: str | Path) -> ApplyResult:
     return manifest
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def upload_files(folder: str | Path) -> list[UploadFile]:
     """The folder's files as they go to the repo: every regular file except hidden ones and README.md (the
     generated card replaces it), sorted by path."""
@@ -91,7 +83,7 @@ def upload_files(folder: str | Path) -> list[UploadFile]:
             continue
         if any(part.startswith(".") and part != ".gitattributes" for part in rel.split("/")):
             continue  # e.g. .cache/huggingface from a local_dir download
-        out.append(UploadFile(path=rel, size=p.stat().st_size, sha256=_sha256(p)))
+        out.append(UploadFile(path=rel, size=p.stat().st_size, sha256=sha256_file(p)))
     return out
 
 
