@@ -1,4 +1,10 @@
-"""Errors a user can cause: the CLI prints each as one line `error: <message>` and exits with status 2."""
+"""Errors a user can cause: the CLI prints each as one line `error: <message>` and exits with status 2; and the one
+scrubber of secrets (URL credentials, tokens) that every message and log line passes through on its way out."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote, urlsplit
 
 
 class QuantkitError(Exception):
@@ -30,3 +36,49 @@ class ResumableInterrupt(KeyboardInterrupt):
         super().__init__(hint)
         self.hint = hint
         self.terminated = terminated
+
+
+# --- secrets out of every message ---------------------------------------------------------------------------------
+# Everything quantkit prints or logs goes through scrub_secrets: the CLI's error line, progress lines, the log
+# records and warnings of the libraries it calls (huggingface_hub logs each retried URL), and publish's results. A
+# URL's user:password, token-like query parameters, Bearer values, Hub tokens and the secrets registered at run time
+# (the publish token, the endpoint's password) never reach a terminal or a CI log.
+
+REDACTED = "***"
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s?#]*@")
+_QUERY_SECRET = re.compile(r"(?i)([?&;](?:access_token|token|api_key|apikey|key|password|passwd|pwd|secret|auth|"
+                           r"authorization|sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token)=)"
+                           r"[^&\s#'\"]+")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]{8,}")
+HUB_TOKEN = re.compile(r"(hf_|api_org_)[A-Za-z0-9]{30,}")  # Hugging Face user and (old) organisation tokens
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Scrub `value` (and its URL-encoded forms) from every message from now on: a token, a password. Values under
+    6 characters are left to the patterns (replacing a short word everywhere would garble messages)."""
+    if value and len(value) >= 6:
+        _SECRETS.update(v for v in {value, quote(value, safe=""), unquote(value)} if len(v) >= 6)
+
+
+def register_url_secrets(url: str | None) -> None:
+    """Register the password of a URL's `user:password@` part (the user name is no secret)."""
+    try:
+        password = urlsplit(url).password if url else None
+    except ValueError:
+        return
+    register_secret(password)
+
+
+def scrub_secrets(text: str) -> str:
+    """`text` with credentials replaced by ***: every registered secret, a URL's `user:password@` (the whole part),
+    token-like query parameters, Bearer values and Hub tokens (`hf_***`)."""
+    if not text:
+        return text
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    text = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    text = _QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    return HUB_TOKEN.sub(lambda m: m.group(1) + REDACTED, text)

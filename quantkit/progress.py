@@ -22,9 +22,11 @@ def or_silent(progress: Progress | None) -> Progress:
 
 
 def stderr_progress(stage: str) -> Progress:
-    """A callback printing `[quantkit STAGE] message` lines on stderr."""
+    """A callback printing `[quantkit STAGE] message` lines on stderr, credentials scrubbed (errors.scrub_secrets)."""
+
+    from quantkit.errors import scrub_secrets
 
     def emit(message: str) -> None:
-        print(f"[quantkit {stage}] {message}", file=sys.stderr, flush=True)
+        print(scrub_secrets(f"[quantkit {stage}] {message}"), file=sys.stderr, flush=True)
 
     return emit

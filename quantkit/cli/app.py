@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from quantkit import __version__
-from quantkit.errors import QuantkitError, ResumableInterrupt, Terminated
+from quantkit.errors import QuantkitError, ResumableInterrupt, Terminated, scrub_secrets
 
 MAX_MESSAGE = 600
 # Signals received (name, exit code): an interrupt stays an interrupt even when a library turns it into another error.
@@ -37,6 +37,7 @@ class QuantkitGroup(click.Group):
             signal.signal(signal.SIGTERM, raise_terminated)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, raise_interrupted)
+        scrub_logs_and_warnings()
         return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -46,14 +47,15 @@ class QuantkitGroup(click.Group):
             term = isinstance(e, Terminated) or (isinstance(e, ResumableInterrupt) and e.terminated)
             name, code = ("SIGTERM", 143) if term else ("SIGINT", 130)
             hint = getattr(e, "hint", None) or "nothing was left half-written (temporary files removed)"
-            click.echo(f"error: interrupted by {name}; {hint}", err=True)
+            click.echo(scrub_secrets(f"error: interrupted by {name}; {hint}"), err=True)
             interrupted_exit(code)
         except RecursionError:
             click.echo("error: input nested too deeply to read (a hostile or corrupt JSON/YAML file?); check the "
                        "files you passed", err=True)
             ctx.exit(2)
         except QuantkitError as e:
-            message = " ".join(str(e).split("\n"))  # messages are one line by contract; keep it so for `2>&1 | tail`
+            # Messages are one line by contract (keep it so for `2>&1 | tail`), and never hold a credential.
+            message = scrub_secrets(" ".join(str(e).split("\n")))
             if len(message) > MAX_MESSAGE:  # a message that echoes hostile input must not flood the terminal
                 message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
             click.echo(f"error: {message}", err=True)
@@ -70,10 +72,40 @@ class QuantkitGroup(click.Group):
                 interrupted_exit(code)
             if os.environ.get("QUANTKIT_DEBUG") == "1":
                 raise
-            first = " ".join(str(e).split("\n"))[:300]
+            first = scrub_secrets(" ".join(str(e).split("\n")))[:300]
             click.echo(f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)",
                        err=True)
             ctx.exit(1)
+
+
+def scrub_logs_and_warnings() -> None:
+    """Pass every log record and warning of this process (huggingface_hub logs each URL it retries, httpx each
+    request) through scrub_secrets before any handler formats it."""
+    import logging
+    import warnings
+
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "quantkit_scrubs", False):
+        return
+
+    def scrubbed_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the logging module's to report
+            return record
+        record.msg, record.args = scrub_secrets(message), None
+        return record
+
+    scrubbed_record.quantkit_scrubs = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(scrubbed_record)
+    show = warnings.showwarning
+
+    def scrubbed_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                         line: str | None = None) -> None:
+        show(scrub_secrets(str(message)), category, filename, lineno, file, line)
+
+    warnings.showwarning = scrubbed_warning
 
 
 def interrupted_exit(code: int) -> None:
