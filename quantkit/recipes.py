@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from quantkit.errors import RecipeError
+from quantkit.io.files import require_regular_file
 from quantkit.io.paths import recipes_dir
 from quantkit.io.yamlio import load_yaml
 from quantkit.results import EAGLE3_DRAFT, MOE_TARGET, ModelKind
@@ -402,6 +403,7 @@ def list_recipes() -> list[Recipe]:
 
 def load_recipe_file(path: Path) -> Recipe:
     """Parse and validate one recipe file; every problem becomes a one-line RecipeError naming the file."""
+    require_regular_file(path, "recipe", "give a .yaml file", RecipeError)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

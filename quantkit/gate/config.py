@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantkit.errors import QuantkitError
+from quantkit.io.files import require_regular_file
 from quantkit.io.yamlio import load_yaml
 
 
@@ -87,6 +88,7 @@ class GateConfig(_Strict):
 def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     """Parse and validate a gate config; one-line errors name the file and the key."""
     p = Path(path)
+    require_regular_file(p, "gate config", "pass a gate YAML file", GateConfigError)
     try:
         data = load_yaml(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

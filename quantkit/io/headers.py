@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.files import require_regular_file
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -46,6 +47,7 @@ def read_header(path: str | Path) -> dict[str, Any]:
     Returns the header as stored: tensor name -> {dtype, shape, data_offsets}, plus `__metadata__` if present.
     """
     path = Path(path)
+    require_regular_file(path, fix="a shard must be a regular .safetensors file")
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -206,6 +208,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError) -> Any:
     """Parse a small JSON file (config, index, report); every way it can be unreadable is one `error`."""
     path = Path(path)
+    require_regular_file(path, fix=fix, error=error)
     try:
         size = path.stat().st_size
         if size > MAX_JSON_FILE_BYTES:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
+from quantkit.io.files import require_regular_file
 
 _TRUST = contextvars.ContextVar("quantkit_trust_remote_code", default=False)
 
@@ -49,6 +50,7 @@ def auto_map_modules(folder: str | Path) -> list[str]:
     found: list[str] = []
     for name in ("config.json", "tokenizer_config.json"):
         path = Path(folder) / name
+        require_regular_file(path, fix="replace it by the file itself")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.io.files import require_regular_file
 from quantkit.io.paths import builtin_prompts_file
 
 BUILTIN_PROMPTS = builtin_prompts_file()
@@ -38,6 +39,7 @@ class PromptRecord:
 def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
     """Load `builtin` or a JSONL file; every error names the file and line."""
     path = BUILTIN_PROMPTS if str(source) == "builtin" else Path(source)
+    require_regular_file(path, "prompt file", "pass 'builtin' or a JSONL file", PromptFileError)
     if not path.is_file():
         raise PromptFileError(f"prompt file {path} not found; pass 'builtin' or a JSONL file")
     try:
