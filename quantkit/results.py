@@ -111,7 +111,8 @@ class ApplyResult(Result):
     source_files: dict[str, str] = {}
     verified: dict[str, Any] = {}
     target_num_layers: int | None = None
-    output_files: list[str] = []
+    output_files: list[str] = []  # every file written, as paths relative to the output (`sub/file`)
+    not_copied: list[str] = []  # source files (and `folder/`s) not copied: not what a checkpoint carries (io.files)
     # The shard executor (engine "native") and --dry-run:
     devices: list[str] = []
     device_plan: dict[str, list[str]] = {}  # device -> source shards it quantizes

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import sha256_file
+from quantkit.io.files import check_entry, check_tree, copy_tree_checked, link_roots, require_regular_file, scan_folder
 
 if TYPE_CHECKING:
     import torch
@@ -218,6 +219,7 @@ def _parse_header(raw: bytes | bytearray | memoryview, size: int, where: str) ->
 
 
 def _read_header_file(path: Path) -> list[_HeaderEntry]:
+    require_regular_file(path, fix="a shard must be a regular .safetensors file", error=CorruptShardError)
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -364,6 +366,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
         if s not in SCHEMES:
             raise ExecutorError(f"scheme {s!r}: the native executor supports {', '.join(SCHEMES)}; use Quark for others")
     cfg_path = src / "config.json"
+    require_regular_file(cfg_path, fix="config.json must be a regular file", error=ExecutorError)
     if not cfg_path.is_file():
         raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
     config = json.loads(cfg_path.read_text())
@@ -851,7 +854,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                         layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
                         progress: Callable[[ShardEvent], None] | None = None,
                         readers: int | None = None, decode: Any = None,
-                        drop: set[str] | None = None) -> ExecutorReport:
+                        drop: set[str] | None = None, copy_aux: bool = True) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -861,7 +864,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     `resume=True` the shards a previous, interrupted run recorded in dst's journal (and whose output still hashes
     as recorded) are kept; all others are redone. `progress` is called in the caller's thread. `readers`: read
     streams (default 1 for CPU-only runs, 4 when a GPU quantizes); fewer are used when their buffers would not fit
-    in half of the available memory (see the module's memory bound).
+    in half of the available memory (see the module's memory bound). `copy_aux=False` leaves the source's other
+    files out (quantkit apply copies its own allow-list, quantkit.io.files.AUX_FILES).
     """
     import torch
 
@@ -880,6 +884,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             raise ExecutorError(f"device {d}: no CUDA/ROCm GPU visible to torch; use cpu")
     if src.resolve() == dst.resolve():
         raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
+    if copy_aux:
+        _check_aux_files(src)
     plan = _plan(src, scheme, exclude, layer_config, decode)
     settings = _Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()))
     key = _run_key(src, scheme, exclude, layer_config)
@@ -1090,7 +1096,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         raise ExecutorError(f"quantizing {src} failed: {type(first).__name__}: {first}") from first
 
     # All shards are in place: the files Quark writes after its shard loop, in its order.
-    _copy_aux_files(src, dst)
+    if copy_aux:
+        _copy_aux_files(src, dst)
     weight_map: dict[str, str] = {}
     for name in plan.shards:
         for tensor in weight_maps[name]:
@@ -1130,17 +1137,32 @@ def _available_memory() -> int:
 
 def _copy_aux_files(src: Path, dst: Path) -> None:
     """file2file_quantization.py `_copy_json_and_py_files`: every folder and every file but *.safetensors and
-    README*.md, in os.listdir order."""
+    README*.md, in os.listdir order.
+
+    Unlike Quark, nothing that could leak or hang is copied: every entry, and every entry of every folder copied, is
+    checked first (quantkit.io.files.check_entry), and a link that leaves the source (or its HF cache repo's blobs),
+    a link to a folder or a link loop, a pipe or a device is refused (Quark follows links: `self -> .` copies the
+    folder into itself until paths get too long, `notes.txt -> ~/.cache/huggingface/token` copies the token)."""
+    roots = link_roots(src)
     for name in os.listdir(src):
         s, d = src / name, dst / name
-        if s.is_dir():
-            shutil.copytree(s, d, dirs_exist_ok=True)
+        if check_entry(s, roots, ExecutorError) == "folder":
+            copy_tree_checked(s, d, roots, ExecutorError)
             continue
         if name.endswith(".safetensors") or name == JOURNAL_NAME:
             continue
         if name.lower().endswith(".md") and "readme" in name.lower():
             continue
-        shutil.copy2(s, d)
+        shutil.copy2(os.path.realpath(s), d)
+
+
+def _check_aux_files(src: Path) -> None:
+    """Before any work: what `_copy_aux_files` will copy, checked as it will be (the source's top level and every
+    folder in it), so that a link out of the source or a pipe is refused before the first shard."""
+    roots = link_roots(src)
+    entries = scan_folder(src, inside=True, hidden=True, error=ExecutorError)
+    for name in entries.folders:
+        check_tree(src / name, roots, ExecutorError)
 
 
 def _remove_quantization_config(config: dict[str, Any]) -> None:

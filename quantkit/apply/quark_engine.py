@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +178,29 @@ def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     model_type = "llama" if kind == EAGLE3_DRAFT else str(config.get("model_type"))
     qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
     progress(f"quantizing with Quark {recipe.scheme} on {device} (per shard)")
-    with quark_output_to_stderr():
-        ModelQuantizer(qconfig).direct_quantize_checkpoint(str(src), str(tmp), device=device)
+    with quark_output_to_stderr(), weights_view(src) as view:
+        ModelQuantizer(qconfig).direct_quantize_checkpoint(str(view), str(tmp), device=device)
     return quark_exclude
+
+
+@contextlib.contextmanager
+def weights_view(src: Path) -> Iterator[Path]:
+    """A temporary folder of links to the source's shards (those its index names), its index and config.json, and
+    nothing else.
+
+    Quark's file-to-file path quantizes every *.safetensors under its source (os.walk, sub-folders included) and
+    copies every other file and folder, following links (file2file_quantization.py `_get_safetensor_files`,
+    `_copy_json_and_py_files`). Given this view, it reads only the checkpoint quantkit planned, and copies nothing:
+    apply copies the source's allow-list itself (quantkit.io.files.AUX_FILES)."""
+    from quantkit.io.headers import CONFIG_FILE, INDEX_FILE
+
+    view = Path(tempfile.mkdtemp(prefix="quantkit-quark-source-"))
+    try:
+        names = {t.file for t in checkpoint_tensors(src).values()} | {CONFIG_FILE}
+        if (src / INDEX_FILE).is_file():
+            names.add(INDEX_FILE)
+        for name in sorted(names):
+            os.symlink(os.path.realpath(src / name), view / name)
+        yield view
+    finally:
+        shutil.rmtree(view, ignore_errors=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import resource
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -42,10 +43,11 @@ from quantkit.io.checkpoint import (
     SourceCheckpoint,
     atomic_output,
     check_output_free,
-    copy_aux_files,
     resolve_source,
     sha256_file,
+    written_files,
 )
+from quantkit.io.files import copy_aux_files, describe_not_copied, is_weight_file, not_copied, scan_folder
 from quantkit.io.headers import read_config
 from quantkit.naming.config import target_layer_count
 from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
@@ -82,6 +84,7 @@ class ApplyPlan:
     source_format: Any  # quantkit.io.formats.SourceFormat
     mtp_modules: int = 0
     dropped: set[str] = field(default_factory=set)  # tensors left out (the recipe's `mtp: drop`)
+    not_copied: list[str] = field(default_factory=list)  # source files and folders apply does not copy (io.files)
 
 
 def resolve_devices(devices: str | list[str] | None) -> list[str]:
@@ -142,7 +145,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                                               f" ({'calibration' if run_path == 'in-memory' else 'scheme'} "
                                               "not run natively)")}[chosen]
 
-    src = resolve_source(model)
+    src = resolve_source(model, copying=True)
     from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names
 
     fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"))
@@ -195,7 +198,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         devs = devs[:1]  # Quark's own multi-device mode re-imports Quark per worker (slower than one device)
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
                      run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
-                     set(mtp_names) if rec.mtp == "drop" else set())
+                     set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)))
 
 
 def predicted_output_bytes(plan: ApplyPlan) -> int:
@@ -311,6 +314,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     progress(f"{src.architecture} ({plan.kind}): {sum(d.action == 'quantize' for d in decisions)} layers to quantize, "
              f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {plan.exclude}; engine {plan.engine} "
              f"{plan.path} on {','.join(plan.devices)}")
+    if plan.not_copied:
+        progress(f"warning: not copied from the source (apply copies only the weights and the files a checkpoint "
+                 f"carries, see the README's Safety section): {describe_not_copied(plan.not_copied)}")
 
     base = dict(
         command=" ".join(sys.argv) if sys.argv else "", target=str(target) if target is not None else None,
@@ -318,7 +324,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         recipe=rec.to_dict(), model_kind=plan.kind, architecture=src.architecture, path=plan.path,
         path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
         exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
-        target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name)
+        target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name,
+        not_copied=plan.not_copied)
     if dry_run:
         timings["total"] = time.perf_counter() - t0
         return ApplyResult(**base, dry_run=True, size_after_bytes=predicted_output_bytes(plan),
@@ -347,7 +354,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
                                          resume=continuing, progress=_shard_progress(progress, src.size_bytes),
                                          decode=plan.source_format if plan.source_format.name != "bf16" else None,
-                                         drop=plan.dropped)
+                                         drop=plan.dropped, copy_aux=False)
             shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
                                    sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
                       for r in report.shards]
@@ -385,9 +392,12 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                             if key in cfg:
                                 cfg[key] = 0
         (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
-        for stale in tmp.iterdir():  # the quantizers copy some aux files; take them all from the source instead
-            if stale.is_file() and stale.name not in {"config.json", "model.safetensors.index.json"} and \
-                    not stale.name.endswith(".safetensors"):
+        # Quark's exporters write some files of their own (generation_config.json, ...): the output's files beside
+        # the weights come from the source's allow-list instead (io.files.AUX_FILES), sub-folders never.
+        for stale in tmp.iterdir():
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            elif not is_weight_file(stale.name):
                 stale.unlink()
         copy_aux_files(src.path, tmp)
         restored = [] if native else restore_kept_tensors(src, tmp, decisions)
@@ -407,7 +417,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             source_files=hashes, verified=verified, shards=shards, resumed_shards=resumed,
             throughput_mb_s=throughput, device_plan={},
-            output_files=sorted([p.name for p in tmp.iterdir()] + ["quantkit.json"]),
+            output_files=sorted({*written_files(tmp), "quantkit.json"}),
         )
         (tmp / "quantkit.json").write_text(jsonout.dumps(result.to_dict()) + "\n")
     progress(f"wrote {result.output} in {timings['total']:.1f}s")

@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import CheckpointError, QuantkitError, ResumableInterrupt, Terminated
+from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, scan_folder
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 
-# Files that belong to the weights and are rewritten by a quantizer; everything else in a checkpoint folder
-# (tokenizer, chat template, generation config, README, ...) is carried over unchanged.
-WEIGHT_FILES = re.compile(r".*\.safetensors$|^model\.safetensors\.index\.json$|^config\.json$|^quantkit\.json$")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -53,9 +51,6 @@ class SourceCheckpoint:
         return sum((self.path / f).stat().st_size for f in self.files)
 
 
-WEIGHTS_AND_TOKENIZER = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]
-
-
 def _locate(source: str | Path, patterns: list[str]) -> tuple[Path, str | None]:
     """The local folder of `source`, downloading the files matching `patterns` when it is a Hub repo id."""
     path = Path(source).expanduser()
@@ -76,9 +71,14 @@ def resolve_config(source: str | Path) -> dict[str, Any]:
     return read_config(path)
 
 
-def resolve_source(source: str | Path) -> SourceCheckpoint:
-    """A local folder, or a Hub repo id downloaded with huggingface_hub (safetensors, configs, tokenizer)."""
-    path, hub_id = _locate(source, WEIGHTS_AND_TOKENIZER)
+def resolve_source(source: str | Path, *, copying: bool = False) -> SourceCheckpoint:
+    """A local folder, or a Hub repo id downloaded with huggingface_hub (weights, config and io.files.AUX_FILES).
+
+    Its top level is checked before anything is read (io.files.scan_folder): a link loop, a dangling link, a link to
+    a folder, a pipe or a device is refused; with `copying` (apply) so is a link that leads out of the folder (or,
+    for a Hugging Face cache snapshot, out of its repo's blobs/)."""
+    path, hub_id = _locate(source, DOWNLOAD_PATTERNS)
+    scan_folder(path, inside=copying)
     config = read_config(path)
     tensors = checkpoint_tensors(path)
     if not tensors:
@@ -117,21 +117,10 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def copy_aux_files(src: Path, dst: Path) -> list[str]:
-    """Copy everything that is not weights or config (tokenizer, chat template, generation config, ...)."""
-    copied = []
-    for p in sorted(src.iterdir()):
-        if p.is_file() and not WEIGHT_FILES.match(p.name) and not p.name.startswith("."):
-            shutil.copy2(p, dst / p.name)
-            copied.append(p.name)
-    return copied
-
-
 class OutputWriteError(QuantkitError):
     """The output cannot be written: its parent is not a writable folder, or the disk filled up."""
 
 
-MANIFEST_FILE = "quantkit.json"
 # errno values that mean "the disk (or the file size limit) is full", as OSError or inside a library's message.
 _FULL = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large for this file system or limit",
          errno.EDQUOT: "disk quota exceeded"}
@@ -152,10 +141,12 @@ def _relation(out: Path, src: Path) -> str | None:
 
 
 def quantkit_owned_files(folder: Path) -> set[str] | None:
-    """The files a previous `quantkit apply` wrote into `folder` (from its quantkit.json), or None if it has none.
+    """The files a previous `quantkit apply` wrote into `folder` (from its quantkit.json), as paths relative to it
+    (`a/b` inside sub-folders), or None if it has no quantkit.json.
 
-    Manifests older than the `output_files` field name no files; then every plain file counts as quantkit's (such
-    a folder was written whole by quantkit's atomic rename).
+    Manifests older than the `output_files` field name no files; then every plain top-level file counts as
+    quantkit's (such a folder was written whole by quantkit's atomic rename). Older manifests name a sub-folder by its
+    name alone; then everything under it counts as quantkit's (see `_owned`).
     """
     manifest = folder / MANIFEST_FILE
     if not manifest.is_file():
@@ -212,11 +203,30 @@ def check_output_free(output: Path, overwrite: bool, sources: Sequence[str | Pat
     if owned is None:
         raise OutputExistsError(f"output {shown} exists and was not written by quantkit apply (no {MANIFEST_FILE}); "
                                 "--overwrite only replaces quantkit outputs: remove it yourself or pick another folder")
-    foreign = [e for e in entries if e not in owned or (out / e).is_dir()]
+    foreign = [e for e in entries if not _owned(out, e, owned)]
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise OutputExistsError(f"output {shown} holds files quantkit did not write ({listed}); --overwrite only "
                                 "removes what quantkit wrote: move them away or pick another folder")
+
+
+def _owned(out: Path, name: str, owned: set[str]) -> bool:
+    """Whether the entry `name` of a previous output (a file, or a sub-folder and everything in it) is quantkit's:
+    named in `owned` itself (a file, or a sub-folder as older manifests recorded it), or a real sub-folder whose
+    every file is named (`sub/file`). Links are never quantkit's inside a sub-folder: apply writes none."""
+    path = out / name
+    if not path.is_dir() or path.is_symlink():
+        return name in owned
+    if name in owned:
+        return True
+    files = [Path(root, f) for root, dirs, names in os.walk(path) for f in names + [d for d in dirs
+             if Path(root, d).is_symlink()]]
+    return bool(files) and all(p.relative_to(out).as_posix() in owned and not p.is_symlink() for p in files)
+
+
+def written_files(folder: Path) -> list[str]:
+    """Every file under `folder`, as sorted paths relative to it (`sub/file`): what apply records as `output_files`."""
+    return sorted(Path(root, f).relative_to(folder).as_posix() for root, _, names in os.walk(folder) for f in names)
 
 
 def full_disk_reason(e: BaseException) -> str | None:
