@@ -45,7 +45,9 @@ def publish_command(folder: Path, repo_id: str, private: bool, revision: str | N
     quantkit publish DRAFT-FP8 --repo-id ORG/NAME --report gate-report.json --target ORG/TARGET
     quantkit publish DRAFT-FP8 --repo-id ORG/NAME --dry-run
 
-    The token comes from HF_TOKEN or `hf auth login` and is never printed or written. The card (README.md) says
+    The token comes from HF_TOKEN or `hf auth login` and is never printed or written. Only what `quantkit apply`
+    writes is uploaded (weights, index, config, quantkit.json, tokenizer and the like), and a file holding a Hub
+    token is refused before anything is sent. The card (README.md) says
     what was quantized and kept and why, the exact command and versions, how to serve the model with vLLM on ROCm,
     and the acceptance and eval tables from --report. Publishing identical content again makes no new commit.
     """
@@ -54,6 +56,12 @@ def publish_command(folder: Path, repo_id: str, private: bool, revision: str | N
     result = publish(folder, repo_id, private=private, revision=revision, create_pr=create_pr, report=report,
                      dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir,
                      platform=platform, tp=tp)
+    if result.skipped:
+        from quantkit.io.files import describe_not_copied
+        from quantkit.progress import stderr_progress
+
+        stderr_progress("publish")(f"warning: not uploaded (publish uploads only what `quantkit apply` writes, see "
+                                   f"the README's Safety section): {describe_not_copied(result.skipped)}")
     if as_json:
         print_json(result.to_dict())
         return

@@ -1,4 +1,6 @@
-"""The folder `publish` uploads: it must be one `quantkit apply` wrote (quantkit.json + a Quark config.json); its files with their sizes and SHA-256."""
+"""The folder `publish` uploads: it must be one `quantkit apply` wrote (quantkit.json + a Quark config.json); the
+files of it that are uploaded (an allow-list: what apply writes), with their sizes and SHA-256, each searched for Hub
+tokens first."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import sha256_file
+from quantkit.io.files import is_aux_file, is_weight_file, scan_folder
 from quantkit.io.headers import load_json_file
+from quantkit.publish.tokens import hash_and_find_token
 from quantkit.results import ApplyResult, ResultFileError, load_manifest
 
 if TYPE_CHECKING:
@@ -72,19 +76,47 @@ def read_manifest(folder: str | Path) -> ApplyResult:
     return manifest
 
 
-def upload_files(folder: str | Path) -> list[UploadFile]:
-    """The folder's files as they go to the repo: every regular file except hidden ones and README.md (the
-    generated card replaces it), sorted by path."""
+class TokenInUploadError(PublishError):
+    """A file that would be uploaded holds a Hub token (the user's own, or one shaped like hf_...)."""
+
+
+def is_uploaded(name: str) -> bool:
+    """Whether a top-level file of the folder goes to the repo: what `apply` writes there (the weights, the index,
+    config.json, quantkit.json and io.files.AUX_FILES). README.md is not: the generated card replaces it."""
+    return name != CARD and (is_weight_file(name) or name == MANIFEST or is_aux_file(name))
+
+
+def upload_files(folder: str | Path, tokens: list[str] | None = None) -> list[UploadFile]:
+    """The folder's files as they go to the repo (`is_uploaded`), sorted, with sizes and sha256.
+
+    The folder is checked first (io.files.scan_folder): a link that leaves it, a link loop, a link to a folder, a
+    pipe or a device is refused. With `tokens` (publish.tokens.user_tokens) each file is also searched, in the same
+    read, for those tokens and for anything shaped like a Hub token; the first file holding one is refused."""
     folder = Path(folder)
+    entries = scan_folder(folder, inside=True)
     out = []
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if not p.is_file() or rel == CARD:
+    for name in entries.files:
+        if not is_uploaded(name):
             continue
-        if any(part.startswith(".") and part != ".gitattributes" for part in rel.split("/")):
-            continue  # e.g. .cache/huggingface from a local_dir download
-        out.append(UploadFile(path=rel, size=p.stat().st_size, sha256=sha256_file(p)))
+        if tokens is None:
+            p = folder / name
+            out.append(UploadFile(path=name, size=p.stat().st_size, sha256=sha256_file(p)))
+            continue
+        size, sha, found = hash_and_find_token(folder / name, tokens)
+        if found:
+            raise TokenInUploadError(f"{folder / name}: holds {found}; publish uploads no file with a token in it, "
+                                     "and nothing was uploaded: remove the token from the file (and revoke it if "
+                                     "it was ever shared)")
+        out.append(UploadFile(path=name, size=size, sha256=sha))
     return out
+
+
+def skipped_files(folder: str | Path) -> list[str]:
+    """What the folder holds that is not uploaded (hidden entries aside): files `is_uploaded` rejects and every
+    sub-folder (as `name/`). README.md is not listed: the generated card takes its place."""
+    entries = scan_folder(folder, inside=True)
+    names = [n for n in entries.files if not is_uploaded(n) and n != CARD]
+    return sorted(names + [f"{n}/" for n in entries.folders])
 
 
 # Text files of a checkpoint that may record where they were written (tokenizer and config files, notes): checked for

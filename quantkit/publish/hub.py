@@ -8,6 +8,11 @@ Nothing published names a local path: models are named by Hub id (redact.py).
 The upload is one `create_commit`, so a failure at any point leaves the repo as it was: LFS blobs uploaded before a
 failed commit are not part of any revision.
 The token is handed to huggingface_hub and nowhere else: it is never printed, logged, or written.
+
+What is uploaded is an allow-list (folder.is_uploaded: what `apply` writes), and before anything is sent every one of
+those files and every generated file is searched for the user's Hub tokens and for anything shaped like one
+(tokens.py): a hit is a one-line refusal naming the file, and the Hub sees no request at all. Every message and URL
+of the result passes through errors.scrub_secrets (an endpoint's user:password never shows).
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit import __version__
-from quantkit.errors import QuantkitError
+from quantkit.errors import QuantkitError, register_secret, register_url_secrets, scrub_secrets
 from quantkit.io import jsonout
-from quantkit.io.checkpoint import HUB_ID
+from quantkit.io.checkpoint import HUB_ID, publish_permissions
 from quantkit.publish.bundle import DEFAULT_PLATFORM, Publication, prepare
 from quantkit.publish.card import build_model_card, render_card
 from quantkit.publish.charts import CHART
@@ -34,12 +39,15 @@ from quantkit.publish.folder import (
     MANIFEST,
     PublishAuthError,
     PublishError,
+    TokenInUploadError,
     UploadFile,
     read_manifest,
     rewritten_text_files,
+    skipped_files,
     upload_files,
 )
 from quantkit.publish.sidecar import SIDECAR
+from quantkit.publish.tokens import find_token_in_bytes, user_tokens
 from quantkit.results import CandidateReport
 
 if TYPE_CHECKING:
@@ -75,6 +83,7 @@ class PublishResult:
     card_path: str | None = None  # dry run: where the card was written
     plan_path: str | None = None  # dry run: where the file list was written
     generated: list[str] = field(default_factory=list)  # files quantkit wrote or rewrote for the upload
+    skipped: list[str] = field(default_factory=list)  # folder entries not uploaded (not what apply writes)
 
     @property
     def total_bytes(self) -> int:
@@ -95,6 +104,7 @@ def resolve_token(token: str | None = None) -> str:
     from huggingface_hub import get_token
 
     found = os.environ.get("HF_TOKEN") or get_token()
+    register_secret(found)
     if not found:
         raise PublishAuthError("no Hugging Face token: set HF_TOKEN or run `hf auth login` with a token that can "
                                "write to the repo (or use --dry-run to only write the card)")
@@ -115,8 +125,8 @@ def _status(e: BaseException) -> int | None:
 
 
 def _one_line(text: str, secret: str | None) -> str:
-    line = " ".join(str(text).split())
-    return line.replace(secret, "<token>") if secret else line
+    register_secret(secret)
+    return scrub_secrets(" ".join(str(text).split()))
 
 
 @dataclass
@@ -180,10 +190,10 @@ def _head(api: HfApi, repo_id: str, revision: str) -> str | None:
         return None
 
 
-def generated_files(pub: Publication, work: Path) -> dict[str, bytes]:
+def generated_files(pub: Publication, work: Path, folder_files: list[UploadFile] | None = None) -> dict[str, bytes]:
     """The files quantkit writes for the upload ({path in repo: bytes}): the card, the public quantkit.json, the
     acceptance sidecar and chart, deploy.json, and folder text files rewritten without local paths. `work` is a
-    scratch folder for the chart."""
+    scratch folder for the chart; `folder_files` the folder's upload_files when already listed."""
     out: dict[str, bytes] = {CARD: str(render_card(pub)).encode(),
                              MANIFEST: (jsonout.dumps(pub.manifest_json) + "\n").encode()}
     if pub.sidecar is not None:
@@ -197,19 +207,92 @@ def generated_files(pub: Publication, work: Path) -> dict[str, bytes]:
             out[CHART] = path.read_bytes()
     if pub.deploy_json is not None:
         out[DEPLOY] = (jsonout.dumps(pub.deploy_json) + "\n").encode()
-    folder_files = [f for f in upload_files(pub.folder) if f.path not in out]
-    out.update(rewritten_text_files(pub.folder, folder_files, pub.redactor, own=(SIDECAR, DEPLOY)))
+    listed = folder_files if folder_files is not None else upload_files(pub.folder)
+    out.update(rewritten_text_files(pub.folder, [f for f in listed if f.path not in out], pub.redactor,
+                                    own=(SIDECAR, DEPLOY)))
     return out
 
 
+def _preview_folder(folder: Path, dry_run_dir: str | Path | None) -> Path:
+    """Where a dry run writes, refused in one line unless writing there changes nothing but that folder: never the
+    published folder, a folder inside it or one that contains it, a link, or a non-empty folder that is not a
+    previous dry run's (`_is_previous_preview`)."""
+    out = Path(dry_run_dir).expanduser() if dry_run_dir else folder.parent / f"{folder.name}.publish-preview"
+    shown = f"--dry-run-dir {out}" if dry_run_dir else f"dry-run folder {out}"
+    if out.is_symlink():
+        raise PublishError(f"{shown}: is a symbolic link; pass the folder it points to, or another path")
+    real_out, real_folder = Path(os.path.realpath(out)), Path(os.path.realpath(folder))
+    relation = ("is" if real_out == real_folder else "lies inside" if real_out.is_relative_to(real_folder)
+                else "contains" if real_folder.is_relative_to(real_out) else None)
+    if relation:
+        raise PublishError(f"{shown}: {relation} the folder being published ({folder}); a dry run changes nothing "
+                           "outside its own folder: pass a --dry-run-dir outside it")
+    if out.exists():
+        if not out.is_dir():
+            raise PublishError(f"{shown}: exists and is not a folder; remove it or pass another --dry-run-dir")
+        if any(os.scandir(out)) and not _is_previous_preview(out):
+            raise PublishError(f"{shown}: exists and holds files a dry run did not write; a dry run replaces only "
+                               "its own previous preview: pass an empty or new --dry-run-dir")
+    ancestor = real_out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PublishError(f"{shown}: {ancestor} is not a writable folder; pass a --dry-run-dir you can write to")
+    return out
+
+
+def _is_previous_preview(out: Path) -> bool:
+    """Whether `out` holds nothing but what a dry run wrote: its upload-plan.json and files that plan lists."""
+    from quantkit.io.headers import load_json_file
+
+    plan_path = out / UPLOAD_PLAN
+    if plan_path.is_symlink() or not plan_path.is_file():
+        return False
+    try:
+        plan = load_json_file(plan_path, "", PublishError)
+        listed = {f["path"] for f in plan["files"]} | {UPLOAD_PLAN}
+    except (QuantkitError, KeyError, TypeError):
+        return False
+    for root, dirs, names in os.walk(out):
+        for name in names + [d for d in dirs if Path(root, d).is_symlink()]:
+            p = Path(root, name)
+            if p.is_symlink() or not p.is_file() or p.relative_to(out).as_posix() not in listed:
+                return False
+    return True
+
+
 def _write_dry_run(out: Path, generated: dict[str, bytes], result: PublishResult, folder: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for path, data in generated.items():
-        (out / path).parent.mkdir(parents=True, exist_ok=True)
-        (out / path).write_bytes(data)
+    """Write the preview into a new folder beside `out`, then put it in place of `out` (a previous preview)."""
+    import shutil
+
     plan = {"repo_id": result.repo_id, "revision": result.revision, "folder": str(folder.resolve()),
-            "files": [asdict(f) for f in result.files], "total_bytes": result.total_bytes}
-    (out / UPLOAD_PLAN).write_text(jsonout.dumps(plan) + "\n")
+            "files": [asdict(f) for f in result.files], "total_bytes": result.total_bytes,
+            "generated": result.generated, "not_uploaded": result.skipped}
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.quantkit-", dir=out.parent))
+    except OSError as e:
+        raise PublishError(f"dry-run folder {out}: cannot be created ({e.strerror or e}); pass a --dry-run-dir "
+                           "you can write to") from None
+    try:
+        for path, data in generated.items():
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / path).write_bytes(data)
+        (tmp / UPLOAD_PLAN).write_text(jsonout.dumps(plan) + "\n")
+        publish_permissions(tmp)  # mkdtemp makes a 0700 folder
+        if out.exists():
+            old = out.with_name(f".{out.name}.quantkit-old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except OSError as e:
+        raise PublishError(f"dry-run folder {out}: cannot be written ({e.strerror or e}); pass a --dry-run-dir "
+                           "you can write to") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def publish(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
@@ -224,26 +307,41 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
     content makes no commit and returns `unchanged=True` with the existing head. Weight files on the branch that the
     folder no longer has (*.safetensors, the index) are deleted in the same commit. `dry_run` touches no network:
     it writes the generated files (README.md, quantkit.json, ...) and upload-plan.json (every file with size and
-    sha256) to `dry_run_dir` (default: a `<folder>.publish-preview` folder beside `folder`). `platform` and `tp` are
-    those of the card's `vllm serve` command and deploy.json.
+    sha256) to `dry_run_dir` (default: a `<folder>.publish-preview` folder beside `folder`), which must not be, hold
+    or lie inside `folder` and may replace only a previous preview. `platform` and `tp` are those of the card's
+    `vllm serve` command and deploy.json.
+
+    Only what `apply` writes is uploaded (folder.is_uploaded; the rest is listed in `skipped`), and a file holding a
+    Hub token (`token`, HF_TOKEN, the login's token file, stored tokens, or anything shaped like hf_...) is refused
+    before anything is sent (TokenInUploadError), in a dry run too.
     """
     folder = Path(folder).expanduser()
+    register_url_secrets(endpoint)
+    register_url_secrets(os.environ.get("HF_ENDPOINT"))
     read_manifest(folder)
     if not HUB_ID.match(repo_id):
         raise PublishError(f"--repo-id {repo_id!r}: use ORG/NAME (letters, digits, '-', '_', '.')")
     revision = revision or "main"
+    preview = _preview_folder(folder, dry_run_dir) if dry_run else None
+    own = user_tokens(token)
+    folder_files = upload_files(folder, own)
     pub = prepare(folder, report, repo_id=repo_id, base_model=base_model, target=target, platform=platform, tp=tp)
     with tempfile.TemporaryDirectory(prefix="quantkit-publish-") as work:
-        generated = generated_files(pub, Path(work))
-    files = [f for f in upload_files(folder) if f.path not in generated]
+        generated = generated_files(pub, Path(work), folder_files)
+    for path, data in sorted(generated.items()):
+        found = find_token_in_bytes(data, own)
+        if found:
+            origin = "quantkit.json and --report" if report is not None else "quantkit.json"
+            raise TokenInUploadError(f"{path}, which publish generates from the folder's {origin}, would hold "
+                                     f"{found}; nothing was uploaded: remove the token from {origin}")
+    files = [f for f in folder_files if f.path not in generated]
     files += [UploadFile(path=p, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for p, d in generated.items()]
     files.sort(key=lambda f: f.path)
-    result = PublishResult(repo_id=repo_id, endpoint=endpoint, revision=revision, dry_run=dry_run, files=files,
-                           generated=sorted(generated))
-    if dry_run:
-        out = Path(dry_run_dir) if dry_run_dir else folder.parent / f"{folder.name}.publish-preview"
-        _write_dry_run(out, generated, result, folder)
-        result.card_path, result.plan_path = str(out / CARD), str(out / UPLOAD_PLAN)
+    result = PublishResult(repo_id=repo_id, endpoint=scrub_secrets(endpoint) if endpoint else None, revision=revision,
+                           dry_run=dry_run, files=files, generated=sorted(generated), skipped=skipped_files(folder))
+    if preview is not None:
+        _write_dry_run(preview, generated, result, folder)
+        result.card_path, result.plan_path = str(preview / CARD), str(preview / UPLOAD_PLAN)
         return result
 
     token = resolve_token(token)
@@ -251,11 +349,12 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(endpoint=endpoint, token=token, library_name="quantkit", library_version=__version__)
-    result.endpoint = api.endpoint
+    register_url_secrets(api.endpoint)
+    result.endpoint = scrub_secrets(api.endpoint)
     with _hub_errors(api, repo_id, revision, token) as stage:
         stage.what = "creating"
         repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        result.repo_url = str(repo_url)
+        result.repo_url = scrub_secrets(str(repo_url))
         stage.what = "reading"
         stage.head_before = _head(api, repo_id, revision)
         if stage.head_before is None:
@@ -282,7 +381,7 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
             repo_id, ops, revision=revision, create_pr=create_pr,
             commit_message=f"quantkit publish: {recipe} ({len(files)} files)",
             commit_description=f"Uploaded by quantkit {__version__} from a `quantkit apply` output folder.")
-    result.commit_url, result.commit_oid = info.commit_url, info.oid
-    result.pr_url = info.pr_url
+    result.commit_url, result.commit_oid = scrub_secrets(info.commit_url), info.oid
+    result.pr_url = scrub_secrets(info.pr_url) if info.pr_url else None
     result.unchanged = info.oid == stage.head_before and info.pr_url is None
     return result
