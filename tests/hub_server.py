@@ -114,9 +114,13 @@ class HubError(Exception):
 class HubServer:
     """`with HubServer(token) as hub:` serves at `hub.url` until the block ends."""
 
-    def __init__(self, token: str, read_token: str | None = None, host: str = "127.0.0.1"):
+    def __init__(self, token: str, read_token: str | None = None, host: str = "127.0.0.1",
+                 basic: tuple[str, str] | None = None):
         self.token = token
         self.read_token = read_token  # accepted for reads; writes with it get 403, as with a read-only Hub token
+        # (user, password) accepted as HTTP Basic auth, as a mirror or proxy in front of a Hub does: httpx sends the
+        # user:password@ of an endpoint URL that way, in place of huggingface_hub's Bearer header.
+        self.basic = basic
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status); never headers or bodies
         self.faults: dict[str, list[int]] = {}
@@ -245,6 +249,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _auth(self, write: bool) -> None:
         given = self.headers.get("Authorization")
         if given is None:
+            raise HubError(401, "Invalid username or password.")
+        if self.hub.basic and given.startswith("Basic "):
+            expected = base64.b64encode(":".join(self.hub.basic).encode()).decode()
+            if hmac.compare_digest(given, f"Basic {expected}"):
+                return
             raise HubError(401, "Invalid username or password.")
         if self.hub.read_token and hmac.compare_digest(given, f"Bearer {self.hub.read_token}"):
             if write:

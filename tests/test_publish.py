@@ -351,12 +351,13 @@ def test_the_test_server_answers_the_client_read_apis(hub: HubServer, token: str
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile, RepoFolder
 
-    (draft_out / "extra").mkdir()
-    (draft_out / "extra" / "notes.txt").write_text("kept beside the weights\n")
-    result = publish(draft_out, REPO, revision="fp8", endpoint=hub.url, token=token)
+    publish(draft_out, REPO, revision="fp8", endpoint=hub.url, token=token)
     api = HfApi(endpoint=hub.url, token=token)
+    # publish uploads no sub-folder (only what apply writes): the client puts one there for the folder APIs.
+    oid = api.upload_file(path_or_fileobj=b"kept beside the weights\n", path_in_repo="extra/notes.txt",
+                          repo_id=REPO, revision="fp8").oid
     refs = api.list_repo_refs(REPO, include_pull_requests=True)
-    assert {b.name: b.target_commit for b in refs.branches}["fp8"] == result.commit_oid
+    assert {b.name: b.target_commit for b in refs.branches}["fp8"] == oid
     info = {p.path: p for p in api.get_paths_info(REPO, ["model.safetensors", "extra", "missing"], revision="fp8")}
     assert set(info) == {"model.safetensors", "extra"} and isinstance(info["extra"], RepoFolder)
     weights = info["model.safetensors"]
@@ -366,7 +367,7 @@ def test_the_test_server_answers_the_client_read_apis(hub: HubServer, token: str
     assert "extra" in top and "extra/notes.txt" not in top
     assert "extra/notes.txt" in {e.path for e in api.list_repo_tree(REPO, revision="fp8", recursive=True)}
     meta = api.get_hf_file_metadata(url=f"{hub.url}/{REPO}/resolve/fp8/model.safetensors")
-    assert meta.commit_hash == result.commit_oid and meta.etag == weights.lfs.sha256 and meta.size == weights.size
+    assert meta.commit_hash == oid and meta.etag == weights.lfs.sha256 and meta.size == weights.size
     assert api.file_exists(REPO, "extra/notes.txt", revision="fp8") and not api.file_exists(REPO, "nope.txt")
 
 
