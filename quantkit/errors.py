@@ -30,3 +30,7 @@ class ResumableInterrupt(KeyboardInterrupt):
         super().__init__(hint)
         self.hint = hint
         self.terminated = terminated
+
+
+class UnresumableError(QuantkitError):
+    """An error after which `--resume` is not the fix: an interrupted run's journal is unreadable or another run's."""
