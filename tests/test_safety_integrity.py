@@ -540,17 +540,39 @@ BAD_JOURNALS: dict[str, Callable[[Path], bytes]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_JOURNALS))
-def test_a_bad_journal_is_one_line_naming_the_fix(tmp_path: Path, case: str) -> None:
+def _bad_journal(tmp_path: Path, case: str) -> tuple[Path, Path, dict[Path, dict[str, str]]]:
     out = tmp_path / "out"
     partial = tmp_path / ".out.quantkit-partial"
     partial.mkdir()
     (partial / JOURNAL).write_bytes(BAD_JOURNALS[case](MOE))
-    before = {p: tree_digest(p) for p in (MOE, partial)}
-    line = _refused(_cli(_apply(MOE, out, "--resume"), tmp_path), JOURNAL, "--overwrite")
+    return out, partial, {p: tree_digest(p) for p in (MOE, partial)}
+
+
+@pytest.mark.parametrize("case", list(BAD_JOURNALS))
+def test_a_bad_journal_is_one_line_naming_the_fix(tmp_path: Path, case: str) -> None:
+    """In process (one torch import for all cases); the CLI's exit code and output are the next test's."""
+    from quantkit.apply.run import apply
+    from quantkit.errors import QuantkitError
+
+    out, partial, before = _bad_journal(tmp_path, case)
+    with pytest.raises(QuantkitError) as e:
+        apply("mxfp4-moe", MOE, out, devices="cpu", resume=True)
+    line = str(e.value)
+    assert e.value.exit_code == 2 and "\n" not in line and len(line) < 600
+    assert JOURNAL in line and "--overwrite" in line, line
     assert "resume with" not in line  # resuming again cannot fix a journal
     assert not out.exists()
     assert {p: tree_digest(p) for p in before} == before  # the partial folder is left for the user to decide
+
+
+@pytest.mark.parametrize("case", ["a-json-list", "shards-a-list", "entry-without-bytes_out", "5000-digit-integer",
+                                  "from-a-different-source"])
+def test_a_bad_journal_through_the_cli(tmp_path: Path, case: str) -> None:
+    out, partial, before = _bad_journal(tmp_path, case)
+    line = _refused(_cli(_apply(MOE, out, "--resume"), tmp_path), JOURNAL, "--overwrite")
+    assert "resume with" not in line
+    assert not out.exists()
+    assert {p: tree_digest(p) for p in before} == before
 
 
 def test_overwrite_starts_over_from_a_bad_journal(tmp_path: Path, moe_output: Path) -> None:
