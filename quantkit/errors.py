@@ -38,6 +38,10 @@ class ResumableInterrupt(KeyboardInterrupt):
         self.terminated = terminated
 
 
+class UnresumableError(QuantkitError):
+    """An error after which `--resume` is not the fix: an interrupted run's journal is unreadable or another run's."""
+
+
 # --- secrets out of every message ---------------------------------------------------------------------------------
 # Everything quantkit prints or logs goes through scrub_secrets: the CLI's error line, progress lines, the log
 # records and warnings of the libraries it calls (huggingface_hub logs each retried URL), and publish's results. A

@@ -120,6 +120,8 @@ class ApplyResult(Result):
     resumed_shards: int = 0
     throughput_mb_s: float | None = None
     dry_run: bool = False
+    # *.safetensors in the source that its index does not name: neither quantized nor copied (the index is the truth)
+    ignored_weight_files: list[str] = []
 
     @property
     def quantized(self) -> list[LayerDecision]:

@@ -31,8 +31,12 @@ Replayed from quark/torch/quantization/file2file_quantization.py (Quark 0.13):
 Differences from Quark, on purpose: sources that are already quantized (a quantization_config, or `.weight_scale`/
 `.weight_packed`/`.weight_shape` tensors) or hold shards in sub-folders are refused instead of being dequantized or
 flattened; an existing non-empty `dst` is refused unless resuming (Quark deletes it); NaN/Inf in a weight to be
-quantized is an error (Quark writes garbage scales). The journal `.quantkit-journal.json` lives in `dst` while the
-run is incomplete and is removed when it completes, so a finished folder holds exactly Quark's files.
+quantized is an error (Quark writes garbage scales). With model.safetensors.index.json only the shards it names are
+read (Quark quantizes every *.safetensors os.walk finds, so a stray `consolidated.safetensors` stores every tensor
+twice), no *.safetensors is copied from a folder, and no tensor may be in two shards. Headers are validated with
+safetensors' own rules (quantkit.io.safetensors_format). The journal `.quantkit-journal.json` lives in `dst` while
+the run is incomplete and is removed when it completes, so a finished folder of a clean source holds exactly Quark's
+files; resuming keeps a finished shard only when its output and its source re-hash as the journal recorded.
 """
 
 from __future__ import annotations
@@ -54,17 +58,27 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from quantkit.errors import QuantkitError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantkit.errors import QuantkitError, UnresumableError
 from quantkit.io.checkpoint import sha256_file
 from quantkit.io.files import check_entry, check_tree, copy_tree_checked, link_roots, require_regular_file, scan_folder
+from quantkit.io.headers import (
+    check_index_complete,
+    place_tensor,
+    read_index,
+    safetensors_files,
+    unindexed_weight_files,
+)
+from quantkit.io.safetensors_format import header_length, parse_header
 
 if TYPE_CHECKING:
     import torch
 
 JOURNAL_NAME = ".quantkit-journal.json"
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # 2: the run key holds drop, source format, model dtype and quantkit version
 _PARTIAL_SUFFIX = ".quantkit-partial"
 _READ_CHUNK = 16 * 1024 * 1024
 _MB = 1024 * 1024
@@ -91,10 +105,11 @@ class ShardVerificationError(ExecutorError):
 
 @dataclass
 class ShardEvent:
-    """Progress of one shard: `kind` is "start" (a worker took it), "done" (written and journaled) or "resumed"
-    (a previous run's output was kept)."""
+    """Progress of one shard: `kind` is "start" (a worker took it), "done" (written and journaled), "resumed" (a
+    previous run's output was kept: its output and source hash as the journal recorded) or "source-changed" (a
+    previous run finished it, but its source bytes changed since: it is quantized again)."""
 
-    kind: Literal["start", "done", "resumed"]
+    kind: Literal["start", "done", "resumed", "source-changed"]
     shard: str
     index: int
     total: int
@@ -134,6 +149,8 @@ class ExecutorReport:
     mb_per_s: float = 0.0
     peak_rss_mb: float = 0.0
     resumed_shards: int = 0
+    source_changed: list[str] = field(default_factory=list)  # finished before an interrupt, redone: source changed
+    ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name: not read
     readers: int = 0
     page_locked: bool = False  # the source buffers were page-locked for asynchronous GPU copies
 
@@ -175,47 +192,15 @@ class _HeaderEntry:
 
 
 def _parse_header(raw: bytes | bytearray | memoryview, size: int, where: str) -> tuple[int, list[_HeaderEntry]]:
-    """(data start, entries in file order) of a safetensors file of `size` bytes whose first bytes are `raw`;
-    CorruptShardError for anything safetensors itself would refuse."""
-    if size < 8:
-        raise CorruptShardError(f"{where}: truncated safetensors file ({size} bytes); re-download it")
-    n = int.from_bytes(bytes(raw[:8]), "little")
-    if n > size - 8 or n > 100 * _MB:
-        raise CorruptShardError(f"{where}: header length {n} exceeds the file ({size} bytes); the file is truncated "
-                                "or not safetensors; re-download it")
-    try:
-        header = json.loads(bytes(raw[8:8 + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptShardError(f"{where}: unreadable safetensors header ({e}); re-download it") from None
-    if not isinstance(header, dict):
-        raise CorruptShardError(f"{where}: safetensors header is not a JSON object; re-download it")
-    entries = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CorruptShardError(f"{where}: malformed header entry for {name}; re-download it") from None
-        if dtype not in _ST_ITEMSIZE:
-            raise CorruptShardError(f"{where}: tensor {name} has unsupported dtype {dtype}")
-        numel = 1
-        for d in shape:
-            numel *= d
-        if not (isinstance(begin, int) and isinstance(end, int)) or end < begin or \
-                end - begin != numel * _ST_ITEMSIZE[dtype]:
-            raise CorruptShardError(f"{where}: tensor {name} has inconsistent data offsets; re-download it")
-        entries.append(_HeaderEntry(name, dtype, shape, begin, end))
-    entries.sort(key=lambda e: (e.begin, e.end))  # file order, as safetensors' load_file iterates
-    pos = 0
-    for entry in entries:
-        if entry.begin != pos:
-            raise CorruptShardError(f"{where}: tensor data is not contiguous at {entry.name}; re-download it")
-        pos = entry.end
-    if 8 + n + pos != size:
-        raise CorruptShardError(f"{where}: file is {size} bytes but its header describes {8 + n + pos}; the file is "
-                                "truncated or damaged; re-download it")
-    return 8 + n, entries
+    """(data start, entries in file order) of a safetensors file of `size` bytes whose first bytes are `raw`:
+    CorruptShardError for anything safetensors itself would refuse (the rules of quantkit.io.safetensors_format,
+    which every header reader of quantkit uses)."""
+    parsed = parse_header(raw, size, where, CorruptShardError)
+    for e in parsed.entries:
+        if e.dtype not in _ST_ITEMSIZE:
+            raise ExecutorError(f"{where}: tensor {e.name} has dtype {e.dtype}, which the native executor does not "
+                                "handle; use --engine quark")
+    return parsed.data_start, [_HeaderEntry(e.name, e.dtype, e.shape, e.begin, e.end) for e in parsed.entries]
 
 
 def _read_header_file(path: Path) -> list[_HeaderEntry]:
@@ -223,8 +208,7 @@ def _read_header_file(path: Path) -> list[_HeaderEntry]:
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else 0
-        raw = head + f.read(min(n, 100 * _MB))
+        raw = head + f.read(header_length(head, size, str(path), CorruptShardError))
     return _parse_header(raw, size, str(path))[1]
 
 
@@ -319,12 +303,20 @@ def scheme_for(name: str, shape: tuple[int, ...], scheme: str, exclude: list[str
 
 
 def find_shards(src: Path) -> list[str]:
-    """Source shards in the order Quark 0.13 processes and indexes them (`_get_safetensor_files`: os.walk)."""
+    """Source shards in the order Quark 0.13 processes and indexes them (`_get_safetensor_files`: os.walk).
+
+    With model.safetensors.index.json only the files it names, each of which must exist: the index is the truth, as
+    for vLLM and transformers (Quark would quantize a stray `consolidated.safetensors` too, storing every tensor
+    twice). Without one, every *.safetensors file, and none may hold a tensor another one holds (checked in _plan).
+    """
     found = []
     for root, _dirs, files in os.walk(src):
         for f in files:
             if f.endswith(".safetensors"):
                 found.append(os.path.relpath(os.path.join(root, f), src))
+    if read_index(src) is not None:
+        named = set(safetensors_files(src))
+        return [f for f in found if f in named]
     nested = [f for f in found if os.sep in f]
     if nested:
         raise ExecutorError(f"{src}: safetensors files in sub-folders ({nested[0]}); Quark's file-to-file path would "
@@ -356,6 +348,7 @@ class _Plan:
     source_floating_excluded: set[str]
     model_dtype: str
     sizes: dict[str, int]
+    ignored: list[str] = field(default_factory=list)  # *.safetensors the index does not name
 
 
 def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
@@ -374,6 +367,8 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
         raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
                             "unquantized checkpoint, or use Quark's path, which dequantizes first")
     shards = find_shards(src)
+    weight_map = read_index(src)
+    placed: dict[str, str] = {}
     excluded: set[str] = set()
     floating: set[str] = set()
     sizes = {}
@@ -381,6 +376,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
         path = src / shard
         sizes[shard] = path.stat().st_size
         for e in _read_header_file(path):
+            place_tensor(src, weight_map, placed, e.name, shard)
             if decode is None and e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
                 raise ExecutorError(f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
                                     "checkpoint, or use Quark's path, which dequantizes first")
@@ -388,21 +384,118 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
                 excluded.add(module_of(e.name))
                 if e.dtype in _FLOAT_ST:
                     floating.add(e.name)
+    check_index_complete(src, weight_map, placed)
     dtype = model_dtype_name(config)
     import torch
 
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ExecutorError(f"{cfg_path}: dtype {dtype!r} is not a torch dtype; set torch_dtype to bfloat16, "
                             "float16 or float32")
-    return _Plan(shards, sorted(excluded), floating, dtype, sizes)
+    return _Plan(shards, sorted(excluded), floating, dtype, sizes, unindexed_weight_files(src))
 
 
 # --- journal ---------------------------------------------------------------------------------------------------------
 
 
-def _run_key(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None) -> dict[str, Any]:
+def _run_key(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
+             drop: frozenset[str], decode: Any, model_dtype: str) -> dict[str, Any]:
+    """Everything besides the source shards' bytes that decides the output's bytes: a journal with another key is
+    another run's, and resuming it would mix two runs' shards."""
+    from quantkit import __version__
+
     return {"source": str(src.resolve()), "scheme": scheme, "exclude": list(exclude),
-            "layer_config": dict(layer_config or {})}
+            "layer_config": dict(layer_config or {}), "drop": sorted(drop),
+            "source_format": getattr(decode, "name", None) if decode is not None else None,
+            "model_dtype": model_dtype, "quantkit_version": __version__}
+
+
+class JournalError(ExecutorError, UnresumableError):
+    """The journal of an interrupted run is unreadable, malformed, or belongs to another run."""
+
+
+_Size = Annotated[int, Field(ge=0, le=2**63 - 1)]
+_Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _JournalShard(BaseModel):
+    """One finished shard as the journal records it (ShardRecord plus what resume checks)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str
+    bytes_in: _Size
+    bytes_out: _Size
+    sha256_in: _Sha256  # of the source bytes this shard was quantized from: resume re-hashes the source against it
+    sha256_out: _Sha256
+    tensors: _Size
+    quantized: _Size
+    seconds: float
+    device: str
+    resumed: bool = False
+    weight_map: list[str]
+
+
+class _Journal(BaseModel):
+    """The journal file as read back: the run key is compared separately, field by field."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    quantkit_journal: int
+    shards: dict[str, _JournalShard] = {}
+
+
+def _read_journal(path: Path, key: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The finished shards recorded in the journal at `path`, validated at the boundary: JournalError (one line,
+    naming the fix) for a journal that cannot be read, is malformed, or is another run's."""
+    fix = f"start over with apply --overwrite (or remove {path.parent})"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also a 5,000-digit integer
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise JournalError(f"{path}: not a readable quantkit journal ({reason}); {fix}") from None
+    if not isinstance(raw, dict):
+        raise JournalError(f"{path}: not a quantkit journal (a JSON {type(raw).__name__}, not an object); {fix}")
+    version = raw.get("quantkit_journal")
+    if version != JOURNAL_VERSION:
+        raise JournalError(f"{path}: journal of a different run (journal format {str(version)[:20]}, this quantkit "
+                           f"writes {JOURNAL_VERSION}); {fix}")
+    try:
+        journal = _Journal.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])[:120]
+        raise JournalError(f"{path}: malformed journal ({where}: {first['msg']}); {fix}") from None
+    for name, shard in journal.shards.items():
+        if shard.name != name:
+            raise JournalError(f"{path}: malformed journal (shard {name[:80]!r} records name {shard.name[:80]!r}); "
+                               f"{fix}")
+    differ = [k for k in key if raw.get(k) != key[k]]
+    if differ:
+        raise JournalError(f"{path}: journal of a different run ({', '.join(differ)} differ"
+                           f"{'s' if len(differ) == 1 else ''}: {differ[0]} {_short_json(raw.get(differ[0]))} there, "
+                           f"{_short_json(key[differ[0]])} now); {fix}")
+    return {name: shard.model_dump() for name, shard in journal.shards.items()}
+
+
+def _short_json(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _finished_shard_verdict(src: Path, dst: Path, name: str, entry: dict[str, Any]) -> str:
+    """"kept" when the output shard and the source shard both still hash as the journal recorded; else what changed.
+
+    The source is re-hashed in full, at disk speed: size and mtime prove nothing (a file rewritten with the same
+    size and its mtime set back, os.utime, is another file), and a stale shard would make the folder differ from an
+    uninterrupted run while quantkit.json recorded a hash the source no longer has."""
+    out, source = dst / name, src / name
+    if not out.is_file() or out.stat().st_size != entry["bytes_out"]:
+        return "output"
+    if source.stat().st_size != entry["bytes_in"]:
+        return "source"
+    if sha256_file(out) != entry["sha256_out"]:
+        return "output"
+    if sha256_file(source) != entry["sha256_in"]:
+        return "source"
+    return "kept"
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -861,8 +954,9 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
 
     `exclude` are Quark's fnmatch patterns on checkpoint module names; `layer_config` maps module patterns to
     schemes (first match wins). `devices`: torch devices, one worker each ("cpu", "cuda:0", ...). With
-    `resume=True` the shards a previous, interrupted run recorded in dst's journal (and whose output still hashes
-    as recorded) are kept; all others are redone. `progress` is called in the caller's thread. `readers`: read
+    `resume=True` the shards a previous, interrupted run recorded in dst's journal (whose output and source both
+    still hash as recorded) are kept; all others are redone. Only one process may write `dst` at a time: `apply`
+    holds the output's lock (quantkit.io.lock); a direct caller must do the same. `progress` is called in the caller's thread. `readers`: read
     streams (default 1 for CPU-only runs, 4 when a GPU quantizes); fewer are used when their buffers would not fit
     in half of the available memory (see the module's memory bound). `copy_aux=False` leaves the source's other
     files out (quantkit apply copies its own allow-list, quantkit.io.files.AUX_FILES).
@@ -888,7 +982,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         _check_aux_files(src)
     plan = _plan(src, scheme, exclude, layer_config, decode)
     settings = _Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()))
-    key = _run_key(src, scheme, exclude, layer_config)
+    key = _run_key(src, scheme, exclude, layer_config, settings.drop, decode, plan.model_dtype)
     journal_path = dst / JOURNAL_NAME
     journal: dict[str, Any] = {"quantkit_journal": JOURNAL_VERSION, **key, "shards": {}}
     if dst.exists() and any(dst.iterdir()):
@@ -898,34 +992,37 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         if not journal_path.is_file():
             raise ExecutorError(f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
                                 "remove it or choose another output folder")
-        try:
-            old = json.loads(journal_path.read_text())
-        except json.JSONDecodeError:
-            old = {}
-        if {k: old.get(k) for k in key} != key or old.get("quantkit_journal") != JOURNAL_VERSION:
-            raise ExecutorError(f"{journal_path}: journal of a different run (source, scheme or exclusions "
-                                "differ); remove the output folder to start over")
-        journal["shards"] = old.get("shards", {})
+        journal["shards"] = _read_journal(journal_path, key)
     dst.mkdir(parents=True, exist_ok=True)
     for stale in [*dst.glob("*" + _PARTIAL_SUFFIX), dst / (JOURNAL_NAME + ".tmp")]:
         stale.unlink(missing_ok=True)
+    # Shards of an earlier source layout (a shard renamed or removed since the interruption) must not survive.
+    for stale in dst.glob("*.safetensors"):
+        if stale.name not in plan.shards:
+            stale.unlink()
+    journal["shards"] = {k: v for k, v in journal["shards"].items() if k in plan.shards}
 
     total = len(plan.shards)
     emit_queue: queue.Queue[ShardEvent] = queue.Queue()
     report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
-                            exclude=plan.exclude_modules)
+                            exclude=plan.exclude_modules, ignored_files=plan.ignored)
     records: dict[str, ShardRecord] = {}
     weight_maps: dict[str, list[str]] = {}
 
-    # Resume: keep what a previous run finished, if its output and source are still what it recorded.
+    # Resume: keep what a previous run finished only if its output and its source still hash as it recorded (both
+    # re-hashed in full, in parallel streams, as the readers read: see _finished_shard_verdict).
+    finished = [(i, name, journal["shards"][name]) for i, name in enumerate(plan.shards)
+                if resume and name in journal["shards"]]
+    with ThreadPoolExecutor(max_workers=max(1, min(_GPU_READERS, len(finished))),
+                            thread_name_prefix="quantkit-rehash") as hashers:
+        verdicts = dict(zip((name for _, name, _ in finished),
+                            hashers.map(lambda f: _finished_shard_verdict(src, dst, f[1], f[2]), finished),
+                            strict=True))
     todo = []
     for i, name in enumerate(plan.shards):
         entry = journal["shards"].get(name)
-        out = dst / name
-        st = (src / name).stat()
-        if resume and entry and out.is_file() and out.stat().st_size == entry["bytes_out"] and \
-                entry["source_size"] == st.st_size and entry["source_mtime_ns"] == st.st_mtime_ns and \
-                sha256_file(out) == entry["sha256_out"]:
+        verdict = verdicts.get(name)
+        if entry is not None and verdict == "kept":
             records[name] = ShardRecord(name, entry["bytes_in"], entry["bytes_out"], entry["sha256_in"],
                                         entry["sha256_out"], entry["tensors"], entry["quantized"], 0.0,
                                         entry["device"], resumed=True)
@@ -933,7 +1030,11 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             emit_queue.put(ShardEvent("resumed", name, i, total, entry["device"], entry["bytes_in"],
                                       entry["bytes_out"]))
         else:
+            if verdict == "source":
+                report.source_changed.append(name)
+                emit_queue.put(ShardEvent("source-changed", name, i, total))
             journal["shards"].pop(name, None)
+            (dst / name).unlink(missing_ok=True)
             todo.append((i, name))
     _write_json_atomic(journal_path, journal)
 
@@ -1044,7 +1145,6 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                     partial.unlink(missing_ok=True)
                     raise
                 os.replace(partial, final)
-                st = (src / out.name).stat()
                 loaded = out.loaded
                 seconds = loaded.seconds + out.seconds + time.perf_counter() - t0
                 rec = ShardRecord(out.name, loaded.size, nbytes, loaded.sha256, sha_out, len(out.tensors),
@@ -1053,8 +1153,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                 host = loaded.host
                 del out, loaded  # no view of the buffer may outlive this: the next shard is read into it
                 buffers.release(host)
-                journal["shards"][rec.name] = {**asdict(rec), "source_size": st.st_size,
-                                               "source_mtime_ns": st.st_mtime_ns, "weight_map": names}
+                journal["shards"][rec.name] = {**asdict(rec), "weight_map": names}
                 _write_json_atomic(journal_path, journal)
                 records[rec.name] = rec
                 weight_maps[rec.name] = names
@@ -1137,7 +1236,8 @@ def _available_memory() -> int:
 
 def _copy_aux_files(src: Path, dst: Path) -> None:
     """file2file_quantization.py `_copy_json_and_py_files`: every folder and every file but *.safetensors and
-    README*.md, in os.listdir order.
+    README*.md, in os.listdir order. Unlike Quark, no *.safetensors inside a folder either: only the index's shards
+    are weights of the output (a stray copy of them would be loaded by anything that globs the folder).
 
     Unlike Quark, nothing that could leak or hang is copied: every entry, and every entry of every folder copied, is
     checked first (quantkit.io.files.check_entry), and a link that leaves the source (or its HF cache repo's blobs),
@@ -1147,7 +1247,7 @@ def _copy_aux_files(src: Path, dst: Path) -> None:
     for name in os.listdir(src):
         s, d = src / name, dst / name
         if check_entry(s, roots, ExecutorError) == "folder":
-            copy_tree_checked(s, d, roots, ExecutorError)
+            copy_tree_checked(s, d, roots, ExecutorError, skip="*.safetensors")
             continue
         if name.endswith(".safetensors") or name == JOURNAL_NAME:
             continue

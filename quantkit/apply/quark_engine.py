@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from quantkit.apply.plan import ApplyError, LayerDecision, quark_exclusions
-from quantkit.io.headers import checkpoint_tensors
+from quantkit.io.headers import CONFIG_FILE, INDEX_FILE, checkpoint_tensors, safetensors_files
 from quantkit.io.quark import import_quark, quark_output_to_stderr
 from quantkit.progress import Progress
 from quantkit.recipes import Recipe
@@ -178,29 +177,25 @@ def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     model_type = "llama" if kind == EAGLE3_DRAFT else str(config.get("model_type"))
     qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
     progress(f"quantizing with Quark {recipe.scheme} on {device} (per shard)")
-    with quark_output_to_stderr(), weights_view(src) as view:
+    with quark_output_to_stderr(), weights_only_view(src) as view:
         ModelQuantizer(qconfig).direct_quantize_checkpoint(str(view), str(tmp), device=device)
     return quark_exclude
 
 
 @contextlib.contextmanager
-def weights_view(src: Path) -> Iterator[Path]:
-    """A temporary folder of links to the source's shards (those its index names), its index and config.json, and
-    nothing else.
+def weights_only_view(src: Path) -> Iterator[Path]:
+    """A temporary folder of links to `src`'s config.json, index and the weight shards quantkit reads (those the
+    index names, else every top-level *.safetensors), for Quark's file-to-file path.
 
-    Quark's file-to-file path quantizes every *.safetensors under its source (os.walk, sub-folders included) and
-    copies every other file and folder, following links (file2file_quantization.py `_get_safetensor_files`,
-    `_copy_json_and_py_files`). Given this view, it reads only the checkpoint quantkit planned, and copies nothing:
-    apply copies the source's allow-list itself (quantkit.io.files.AUX_FILES)."""
-    from quantkit.io.headers import CONFIG_FILE, INDEX_FILE
-
-    view = Path(tempfile.mkdtemp(prefix="quantkit-quark-source-"))
-    try:
-        names = {t.file for t in checkpoint_tensors(src).values()} | {CONFIG_FILE}
-        if (src / INDEX_FILE).is_file():
-            names.add(INDEX_FILE)
-        for name in sorted(names):
-            os.symlink(os.path.realpath(src / name), view / name)
+    Quark 0.13 quantizes every *.safetensors it finds by os.walk (file2file_quantization.py
+    `_get_safetensor_files`), index or not: a stray `consolidated.safetensors` beside a sharded checkpoint (Mistral's
+    repos ship one) would be quantized and indexed too, every tensor stored twice. The index is the truth. Quark
+    also copies every other file and folder of its source, following links (`_copy_json_and_py_files`): given this
+    view it copies nothing, and apply copies the source's allow-list itself (quantkit.io.files.AUX_FILES).
+    """
+    with tempfile.TemporaryDirectory(prefix="quantkit-quark-source-") as tmp:
+        view = Path(tmp)
+        for name in [CONFIG_FILE, INDEX_FILE, *safetensors_files(src)]:
+            if (src / name).is_file():
+                os.symlink((src / name).absolute(), view / name)
         yield view
-    finally:
-        shutil.rmtree(view, ignore_errors=True)

@@ -48,7 +48,7 @@ from quantkit.io.checkpoint import (
     written_files,
 )
 from quantkit.io.files import copy_aux_files, describe_not_copied, is_weight_file, not_copied, scan_folder
-from quantkit.io.headers import read_config
+from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
 from quantkit.naming.config import target_layer_count
 from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
@@ -85,6 +85,7 @@ class ApplyPlan:
     mtp_modules: int = 0
     dropped: set[str] = field(default_factory=set)  # tensors left out (the recipe's `mtp: drop`)
     not_copied: list[str] = field(default_factory=list)  # source files and folders apply does not copy (io.files)
+    ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name
 
 
 def resolve_devices(devices: str | list[str] | None) -> list[str]:
@@ -198,7 +199,12 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         devs = devs[:1]  # Quark's own multi-device mode re-imports Quark per worker (slower than one device)
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
                      run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
-                     set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)))
+                     set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)),
+                     unindexed_weight_files(src.path))
+
+
+def _listed(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def predicted_output_bytes(plan: ApplyPlan) -> int:
@@ -276,9 +282,14 @@ def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], Non
     def emit(event: Any) -> None:
         if event.kind == "start":
             return
+        if event.kind == "source-changed":
+            progress(f"shard {event.shard}: its source bytes changed since the interrupted run (SHA-256 differs); "
+                     "quantizing it again")
+            return
         done[1] += 1
         if event.kind == "resumed":
-            progress(f"shard {done[1]}/{event.total} {event.shard}: kept from the interrupted run (hash checked)")
+            progress(f"shard {done[1]}/{event.total} {event.shard}: kept from the interrupted run (source and output "
+                     "re-hashed)")
             return
         done[0] += event.bytes_in
         elapsed = max(time.perf_counter() - t0, 1e-9)
@@ -325,7 +336,10 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
         exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
         target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name,
-        not_copied=plan.not_copied)
+        not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files)
+    if plan.ignored_files:
+        progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
+                 f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
     if dry_run:
         timings["total"] = time.perf_counter() - t0
         return ApplyResult(**base, dry_run=True, size_after_bytes=predicted_output_bytes(plan),
@@ -333,16 +347,16 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
 
     native = plan.engine == "native"
     hashes: dict[str, str] = {}
-    if not native:  # the native executor hashes each shard from the same read that quantizes it
-        hashes = {f: sha256_file(src.path / f) for f in src.files}
-        progress("checking that every weight to quantize is finite")
-        refuse_non_finite(src, decisions)
     resume_hint = "resume with: " + _resume_command(rec, model, output, target, path, engine, plan.devices)
     shards: list[ShardSummary] = []
     throughput = None
     resumed = 0
     with atomic_output(output, overwrite, [src.path, *local_inputs], resumable=native, resume=resume,
-                       resume_hint=resume_hint) as tmp:
+                       resume_hint=resume_hint, command=base["command"], progress=progress) as tmp:
+        if not native:  # the native executor hashes each shard from the same read that quantizes it
+            hashes = {f: sha256_file(src.path / f) for f in src.files}
+            progress("checking that every weight to quantize is finite")
+            refuse_non_finite(src, decisions)
         t1 = time.perf_counter()
         if native:
             from quantkit.apply.executor import quantize_checkpoint

@@ -27,7 +27,7 @@ from quantkit.check.inspect import (
 from quantkit.check.numeric import numeric_agreement, numeric_logits
 from quantkit.check.real_load import real_load
 from quantkit.check.scales import platform_notes, scale_data
-from quantkit.io.headers import read_config
+from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
 from quantkit.naming.config import target_layer_count
 from quantkit.progress import Progress, or_silent
 from quantkit.results import EAGLE3_DRAFT, NumericResult, VllmLoad
@@ -70,6 +70,14 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
         findings.add("info", "target-layers-assumed", "--target",
                      f"no --target: exclude names model.layers.{assumed}.*, so the draft's decoder layers are taken "
                      f"to be numbered from {assumed} (the target's layer count)", "pass --target TARGET_DIR")
+    stray = unindexed_weight_files(ck.path)
+    if stray:
+        shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+        findings.add("warning", "unindexed-weight-file", stray[0],
+                     f"{INDEX_FILE} does not name {shown}: vLLM skips such files "
+                     "(model_loader/weight_utils.py filter_duplicate_safetensors_files), but a tool that reads every "
+                     "*.safetensors file of the folder loads their tensors as well",
+                     "remove them, or regenerate the index if they hold weights of this model")
     modules = modules_of(ck.tensors)
     progress("static contract")
     layers = static_contract(ck, modules, tp, findings)

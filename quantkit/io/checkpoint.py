@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import CheckpointError, QuantkitError, ResumableInterrupt, Terminated
+from quantkit.errors import CheckpointError, QuantkitError, ResumableInterrupt, Terminated, UnresumableError
 from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, scan_folder
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
+from quantkit.io.lock import output_lock
+from quantkit.progress import Progress
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -268,19 +270,37 @@ def partial_folder(output: Path) -> Path:
 
 @contextlib.contextmanager
 def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str | Path] = (), *,
-                  resumable: bool = False, resume: bool = False, resume_hint: str = "") -> Iterator[Path]:
+                  resumable: bool = False, resume: bool = False, resume_hint: str = "",
+                  command: str | None = None, progress: Progress | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside `output`; rename it to `output` only if the block succeeds.
+
+    The whole block runs under the output's lock (quantkit.io.lock: one writer per output; a second run is refused
+    in one line naming the live one, `command` is what the lock file records; a stale lock is reported through
+    `progress` and taken over). Every decision about an existing output or partial folder is made under it.
 
     On any failure or interrupt (SIGINT, and SIGTERM, which the CLI turns into the same KeyboardInterrupt) the
     temporary folder is removed, except a `resumable` run's, which stays while it holds the executor's journal: then
-    an interrupt raises ResumableInterrupt and an error gets `resume_hint` appended. `resume` continues such a folder;
-    without it an existing one is an error (or discarded with `overwrite`). A previous output is replaced only as
-    check_output_free allows.
+    an interrupt raises ResumableInterrupt and an error gets `resume_hint` appended (unless it is an
+    UnresumableError: a journal that resuming cannot use). `resume` continues such a folder; without it an existing
+    one is an error (or discarded with `overwrite`). A previous output is replaced only as check_output_free allows.
     """
     check_output_free(output, overwrite, sources)
     output = output.expanduser().resolve()
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputWriteError(f"output {output}: cannot create a folder in {output.parent} "
+                               f"({e.strerror or e}); pick a folder you can write to") from None
+    with output_lock(output, command, progress), \
+            _atomic_output_locked(output, overwrite, sources, resumable, resume, resume_hint) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def _atomic_output_locked(output: Path, overwrite: bool, sources: Sequence[str | Path], resumable: bool,
+                          resume: bool, resume_hint: str) -> Iterator[Path]:
+    check_output_free(output, overwrite, sources)  # again, under the lock: another run may have finished meanwhile
+    try:
         if resumable:
             tmp = partial_folder(output)
             if tmp.exists() and not (tmp / RESUMABLE_MARKER).is_file():
@@ -314,7 +334,7 @@ def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str |
             if reason:
                 raise OutputWriteError(f"output {output}: {reason} while writing; free space or pick another "
                                        f"folder{hint or ' (nothing was written)'}") from None
-            if keep and isinstance(e, QuantkitError):
+            if keep and isinstance(e, QuantkitError) and not isinstance(e, UnresumableError):
                 raise type(e)(f"{e}{hint}") from None
             raise
         if output.exists():

@@ -243,10 +243,14 @@ def check_tree(src: Path, roots: list[Path], error: type[QuantkitError] = Unsafe
     return files
 
 
-def copy_tree_checked(src: Path, dst: Path, roots: list[Path], error: type[QuantkitError] = UnsafeFileError) -> None:
+def copy_tree_checked(src: Path, dst: Path, roots: list[Path], error: type[QuantkitError] = UnsafeFileError,
+                      skip: str | None = None) -> None:
     """shutil.copytree for a source's sub-folder, with the whole tree checked (`check_tree`) before anything is
-    copied, and the files that links point to copied as regular files."""
+    copied, and the files that links point to copied as regular files; files whose name matches the fnmatch
+    pattern `skip` are left out."""
     files = check_tree(src, roots, error)
+    if skip:
+        files = [f for f in files if not fnmatch.fnmatch(f.name, skip)]
     dst.mkdir(parents=True, exist_ok=True)
     for root, dirs, _ in os.walk(src):
         for name in dirs:

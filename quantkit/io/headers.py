@@ -1,36 +1,29 @@
 """Stdlib-only reading of safetensors headers and HF checkpoint folders, so inspecting never imports torch."""
 
 import json
-import math
-import struct
+import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io import safetensors_format
 from quantkit.io.files import require_regular_file
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
-METADATA_KEY = "__metadata__"
-
-# The safetensors crate refuses headers above 100 MB (MAX_HEADER_SIZE); a larger length means corruption.
-MAX_HEADER_BYTES = 100_000_000
-
-# Bytes per element of whole-byte safetensors dtypes; used to check each tensor's byte range against its shape.
-# Sub-byte dtypes (F4, F6_*) are left out: their packing is not checked here.
-DTYPE_BYTES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8, "C64": 8,
-}  # fmt: skip
+METADATA_KEY = safetensors_format.METADATA_KEY
+MAX_HEADER_BYTES = safetensors_format.MAX_HEADER_BYTES
+# Bytes per element of whole-byte safetensors dtypes (sub-byte F4/F6 are packed: see safetensors_format.DTYPE_BITS).
+DTYPE_BYTES: dict[str, int] = {d: b // 8 for d, b in safetensors_format.DTYPE_BITS.items() if b % 8 == 0}
 # Every dtype the safetensors format defines (safetensors/src/tensor.rs `Dtype`), sub-byte ones included.
-KNOWN_DTYPES = set(DTYPE_BYTES) | {"F4", "F6_E2M3", "F6_E3M2"}
+KNOWN_DTYPES = set(safetensors_format.DTYPE_BITS)
 # config.json, indexes and reports are small; a larger file is corrupt or hostile, and parsing it would eat memory.
 MAX_JSON_FILE_BYTES = 64_000_000
 
-_REFETCH = "the file is truncated or corrupt; re-download or re-export it"
+_REFETCH = safetensors_format.REFETCH
+_REGENERATE = "re-download or regenerate the index"
 
 
 class TensorInfo(NamedTuple):
@@ -42,135 +35,145 @@ class TensorInfo(NamedTuple):
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
-    """Parse and validate the JSON header of one safetensors file without reading tensor data.
+    """Parse and validate the JSON header of one safetensors file without reading tensor data, refusing every file
+    that safetensors' own loader refuses (quantkit.io.safetensors_format).
 
-    Returns the header as stored: tensor name -> {dtype, shape, data_offsets}, plus `__metadata__` if present.
+    Returns the header: tensor name -> {dtype, shape, data_offsets}, plus `__metadata__` if present.
     """
-    path = Path(path)
-    require_regular_file(path, fix="a shard must be a regular .safetensors file")
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise CheckpointError(f"{path}: only {size} bytes, too short for a safetensors header; {_REFETCH}")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len == 0 or header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-                raise CheckpointError(
-                    f"{path}: safetensors header length {header_len} does not fit the file's {size} bytes; {_REFETCH}"
-                )
-            raw = f.read(header_len)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found; check the checkpoint folder") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a folder, expected a .safetensors file") from None
-    except PermissionError:
-        raise CheckpointError(f"{path}: permission denied; make the file readable") from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({e}); {_REFETCH}") from None
-    except RecursionError:
-        raise CheckpointError(f"{path}: safetensors header JSON is nested too deeply to read; {_REFETCH}") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: safetensors header is a JSON {type(header).__name__}, not an object; {_REFETCH}")
-    data_len = size - 8 - header_len
-    for name, entry in header.items():
-        if name != METADATA_KEY:
-            _check_entry(path, name, entry, data_len)
-    return header
+    return safetensors_format.read_parsed_header(path).header
 
 
-def _check_entry(path: Path, name: str, entry: Any, data_len: int) -> None:
-    """Check one tensor entry's fields and that its bytes lie inside the file."""
-    ok = (
-        isinstance(entry, dict)
-        and isinstance(entry.get("dtype"), str)
-        and isinstance(entry.get("shape"), list)
-        and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
-        and isinstance(entry.get("data_offsets"), list)
-        and len(entry["data_offsets"]) == 2
-        and all(isinstance(o, int) for o in entry["data_offsets"])
-    )
-    if not ok:
-        raise CheckpointError(
-            f"{path}: tensor {name!r} header entry is malformed (needs dtype, shape, data_offsets); {_REFETCH}"
-        )
-    if entry["dtype"] not in KNOWN_DTYPES:
-        raise CheckpointError(f"{path}: tensor {name!r} has dtype {entry['dtype'][:20]!r}, which safetensors does "
-                              f"not define; {_REFETCH}")
-    begin, end = entry["data_offsets"]
-    if not 0 <= begin <= end <= data_len:
-        raise CheckpointError(
-            f"{path}: tensor {name!r} bytes {begin}..{end} lie outside the file's {data_len} data bytes; {_REFETCH}"
-        )
-    itemsize = DTYPE_BYTES.get(entry["dtype"])
-    if itemsize is not None and (expected := math.prod(entry["shape"]) * itemsize) != end - begin:
-        raise CheckpointError(
-            f"{path}: tensor {name!r} is {entry['dtype']} {entry['shape']} ({expected} bytes) "
-            f"but spans {end - begin} bytes; {_REFETCH}"
-        )
+class _IndexObject(dict[str, Any]):
+    """A JSON object of the index that remembers the values its repeated keys overwrote."""
+
+    shadowed: tuple[tuple[str, Any], ...] = ()
+
+
+def _index_object(pairs: list[tuple[str, Any]]) -> _IndexObject:
+    obj = _IndexObject(pairs)
+    if len(obj) != len(pairs):
+        seen: dict[str, Any] = {}
+        shadowed = []
+        for key, value in pairs:
+            if key in seen:
+                shadowed.append((key, seen[key]))
+            seen[key] = value
+        obj.shadowed = tuple(shadowed)
+    return obj
 
 
 def read_index(folder: str | Path) -> dict[str, str] | None:
-    """The `weight_map` (tensor name -> shard file) of a sharded checkpoint, or None when it has no index."""
+    """The `weight_map` (tensor name -> shard file) of a sharded checkpoint, or None when it has no index.
+
+    The index is the truth about which files hold the weights (as for vLLM's `filter_duplicate_safetensors_files`
+    in vllm/model_executor/model_loader/weight_utils.py, and transformers): it must name each tensor once, and only
+    plain `.safetensors` file names of the folder itself (vLLM globs `*.safetensors` there and refuses an index
+    naming a file that is not among them).
+    """
     index_path = Path(folder) / INDEX_FILE
     if not index_path.is_file():
         return None
-    index = load_json_file(index_path, "re-download or regenerate the index")
+    index = load_json_file(index_path, _REGENERATE, object_pairs_hook=_index_object)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(
-            f"{index_path}: has no 'weight_map' object of tensor name -> file; re-download or regenerate the index"
-        )
-    return weight_map
+        raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")
+    for name, first in getattr(weight_map, "shadowed", ()):
+        raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
+                              f"{weight_map[name][:100]!r}); {_REGENERATE}")
+    for file in sorted(set(weight_map.values())):
+        if not file.endswith(".safetensors") or "/" in file or "\\" in file:
+            raise CheckpointError(f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
+                                  f"checkpoint folder itself; {_REGENERATE}")
+    return dict(weight_map)
 
 
 def safetensors_files(folder: str | Path) -> list[str]:
-    """Shard file names of a checkpoint folder: those its index names, else every *.safetensors in it."""
+    """Shard file names of a checkpoint folder: those its index names (each must exist), else every *.safetensors
+    in it."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
     weight_map = read_index(folder)
     if weight_map is not None:
-        return sorted(set(weight_map.values()))
+        files = sorted(set(weight_map.values()))
+        for file in files:
+            if not (folder / file).is_file():
+                raise CheckpointError(
+                    f"{folder / INDEX_FILE}: names shard {file}, which is missing; re-download the checkpoint"
+                )
+        return files
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder}: no .safetensors files and no {INDEX_FILE}; is this a HF checkpoint folder?")
     return files
 
 
+def unindexed_weight_files(folder: str | Path) -> list[str]:
+    """*.safetensors files anywhere in `folder` that its index does not name (relative paths, sorted): neither
+    quantized nor copied (Mistral's repos ship a `consolidated.safetensors` beside the sharded weights, holding the
+    same tensors). Empty without an index."""
+    folder = Path(folder)
+    weight_map = read_index(folder)
+    if weight_map is None:
+        return []
+    named = set(weight_map.values())
+    found = []
+    for root, _dirs, files in os.walk(folder):
+        for f in files:
+            rel = os.path.relpath(os.path.join(root, f), folder)
+            if f.endswith(".safetensors") and rel not in named:
+                found.append(rel)
+    return sorted(found)
+
+
+def place_tensor(folder: Path, weight_map: dict[str, str] | None, placed: dict[str, str], name: str,
+                 file: str) -> None:
+    """Record that shard `file` holds tensor `name`, refusing a tensor held by two shards, and one that the index
+    places elsewhere or does not list (vLLM would load every tensor of an indexed shard, so a disagreement means a
+    tensor stored twice or a stale index)."""
+    if weight_map is not None and weight_map.get(name) != file:
+        where = weight_map.get(name)
+        said = f"places in {where}" if where is not None else "does not list"
+        raise CheckpointError(f"{folder / file}: holds tensor {name!r}, which {INDEX_FILE} {said}; the index is stale "
+                              "or the shard is stray: regenerate the index or re-download the checkpoint")
+    if name in placed:
+        raise CheckpointError(f"{folder}: tensor {name!r} is in both {placed[name]} and {file}; remove the stale shard "
+                              f"(without {INDEX_FILE}, every *.safetensors file is loaded)")
+    placed[name] = file
+
+
+def check_index_complete(folder: Path, weight_map: dict[str, str] | None, placed: dict[str, str]) -> None:
+    """Every tensor the index lists is in the shard it names."""
+    if weight_map is None:
+        return
+    missing = sorted(set(weight_map) - set(placed))
+    if missing:
+        raise CheckpointError(
+            f"{folder / INDEX_FILE}: lists {len(missing)} tensor(s) absent from their shard, e.g. "
+            f"{missing[0]!r} in {weight_map[missing[0]]}; the index is stale, regenerate it"
+        )
+
+
 def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
     """Every tensor of a checkpoint folder with its shard, dtype and shape, read from headers only.
 
-    With model.safetensors.index.json the index is authoritative (as for transformers and vLLM) and must agree
-    with the shard headers; without one, all *.safetensors files in the folder are read.
+    With model.safetensors.index.json the index is authoritative (as for transformers and vLLM): only the files it
+    names are read, and their headers must agree with it; without one, all *.safetensors files in the folder are
+    read, and no tensor may be in two of them.
     """
     folder = Path(folder)
     files = safetensors_files(folder)
     weight_map = read_index(folder)
     tensors: dict[str, TensorInfo] = {}
+    placed: dict[str, str] = {}
     for file in files:
-        if weight_map is not None and not (folder / file).is_file():
-            raise CheckpointError(
-                f"{folder / INDEX_FILE}: names shard {file}, which is missing; re-download the checkpoint"
-            )
         header = read_header(folder / file)
         for name, entry in header.items():
-            if name == METADATA_KEY or (weight_map is not None and weight_map.get(name) != file):
+            if name == METADATA_KEY:
                 continue
-            if name in tensors:
-                raise CheckpointError(
-                    f"{folder}: tensor {name!r} is in both {tensors[name].file} and {file}; remove the stale shard"
-                )
+            place_tensor(folder, weight_map, placed, name, file)
             tensors[name] = TensorInfo(file, entry["dtype"], tuple(entry["shape"]))
-    if weight_map is not None:
-        missing = sorted(set(weight_map) - set(tensors))
-        if missing:
-            raise CheckpointError(
-                f"{folder / INDEX_FILE}: lists {len(missing)} tensor(s) absent from their shard, e.g. "
-                f"{missing[0]!r} in {weight_map[missing[0]]}; the index is stale, regenerate it"
-            )
+    check_index_complete(folder, weight_map, placed)
     return tensors
 
 
@@ -205,7 +208,8 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return config
 
 
-def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError) -> Any:
+def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError,
+                   object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """Parse a small JSON file (config, index, report); every way it can be unreadable is one `error`."""
     path = Path(path)
     require_regular_file(path, fix=fix, error=error)
@@ -214,7 +218,7 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         if size > MAX_JSON_FILE_BYTES:
             raise error(f"{path}: {size} bytes, too large for a JSON file of this kind (at most "
                         f"{MAX_JSON_FILE_BYTES}); {fix}")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
     except FileNotFoundError:
         raise error(f"{path}: not found; {fix}") from None
     except IsADirectoryError:

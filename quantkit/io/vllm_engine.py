@@ -215,13 +215,11 @@ class _CheckpointTensors:
     """The tensors of a safetensors checkpoint folder, read one at a time by name."""
 
     def __init__(self, folder: str | Path):
-        from safetensors import safe_open
+        from quantkit.io.headers import checkpoint_tensors
 
-        self.files: dict[str, Path] = {}
-        for path in sorted(Path(folder).glob("*.safetensors")):
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    self.files.setdefault(key, path)
+        # The shards the index names (as vLLM's loader reads them), not every *.safetensors in the folder.
+        folder = Path(folder)
+        self.files: dict[str, Path] = {name: folder / t.file for name, t in checkpoint_tensors(folder).items()}
 
     def get(self, name: str):
         from safetensors import safe_open
