@@ -647,6 +647,128 @@ def test_plugin_registration_is_idempotent(platform_scenarios):
     assert platform_scenarios["cpu_again"] == platform_scenarios["cpu"]
 
 
+# register() must never raise (vLLM calls general plugins unguarded: an exception stops every engine) and must leave
+# vLLM either fully patched or untouched. Each scenario breaks one thing in a fresh process, calls register(), and
+# records the patched objects' state, the plugin's log lines and any exception; the last one is the unbroken control.
+REGISTER_FAILURES = textwrap.dedent(f"""
+    import json, logging, types
+    import vllm.model_executor.kernels.linear as linear
+    import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as oracle
+    import vllm.model_executor.layers.quantization.quark.quark_moe as quark_moe
+    from vllm.platforms.interface import PlatformEnum
+    from quantkit.vllm_plugin import register
+
+    def state():
+        select, pick = quark_moe.select_mxfp4_moe_backend, quark_moe.backend_to_kernel_cls
+        return {{"cpu_linear_kernels": [k.__name__ for k in linear._POSSIBLE_MXFP4_KERNELS.get(PlatformEnum.CPU, [])],
+                "select_is_vllms": select is oracle.select_mxfp4_moe_backend,
+                "kernel_cls_is_vllms": pick is oracle.backend_to_kernel_cls}}
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("vllm.quantkit_cpu_mx").addHandler(handler)
+
+    def attempt(name, out):
+        records.clear()
+        try:
+            register()
+            raised = None
+        except BaseException as e:
+            raised = repr(e)
+        out[name] = {{"state": state(), "raised": raised,
+                     "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING]}}
+
+    out = {{}}
+    # an attribute the plugin uses is gone (a rename in vLLM): AttributeError inside the surface check
+    backend = oracle.Mxfp4MoeBackend
+    del oracle.Mxfp4MoeBackend
+    attempt("attribute_missing", out)
+    oracle.Mxfp4MoeBackend = backend
+    # a function the plugin calls is gone: the surface check names it
+    reg = linear.register_linear_kernel
+    del linear.register_linear_kernel
+    attempt("function_missing", out)
+    linear.register_linear_kernel = reg
+    # the third change fails after the first two were made: they must be undone
+    class RefusesKernelCls(types.ModuleType):
+        def __setattr__(self, name, value):
+            if name == "backend_to_kernel_cls":
+                raise RuntimeError("refused by the test")
+            super().__setattr__(name, value)
+    quark_moe.__class__ = RefusesKernelCls
+    attempt("third_change_fails", out)
+    quark_moe.__class__ = types.ModuleType
+    attempt("control", out)
+    print({MARKER!r} + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def register_failures():
+    require_vllm()
+    return run_python(REGISTER_FAILURES)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario, needle", [
+    ("attribute_missing", "AttributeError"),
+    ("function_missing", "register_linear_kernel"),
+    ("third_change_fails", "refused by the test"),
+])
+def test_register_never_raises_and_patches_nothing_when_vllm_differs(register_failures, scenario, needle):
+    """A missing attribute, a missing function, or a failure in the middle of patching: register() returns, logs one
+    warning line that says why, and vLLM is exactly as it was (nothing half-patched)."""
+    r = register_failures[scenario]
+    assert r["raised"] is None, r
+    assert r["state"] == {k: v for k, v in PRISTINE.items() if k != "wrapped_once"}, r
+    assert len(r["warnings"]) == 1 and "not patching" in r["warnings"][0] and needle in r["warnings"][0], r
+    # control: the same process, unbroken, does get patched (so the checks above can see a patch)
+    control = register_failures["control"]
+    assert control["raised"] is None and control["warnings"] == []
+    assert control["state"] == {"cpu_linear_kernels": ["CpuEmulationMxfp4LinearKernel"], "select_is_vllms": False,
+                                "kernel_cls_is_vllms": False}
+
+
+HIDDEN_MODULE = "vllm.model_executor.layers.quantization.quark.quark_moe"
+ENGINE_WITH_MODULE_HIDDEN = textwrap.dedent(f"""
+    import json, logging, sys
+    # The module the plugin patches is gone, as if vLLM had moved or renamed it: importing it raises
+    # ModuleNotFoundError ("import of ... halted; None in sys.modules").
+    sys.modules[{HIDDEN_MODULE!r}] = None
+    if __name__ == "__main__":
+        import vllm
+        from vllm import LLM, SamplingParams
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logging.getLogger("vllm.quantkit_cpu_mx").addHandler(handler)
+        llm = LLM(model=sys.argv[1], enforce_eager=True, max_model_len=256)
+        out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=6, temperature=0.0,
+                                                                        ignore_eos=True), use_tqdm=False)
+        import vllm.plugins
+        print({MARKER!r} + json.dumps({{
+            "plugins_loaded": vllm.plugins.plugins_loaded, "tokens": len(out[0].outputs[0].token_ids),
+            "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING]}}))
+""")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_engine_starts_when_the_patched_module_is_gone(tiny, tmp_path):
+    """With the module the plugin patches hidden, a real vLLM engine on the BF16 tiny target starts and generates,
+    and the plugin says once why it did nothing (before, register() raised ModuleNotFoundError out of LLM())."""
+    require_vllm()
+    plugin = make_plugin_dist(tmp_path / "ep")
+    code = ENGINE_WITH_MODULE_HIDDEN.replace("sys.argv[1]", repr(str(tiny / "target")))
+    r = run_python(code, extra_path=[plugin])
+    assert r["plugins_loaded"] is True and r["tokens"] == 6, r
+    assert len(r["warnings"]) == 1, r
+    line = r["warnings"][0]
+    assert "not patching" in line and "ModuleNotFoundError" in line and HIDDEN_MODULE in line, line
+
+
 LOAD_WITHOUT_PLUGIN = textwrap.dedent(f"""
     import json, sys
     from importlib.metadata import entry_points
