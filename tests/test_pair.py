@@ -211,7 +211,7 @@ def test_agreement_rule_on_hand_made_counters():
         shifted = run([11] * k + [10] * (42 - k))
         r = al_agreement(shifted, same)
         assert r.differing_prompts == k and r.p_value == pytest.approx(2 / 2 ** k) and r.agree is agree, r
-        assert r.delta == pytest.approx(k / (5 * 42), abs=1e-6)
+        assert r.delta == pytest.approx(k / (5 * 42), abs=1e-6) and (abs(r.delta) <= r.bound) is agree
     mixed = run([11] * 6 + [9] * 6 + [10] * 30)
     assert al_agreement(mixed, same).agree
     # counters by token identity: p3 wrote the same tokens in both runs but counted one accepted token more

@@ -17,10 +17,11 @@ What can be stated instead:
   does not fail on it alone: it enters the overall bound below.)
 - Overall, a paired randomization bound (Fisher's sign-flip test over prompts): if the two runs measure the same
   thing, the label of which run a prompt's counters came from is exchangeable, so swapping the two runs' counters of
-  any set of prompts gives an AL difference as likely as the observed one. `bound` is the `level` quantile of
-  |AL(a) - AL(b)| over all such swaps (exact over the 2**m swaps when m <= 16 prompts differ, else `samples` random
-  swaps), `p_value` the share of swaps at least as far from 0 as observed. The runs agree when p > 1 - level, i.e.
-  |difference| <= bound: the difference is what the prompts that came out differently explain. A systematic
+  any set of prompts gives an AL difference as likely as the observed one. Over all such swaps (exact over the 2**m
+  swaps when m <= 16 prompts differ, else `samples` random swaps), `p_value` is the share at least as far from 0 as
+  observed, and `bound` the largest |AL(a) - AL(b)| that more than a 1 - level share of them reach. The runs agree
+  when p > 1 - level, which is |difference| <= bound: the difference is what the prompts that came out differently
+  explain. A systematic
   difference (a damaged checkpoint in one run, a missing activation QDQ, another dtype) moves most prompts the same
   way and is far beyond it. With few differing prompts the test is conservative: all of 7 moving the same way gives
   p = 2/128, still an agreement at level 0.99; 8 give p = 2/256, a disagreement.
@@ -32,6 +33,7 @@ prompt weighs by its drafts, in the observed and in every swapped difference ali
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 
@@ -97,8 +99,9 @@ def al_agreement(a: Sequence[PromptAcceptance], b: Sequence[PromptAcceptance], l
         stats = [abs(delta)] + [swapped([rng.random() < 0.5 for _ in range(m)]) for _ in range(samples - 1)]
     tol = 1e-12  # the same difference reached along another summation order
     p_value = sum(1 for x in stats if x >= abs(delta) - tol) / len(stats)
+    # The largest |difference| that more than a (1 - level) share of the swaps reach: agree <=> |delta| <= bound.
     stats.sort()
-    bound = stats[min(len(stats) - 1, max(0, round(level * len(stats)) - 1))]
+    bound = stats[len(stats) - 1 - math.floor((1 - level) * len(stats) + 1e-9)]
     return AlAgreement(delta=round(delta, 6), bound=round(bound, 6), p_value=p_value,
                        agree=p_value > 1 - level, **common)
 
