@@ -164,14 +164,17 @@ def test_pair_backends_agree(vllm_pair, reference_pair, moe_fp8_draft, moe_mxfp4
     ISA-specific kernels, the reference in float32), so near-tied logits flip tokens and the texts part on some
     prompts: measured on an AVX2-only host, 13 of 42 prompts (baseline) and 12 of 42 (pair), some from the first
     token. The rules (quantkit.acceptance.agreement, reasons there):
-    - BF16 pair: where both emitted the same tokens, the counters are equal (measured: 29 prompts, all equal);
-    - quantized pair: the same, except that a prompt may keep its text but get other drafts, when the FP8 draft's
-      per-token quantization turns a rounding difference into another proposal (measured: 2 of 30); those count
-      in the overall bound;
+    - per prompt: where both emitted the same tokens, the counters are equal, except where the draft alone meets a
+      near-tie and proposes another chain while the target's text stays (measured: BF16 pair 29 of 29 equal;
+      quantized pair 28 of 30, the FP8 draft's per-token quantization turning a rounding difference into another
+      proposal; the dense pair of test_acceptance 41 of 42 on an AVX-512 host). A counting or configuration
+      difference (bonus token counted, another K or draft) would hit every such prompt, so at most a quarter may
+      differ (3x the worst seen); those that do count in the overall bound;
     - overall: the AL difference is within the paired randomization bound of the prompts that differ, at 0.99
       (measured: baseline vLLM 3.690 vs reference 3.707, -0.018 against a bound of 0.107, p 0.73; pair 3.616 vs
       3.677, -0.061 against 0.166, p 0.39). The fixed 0.05 this replaces failed the pair on AVX2 hosts (-0.056).
-    A damaged target is far outside the bound (test below)."""
+    A damaged target is far outside the bound (test below). Where both sides run the same arithmetic (`vllm serve`
+    against an in-process engine, tests/test_gate_release.py) every prompt has the same tokens and counters."""
     from quantkit.acceptance.agreement import describe, runs_agree
 
     for res in (vllm_pair, reference_pair):
@@ -185,9 +188,9 @@ def test_pair_backends_agree(vllm_pair, reference_pair, moe_fp8_draft, moe_mxfp4
     base = runs_agree(vllm_pair.baseline, reference_pair.baseline)
     pair = runs_agree(vllm_pair.candidate, reference_pair.candidate)
     print(f"\nbaseline: {describe(base)}\npair: {describe(pair)}")
-    assert base.same_output_prompts and base.counter_mismatches == [], describe(base)
-    assert pair.same_output_prompts and len(pair.counter_mismatches) < pair.same_output_prompts, describe(pair)
-    assert base.agree and pair.agree, (describe(base), describe(pair))
+    for a in (base, pair):
+        assert a.same_output_prompts and len(a.counter_mismatches) <= a.same_output_prompts // 4, describe(a)
+        assert a.agree and abs(a.delta) <= a.bound, describe(a)
     # the deployment pair keeps its acceptance: within the drafts' gate threshold of the BF16 pair
     assert vllm_pair.ratio >= 0.95 and reference_pair.ratio >= 0.95, (vllm_pair.ratio, reference_pair.ratio)
 
