@@ -217,6 +217,22 @@ class PromptAcceptance(Result):
     num_drafts: int
     num_accepted: int
     generated_tokens: int
+    output_digest: str | None = None  # fingerprint of the generated token ids (quantkit.acceptance.agreement)
+
+
+class AlAgreement(Result):
+    """Two measurements of one pair's AL on the same prompts, compared per prompt and with a paired randomization
+    bound (quantkit.acceptance.agreement, whose docstring gives the reasons)."""
+
+    delta: float | None = None  # AL(a) - AL(b)
+    bound: float = 0.0  # the |delta| the prompts whose counters differ explain, at `level`
+    p_value: float = 0.0
+    level: float = 0.99
+    agree: bool = False  # p_value > 1 - level
+    prompts: int = 0
+    differing_prompts: int = 0  # prompts whose (drafts, accepted) differ
+    same_output_prompts: int | None = None  # prompts with identical generated tokens (None: not known)
+    counter_mismatches: list[str] = []  # prompts with identical tokens but other counters
 
 
 class DraftAcceptance(Result):
@@ -391,6 +407,8 @@ class ServedBatch(Result):
     well_formed: bool = True
     malformed_responses: int = 0  # responses without choices, finish_reason, usage, [DONE], or with a bad count
     problems: list[str] = []  # the first few problems, "request i: what"
+    per_prompt: list[PromptAcceptance] = []  # per-request counters (vLLM's per-request spec-decode metrics)
+    agreement: AlAgreement | None = None  # served (a) against the in-process run (b), prompt by prompt
 
     _nan = field_validator("mean_acceptance_length", "tokens_per_s", "tpot_s", mode="before")(_nan_to_none)
 
@@ -408,6 +426,7 @@ class ServeReport(Result):
     command: list[str] = []
     in_process_al: float | None = None
     in_process_source: str = ""  # "acceptance" (the acceptance step's vLLM run) or "vllm" (run for this step)
+    in_process_per_prompt: list[PromptAcceptance] = []
     batches: list[ServedBatch] = []
     error: str | None = None  # why the step stopped (server did not come up, died, refused a request)
 

@@ -103,22 +103,30 @@ def test_broken_candidate_gets_a_clearly_lower_ratio(tiny, fp8_draft, broken_fp8
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_reference_and_vllm_agree(tiny, fp8_draft):
-    """Greedy AL from vLLM's own counters and from the reference engine on the bundled pair.
+    """Greedy AL from vLLM's own counters and from the reference engine on the bundled pair, by the cross-engine
+    agreement rule (quantkit.acceptance.agreement, the reasons there; tests/test_pair.py applies it to the MoE pair).
 
-    Measured: BF16 draft 3.684 (vLLM) vs 3.695 (reference); the generated tokens are identical for all 42 prompts
-    and 41 prompts have identical counters; one differs by 2 accepted tokens, which comes from vLLM computing
-    activations in bf16 where the reference uses float32 (the weights are the same bf16 values).
+    Measured on an AVX-512 host: BF16 draft 3.684 (vLLM) vs 3.695 (reference); the generated tokens are identical
+    for all 42 prompts and 41 prompts have identical counters; one differs by 2 accepted tokens, a draft near-tie
+    (vLLM computes activations in bf16 where the reference uses float32; the weights are the same bf16 values).
+    So: per prompt, at most a quarter of the same-token prompts with other counters (a counting difference would hit
+    them all); overall, the AL difference within the paired randomization bound at 0.99; and the ratios agree
+    within the sum of the two ratio CIs' half-widths, since each engine's ratio carries its own prompt sampling.
     """
+    from quantkit.acceptance.agreement import describe, runs_agree
+
     require_vllm()
     out, _ = fp8_draft
     ref = run_acceptance(tiny / "target", tiny / "eagle3-draft", out, backend="reference", progress=QUIET)
     vll = run_acceptance(tiny / "target", tiny / "eagle3-draft", out, backend="vllm", progress=QUIET)
     for a, b in ((ref.baseline, vll.baseline), (ref.candidate, vll.candidate)):
-        assert abs(a.mean_acceptance_length - b.mean_acceptance_length) < 0.05
-        assert [p.generated_tokens for p in a.per_prompt] == [p.generated_tokens for p in b.per_prompt]
-        same = sum(x == y for x, y in zip(a.per_prompt, b.per_prompt))
-        assert same >= 0.9 * len(a.per_prompt)
-    assert abs(ref.ratio - vll.ratio) < 0.03
+        agreement = runs_agree(b, a)
+        print(f"\n{a.label}: {describe(agreement)}")
+        assert agreement.same_output_prompts is not None and agreement.same_output_prompts >= 1, describe(agreement)
+        assert len(agreement.counter_mismatches) <= agreement.same_output_prompts // 4, describe(agreement)
+        assert agreement.agree, describe(agreement)
+    half = sum((hi - lo) / 2 for lo, hi in (ref.ratio_ci, vll.ratio_ci))
+    assert abs(ref.ratio - vll.ratio) <= half, (ref.ratio, vll.ratio, ref.ratio_ci, vll.ratio_ci)
 
 
 def test_vllm_cpu_refuses_sampling(tiny, tmp_path):

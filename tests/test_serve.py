@@ -6,11 +6,14 @@ acceptance on the same 42 prompt texts. Other tests start servers on purpose: on
 flight, one that cannot start (a bad flag), one stopped by its startup timeout, and two whose calling process is
 sent SIGTERM or SIGKILL during startup. Each asserts that no process of the server's group is left.
 
-AL tolerance: greedy decoding with the same engine settings gives the same tokens and therefore the same
-counters; measured here: served AL 3.6738 at batch 1 and at batch 8, in-process 3.6738 (187 drafts, 500 accepted),
-tokens identical on 42/42 prompts. The tolerance, 0.02, allows one prompt to flip a token (bf16 activations make
-results depend on batch composition on other kernels: the reference engine differs from vLLM by 2 accepted tokens on
-one prompt, 0.011 in AL); a served run without the draft, or with another K, misses it by far.
+Served against in-process, by the cross-engine agreement rule (quantkit.acceptance.agreement, reasons there): both
+sides run the same arithmetic, so where a prompt's tokens are the same its counters are the same (each request's own
+counters come from vLLM's per-request spec-decode metrics), and the AL difference is within the paired randomization
+bound of the prompts that differ. Measured: served AL 3.6738 at batch 1 and at batch 8, in-process 3.6738 (187
+drafts, 500 accepted) on an AVX-512 host, 3.6952 for all three on an AVX2-only one, where tokens and counters were
+identical on 42/42 prompts at both batch sizes. A near-tie flipped by another batch
+composition moves a prompt or two either way and stays within the bound; a served run with another K or draft
+changes the counters of prompts whose tokens stay the same, and fails.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 K = 3
 MAX_TOKENS = 64
-AL_TOLERANCE = 0.02
 
 
 def no_process_left(pgid: int, port: int) -> None:
@@ -208,12 +210,25 @@ def check_against_in_process(res, in_process, texts) -> None:
         assert r.completion_tokens == len(r.token_ids) > 0
     tokenizer = load_tokenizer(res.target)
     assert [r.prompt_tokens for r in res.requests] == [len(tokenizer(t)["input_ids"]) for t in texts]
+    from quantkit.acceptance.agreement import al_agreement, describe, output_digest
+    from quantkit.results import PromptAcceptance
+
     drafts = sum(s.num_drafts for s in in_process)
     accepted = sum(s.num_accepted for s in in_process)
     in_process_al = 1 + accepted / drafts
-    assert res.mean_acceptance_length == pytest.approx(in_process_al, abs=AL_TOLERANCE)
-    same = sum(r.token_ids == s.output_ids for r, s in zip(res.requests, in_process))
-    assert same >= len(texts) - 1, f"served tokens equal in-process tokens on only {same}/{len(texts)} prompts"
+    assert all(r.num_drafts is not None for r in res.requests), "the server sent no per-request spec-decode metrics"
+    served = [PromptAcceptance(id=str(i), domain="-", num_drafts=r.num_drafts or 0, num_accepted=r.num_accepted or 0,
+                               generated_tokens=len(r.token_ids), output_digest=output_digest(r.token_ids))
+              for i, r in enumerate(res.requests)]
+    local = [PromptAcceptance(id=str(i), domain="-", num_drafts=s.num_drafts, num_accepted=s.num_accepted,
+                              generated_tokens=len(s.output_ids), output_digest=output_digest(s.output_ids))
+             for i, s in enumerate(in_process)]
+    assert res.spec is not None
+    assert (sum(p.num_drafts for p in served), sum(p.num_accepted for p in served)) == \
+        (res.spec.num_drafts, res.spec.num_accepted_tokens)  # per request adds up to /metrics
+    a = al_agreement(served, local)
+    assert a.counter_mismatches == [] and a.agree, describe(a)
+    same = a.same_output_prompts
     assert res.spec is not None and len(res.spec.accepted_per_pos) == K
     assert sum(res.spec.accepted_per_pos) == res.spec.num_accepted_tokens
     assert res.spec.num_draft_tokens == K * res.spec.num_drafts

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quantkit.acceptance.agreement import output_digest
 from quantkit.acceptance.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
@@ -60,7 +61,8 @@ def _summarise(label: str, target: str, draft: str, records: list[PromptRecord],
         tokens_per_target_forward=tokens / forwards if forwards else float("nan"), generated_tokens=tokens,
         per_domain=per_domain,
         per_prompt=[{"id": r.id, "domain": r.domain, "num_drafts": s.num_drafts, "num_accepted": s.num_accepted,
-                     "generated_tokens": len(s.output_ids)} for r, s in zip(records, stats)],
+                     "generated_tokens": len(s.output_ids), "output_digest": output_digest(s.output_ids)}
+                    for r, s in zip(records, stats)],
         wall_s=round(wall, 3),
     )
 

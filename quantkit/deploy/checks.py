@@ -13,7 +13,11 @@ Verdict rules (`judge`, `verdict`), over `ReleaseCheck`s:
   on the better side of `parity` (the value at which candidate and baseline are equal: 1.0 for ratios, 0.0 for
   deltas). A quantized model does not beat its source with confidence; when it seems to, the measurement is
   suspect (wrong baseline, swapped paths, leaked test data). Also anomalous: the same figure measured two ways
-  disagrees: |value - reference| > tolerance (served AL against in-process AL).
+  disagrees (served AL against in-process AL). With a prompt-by-prompt comparison (`agreement_p`, the p-value of
+  quantkit.acceptance.agreement's paired randomization test, and its `agreement_level`), that is p <= 1 - level:
+  the difference is more than the prompts that came out differently explain (near-tied logits flip tokens under
+  another batch composition or CPU kernel, in either direction); `tolerance`, if set, is then a floor under which a
+  difference is never anomalous. Without per-prompt figures, |value - reference| > tolerance.
 - pass: none of the above.
 
 When several apply, the verdict is the first of regression, infeasible, anomalous: a figure that misses its
@@ -200,6 +204,8 @@ class ReleaseCheck:
     use_ci_bound: bool = False
     reference: float | None = None
     tolerance: float | None = None
+    agreement_p: float | None = None
+    agreement_level: float | None = None
     required: bool = True
     error: str | None = None
 
@@ -241,7 +247,13 @@ def judge(checks: list[ReleaseCheck]) -> Judgement:
             if (c.op == ">=" and lo > c.parity) or (c.op == "<=" and hi < c.parity):
                 reasons["anomalous"].append(f"{c.name}: better than its baseline beyond its CI ({lo:.4g}-{hi:.4g} "
                                             f"entirely {'above' if c.op == '>=' else 'below'} {c.parity:.4g})")
-        if c.reference is not None and c.tolerance is not None and abs(c.value - c.reference) > c.tolerance:
+        if c.reference is not None and c.agreement_p is not None and c.agreement_level is not None:
+            beyond_floor = c.tolerance is None or abs(c.value - c.reference) > c.tolerance
+            if c.agreement_p <= 1 - c.agreement_level and beyond_floor:
+                reasons["anomalous"].append(
+                    f"{c.name}: {c.value:.4g} disagrees with {c.reference:.4g} measured the other way beyond what the "
+                    f"prompts that came out differently explain (p {c.agreement_p:.3g} <= {1 - c.agreement_level:.3g})")
+        elif c.reference is not None and c.tolerance is not None and abs(c.value - c.reference) > c.tolerance:
             reasons["anomalous"].append(f"{c.name}: {c.value:.4g} disagrees with {c.reference:.4g} measured the other "
                                         f"way (tolerance {c.tolerance:.4g})")
     order: tuple[Verdict, ...] = ("regression", "infeasible", "anomalous")
@@ -271,12 +283,15 @@ def eval_delta_check(task: str, delta: float | None, delta_ci: tuple[float, floa
     return ReleaseCheck(f"eval.{task}.delta", delta, -max_drop, ">=", delta_ci, 0.0, use_ci_bound, error=error)
 
 
-def served_al_check(served_al: float | None, in_process_al: float | None, tolerance: float,
-                    min_al: float | None = None, error: str | None = None) -> ReleaseCheck:
-    """AL through `vllm serve` against the in-process AL on the same prompts: anomalous beyond `tolerance`."""
+def served_al_check(served_al: float | None, in_process_al: float | None, tolerance: float | None,
+                    min_al: float | None = None, error: str | None = None, *,
+                    agreement_p: float | None = None, agreement_level: float | None = None) -> ReleaseCheck:
+    """AL through `vllm serve` against the in-process AL on the same prompts: anomalous when the prompt-by-prompt
+    comparison (`agreement_p` at `agreement_level`, quantkit.acceptance.agreement) says they disagree and the
+    difference exceeds the optional floor `tolerance`; without it, anomalous beyond `tolerance`."""
     missing = error or (None if in_process_al is not None else "no in-process AL to compare with")
     return ReleaseCheck("serve.acceptance_length", served_al, min_al, ">=", reference=in_process_al,
-                        tolerance=tolerance, error=missing)
+                        tolerance=tolerance, agreement_p=agreement_p, agreement_level=agreement_level, error=missing)
 
 
 def size_ratio_check(ratio: float | None, max_ratio: float, error: str | None = None) -> ReleaseCheck:

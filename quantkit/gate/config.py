@@ -54,7 +54,12 @@ class AcceptanceStep(_Strict):
 class ServeStep(_Strict):
     """The served step: a real `vllm serve` of each draft candidate on its target, measured at each batch size."""
 
-    al_tolerance: float = Field(default=0.05, ge=0)  # |served AL - in-process vLLM AL| on the same prompts
+    # Served AL against the in-process vLLM AL on the same prompts: anomalous when they disagree prompt by prompt
+    # beyond what the prompts that came out differently explain (paired randomization test at agreement_level,
+    # quantkit.acceptance.agreement). al_tolerance: a floor under which a difference is never anomalous (default
+    # none); it is the whole rule only when the server sends no per-request counters (then default 0.05).
+    agreement_level: float = Field(default=0.99, gt=0.5, lt=1)
+    al_tolerance: float | None = Field(default=None, ge=0)
     batch_sizes: list[int] = Field(default=[1, 8], min_length=1)
     require_batch_sizes: list[int] | None = None  # whose AL must reach min_al (default: every batch size)
     min_al: float | None = Field(default=None, ge=1)  # default: acceptance.min_al

@@ -16,7 +16,7 @@ Gate config (YAML; unknown keys are errors; paths are relative to the config fil
     acceptance: {min_ratio: 0.98, per_domain_min_ratio: 0.95, min_al: 2.0, use_ci_lower_bound: false,
                  backend: auto, prompts: builtin, num_speculative_tokens: 3, max_new_tokens: 64}
     eval: {tasks: [tiny_french_mc], min_recovery: 0.98, use_lower_bound: false, limit: 100, backend: hf}
-    serve: {al_tolerance: 0.05, batch_sizes: [1, 8], require_batch_sizes: [1, 8], startup_timeout_s: 600}
+    serve: {agreement_level: 0.99, batch_sizes: [1, 8], require_batch_sizes: [1, 8], startup_timeout_s: 600}
 
 Which step applies to which candidate: `check` to all; `acceptance` to drafts (against `draft` with `target`) and
 to quantized targets whose baseline is `target` (run as the verifier of `draft`); `eval` to targets; `serve` to
@@ -35,9 +35,10 @@ Figures (GateCheck, one per judged figure; see README's gate section):
   `.per_domain_ratio.<d>`, `.candidate_al`.
 - eval: `eval.<task>.<metric>.recovery` (anomalous when its CI lies wholly above 1: the quantized model beating its
   source), `.recovery_lower_bound`.
-- serve, per batch size b: `serve.bs<b>.al_vs_in_process` (|served AL - in-process AL| <= al_tolerance; beyond it
-  the same figure measured two ways disagrees: anomalous), `serve.bs<b>.acceptance_length` (>= min_al, for the
-  required batch sizes), `serve.bs<b>.malformed_responses` (0).
+- serve, per batch size b: `serve.bs<b>.al_vs_in_process` (|served AL - in-process AL| against the bound that the
+  prompts whose counters differ explain, quantkit.acceptance.agreement at agreement_level; beyond it the same
+  figure measured two ways disagrees: anomalous; al_tolerance, if set, is a floor under it),
+  `serve.bs<b>.acceptance_length` (>= min_al, for the required batch sizes), `serve.bs<b>.malformed_responses` (0).
 
 Verdict (quantkit.deploy.checks.judge over one ReleaseCheck per figure): `pass`; `regression` (a threshold missed);
 `anomalous` (better than the baseline beyond the CI, or served vs in-process AL disagree); `infeasible` (a step could
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import __version__
+from quantkit.acceptance.agreement import al_agreement, describe
 from quantkit.deploy.checks import (
     ReleaseCheck,
     acceptance_ratio_check,
@@ -85,6 +87,8 @@ from quantkit.results import (
 # check findings surfaced as figures: layers vLLM would run unquantized though the candidate should not, and layers
 # whose loaded precision differs from what the static contract predicts
 UNQUANTIZED_CODES = ("weight-not-quantized", "not-quantized")
+# served vs in-process AL when the server sends no per-request counters (so no prompt-by-prompt comparison)
+FALLBACK_AL_TOLERANCE = 0.05
 MISMATCH_CODES = ("vllm-load-mismatch",)
 
 
@@ -376,7 +380,8 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
 def serve_step(figs: Figures, cand: str, report: CandidateReport, cfg: GateConfig, *, served_target: str,
                bf16_target: str, draft_path: str, progress: Progress) -> None:
     """Serve `draft_path` on `served_target` with a real `vllm serve`, measure every batch size, and judge: served AL
-    against the in-process AL (anomalous beyond al_tolerance), against min_al (required batch sizes), and that every
+    against the in-process AL prompt by prompt (anomalous beyond the bound the differing prompts explain), against
+    min_al (required batch sizes), and that every
     response is well-formed. A server that does not come up or dies makes the step infeasible with its one-line
     reason (the last log lines included); the server is always stopped (quantkit.gate.served)."""
     from quantkit.gate import served
@@ -387,21 +392,23 @@ def serve_step(figs: Figures, cand: str, report: CandidateReport, cfg: GateConfi
     sr = report.serve = ServeReport(target=served_target, draft=draft_path, num_speculative_tokens=k,
                                     max_tokens=max_new)
     try:
-        texts, longest = served.prompt_texts(bf16_target, a.prompts)
+        texts, longest, ids = served.prompt_set(bf16_target, a.prompts)
         sr.num_prompts = len(texts)
         max_model_len = max(2048, longest + max_new + k + 8)
         ref = served.reusable_acceptance(report.acceptance, k, max_new, a.prompts)
         if ref is not None:
-            sr.in_process_al, sr.in_process_source = ref, "acceptance"
+            sr.in_process_al, sr.in_process_source = ref.mean_acceptance_length, "acceptance"
+            sr.in_process_per_prompt = list(ref.per_prompt)
         else:
             progress(f"{cand}: serve: in-process vLLM reference on {len(texts)} prompts")
-            sr.in_process_al = served.in_process_al(served_target, draft_path, texts, k, max_new, max_model_len)
-            sr.in_process_source = "vllm"
+            sr.in_process_per_prompt = served.in_process_run(served_target, draft_path, texts, ids, k, max_new,
+                                                             max_model_len)
+            sr.in_process_al, sr.in_process_source = served.mean_al(sr.in_process_per_prompt), "vllm"
         progress(f"{cand}: serve: vllm serve {Path(served_target).name} + {Path(draft_path).name}, batch sizes "
                  f"{s.batch_sizes}")
         served.measure_served(sr, texts, s.batch_sizes, max_model_len=max_model_len,
                               startup_timeout_s=s.startup_timeout_s, request_timeout_s=s.request_timeout_s,
-                              fast_start=s.fast_start, progress=lambda m: progress(f"{cand}: serve: {m}"))
+                              fast_start=s.fast_start, progress=lambda m: progress(f"{cand}: serve: {m}"), ids=ids)
     except Exception as e:
         sr.error = _first_line(e)
         figs.error(cand, "serve", "serve.error", f"step failed: {sr.error}")
@@ -412,10 +419,22 @@ def serve_step(figs: Figures, cand: str, report: CandidateReport, cfg: GateConfi
     for b in sr.batches:
         al = b.mean_acceptance_length
         diff = abs(al - ref_al) if al is not None and ref_al is not None else None
-        agree = replace(served_al_check(al, ref_al, s.al_tolerance), name=f"serve.bs{b.batch_size}.al_vs_in_process")
-        figs.add(cand, "serve", agree, value=diff, op="<=", threshold=s.al_tolerance,
+        name = f"serve.bs{b.batch_size}.al_vs_in_process"
+        comparable = (b.per_prompt and len(b.per_prompt) == len(sr.in_process_per_prompt)
+                      and [p.id for p in b.per_prompt] == [p.id for p in sr.in_process_per_prompt])
+        if comparable:
+            b.agreement = al_agreement(b.per_prompt, sr.in_process_per_prompt, level=s.agreement_level)
+            agree = replace(served_al_check(al, ref_al, s.al_tolerance, agreement_p=b.agreement.p_value,
+                                            agreement_level=b.agreement.level), name=name)
+            threshold = b.agreement.bound if s.al_tolerance is None else max(b.agreement.bound, s.al_tolerance)
+            how = describe(b.agreement)
+        else:  # no per-request counters from the server: only a fixed tolerance can be applied
+            tolerance = s.al_tolerance if s.al_tolerance is not None else FALLBACK_AL_TOLERANCE
+            agree = replace(served_al_check(al, ref_al, tolerance), name=name)
+            threshold, how = tolerance, "no per-request counters from the server: fixed tolerance"
+        figs.add(cand, "serve", agree, value=diff, op="<=", threshold=threshold,
                  message=f"served AL {'-' if al is None else f'{al:.4f}'}, in-process "
-                         f"{'-' if ref_al is None else f'{ref_al:.4f}'} ({sr.in_process_source})")
+                         f"{'-' if ref_al is None else f'{ref_al:.4f}'} ({sr.in_process_source}); {how}")
         if min_al is not None and b.batch_size in required:
             figs.plain(cand, "serve", f"serve.bs{b.batch_size}.acceptance_length", al, ">=", min_al)
         figs.plain(cand, "serve", f"serve.bs{b.batch_size}.malformed_responses", float(b.malformed_responses), "<=",

@@ -5,9 +5,13 @@ it against.
 The prompts are the acceptance step's own texts: its prompt set rendered with the (BF16) target's chat template, sent
 raw to the completions endpoint, greedy, `max_new_tokens` each. The in-process reference is the acceptance step's
 candidate run when that ran in vLLM with the same K, token budget and temperature 0 (the same pair, prompts and
-settings), else `quantkit.acceptance.vllm_backend.run_vllm` run here with those settings. Greedy decoding with the
-same engine settings gives the same tokens, so the served and in-process ALs agree to rounding (measured on the
-bundled pair: 3.6455 at batch 1, at batch 8 and in-process); `al_tolerance` allows a prompt or two to flip a token.
+settings), else `quantkit.acceptance.vllm_backend.run_vllm` run here with those settings. Both sides keep their
+per-prompt counters and a digest of each prompt's tokens (the server's from its per-request spec-decode metrics,
+quantkit.deploy.serve), and the served AL is judged against the in-process one prompt by prompt
+(quantkit.acceptance.agreement): greedy decoding of the same pair gives the same tokens and counters except where a
+near-tie flips a token under another batch composition, which moves a few prompts either way; a systematic
+difference (another draft, K or dtype behind the server) moves them all and is anomalous. Measured on the bundled
+pair (AVX2 host): served and in-process AL equal at batch 1 and 8, every prompt with the same tokens and counters.
 
 One server per candidate, measured at every batch size in turn (vLLM's spec-decode counters are read before and after
 each measurement). The server is stopped whatever happens: VllmServer is a context manager whose exit stops its whole
@@ -19,8 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from quantkit.acceptance.agreement import output_digest
 from quantkit.progress import Progress, or_silent
-from quantkit.results import AcceptanceResult, ServedBatch, ServeReport
+from quantkit.results import AcceptanceResult, DraftAcceptance, PromptAcceptance, ServedBatch, ServeReport
 
 if TYPE_CHECKING:
     from quantkit.deploy.serve import ServedResult
@@ -30,51 +35,76 @@ MAX_PROBLEMS = 5  # malformed responses kept in the report per batch size
 
 def prompt_texts(target: str | Path, prompts: str | Path) -> tuple[list[str], int]:
     """The acceptance step's texts (its prompt set with the target's chat template) and the longest one in tokens."""
+    texts, longest, _ids = prompt_set(target, prompts)
+    return texts, longest
+
+
+def prompt_set(target: str | Path, prompts: str | Path) -> tuple[list[str], int, list[tuple[str, str]]]:
+    """`prompt_texts` and each prompt's (id, domain), in order."""
     from quantkit.io.hf import load_tokenizer
     from quantkit.io.prompts import load_prompts
 
     tokenizer = load_tokenizer(target)
-    texts = [r.render(tokenizer) for r in load_prompts(prompts)]
+    records = load_prompts(prompts)
+    texts = [r.render(tokenizer) for r in records]
     longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
-    return texts, longest
+    return texts, longest, [(r.id, r.domain) for r in records]
 
 
-def reusable_acceptance(acc: AcceptanceResult | None, k: int, max_new_tokens: int, prompts: str) -> float | None:
-    """The acceptance step's in-process candidate AL when it measured exactly what the server is sent (vLLM backend,
-    the same K, token budget, prompt set, greedy, no extra context lengths), else None."""
+def reusable_acceptance(acc: AcceptanceResult | None, k: int, max_new_tokens: int,
+                        prompts: str) -> DraftAcceptance | None:
+    """The acceptance step's in-process candidate run when it measured exactly what the server is sent (vLLM
+    backend, the same K, token budget, prompt set, greedy, no extra context lengths), else None."""
     if acc is None or acc.backend != "vllm" or acc.candidate is None:
         return None
     s = acc.settings
     same = (s.num_speculative_tokens == k and s.max_new_tokens == max_new_tokens and s.temperature == 0
             and s.prompts == str(prompts))
-    return acc.candidate.mean_acceptance_length if same else None
+    return acc.candidate if same else None
 
 
-def in_process_al(target: str, draft: str, texts: list[str], k: int, max_new_tokens: int,
-                  max_model_len: int) -> float | None:
-    """AL of `draft` on `target` over `texts` in an in-process vLLM engine, greedy (None when nothing was drafted)."""
+def in_process_run(target: str, draft: str, texts: list[str], ids: list[tuple[str, str]], k: int,
+                   max_new_tokens: int, max_model_len: int) -> list[PromptAcceptance]:
+    """Per-prompt counters of `draft` on `target` over `texts` in an in-process vLLM engine, greedy."""
     from quantkit.acceptance.vllm_backend import run_vllm
 
     stats = run_vllm(target, draft, texts, k, max_new_tokens, 0.0, max_model_len=max_model_len)
-    drafts = sum(s.num_drafts for s in stats)
-    return 1 + sum(s.num_accepted for s in stats) / drafts if drafts else None
+    return [PromptAcceptance(id=i, domain=d, num_drafts=s.num_drafts, num_accepted=s.num_accepted,
+                             generated_tokens=len(s.output_ids), output_digest=output_digest(s.output_ids))
+            for (i, d), s in zip(ids, stats)]
 
 
-def served_batch(res: ServedResult) -> ServedBatch:
-    """results.ServedBatch from a quantkit.deploy.serve.ServedResult (its per-request detail left out)."""
+def mean_al(per_prompt: list[PromptAcceptance]) -> float | None:
+    """vLLM's AL over prompts: 1 + accepted / drafts (None when nothing was drafted)."""
+    drafts = sum(p.num_drafts for p in per_prompt)
+    return 1 + sum(p.num_accepted for p in per_prompt) / drafts if drafts else None
+
+
+def served_batch(res: ServedResult, ids: list[tuple[str, str]] | None = None) -> ServedBatch:
+    """results.ServedBatch from a quantkit.deploy.serve.ServedResult (its per-request detail left out, except each
+    request's counters and token digest as `per_prompt` when the server sent them and `ids` names the prompts)."""
     spec = res.spec
+    per_prompt = []
+    if ids is not None and len(ids) == len(res.requests) and all(r.num_drafts is not None for r in res.requests):
+        per_prompt = [PromptAcceptance(id=i, domain=d, num_drafts=r.num_drafts or 0, num_accepted=r.num_accepted or 0,
+                                       generated_tokens=len(r.token_ids), output_digest=output_digest(r.token_ids))
+                      for (i, d), r in zip(ids, sorted(res.requests, key=lambda r: r.index))]
+        totals = (sum(q.num_drafts for q in per_prompt), sum(q.num_accepted for q in per_prompt))
+        if spec is not None and totals != (spec.num_drafts, spec.num_accepted_tokens):
+            per_prompt = []  # per-request figures that do not add up to the server's counters are not used
     return ServedBatch(
         batch_size=res.batch_size, num_requests=len(res.requests), mean_acceptance_length=res.mean_acceptance_length,
         num_drafts=spec.num_drafts if spec else None, num_draft_tokens=spec.num_draft_tokens if spec else None,
         num_accepted=spec.num_accepted_tokens if spec else None, accepted_per_pos=spec.accepted_per_pos if spec else [],
         completion_tokens=res.completion_tokens, tokens_per_s=round(res.tokens_per_s, 2), ttft_s=res.ttft_s,
         tpot_s=res.tpot_s, wall_s=round(res.wall_s, 3), well_formed=res.ok,
-        malformed_responses=sum(1 for r in res.requests if r.problems), problems=res.problems[:MAX_PROBLEMS])
+        malformed_responses=sum(1 for r in res.requests if r.problems), problems=res.problems[:MAX_PROBLEMS],
+        per_prompt=per_prompt)
 
 
 def measure_served(report: ServeReport, texts: list[str], batch_sizes: list[int], *, max_model_len: int,
                    startup_timeout_s: float, request_timeout_s: float, fast_start: bool,
-                   progress: Progress | None = None) -> None:
+                   progress: Progress | None = None, ids: list[tuple[str, str]] | None = None) -> None:
     """Start one `vllm serve` for report.target + report.draft, measure every batch size into report.batches, stop
     it. Raises quantkit.deploy.serve.ServeError (one line, with the server's last log lines) when the server does not
     come up, dies, or refuses a request; the batches measured before that stay in the report."""
@@ -89,7 +119,7 @@ def measure_served(report: ServeReport, texts: list[str], batch_sizes: list[int]
         for b in batch_sizes:
             res = measure(server, texts, max_tokens=report.max_tokens, batch_size=b,
                           request_timeout_s=request_timeout_s)
-            batch = served_batch(res)
+            batch = served_batch(res, ids)
             report.batches.append(batch)
             al = batch.mean_acceptance_length
             progress(f"batch {b}: served AL {'-' if al is None else f'{al:.4f}'}, {batch.tokens_per_s} tok/s, TTFT p50 "

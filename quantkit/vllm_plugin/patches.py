@@ -130,20 +130,52 @@ def _kernel_cls_with_cpu_emulation(original, experts_cls):
 
 
 def apply_cpu_mx_patches() -> list[str]:
-    """Make the three changes (module docstring) unless already made; return what was changed this call."""
+    """Make the three changes (module docstring) unless already made; return what was changed this call.
+
+    Transactional: every vLLM object is imported and checked (`_surface`) and every replacement is built before the
+    first change; the changes are then made in order, each with its undo, and if any raises, the ones already made
+    are undone (last first) before the error propagates. So vLLM is left either fully patched or exactly as it was,
+    never half-patched (for instance an MXFP4 linear kernel registered while the MoE selection is vLLM's own).
+    """
     s = _surface()
     linear, quark_moe, ours, cpu = s["linear"], s["quark_moe"], s["ours"], s["PlatformEnum"].CPU
-    changed = []
+    steps: list[tuple[str, Any, Any]] = []  # (what, do, undo)
+
     if cpu not in linear._POSSIBLE_MXFP4_KERNELS:
-        setattr(ours.CpuEmulationMxfp4LinearKernel, _MARK, True)
-        linear.register_linear_kernel(ours.CpuEmulationMxfp4LinearKernel, cpu, "mxfp4")
-        changed.append("register_linear_kernel(CpuEmulationMxfp4LinearKernel, CPU, 'mxfp4')")
-    if not getattr(quark_moe.select_mxfp4_moe_backend, _MARK, False):
-        quark_moe.select_mxfp4_moe_backend = _select_with_cpu_fallback(quark_moe.select_mxfp4_moe_backend,
-                                                                       ours.CpuOcpMxEmulationExperts)
-        changed.append("quark_moe.select_mxfp4_moe_backend")
-    if not getattr(quark_moe.backend_to_kernel_cls, _MARK, False):
-        quark_moe.backend_to_kernel_cls = _kernel_cls_with_cpu_emulation(quark_moe.backend_to_kernel_cls,
-                                                                         ours.CpuOcpMxEmulationExperts)
-        changed.append("quark_moe.backend_to_kernel_cls")
-    return changed
+        kernel = ours.CpuEmulationMxfp4LinearKernel
+
+        def register_kernel() -> None:
+            setattr(kernel, _MARK, True)
+            linear.register_linear_kernel(kernel, cpu, "mxfp4")
+
+        def unregister_kernel() -> None:
+            linear._POSSIBLE_MXFP4_KERNELS.pop(cpu, None)  # absent before: the step only runs when it was
+            if hasattr(kernel, _MARK):
+                delattr(kernel, _MARK)
+
+        steps.append(("register_linear_kernel(CpuEmulationMxfp4LinearKernel, CPU, 'mxfp4')", register_kernel,
+                      unregister_kernel))
+    for name, wrap in (("select_mxfp4_moe_backend", _select_with_cpu_fallback),
+                       ("backend_to_kernel_cls", _kernel_cls_with_cpu_emulation)):
+        current = getattr(quark_moe, name)
+        if getattr(current, _MARK, False):
+            continue
+        replacement = wrap(current, ours.CpuOcpMxEmulationExperts)
+        steps.append((f"quark_moe.{name}", _rebind(quark_moe, name, replacement), _rebind(quark_moe, name, current)))
+
+    done: list[tuple[str, Any, Any]] = []
+    try:
+        for step in steps:
+            step[1]()
+            done.append(step)
+    except BaseException:
+        for _what, _do, undo in reversed(done):
+            undo()
+        raise
+    return [what for what, _do, _undo in done]
+
+
+def _rebind(module: Any, name: str, value: Any):
+    def rebind() -> None:
+        setattr(module, name, value)
+    return rebind
