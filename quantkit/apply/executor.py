@@ -58,6 +58,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import sha256_file
+from quantkit.io.headers import read_config
+from quantkit.io.jsonin import JsonInputError, parse_json
 
 if TYPE_CHECKING:
     import torch
@@ -183,8 +185,8 @@ def _parse_header(raw: bytes | bytearray | memoryview, size: int, where: str) ->
         raise CorruptShardError(f"{where}: header length {n} exceeds the file ({size} bytes); the file is truncated "
                                 "or not safetensors; re-download it")
     try:
-        header = json.loads(bytes(raw[8:8 + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = parse_json(bytes(raw[8:8 + n]), allow_nan=False)
+    except JsonInputError as e:
         raise CorruptShardError(f"{where}: unreadable safetensors header ({e}); re-download it") from None
     if not isinstance(header, dict):
         raise CorruptShardError(f"{where}: safetensors header is not a JSON object; re-download it")
@@ -366,7 +368,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
-    config = json.loads(cfg_path.read_text())
+    config = read_config(src)
     if decode is None and _has_quantization_config(config):
         raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
                             "unquantized checkpoint, or use Quark's path, which dequantizes first")
@@ -1157,7 +1159,7 @@ def _write_config(src: Path, dst: Path, scheme: str, exclude_modules: list[str],
     """file2file_quantization.py `_export_quant_config`."""
     from quantkit.apply.native import quark_quantization_config
 
-    config = json.loads((src / "config.json").read_text())
+    config = read_config(src)
     _remove_quantization_config(config)
     config["quantization_config"] = quark_quantization_config(scheme, exclude_modules, layer_config)
     with open(dst / "config.json", "w", encoding="utf-8") as f:

@@ -1,13 +1,17 @@
-"""Stdlib-only reading of safetensors headers and HF checkpoint folders, so inspecting never imports torch."""
+"""Reading safetensors headers and HF checkpoint folders without torch (stdlib and pydantic only), so inspecting never
+imports torch."""
 
-import json
 import math
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.jsonin import JsonInputError, parse_json
+from quantkit.io.schema import validate
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -65,18 +69,26 @@ def read_header(path: str | Path) -> dict[str, Any]:
     except PermissionError:
         raise CheckpointError(f"{path}: permission denied; make the file readable") from None
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({e}); {_REFETCH}") from None
-    except RecursionError:
-        raise CheckpointError(f"{path}: safetensors header JSON is nested too deeply to read; {_REFETCH}") from None
+        # allow_nan=False: the safetensors crate parses headers with serde_json, which refuses NaN and Infinity.
+        header = parse_json(raw, allow_nan=False)
+    except JsonInputError as e:
+        raise CheckpointError(f"{path}: safetensors header {e}; {_REFETCH}") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header is a JSON {type(header).__name__}, not an object; {_REFETCH}")
     data_len = size - 8 - header_len
     for name, entry in header.items():
         if name != METADATA_KEY:
             _check_entry(path, name, entry, data_len)
+    metadata = header.get(METADATA_KEY)
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        # safetensors' Metadata.metadata is HashMap<String, String>: it refuses to open anything else
+        raise CheckpointError(f"{path}: safetensors __metadata__ must map names to strings; {_REFETCH}")
     return header
+
+
+def _is_count(value: Any) -> bool:
+    # JSON true/false are Python bools, which are ints: safetensors (serde, usize) refuses them
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_entry(path: Path, name: str, entry: Any, data_len: int) -> None:
@@ -85,10 +97,10 @@ def _check_entry(path: Path, name: str, entry: Any, data_len: int) -> None:
         isinstance(entry, dict)
         and isinstance(entry.get("dtype"), str)
         and isinstance(entry.get("shape"), list)
-        and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
+        and all(_is_count(d) for d in entry["shape"])
         and isinstance(entry.get("data_offsets"), list)
         and len(entry["data_offsets"]) == 2
-        and all(isinstance(o, int) for o in entry["data_offsets"])
+        and all(_is_count(o) for o in entry["data_offsets"])
     )
     if not ok:
         raise CheckpointError(
@@ -116,12 +128,26 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
     if not index_path.is_file():
         return None
     index = load_json_file(index_path, "re-download or regenerate the index")
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(index, dict) or "weight_map" not in index:
         raise CheckpointError(
             f"{index_path}: has no 'weight_map' object of tensor name -> file; re-download or regenerate the index"
         )
-    return weight_map
+    return validate(_Index, index, str(index_path), "re-download or regenerate the index", CheckpointError).weight_map
+
+
+def _shard_name(name: str) -> str:
+    # vLLM loads only the *.safetensors files beside the index (weight_utils.py filter_duplicate_safetensors_files
+    # joins the folder with each weight_map value, then keeps the globbed files among them): a path is never a shard.
+    if not name.endswith(".safetensors") or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"{name[:80]!r} is not the name of a .safetensors file beside the index")
+    return name
+
+
+class _Index(BaseModel):
+    """model.safetensors.index.json: tensor name -> shard file name (`metadata` is not read)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    weight_map: dict[str, Annotated[str, AfterValidator(_shard_name)]]
 
 
 def safetensors_files(folder: str | Path) -> list[str]:
@@ -191,7 +217,8 @@ class CheckpointSummary:
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """The parsed config.json of a checkpoint folder."""
+    """The parsed config.json of a checkpoint folder, every key quantkit reads checked for its type
+    (quantkit.naming.config.ModelConfig)."""
     path = Path(folder) / CONFIG_FILE
     if not Path(folder).is_dir():
         raise CheckpointError(f"{folder}: not a folder; pass the checkpoint folder that holds config.json")
@@ -200,7 +227,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     config = load_json_file(path, "fix or regenerate it")
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: is a JSON {type(config).__name__}, expected an object")
-    return config
+    from quantkit.naming.config import validate_model_config  # naming imports io: import it when used
+
+    return validate_model_config(config, path)
 
 
 def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError) -> Any:
@@ -211,7 +240,7 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         if size > MAX_JSON_FILE_BYTES:
             raise error(f"{path}: {size} bytes, too large for a JSON file of this kind (at most "
                         f"{MAX_JSON_FILE_BYTES}); {fix}")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise error(f"{path}: not found; {fix}") from None
     except IsADirectoryError:
@@ -222,10 +251,8 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         raise error(f"{path}: cannot be read ({e.strerror or e}); {fix}") from None
     except UnicodeDecodeError:
         raise error(f"{path}: not UTF-8 text; {fix}") from None
-    except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); {fix}") from None
-    except RecursionError:
-        raise error(f"{path}: JSON nested too deeply to read; {fix}") from None
+    except JsonInputError as e:
+        raise error(f"{path}: {e}; {fix}") from None
 
 
 def _config_value(config: dict[str, Any], key: str) -> Any:
