@@ -446,7 +446,9 @@ def _describe_yaml_error(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    fix = "merge the two entries" if problem.startswith("duplicate key") else "fix the YAML syntax"
+    fix = ("merge the two entries" if problem.startswith("duplicate key")
+           else "fix the value" if problem.startswith(("an integer of", "cannot read this value"))
+           else "fix the YAML syntax")
     return f"invalid YAML{where}: {problem}; {fix}"
 
 

@@ -487,7 +487,7 @@ class GateReport(Result):
 
 def _check_version(data: dict[str, Any], source: str) -> None:
     version = data.get("schema_version", data.get("quantkit_manifest_version", SCHEMA_VERSION))
-    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
         raise ResultFileError(f"{source}: schema_version {version!r} is not supported (this quantkit reads "
                               f"{SCHEMA_VERSION}); write it with this quantkit or upgrade quantkit")
 
@@ -499,10 +499,13 @@ def _validate(cls: type[Result], data: Any, source: str) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        from quantkit.io.schema import shown
+
+        err = e.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise ResultFileError(f"{source}: field {where}: {err['msg']}; see quantkit/results.py for the format") \
-            from None
+        found = "" if err["type"] == "missing" else f", got {shown(err.get('input'))}"
+        raise ResultFileError(f"{source}: field {where}: {err['msg']}{found}; write it with quantkit again (the "
+                              "format is quantkit/results.py)") from None
 
 
 def select_candidate(data: Any, model: str | Path | None, source: str = "report") -> Any:
@@ -517,13 +520,20 @@ def select_candidate(data: Any, model: str | Path | None, source: str = "report"
     if model is not None:
         want = str(Path(model).resolve())
         for rep in cands.values():
-            if isinstance(rep, dict) and rep.get("model") and str(Path(rep["model"]).resolve()) == want:
+            if isinstance(rep, dict) and isinstance(rep.get("model"), str) and _resolved(rep["model"]) == want:
                 return {"schema_version": version, **rep}
     if len(cands) == 1:
         return {"schema_version": version, **next(iter(cands.values()))}
     names = ", ".join(cands)
     raise ResultFileError(f"{source}: a gate report with candidates {names} and none is {model}; pass the "
                           "candidate's report-<name>.json written beside it")
+
+
+def _resolved(path: str) -> str | None:
+    try:
+        return str(Path(path).resolve())
+    except (OSError, ValueError):  # a NUL byte or a name too long: it names no folder
+        return None
 
 
 def parse_report(data: Any, source: str = "report", model: str | Path | None = None) -> CandidateReport:

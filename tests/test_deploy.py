@@ -259,6 +259,10 @@ def _k_large(pair):
     return {"num_speculative_tokens": 12}
 
 
+def _max_model_len_beyond(pair):
+    return {"max_model_len": 4097}  # the tiny target holds 4096 positions (max_position_embeddings)
+
+
 def _vocab_mismatch(pair):
     edit_config(pair[0], vocab_size=4096)
     return {}
@@ -275,6 +279,7 @@ CASES = {  # name: (damage, expected (severity, code))
     "num_speculative_tokens 0": (_k_zero, ("error", "num-speculative-tokens-range")),
     "num_speculative_tokens 12": (_k_large, ("warning", "num-speculative-tokens-range")),
     "draft/target vocab mismatch": (_vocab_mismatch, ("error", "draft-vocab-mismatch")),
+    "max_model_len beyond the target's positions": (_max_model_len_beyond, ("error", "max-model-len-beyond-positions")),
 }
 
 

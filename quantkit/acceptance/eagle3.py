@@ -13,7 +13,6 @@ quantized to FP8 per token on the fly (dynamic, scale = amax/448).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from quantkit.io.headers import checkpoint_tensors
+from quantkit.io.headers import checkpoint_tensors, read_config
 from quantkit.naming.drafts import draft_info
 
 FP8_MAX = 448.0
@@ -74,7 +73,7 @@ class Eagle3Draft:
 
     def __init__(self, folder: str | Path, target_embed: torch.Tensor):
         folder = Path(folder)
-        config = json.loads((folder / "config.json").read_text())
+        config = read_config(folder)
         tensors_info = checkpoint_tensors(folder)
         info = draft_info(config, tensors_info, str(folder))
         from safetensors import safe_open

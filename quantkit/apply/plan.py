@@ -66,6 +66,22 @@ def plan_layers(recipe: Recipe, layers: list[Any]) -> list[LayerDecision]:
     return decisions
 
 
+def unmatched_patterns(recipe: Recipe, layers: list[Any]) -> list[tuple[str, str]]:
+    """(recipe key, pattern) of every `keep` or `overrides` entry whose pattern matches no checkpoint module here.
+
+    Such an entry is an error, not a warning: a pattern names modules of one checkpoint layout, so matching nothing
+    means a typo or a recipe written for another model, and the layers it meant to keep (or give another scheme) get
+    the recipe's scheme, silently. Roles are different: they are family-independent by design, and a role a family
+    lacks (shared_experts in Qwen3-MoE) selects nothing because there is nothing to keep; the built-in recipes, which
+    cover several families, use roles only.
+    """
+    modules = [m for layer in layers for m in layer.checkpoint_modules]
+    entries = [(f"keep[{i}]", k.pattern) for i, k in enumerate(recipe.keep)]
+    entries += [(f"overrides[{i}]", o.pattern) for i, o in enumerate(recipe.overrides)]
+    return [(f"{key}.pattern", pattern) for key, pattern in entries
+            if pattern is not None and not any(fnmatch.fnmatchcase(m, pattern) for m in modules)]
+
+
 def draft_runtime_name(name: str) -> str:
     return name.replace(f"model.layers.{UNKNOWN_TARGET_LAYERS}.", "model.layers.{N}.")
 

@@ -13,6 +13,7 @@ can. Per shard is the default path for every recipe without static activation sc
 
 from __future__ import annotations
 
+import re
 import resource
 import shlex
 import shutil
@@ -35,6 +36,7 @@ from quantkit.apply.plan import (
     draft_runtime_name,
     plan_layers,
     quark_exclusions,
+    unmatched_patterns,
     vllm_exclude,
 )
 from quantkit.io import jsonout
@@ -88,19 +90,35 @@ class ApplyPlan:
     ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name
 
 
-def resolve_devices(devices: str | list[str] | None) -> list[str]:
-    """`auto` (every visible GPU, else the CPU), `cpu`, `cuda` (every visible GPU) or a list `cuda:0,cuda:1`."""
+DEVICE = re.compile(r"cuda:[0-9]{1,4}")
+
+
+def device_spec(devices: str | list[str] | None) -> list[str]:
+    """The device names asked for, checked for syntax only (no torch import): [] for auto, ["cuda"], or names."""
     spec = devices if isinstance(devices, list) else [d.strip() for d in str(devices or "auto").split(",") if d.strip()]
     if spec in (["auto"], ["cuda"], []):
+        return [] if spec == ["auto"] else spec
+    for d in spec:
+        # ASCII digits only: str.isdigit() also takes '²' and '٣', which int() then refuses or reads as 3
+        if d != "cpu" and not DEVICE.fullmatch(d):
+            shown = ",".join(spec)[:80]
+            raise ApplyError(f"--devices {shown!r}: {d[:20]!r} is not a device; use auto, cpu, cuda or cuda:N,... "
+                             "(N a GPU index such as 0)")
+    if len(set(spec)) != len(spec):
+        raise ApplyError(f"--devices {','.join(spec)}: a device is named twice")
+    return spec
+
+
+def resolve_devices(devices: str | list[str] | None) -> list[str]:
+    """`auto` (every visible GPU, else the CPU), `cpu`, `cuda` (every visible GPU) or a list `cuda:0,cuda:1`."""
+    spec = device_spec(devices)
+    if spec in (["cuda"], []):
         import torch
 
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if spec == ["cuda"] and n == 0:
             raise ApplyError("--devices cuda: no CUDA/ROCm GPU visible to torch; use --devices cpu or auto")
         return [f"cuda:{i}" for i in range(n)] or ["cpu"]
-    for d in spec:
-        if d != "cpu" and not (d.startswith("cuda:") and d[5:].isdigit()):
-            raise ApplyError(f"--devices {','.join(spec)}: {d!r} is not a device; use auto, cpu, cuda or cuda:N,...")
     if any(d.startswith("cuda") for d in spec):
         import torch
 
@@ -109,8 +127,6 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
         if bad:
             raise ApplyError(f"--devices: {bad[0]} is not visible to torch ({n} GPU(s)); pick from cuda:0..cuda:{n - 1}"
                              if n else f"--devices: {bad[0]}: no CUDA/ROCm GPU visible to torch; use cpu")
-    if len(set(spec)) != len(spec):
-        raise ApplyError(f"--devices {','.join(spec)}: a device is named twice")
     return spec
 
 
@@ -119,6 +135,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     """Read the source's config and headers only, and decide everything apply will do."""
     from quantkit.naming.vllm_names import runtime_layers
 
+    device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     if engine not in ENGINES:
         raise ApplyError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
@@ -170,6 +187,15 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
             raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
                              f"{n_target} layers; is --target the draft's target?")
     layers = runtime_layers(src.config, names, (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
+    unmatched = unmatched_patterns(rec, layers)
+    if unmatched:
+        key, pattern = unmatched[0]
+        what = "keep" if key.startswith("keep") else "give another scheme"
+        modules = [m for layer in layers for m in layer.checkpoint_modules]
+        raise ApplyError(f"recipe {rec.name}: {key} {pattern[:100]!r} matches no module of {model}, so the layers it "
+                         f"means to {what} would get {rec.scheme}; fix the pattern (fnmatch on checkpoint module "
+                         f"names such as {modules[len(modules) // 2]!r}) or remove the entry"
+                         + (f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""))
     decisions = plan_layers(rec, layers)
     if not any(d.action == "quantize" for d in decisions):
         raise ApplyError(f"recipe {rec.name} quantizes no layer of {model}; check its quantize/keep roles")

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from quantkit.errors import CheckpointError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.config import text_config
@@ -63,6 +65,44 @@ class Scheme:
     problem: str | None = None  # vLLM raises while building the layer (NotImplementedError / ValueError)
 
 
+class _QuantSpec(BaseModel):
+    """The keys of one Quark quantization spec (a `weight` / `input_tensors` entry) that the replay reads, typed as
+    Quark's QuantizationSpec exports them; a wrong type is a config vLLM's QuarkConfig cannot read."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    dtype: str | None = None
+    qscheme: str | None = None
+    is_dynamic: bool | None = None
+    symmetric: bool | None = None
+    group_size: int | None = None
+    ch_axis: int | None = None
+    scale_format: str | None = None
+    scale_type: str | None = None
+    block_size: list[int] | None = None
+
+
+def _spec_problem(cfg: Mapping[str, Any]) -> str | None:
+    """Why a matched layer config's specs cannot be read (a spec is an object or a list of objects), or None."""
+    from pydantic import ValidationError
+
+    from quantkit.io.schema import describe, shown
+
+    for key in ("weight", "input_tensors", "output_tensors", "bias"):
+        value = cfg.get(key)
+        specs = value if isinstance(value, list) else [value]
+        for i, spec in enumerate(specs):
+            where = f"{key}[{i}]" if isinstance(value, list) else key
+            if spec is None and not isinstance(value, list):
+                continue
+            if not isinstance(spec, dict):
+                return f"{where} is {shown(spec)}, not a Quark quantization spec (an object, or a list of them)"
+            try:
+                _QuantSpec.model_validate(spec)
+            except ValidationError as e:
+                return f"{describe(e.errors(include_url=False)[0], where)} (vLLM's QuarkConfig cannot read it)"
+    return None
+
+
 def _unwrap(q: Any) -> Any:
     """quark.py _unwrap_single_quant_config: a one-entry list is its entry; a longer list is not a single config."""
     if isinstance(q, list):
@@ -84,6 +124,9 @@ def classify_scheme(cfg: Any, moe: bool = False) -> Scheme:
     if not isinstance(cfg, dict):
         return Scheme("load fails", "other", problem="no quantization config applies to this layer "
                                                       "(global_quant_config is missing or null)")
+    problem = _spec_problem(cfg)
+    if problem:
+        return Scheme("load fails", "other", problem=problem)
     if cfg.get("output_tensors") or cfg.get("bias"):
         return Scheme("load fails", "other", problem="quantized output_tensors or bias, which vLLM's Quark loader "
                                                      "does not support (NotImplementedError)")
@@ -531,8 +574,9 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None)
     in_layers = sum(layer.bytes for layer in resolved)
     quant = None
     if ck.qc is not None:
+        lqc = ck.qc.get("layer_quant_config")
         quant = {"quant_method": ck.qc.get("quant_method"), "exclude": ck.qc.get("exclude"),
-                 "keys": sorted(ck.qc), "layer_quant_config_keys": len(ck.qc.get("layer_quant_config") or {})}
+                 "keys": sorted(ck.qc), "layer_quant_config_keys": len(lqc) if isinstance(lqc, dict) else 0}
     return InspectResult(
         path=str(ck.path), architecture=ck.architecture, model_kind=ck.model_kind,
         target_num_layers=ck.target_num_layers, quantization=quant, layers=resolved, groups=group_layers(resolved),

@@ -24,14 +24,17 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     "layers": {loaded layer name: [its checkpoint modules]}} for the layers whose MXFP4 bytes to compare."""
     from vllm import SamplingParams
 
+    from quantkit.io.checkpoint import resolve_config
     from quantkit.io.vllm_engine import (
         loaded_draft_layers,
         loaded_mx_bytes,
         loaded_target_layers,
         make_llm,
     )
+    from quantkit.naming.config import fit_max_model_len
 
-    llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=512)
+    # 512 positions are plenty for one short prompt; a model that holds fewer gets its own (vLLM refuses more)
+    llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=fit_max_model_len(resolve_config(model), 512))
     # What vLLM holds is final once the engine is up (process_weights_after_loading ran): read it before the first
     # forward pass, so that a model that loads but cannot run here still reports what it loaded.
     layers = loaded_draft_layers(llm) if draft else loaded_target_layers(llm)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from quantkit.cli.app import exit_failed, main
-from quantkit.cli.options import json_option, make_console, print_json
+from quantkit.cli.options import check_writable_folder, json_option, make_console, print_json
 
 
 @main.command("deploy")
@@ -17,13 +17,14 @@ from quantkit.cli.options import json_option, make_console, print_json
               envvar="QUANTKIT_PLATFORM", help="Where it will be served: MI355X (gfx950), MI300X (gfx942), CUDA, CPU.")
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel size.")
 @click.option("--max-model-len", type=click.IntRange(16, 10_000_000), default=None,
-              help="Default: the target's max_position_embeddings.")
+              help="Default: the length vLLM derives from the target's config (max_position_embeddings, RoPE "
+                   "scaling); a longer one is an error finding, as vLLM refuses it.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM --kv-cache-dtype.")
 @click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
 @click.option("--model-ref", default=None, help="What the command names for the model (e.g. its Hub id once published).")
 @click.option("--draft-ref", default=None, help="Likewise for the draft.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
-              show_default=True, help="Folder to write deploy.json into.")
+              show_default=True, help="Folder to write deploy.json into (created when missing).")
 @json_option("Print the manifest as JSON.")
 def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max_model_len: int | None,
                    kv_cache_dtype: str, k: int, model_ref: str | None, draft_ref: str | None, out_dir: Path,
@@ -41,6 +42,7 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
     """
     from quantkit.deploy.manifest import deploy_manifest
 
+    check_writable_folder(out_dir, "--out")
     manifest = deploy_manifest(folder, target=target, platform=platform, tp=tp, max_model_len=max_model_len,
                                kv_cache_dtype=kv_cache_dtype, num_speculative_tokens=k, model_ref=model_ref,
                                draft_ref=draft_ref)

@@ -46,6 +46,8 @@ def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool)
         print_json(result.to_dict())
     else:
         _render_gate(result)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
     for c in result.failures:
         click.echo(f"gate failed: {c.line()}{': ' + c.message if c.message and c.value is not None else ''}",
                    err=True)

@@ -36,6 +36,19 @@ def check_writable_file(path: Path, option: str) -> None:
         raise QuantkitError(f"{option} {path}: {folder} is not a writable folder; pick a path you can write to")
 
 
+def check_writable_folder(path: Path, option: str) -> None:
+    """Fail before any work unless `path` is a folder, or can be made one, that the user can write into."""
+    from quantkit.errors import QuantkitError
+
+    if path.exists() and not path.is_dir():
+        raise QuantkitError(f"{option} {path}: is a file; give a folder (it is created when missing)")
+    folder = path.expanduser().resolve()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise QuantkitError(f"{option} {path}: {folder} is not a writable folder; pick a folder you can write to")
+
+
 def print_json(data: Any) -> None:
     from quantkit.io.jsonout import dumps
 

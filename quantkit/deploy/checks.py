@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import safetensors_files
+from quantkit.io.jsonin import JsonInputError, parse_json
 
 Verdict = Literal["pass", "regression", "anomalous", "infeasible"]
 
@@ -179,8 +180,8 @@ def tokenizer_drift(source: str | Path, output: str | Path) -> list[str]:
             continue
         if name.endswith(".json"):
             try:
-                diff = first_json_difference(json.loads(a), json.loads(b))
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                diff = first_json_difference(parse_json(a), parse_json(b))
+            except JsonInputError:
                 diff = _text_difference(a, b)
             drift.append(f"{name}: {diff or 'same JSON content, different bytes (formatting or key order)'}")
         else:

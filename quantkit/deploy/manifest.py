@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
+from quantkit.naming.config import max_model_len as derived_max_model_len
 from quantkit.naming.config import text_config
 from quantkit.naming.drafts import is_eagle3_draft
 
@@ -175,6 +176,7 @@ class DeployManifest:
     def write(self, folder: str | Path) -> Path:
         """Write `deploy.json` into `folder` and return its path."""
         path = Path(folder) / DEPLOY_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
         return path
 
@@ -406,6 +408,16 @@ def _check_tp_heads(ctx: DeployContext) -> list[DeployFinding]:
     return out
 
 
+def _check_max_model_len(ctx: DeployContext) -> list[DeployFinding]:
+    limit = derived_max_model_len(ctx.target_config)
+    if ctx.max_model_len is None or limit is None or ctx.max_model_len <= limit.tokens:
+        return []
+    return [_finding("max-model-len-beyond-positions", "error", "max-model-len-beyond-positions", "--max-model-len",
+                     f"--max-model-len {ctx.max_model_len}: the target holds {limit}; vLLM refuses a longer "
+                     "max_model_len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and then RoPE positions past it give NaN",
+                     f"use --max-model-len {limit.tokens} or less")]
+
+
 def _check_num_speculative_tokens(ctx: DeployContext) -> list[DeployFinding]:
     k = ctx.num_speculative_tokens
     if k < 1:
@@ -509,6 +521,10 @@ _SOURCES: dict[str, str] = {
     "draft-vocab-mismatch": "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM (draft_id_to_target_id "
                             "from d2t when draft_vocab_size != the target's vocab; compute_logits maps "
                             "arange(draft_vocab) + d2t into the target vocabulary)",
+    "max-model-len-beyond-positions": "vllm/config/model.py _get_and_verify_max_len (\"User-specified max_model_len"
+                                      "\" greater than the derived one, from the text config's length keys times "
+                                      "the RoPE factor: vllm/transformers_utils/model_arch_config_convertor.py "
+                                      "derive_max_model_len_and_key)",
     "platform-mxfp4": "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend (native AITER "
                       "W4A4 on gfx950, W4A16 or emulation elsewhere, no CPU backend: \"No MXFP4 MoE backend supports "
                       "the deployment configuration\")",
@@ -534,6 +550,8 @@ KNOWN_BAD: tuple[KnownBad, ...] = (
              _SOURCES["draft-vocab-mismatch"], _check_draft_vocab, needs_draft=True),
     KnownBad("platform-mxfp4", "MXFP4 weights on a platform without FP4 kernels", _SOURCES["platform-mxfp4"],
              _check_platform_mxfp4),
+    KnownBad("max-model-len-beyond-positions", "a max_model_len longer than the target holds",
+             _SOURCES["max-model-len-beyond-positions"], _check_max_model_len),
 )
 
 
@@ -614,9 +632,9 @@ def deploy_manifest(folder: str | Path, target: str | Path | None = None, platfo
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
-    paths. `max_model_len` defaults to the target's max_position_embeddings. Known-bad combinations become
-    `findings`; bad arguments (not a folder, unknown platform or KV dtype, a draft without its target) raise
-    DeployInputError.
+    paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.naming.config.max_model_len); a
+    longer one is a finding, as vLLM refuses it. Known-bad combinations become `findings`; bad arguments (not a folder,
+    unknown platform or KV dtype, a draft without its target) raise DeployInputError.
     """
     if platform not in PLATFORMS:
         raise DeployInputError(f"platform {platform!r}: unknown; use one of {', '.join(PLATFORMS)}")
@@ -645,7 +663,8 @@ def deploy_manifest(folder: str | Path, target: str | Path | None = None, platfo
         target_path, target_config, draft_path, draft_config, draft_tensors = str(folder), folder_config, None, None, None
     target_tensors = checkpoint_tensors(target_path)
     if max_model_len is None:
-        max_model_len = _int(text_config(target_config).get("max_position_embeddings"))
+        limit = derived_max_model_len(target_config)
+        max_model_len = limit.tokens if limit is not None else None
     ctx = DeployContext(target_path, target_config, target_tensors, draft_path, draft_config, draft_tensors,
                         platform, tp, kv_cache_dtype, num_speculative_tokens, max_model_len)
 

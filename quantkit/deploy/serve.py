@@ -262,8 +262,13 @@ class VllmServer:
                 # as an in-process LLM.generate with explicit SamplingParams (vllm/config/model.py generation_config)
                 "--generation-config", "vllm", "--disable-uvicorn-access-log", "--seed", "0"]
         max_len = self.max_model_len
+        if self.cpu and max_len is None:
+            from quantkit.io.checkpoint import resolve_config
+            from quantkit.naming.config import fit_max_model_len
+
+            # a small KV cache on CPU, but never more than the target holds (vLLM would refuse to start)
+            max_len = fit_max_model_len(resolve_config(self.target), DEFAULT_CPU_MAX_MODEL_LEN)
         if self.cpu:
-            max_len = max_len or DEFAULT_CPU_MAX_MODEL_LEN
             cmd += ["--enforce-eager"] + (["--distributed-executor-backend", "uni"] if self.fast_start else [])
         if max_len is not None:
             cmd += ["--max-model-len", str(max_len)]

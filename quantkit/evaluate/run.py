@@ -120,7 +120,8 @@ def vllm_refusal(folder: str, config: dict[str, Any]) -> str | None:
 
     if not is_vllm_cpu():
         return None
-    weight = (_quant_config(config).get("global_quant_config") or {}).get("weight") or {}
+    gqc = _quant_config(config).get("global_quant_config")  # Quark's structure is check's to judge: read, not trust
+    weight = gqc.get("weight") if isinstance(gqc, dict) else None
     if isinstance(weight, dict) and weight.get("dtype") == "fp4":
         from quantkit.check.real_load import mx_plugin_problem
 
@@ -289,13 +290,32 @@ def compare(base: dict[str, Any], cand: dict[str, Any]) -> list[MetricDelta]:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
+DEFAULT_VLLM_LEN = 2048  # lm-eval's vLLM engines: enough for the tasks' prompts and answers, small KV cache on CPU
+
+
+def _engine_length(sources: dict[str, Any], asked: int | None) -> int:
+    """One max_model_len for both vLLM engines (a fair comparison): `asked`, or the default capped at the shorter
+    model's positions; an `asked` length a model does not hold is refused, as vLLM would refuse it."""
+    from quantkit.naming.config import max_model_len
+
+    limits = [(src.hub_id or src.path, lim) for src in sources.values() if (lim := max_model_len(src.config))]
+    if asked is not None:
+        for where, lim in limits:
+            if asked > lim.tokens:
+                raise EvalError(f"max_model_len {asked}: {where} holds {lim}; use {lim.tokens} or less")
+        return asked
+    return min([DEFAULT_VLLM_LEN, *(lim.tokens for _, lim in limits)])
+
+
 def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], backend: str = "hf",
              limit: int | None = None, num_fewshot: int = 0, device: str = "cpu", batch_size: int = 16,
-             max_model_len: int = 2048, progress: Progress | None = None) -> EvalResult:
+             max_model_len: int | None = None, progress: Progress | None = None) -> EvalResult:
     """Evaluate `baseline` and the quantized `model` with lm-eval on the same `tasks` and settings; per-metric deltas.
 
     `tasks`: names, a list or comma-separated; quantkit's local tasks (`local_tasks()`) or any lm-eval task whose
     data can be loaded. `limit`: the first N items of each task (the local tasks' items are in random order).
+    `max_model_len` (vllm backend): the engines' length, the same for both models; default 2048, or less when a model
+    holds fewer positions (vLLM refuses a longer one).
     """
     from quantkit.io.checkpoint import resolve_source
 
@@ -320,6 +340,7 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
             reason = vllm_refusal(str(src.hub_id or src.path), src.config)
             if reason:
                 raise EvalError(reason)
+        max_model_len = _engine_length(sources, max_model_len)
     for src in sources.values():
         load_tokenizer(src.path)  # both must have a tokenizer: found now, not after the baseline's whole run
 
@@ -334,7 +355,7 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
         t = time.perf_counter()
         progress(f"{label}: loading {src.path} ({backend})")
         lm = (_hf_lm(src.path, src.config, device, batch_size) if backend == "hf"
-              else _vllm_lm(src.path, batch_size, max_model_len))
+              else _vllm_lm(src.path, batch_size, max_model_len or DEFAULT_VLLM_LEN))
         progress(f"{label}: running {', '.join(names)}")
         try:
             raw[label] = lm_eval.simple_evaluate(

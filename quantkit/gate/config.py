@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from quantkit.errors import QuantkitError
 from quantkit.io.files import require_regular_file
@@ -21,8 +23,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# A candidate's name becomes file names (report-<name>.json, acceptance-<name>.png), a JUnit classname segment and
+# Markdown headings, so it is a plain file-name component: no path separators, no `..` escape, no control characters
+# (which XML 1.0 cannot carry even escaped), no leading dot (a hidden file).
+CANDIDATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _candidate_name(value: str) -> str:
+    if not CANDIDATE_NAME.fullmatch(value):
+        shown = repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+        raise ValueError(f"{shown} is not a candidate name: use 1-64 ASCII letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit (it names report-<name>.json)")
+    return value
+
+
+def _label(value: str) -> str:
+    if not value.strip() or len(value) > 200 or any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029"
+                                                      for c in value):
+        raise ValueError("must be one line of at most 200 printable characters (no control characters)")
+    return value
+
+
 class Candidate(_Strict):
-    name: str
+    name: Annotated[str, AfterValidator(_candidate_name)]
     path: str
     baseline: str | None = None
     target: str | None = None  # a pair: `path` is the quantized draft, `target` the quantized target it runs on
@@ -79,7 +102,7 @@ class EvalStep(_Strict):
 
 
 class GateConfig(_Strict):
-    name: str
+    name: Annotated[str, AfterValidator(_label)]
     target: str
     draft: str | None = None
     candidates: list[Candidate] = Field(min_length=1)
@@ -110,10 +133,7 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     try:
         cfg = GateConfig.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        key = ".".join(str(x) for x in err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].lower()
-        raise GateConfigError(f"gate config {p}: {key}: {msg}") from None
+        raise GateConfigError(f"gate config {p}: {_describe(e)}") from None
     if "eval" in cfg.steps and cfg.eval is None:
         raise GateConfigError(f"gate config {p}: eval: the eval step needs an 'eval:' section with tasks")
     if "acceptance" in cfg.steps and cfg.draft is None:
@@ -139,7 +159,34 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
             [(f"candidates[{i}].path", c.path) for i, c in enumerate(cfg.candidates)] + \
             [(f"candidates[{i}].baseline", c.baseline) for i, c in enumerate(cfg.candidates)] + \
             [(f"candidates[{i}].target", c.target) for i, c in enumerate(cfg.candidates)]:
-        if value is not None and not (base / value).exists():
-            raise GateConfigError(f"gate config {p}: {where}: {value} does not exist (paths are relative to the "
+        if value is not None and not _exists(base / value):
+            raise GateConfigError(f"gate config {p}: {where}: {value[:200]} does not exist (paths are relative to the "
                                   "config file)")
+    prompts = cfg.acceptance.prompts
+    if prompts != "builtin" and not _exists(base / prompts):
+        raise GateConfigError(f"gate config {p}: acceptance.prompts: {prompts[:200]} does not exist; give 'builtin' or "
+                              "a JSONL file (paths are relative to the config file)")
     return cfg, base
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, or one holding a NUL byte
+        return False
+
+
+def _describe(e: ValidationError) -> str:
+    """The first problem as `key.path: what, got <value>`, and how many more there are."""
+    from quantkit.io.schema import shown
+
+    errors = e.errors(include_url=False)
+    err = errors[0]
+    key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        line = f"{key}: unknown key"
+    else:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        line = f"{key}: {msg[:1].lower()}{msg[1:]}" + ("" if err["type"] == "missing" else f", got {shown(err['input'])}")
+    more = len(errors) - 1
+    return line + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")

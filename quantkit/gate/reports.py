@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
@@ -114,23 +115,39 @@ def _check_md(name: str, chk: CheckSummary | None) -> list[str]:
     return lines
 
 
+# Characters XML 1.0 cannot carry at all, not even as character references (XML 1.0 section 2.2 `Char`): C0 controls
+# other than tab, newline and carriage return, surrogates, U+FFFE and U+FFFF. Step messages quote exceptions and
+# file contents, so any of them can turn up; they are written as visible `\xNN` / `\uNNNN` text instead.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """`text` with every character XML 1.0 forbids replaced by its escape sequence as visible text."""
+    return _NOT_XML.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _attr(text: str) -> str:
+    return quoteattr(xml_text(text))
+
+
 def render_junit(result: GateResult) -> str:
+    """JUnit XML that any XML 1.0 parser reads, whatever the names and messages hold."""
     cases = []
     for c in result.checks:
-        name = quoteattr(c.name)
-        cls = quoteattr(f"quantkit.gate.{c.candidate}.{c.step}")
+        name = _attr(c.name)
+        cls = _attr(f"quantkit.gate.{c.candidate}.{c.step}")
         if c.passed:
             cases.append(f"    <testcase classname={cls} name={name}/>")
         else:
             cases.append(f"    <testcase classname={cls} name={name}>\n"
-                         f"      <failure message={quoteattr(c.line())}>{escape(c.message or c.line())}</failure>\n"
-                         f"    </testcase>")
+                         f"      <failure message={_attr(c.line())}>{escape(xml_text(c.message or c.line()))}"
+                         "</failure>\n    </testcase>")
     failures = len(result.failures)
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<testsuites tests="{len(result.checks)}" failures="{failures}">\n'
-            f'  <testsuite name={quoteattr("quantkit-gate " + result.name)} tests="{len(result.checks)}" '
+            f'  <testsuite name={_attr("quantkit-gate " + result.name)} tests="{len(result.checks)}" '
             f'failures="{failures}" time="{result.seconds:.2f}">\n'
-            f'    <properties><property name="verdict" value={quoteattr(result.verdict)}/></properties>\n'
+            f'    <properties><property name="verdict" value={_attr(result.verdict)}/></properties>\n'
             + "\n".join(cases) + "\n  </testsuite>\n</testsuites>\n")
 
 
@@ -158,15 +175,20 @@ def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | N
     charts = write_charts(result, out)
     result.outputs = {k: str(v) for k, v in paths.items()}
     result.outputs.update({f"chart:{name}": str(out / f) for name, f in charts.items()})
-    paths["json"].write_text(jsonout.dumps(result.to_dict()) + "\n")
+    paths["json"].write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
     for name, rep in result.candidates.items():
-        (out / f"report-{name}.json").write_text(jsonout.dumps(rep.to_dict()) + "\n")
+        (out / f"report-{name}.json").write_text(jsonout.dumps(rep.to_dict()) + "\n", encoding="utf-8")
     md = render_markdown(result, charts)
-    paths["markdown"].write_text(md)
+    paths["markdown"].write_text(md, encoding="utf-8")
     paths["junit"].parent.mkdir(parents=True, exist_ok=True)
-    paths["junit"].write_text(render_junit(result))
+    paths["junit"].write_text(render_junit(result), encoding="utf-8")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(md)
+        try:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(md)
+        except (OSError, ValueError) as e:  # a folder, a read-only file, a NUL byte in the variable: the verdict stands
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            result.warnings.append(f"GITHUB_STEP_SUMMARY={summary[:200]}: cannot append the report ({why}); it is in "
+                                   f"{paths['markdown']}")
     return result.outputs

@@ -104,6 +104,7 @@ class GateResult(Result):
     candidates: dict[str, CandidateReport]
     seconds: float
     outputs: dict[str, str] = {}
+    warnings: list[str] = []  # what went wrong around the verdict without changing it (the CI step summary)
 
     @property
     def failures(self) -> list[GateCheck]:
@@ -264,6 +265,9 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                 raise GateConfigError(f"gate config {config_path}: candidates[{i}].target: {cand.target} is an "
                                       "EAGLE-3 draft; a pair's target is the quantized target model")
 
+    prompts = cfg.acceptance.prompts if cfg.acceptance.prompts == "builtin" else rel(cfg.acceptance.prompts)
+    check_sequence_lengths(cfg, config_path, [target] + [rel(c.target) for c in cfg.candidates if c.target])
+
     for cand in cfg.candidates:
         path = rel(cand.path)
         kind = kinds[cand.name]
@@ -314,7 +318,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                 from quantkit.acceptance.run import run_acceptance
 
                 assert draft is not None  # load_gate_config requires `draft` when acceptance is a step
-                acc = run_acceptance(target, draft, path, prompts=a.prompts,
+                acc = run_acceptance(target, draft, path, prompts=prompts,
                                      num_speculative_tokens=a.num_speculative_tokens, temperature=a.temperature,
                                      max_new_tokens=a.max_new_tokens, backend=a.backend,
                                      candidate_target=pair_target, progress=None)
@@ -360,7 +364,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
         if "serve" in cfg.steps and kind == EAGLE3_DRAFT:
             progress(f"{cand.name}: serve")
             serve_step(figs, cand.name, report, cfg, served_target=pair_target or target, bf16_target=target,
-                       draft_path=path, progress=progress)
+                       draft_path=path, prompts=prompts, progress=progress)
 
     # Fail closed: a configured step that produced a result for no candidate is infeasible, not a pass.
     for step in cfg.steps:
@@ -377,8 +381,30 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
                       reasons=j.reasons, checks=figs.checks, candidates=candidates, seconds=time.perf_counter() - t0)
 
 
+def check_sequence_lengths(cfg: GateConfig, config_path: str | Path, targets: list[str]) -> None:
+    """Before any step runs: the token budgets the config sets (acceptance and serve: new tokens + speculative tokens
+    after at least one prompt token) fit every target the steps run, as vLLM derives its length (prompts are checked
+    once tokenized, by the steps)."""
+    from quantkit.io.checkpoint import resolve_config
+    from quantkit.naming.config import max_model_len
+
+    a, s = cfg.acceptance, cfg.serve
+    k = a.num_speculative_tokens
+    budgets = [("acceptance.max_new_tokens", a.max_new_tokens)] if "acceptance" in cfg.steps else []
+    if "serve" in cfg.steps:
+        budgets.append(("serve.max_new_tokens" if s.max_new_tokens else "acceptance.max_new_tokens (for serve)",
+                        s.max_new_tokens or a.max_new_tokens))
+    for t in dict.fromkeys(targets) if budgets else ():
+        limit = max_model_len(resolve_config(t))
+        for key, new in budgets:
+            if limit is not None and 1 + new + k > limit.tokens:
+                raise GateConfigError(f"gate config {config_path}: {key}: {new} new + {k} speculative tokens after a "
+                                      f"prompt do not fit target {t}, which holds {limit}; use at most "
+                                      f"{max(limit.tokens - k - 1, 0)}")
+
+
 def serve_step(figs: Figures, cand: str, report: CandidateReport, cfg: GateConfig, *, served_target: str,
-               bf16_target: str, draft_path: str, progress: Progress) -> None:
+               bf16_target: str, draft_path: str, prompts: str, progress: Progress) -> None:
     """Serve `draft_path` on `served_target` with a real `vllm serve`, measure every batch size, and judge: served AL
     against the in-process AL prompt by prompt (anomalous beyond the bound the differing prompts explain), against
     min_al (required batch sizes), and that every
@@ -392,10 +418,21 @@ def serve_step(figs: Figures, cand: str, report: CandidateReport, cfg: GateConfi
     sr = report.serve = ServeReport(target=served_target, draft=draft_path, num_speculative_tokens=k,
                                     max_tokens=max_new)
     try:
-        texts, longest, ids = served.prompt_set(bf16_target, a.prompts)
+        from quantkit.io.checkpoint import resolve_config
+        from quantkit.naming.config import fit_max_model_len
+        from quantkit.naming.config import max_model_len as derived_len
+
+        texts, longest, ids = served.prompt_set(bf16_target, prompts)
         sr.num_prompts = len(texts)
-        max_model_len = max(2048, longest + max_new + k + 8)
-        ref = served.reusable_acceptance(report.acceptance, k, max_new, a.prompts)
+        served_config = resolve_config(served_target)
+        limit = derived_len(served_config)
+        if limit is not None and longest + max_new + k > limit.tokens:
+            raise QuantkitError(f"the longest prompt of {prompts} is {longest} tokens, and with {max_new} new + {k} "
+                                  f"speculative tokens it does not fit {served_target}, which holds {limit}; use "
+                                  "shorter prompts or fewer new tokens")
+        # slack for the chat template and the speculative lookahead, never past what the model holds (vLLM refuses)
+        max_model_len = fit_max_model_len(served_config, max(2048, longest + max_new + k + 8))
+        ref = served.reusable_acceptance(report.acceptance, k, max_new, prompts)
         if ref is not None:
             sr.in_process_al, sr.in_process_source = ref.mean_acceptance_length, "acceptance"
             sr.in_process_per_prompt = list(ref.per_prompt)

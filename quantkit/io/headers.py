@@ -1,6 +1,6 @@
-"""Stdlib-only reading of safetensors headers and HF checkpoint folders, so inspecting never imports torch."""
+"""Reading safetensors headers and HF checkpoint folders without torch (stdlib and pydantic only), so inspecting never
+imports torch."""
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io import safetensors_format
 from quantkit.io.files import require_regular_file
+from quantkit.io.jsonin import JsonInputError, parse_json
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -81,7 +82,9 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
         raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
                               f"{weight_map[name][:100]!r}); {_REGENERATE}")
     for file in sorted(set(weight_map.values())):
-        if not file.endswith(".safetensors") or "/" in file or "\\" in file:
+        # vLLM loads only the *.safetensors files beside the index (weight_utils.py filter_duplicate_safetensors_files
+        # joins the folder with each weight_map value, then keeps the globbed files among them): a path is no shard.
+        if not file.endswith(".safetensors") or "/" in file or "\\" in file or file.startswith("."):
             raise CheckpointError(f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
                                   f"checkpoint folder itself; {_REGENERATE}")
     return dict(weight_map)
@@ -196,7 +199,8 @@ class CheckpointSummary:
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """The parsed config.json of a checkpoint folder."""
+    """The parsed config.json of a checkpoint folder, every key quantkit reads checked for its type
+    (quantkit.naming.config.ModelConfig)."""
     path = Path(folder) / CONFIG_FILE
     if not Path(folder).is_dir():
         raise CheckpointError(f"{folder}: not a folder; pass the checkpoint folder that holds config.json")
@@ -205,7 +209,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     config = load_json_file(path, "fix or regenerate it")
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: is a JSON {type(config).__name__}, expected an object")
-    return config
+    from quantkit.naming.config import validate_model_config  # naming imports io: import it when used
+
+    return validate_model_config(config, path)
 
 
 def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError,
@@ -218,7 +224,7 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         if size > MAX_JSON_FILE_BYTES:
             raise error(f"{path}: {size} bytes, too large for a JSON file of this kind (at most "
                         f"{MAX_JSON_FILE_BYTES}); {fix}")
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
+        return parse_json(path.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
     except FileNotFoundError:
         raise error(f"{path}: not found; {fix}") from None
     except IsADirectoryError:
@@ -229,10 +235,8 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         raise error(f"{path}: cannot be read ({e.strerror or e}); {fix}") from None
     except UnicodeDecodeError:
         raise error(f"{path}: not UTF-8 text; {fix}") from None
-    except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); {fix}") from None
-    except RecursionError:
-        raise error(f"{path}: JSON nested too deeply to read; {fix}") from None
+    except JsonInputError as e:
+        raise error(f"{path}: {e}; {fix}") from None
 
 
 def _config_value(config: dict[str, Any], key: str) -> Any:

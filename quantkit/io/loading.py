@@ -15,19 +15,25 @@ import tempfile
 from pathlib import Path
 
 from quantkit.errors import CheckpointError
+from quantkit.io.headers import read_config
 
 
 def quark_view(folder: str | Path) -> Path:
     """A temporary folder of symlinks to `folder`, with `exclude` in Quark's checkpoint names when known."""
+    from quantkit.results import load_manifest
+
     folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    manifest = folder / "quantkit.json"
+    cfg = read_config(folder)
+    quark_exclude = None
+    if (folder / "quantkit.json").is_file():
+        manifest = load_manifest(folder)  # typed: quark_exclude is a list of names, or absent (older outputs)
+        quark_exclude = manifest.quark_exclude if "quark_exclude" in manifest.model_fields_set else None
     view = Path(tempfile.mkdtemp(prefix="quantkit-quark-view-"))
     for f in folder.iterdir():
         if f.name != "config.json":
             os.symlink(f.resolve(), view / f.name)
-    if manifest.is_file():
-        cfg["quantization_config"]["exclude"] = json.loads(manifest.read_text())["quark_exclude"]
+    if quark_exclude is not None and isinstance(cfg.get("quantization_config"), dict):
+        cfg["quantization_config"]["exclude"] = quark_exclude
     (view / "config.json").write_text(json.dumps(cfg))
     return view
 
@@ -38,7 +44,7 @@ def load_for_torch(folder: str | Path, device: str = "cpu", dtype=None):
 
     from quantkit.io.quark import import_quark, quark_output_to_stderr
 
-    cfg = json.loads((Path(folder) / "config.json").read_text())
+    cfg = read_config(folder)
     if (cfg.get("quantization_config") or {}).get("quant_method") != "quark":
         raise CheckpointError(f"{folder}: not a Quark checkpoint (no quantization_config with quant_method quark)")
     import_quark()

@@ -6,13 +6,17 @@ template) or `prompt` (raw text, used as is), plus an optional `domain` (default
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from quantkit.errors import QuantkitError
 from quantkit.io.files import require_regular_file
+from quantkit.io.jsonin import JsonInputError, parse_json
 from quantkit.io.paths import builtin_prompts_file
+from quantkit.io.schema import validate
 
 BUILTIN_PROMPTS = builtin_prompts_file()
 
@@ -36,6 +40,43 @@ class PromptRecord:
         return tokenizer.apply_chat_template(list(self.messages), tokenize=False, add_generation_prompt=True)
 
 
+def _label(value: Any) -> Any:
+    # `id` and `domain` are labels: a string, or an integer written without quotes (never a boolean or a list)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError("should be a string or an integer")
+    return value
+
+
+Label = Annotated[str, BeforeValidator(_label)]
+
+
+class _Message(BaseModel):
+    # strict: a chat turn's role and content are strings as written (5 is not "5"); other keys (name, ...) are passed
+    # to the chat template as they are.
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: str
+    content: str
+
+
+class _Record(BaseModel):
+    """One line of a prompts file (unknown keys are the user's own metadata and are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    messages: list[_Message] | None = Field(default=None, min_length=1)
+    prompt: str | None = Field(default=None, min_length=1)
+    id: Label | None = None
+    domain: Label | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_of(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("messages" in data) == ("prompt" in data):
+            raise ValueError("needs exactly one of 'messages' or 'prompt'")
+        return data
+
+
 def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
     """Load `builtin` or a JSONL file; every error names the file and line."""
     path = BUILTIN_PROMPTS if str(source) == "builtin" else Path(source)
@@ -48,31 +89,22 @@ def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
         raise PromptFileError(f"prompt file {path}: not UTF-8 text; save it as UTF-8 JSONL") from None
     except OSError as e:
         raise PromptFileError(f"prompt file {path}: cannot read it ({e.strerror or e})") from None
+    fix = "one JSON object per line with 'prompt' (text) or 'messages' ([{role, content}]), and optional id, domain"
     records = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptFileError(f"prompt file {path}:{n}: not JSON ({e.msg}); one JSON object per line") from None
-        except RecursionError:
-            raise PromptFileError(f"prompt file {path}:{n}: JSON nested too deeply; one flat object per line") from None
-        if not isinstance(obj, dict) or ("messages" in obj) == ("prompt" in obj):
-            raise PromptFileError(f"prompt file {path}:{n}: needs exactly one of 'messages' or 'prompt'")
-        if "prompt" in obj and not (isinstance(obj["prompt"], str) and obj["prompt"]):
-            raise PromptFileError(f"prompt file {path}:{n}: 'prompt' must be a non-empty string")
-        for key in ("id", "domain"):
-            if key in obj and not isinstance(obj[key], (str, int)):
-                raise PromptFileError(f"prompt file {path}:{n}: '{key}' must be a string")
-        messages = obj.get("messages")
-        if "messages" in obj and (not isinstance(messages, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages) or not messages):
-            raise PromptFileError(f"prompt file {path}:{n}: 'messages' must be a list of {{role, content}} strings")
-        records.append(PromptRecord(id=str(obj.get("id", f"{path.stem}-{n}")), domain=str(obj.get("domain", "default")),
-                                    messages=tuple(messages) if messages is not None else None,
-                                    prompt=obj.get("prompt")))
+            obj = parse_json(line)
+        except JsonInputError as e:
+            raise PromptFileError(f"prompt file {path}:{n}: {e}; {fix}") from None
+        if not isinstance(obj, dict):
+            raise PromptFileError(f"prompt file {path}:{n}: a JSON {type(obj).__name__}, not an object; {fix}")
+        rec = validate(_Record, obj, f"prompt file {path}:{n}", fix, PromptFileError)
+        messages = tuple(m.model_dump() for m in rec.messages) if rec.messages is not None else None
+        records.append(PromptRecord(id=str(rec.id if rec.id is not None else f"{path.stem}-{n}"),
+                                    domain=str(rec.domain if rec.domain is not None else "default"),
+                                    messages=messages, prompt=rec.prompt))
     if not records:
         raise PromptFileError(f"prompt file {path} has no prompts")
     return records

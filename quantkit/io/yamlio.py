@@ -11,9 +11,12 @@ from typing import Any
 
 import yaml
 
+from quantkit.io.jsonin import MAX_INT_DIGITS
+
 
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects aliases and duplicate keys (which PyYAML would resolve silently to the last one)."""
+    """SafeLoader that rejects aliases and duplicate keys (which PyYAML would resolve silently to the last one), and
+    turns a scalar its constructors cannot build into a ConstructorError at that scalar's line."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -21,6 +24,21 @@ class StrictLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(
                 None, None, "YAML aliases (*name) are not supported; write the value out", event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        # SafeConstructor's scalar constructors raise bare ValueErrors: `2024-13-45` (a timestamp: "month must be in
+        # 1..12"), `!!float abc`, and a 5,000-digit integer (Python's int-digit limit, "Exceeds the limit (4300
+        # digits)"). Long integers are refused in every base: hexadecimal has no limit in int(), but printing the
+        # value in decimal later would hit it.
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int" \
+                and len(node.value) > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} digits (at most {MAX_INT_DIGITS})", node.start_mark)
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as e:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read this value ({' '.join(str(e).split())[:80]})", node.start_mark) from None
 
 
 def _construct_unique_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:

@@ -193,7 +193,7 @@ class _Checkpoint:
         for module in self.params:
             if module.startswith(head):
                 rest = module[len(head) :].split(".", 1)
-                if rest[0].isdigit():
+                if _is_index(rest[0]):
                     found.append((int(rest[0]), module))
         modules = [m for _, m in sorted(found, key=lambda f: f[0])]  # stable: projections keep checkpoint order
         if container in self.params:
@@ -206,9 +206,15 @@ class _Checkpoint:
         for module in self.params:
             if module.startswith(head):
                 first = module[len(head) :].split(".", 1)[0]
-                if first.isdigit():
+                if _is_index(first):
                     out.add(int(first))
         return out
+
+
+def _is_index(part: str) -> bool:
+    # A layer or expert number as vLLM's loaders write it: ASCII digits. str.isdigit() alone also takes '²' (which
+    # int() refuses) and '٣' (which int() reads as 3); a tensor name is header text anyone can write.
+    return part.isascii() and part.isdigit()
 
 
 def _require(ckpt: _Checkpoint, modules: Sequence[str], what: str, source: str, hint: str = "") -> tuple[str, ...]:
@@ -295,7 +301,7 @@ def _skip_layers(ckpt: _Checkpoint, prefix: str, start: int) -> None:
     for module in ckpt.params:
         if module.startswith(head):
             first = module[len(head) :].split(".", 1)[0]
-            if first.isdigit() and int(first) >= start:
+            if _is_index(first) and int(first) >= start:
                 ckpt.used.add(module)
 
 
