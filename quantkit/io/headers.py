@@ -76,8 +76,13 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
         return None
     index = load_json_file(index_path, _REGENERATE, object_pairs_hook=_index_object)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
+            raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got {shown}; "
+                                  f"{_REGENERATE}")
     for name, first in getattr(weight_map, "shadowed", ()):
         raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
                               f"{weight_map[name][:100]!r}); {_REGENERATE}")

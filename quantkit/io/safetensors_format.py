@@ -143,7 +143,9 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
     except json.JSONDecodeError as e:
         raise error(f"{where}: safetensors header is not valid JSON ({e}); {REFETCH}") from None
     except (_Refused, ValueError) as e:  # ValueError: an integer beyond Python's digit limit (also beyond float64)
-        raise error(f"{where}: safetensors header is not valid JSON as safetensors reads it ({str(e)[:80]}); "
+        digits = re.search(r"value has (\d+) digits", str(e))
+        reason = f"an integer of {digits.group(1)} digits" if digits else str(e)[:80]
+        raise error(f"{where}: safetensors header is not valid JSON as safetensors reads it ({reason}); "
                     f"{REFETCH}") from None
     except RecursionError:
         raise error(f"{where}: safetensors header JSON is nested too deeply to read; {REFETCH}") from None
