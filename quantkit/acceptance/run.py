@@ -21,7 +21,8 @@ from quantkit.io.checkpoint import resolve_source
 from quantkit.io.prompts import PromptRecord, load_prompts
 from quantkit.naming.drafts import model_kind
 from quantkit.progress import Progress, or_silent
-from quantkit.results import EAGLE3_DRAFT, AcceptanceResult, AcceptanceSettings, DraftAcceptance
+from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance
+from quantkit.vocab import EAGLE3_DRAFT
 
 
 class AcceptanceError(QuantkitError):
