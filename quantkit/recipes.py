@@ -27,7 +27,7 @@ from quantkit.errors import RecipeError
 from quantkit.io.files import require_regular_file
 from quantkit.io.paths import recipes_dir
 from quantkit.io.yamlio import load_yaml
-from quantkit.results import EAGLE3_DRAFT, MOE_TARGET, ModelKind
+from quantkit.vocab import EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # --- data: what recipes may name ------------------------------------------------------------------------------
 

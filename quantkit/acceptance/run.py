@@ -23,7 +23,8 @@ from quantkit.io.prompts import PromptRecord, load_prompts
 from quantkit.naming.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.naming.drafts import model_kind
 from quantkit.progress import Progress, or_silent
-from quantkit.results import EAGLE3_DRAFT, AcceptanceResult, AcceptanceSettings, DraftAcceptance
+from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance
+from quantkit.vocab import EAGLE3_DRAFT
 
 
 class AcceptanceError(QuantkitError):

@@ -14,7 +14,7 @@ from quantkit.io.headers import CONFIG_FILE, INDEX_FILE, checkpoint_tensors, saf
 from quantkit.io.quark import import_quark, quark_output_to_stderr
 from quantkit.progress import Progress
 from quantkit.recipes import Recipe
-from quantkit.results import EAGLE3_DRAFT
+from quantkit.vocab import EAGLE3_DRAFT
 
 # Quark template (LLMTemplate.get) for each model_type quantkit supports; drafts use "llama".
 QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",

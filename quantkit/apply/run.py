@@ -56,8 +56,9 @@ from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info,
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
-from quantkit.results import EAGLE3_DRAFT, ApplyResult, LayerDecision, ModelKind, ShardSummary
+from quantkit.results import ApplyResult, LayerDecision, ShardSummary
 from quantkit.versions import versions
+from quantkit.vocab import EAGLE3_DRAFT, ModelKind
 
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")

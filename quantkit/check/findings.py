@@ -10,10 +10,10 @@ from quantkit.check.inspect import (
 )
 from quantkit.errors import QuantkitError
 from quantkit.results import CheckSummary, Finding, NumericResult, VllmLoad
+from quantkit.vocab import PLATFORMS as PLATFORMS  # handed on: callers of the old home
+from quantkit.vocab import SEVERITIES
+from quantkit.vocab import VLLM_MODES as VLLM_MODES  # handed on: callers of the old home
 
-PLATFORMS = ("gfx950", "gfx942", "cuda", "cpu")
-VLLM_MODES = ("auto", "off", "required")
-SEVERITIES = ("error", "warning", "info")
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "U8", "I8", "F4", "F6_E2M3", "F6_E3M2", "I32"}
 # Dtypes vLLM's schemes take for the weight and the weight scale, per scheme family.

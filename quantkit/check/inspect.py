@@ -35,7 +35,7 @@ from quantkit.errors import CheckpointError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.config import text_config
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS, renamed
-from quantkit.results import EAGLE3_DRAFT
+from quantkit.vocab import EAGLE3_DRAFT
 
 # Bytes per element for sizes (header dtypes); F4/F6 are packed sub-byte types.
 _ELEMENT_BYTES: dict[str, float] = {

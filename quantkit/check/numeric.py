@@ -16,7 +16,7 @@ from quantkit.check.findings import NUMERIC_BOUNDS, Findings
 from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
 from quantkit.progress import Progress
-from quantkit.results import EAGLE3_DRAFT
+from quantkit.vocab import EAGLE3_DRAFT
 
 # Below either figure the quantized model no longer computes what its source computes.
 MIN_MEAN_COSINE = 0.98

@@ -25,7 +25,7 @@ from quantkit.check.inspect import (
 )
 from quantkit.io.hf import trust_remote_code
 from quantkit.progress import Progress
-from quantkit.results import EAGLE3_DRAFT
+from quantkit.vocab import EAGLE3_DRAFT
 
 # --- 2. real load ----------------------------------------------------------------------------------------------
 

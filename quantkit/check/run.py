@@ -11,9 +11,6 @@ from quantkit.check.contract import static_contract
 from quantkit.check.drafts import draft_checks
 from quantkit.check.findings import (
     DEFAULT_LOAD_TIMEOUT_S,
-    PLATFORMS,
-    SEVERITIES,
-    VLLM_MODES,
     CheckInputError,
     CheckResult,
     Finding,
@@ -30,7 +27,8 @@ from quantkit.check.scales import platform_notes, scale_data
 from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
 from quantkit.naming.config import target_layer_count
 from quantkit.progress import Progress, or_silent
-from quantkit.results import EAGLE3_DRAFT, NumericResult, VllmLoad
+from quantkit.results import NumericResult, VllmLoad
+from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS, SEVERITIES, VLLM_MODES
 
 # --- entry point -----------------------------------------------------------------------------------------------
 

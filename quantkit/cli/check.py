@@ -10,6 +10,7 @@ import click
 from quantkit.cli.app import exit_failed, main
 from quantkit.cli.options import json_option, make_console, print_json, trust_option
 from quantkit.progress import stderr_progress
+from quantkit.vocab import PLATFORMS, VLLM_MODES
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
     from quantkit.check.findings import CheckResult
@@ -21,9 +22,9 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               help="For an EAGLE-3 draft: its target checkpoint (layer names, aux layer ids, hidden sizes, real load).")
 @click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True, envvar="QUANTKIT_TP",
               help="Tensor-parallel size to check per-shard divisibility for.")
-@click.option("--platform", "platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950",
+@click.option("--platform", "platform", type=click.Choice(PLATFORMS), default="gfx950",
               show_default=True, envvar="QUANTKIT_PLATFORM", help="Where the checkpoint will be served.")
-@click.option("--vllm", "vllm_mode", type=click.Choice(["auto", "off", "required"]), default="auto",
+@click.option("--vllm", "vllm_mode", type=click.Choice(VLLM_MODES), default="auto",
               show_default=True, envvar="QUANTKIT_CHECK_VLLM",
               help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
                    "skipped or failed load is an error.")

@@ -8,12 +8,13 @@ import click
 
 from quantkit.cli.app import exit_failed, main
 from quantkit.cli.options import check_writable_folder, json_option, make_console, print_json
+from quantkit.vocab import PLATFORMS
 
 
 @main.command("deploy")
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--target", default=None, help="For an EAGLE-3 draft: the target it is served with (folder or Hub id).")
-@click.option("--platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950", show_default=True,
+@click.option("--platform", type=click.Choice(PLATFORMS), default="gfx950", show_default=True,
               envvar="QUANTKIT_PLATFORM", help="Where it will be served: MI355X (gfx950), MI300X (gfx942), CUDA, CPU.")
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel size.")
 @click.option("--max-model-len", type=click.IntRange(16, 10_000_000), default=None,

@@ -8,6 +8,7 @@ import click
 
 from quantkit.cli.app import main
 from quantkit.cli.options import json_option, make_console, print_json
+from quantkit.vocab import PLATFORMS
 
 # --- publish -------------------------------------------------------------------------------------------------------
 
@@ -31,7 +32,7 @@ from quantkit.cli.options import json_option, make_console, print_json
 @click.option("--dry-run-dir", type=click.Path(path_type=Path), default=None,
               help="Where --dry-run writes README.md and upload-plan.json (default: FOLDER.publish-preview beside it).")
 @click.option("--endpoint", envvar="HF_ENDPOINT", default=None, help="Hub URL (default https://huggingface.co).")
-@click.option("--platform", type=click.Choice(["gfx950", "gfx942", "cuda", "cpu"]), default="gfx950", show_default=True,
+@click.option("--platform", type=click.Choice(PLATFORMS), default="gfx950", show_default=True,
               envvar="QUANTKIT_PLATFORM", help="Platform of the card's `vllm serve` command and deploy.json.")
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Tensor-parallel size of the card's `vllm serve` command and deploy.json.")

@@ -30,16 +30,16 @@ import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.config import max_model_len as derived_max_model_len
 from quantkit.naming.config import text_config
 from quantkit.naming.drafts import is_eagle3_draft
+from quantkit.vocab import PLATFORMS
+from quantkit.vocab import Platform as Platform  # handed on: callers of the old home
 
-Platform = Literal["gfx950", "gfx942", "cpu", "cuda"]
-PLATFORMS: tuple[str, ...] = ("gfx950", "gfx942", "cpu", "cuda")
 DEPLOY_SCHEMA_VERSION = 1
 DEPLOY_FILE = "deploy.json"
 

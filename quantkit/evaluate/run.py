@@ -29,8 +29,9 @@ from quantkit.errors import QuantkitError
 from quantkit.io import jsonout
 from quantkit.io.paths import eval_tasks_dir
 from quantkit.progress import Progress, or_silent
-from quantkit.results import EAGLE3_DRAFT, EvalResult, MetricDelta
+from quantkit.results import EvalResult, MetricDelta
 from quantkit.versions import versions
+from quantkit.vocab import EAGLE3_DRAFT
 
 LOCAL_TASKS_DIR = eval_tasks_dir()
 BACKENDS = ("hf", "vllm")

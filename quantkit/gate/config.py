@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from quantkit.errors import QuantkitError
 from quantkit.io.files import require_regular_file
 from quantkit.io.yamlio import load_yaml
+from quantkit.vocab import Platform, StepName, VllmMode
 
 
 class GateConfigError(QuantkitError):
@@ -52,9 +53,9 @@ class Candidate(_Strict):
 
 
 class CheckStep(_Strict):
-    platform: Literal["gfx950", "gfx942", "cuda", "cpu"] = "gfx950"
+    platform: Platform = "gfx950"
     tp: int = Field(default=1, ge=1)
-    vllm: Literal["auto", "off", "required"] = "auto"
+    vllm: VllmMode = "auto"
     # release figures against the candidate's source (quantkit.deploy.checks): output / source weight bytes must be
     # below max_size_ratio, and within size_tolerance (relative) of apply --dry-run's prediction when the output has
     # a quantkit.json; tokenizer files must be byte-identical (no threshold)
@@ -106,7 +107,7 @@ class GateConfig(_Strict):
     target: str
     draft: str | None = None
     candidates: list[Candidate] = Field(min_length=1)
-    steps: list[Literal["check", "acceptance", "eval", "serve"]] = Field(min_length=1)
+    steps: list[StepName] = Field(min_length=1)
     check: CheckStep = CheckStep()
     acceptance: AcceptanceStep = AcceptanceStep()
     eval: EvalStep | None = None

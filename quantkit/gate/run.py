@@ -71,18 +71,17 @@ from quantkit.errors import QuantkitError
 from quantkit.gate.config import GateConfig, GateConfigError, load_gate_config
 from quantkit.progress import Progress, or_silent
 from quantkit.results import (
-    EAGLE3_DRAFT,
     CandidateReport,
     GateCheck,
     GateReport,
     GateSummary,
-    ModelKind,
     ReleaseFigures,
     ReleaseVerdict,
     Result,
     ServeReport,
     Verdict,
 )
+from quantkit.vocab import EAGLE3_DRAFT, ModelKind
 
 # check findings surfaced as figures: layers vLLM would run unquantized though the candidate should not, and layers
 # whose loaded precision differs from what the static contract predicts

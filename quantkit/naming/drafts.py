@@ -19,7 +19,7 @@ from typing import Any
 from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.config import text_config
-from quantkit.results import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
+from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")

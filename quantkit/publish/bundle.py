@@ -31,7 +31,8 @@ from quantkit.publish.folder import (
 )
 from quantkit.publish.redact import Redactor, hub_ref, is_local, public_manifest
 from quantkit.publish.sidecar import AcceptanceSidecar, prompt_file
-from quantkit.results import EAGLE3_DRAFT, ApplyResult, CandidateReport, load_report, parse_report
+from quantkit.results import ApplyResult, CandidateReport, load_report, parse_report
+from quantkit.vocab import EAGLE3_DRAFT
 
 DEFAULT_PLATFORM = "gfx950"
 

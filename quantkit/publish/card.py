@@ -16,13 +16,8 @@ from quantkit.publish.folder import (
     TARGET_PLACEHOLDER,
 )
 from quantkit.publish.sidecar import BUILTIN_PROMPTS, SIDECAR, prompt_set_name
-from quantkit.results import (
-    EAGLE3_DRAFT,
-    MOE_TARGET,
-    ApplyResult,
-    CandidateReport,
-    LayerDecision,
-)
+from quantkit.results import ApplyResult, CandidateReport, LayerDecision
+from quantkit.vocab import EAGLE3_DRAFT, MOE_TARGET
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard

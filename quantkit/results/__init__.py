@@ -1,0 +1,37 @@
+"""The result model: what every stage writes and every reader (gate, report files, card, demo, CLI) reads.
+
+One typed, versioned model, written once: `apply` writes an ApplyResult (quantkit.json), `check` a CheckResult
+whose summary is CheckSummary, `acceptance` an AcceptanceResult, `eval` an EvalResult; the gate assembles these
+very objects into a GateReport (report.json, and report-<candidate>.json per candidate), and `publish` reads that
+report and the ApplyResult into the model card. No stage rebuilds another's result as a dict.
+
+Every document carries `schema_version` (SCHEMA_VERSION; `base.CommandResult`). Readers are tolerant within a
+version: unknown keys are ignored and sections may be missing (a partial report still renders a card); a higher
+version is refused, since its meaning may have changed. Figures that could not be computed are null in JSON (never
+NaN).
+
+Mean acceptance length AL = 1 + accepted draft tokens / drafts (vLLM's and Quark's definition); eval `delta` =
+candidate - baseline, `recovery` = candidate / baseline (inverted for lower-is-better metrics).
+
+One module per stage (base, apply, precision, check, deploy, acceptance, evaluate, serve, gate, publish, demo,
+recipes, reading); each lists its public names in `__all__`, and this package hands them all on, so
+`from quantkit.results import X` works for every X. This file is not edited: a new class goes in its stage's
+module and that module's `__all__`.
+"""
+
+from quantkit.results.acceptance import *  # noqa: F403
+from quantkit.results.apply import *  # noqa: F403
+from quantkit.results.base import *  # noqa: F403
+from quantkit.results.check import *  # noqa: F403
+from quantkit.results.demo import *  # noqa: F403
+from quantkit.results.deploy import *  # noqa: F403
+from quantkit.results.evaluate import *  # noqa: F403
+from quantkit.results.gate import *  # noqa: F403
+from quantkit.results.precision import *  # noqa: F403
+from quantkit.results.publish import *  # noqa: F403
+from quantkit.results.reading import *  # noqa: F403
+from quantkit.results.recipes import *  # noqa: F403
+from quantkit.results.serve import *  # noqa: F403
+
+# The closed vocabularies live in quantkit.vocab; these names are handed on for callers that imported them from here.
+from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind, Severity  # noqa: F401

@@ -1,0 +1,91 @@
+"""Results of `apply`: the per-layer decisions, the shards the executor wrote, and ApplyResult (quantkit.json)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from quantkit.results.base import CommandResult, Result
+from quantkit.vocab import DENSE_TARGET, ModelKind
+
+
+class LayerDecision(Result):
+    """What apply does with one vLLM runtime layer, and why."""
+
+    runtime_name: str
+    role: str = ""
+    kind: str = ""
+    checkpoint_modules: list[str] = []
+    action: Literal["quantize", "keep"]
+    scheme: str | None = None
+    reason: str = ""
+    source_format: str | None = None  # how the source stored it (bf16, fp8-block, int4-pack-quantized)
+
+
+class ShardSummary(Result):
+    """One shard as the executor wrote it: sizes, the SHA-256 of the bytes read and written, device, seconds."""
+
+    name: str
+    bytes_in: int = 0
+    bytes_out: int = 0
+    sha256_in: str = ""
+    sha256_out: str = ""
+    device: str = ""
+    seconds: float = 0.0
+    resumed: bool = False
+
+
+class ApplyResult(CommandResult):
+    """Everything `apply` did; written as quantkit.json (the manifest) and printed by `--json`."""
+
+    command: str = ""
+    output: str = ""
+    source: str = ""
+    target: str | None = None  # the --target an EAGLE-3 draft was applied with (folder or Hub id)
+    recipe: dict[str, Any] = {}
+    model_kind: ModelKind = DENSE_TARGET
+    architecture: str = ""
+    path: str = ""
+    path_reason: str = ""
+    device: str = ""
+    engine: str = "quark"
+    source_format: str = "bf16"
+    exclude: list[str] = []
+    quark_exclude: list[str] = []
+    layers: list[LayerDecision] = []
+    size_before_bytes: int = 0
+    size_after_bytes: int = 0
+    timings_s: dict[str, float] = {}
+    peak_rss_mb: float = 0.0
+    versions: dict[str, str] = {}
+    source_files: dict[str, str] = {}
+    verified: dict[str, Any] = {}
+    target_num_layers: int | None = None
+    output_files: list[str] = []  # every file written, as paths relative to the output (`sub/file`)
+    not_copied: list[str] = []  # source files (and `folder/`s) not copied: not what a checkpoint carries (io.files)
+    # The shard executor (engine "native") and --dry-run:
+    devices: list[str] = []
+    device_plan: dict[str, list[str]] = {}  # device -> source shards it quantizes
+    shards: list[ShardSummary] = []
+    resumed_shards: int = 0
+    throughput_mb_s: float | None = None
+    dry_run: bool = False
+    # *.safetensors in the source that its index does not name: neither quantized nor copied (the index is the truth)
+    ignored_weight_files: list[str] = []
+
+    @property
+    def quantized(self) -> list[LayerDecision]:
+        return [d for d in self.layers if d.action == "quantize"]
+
+    @property
+    def kept(self) -> list[LayerDecision]:
+        return [d for d in self.layers if d.action == "keep"]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["summary"] = {"quantized_layers": len(self.quantized), "kept_layers": len(self.kept),
+                        "size_ratio": round(self.size_after_bytes / max(self.size_before_bytes, 1), 4)}
+        return d
+
+
+
+__all__ = ["ApplyResult", "LayerDecision", "ShardSummary"]
