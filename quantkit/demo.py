@@ -73,7 +73,9 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
         "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm, "max_size_ratio": 1.0, "size_tolerance": 0.05},
         # per domain: 6 prompts of short answers (~27 drafts); the MXFP4 target rewrites a few of them (its greedy text
         # differs from BF16's), which moves a domain's AL by up to ~10% with no draft at fault
-        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": backend,
+        # overall: 42 prompts give a paired 95% CI about +-0.03 wide around the ratio (0.948-1.010 on an AVX2 host),
+        # so the demo gates at 0.95, below the noise, and a real regression (a damaged draft: ratio ~0.3) still fails
+        "acceptance": {"min_ratio": 0.95, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": backend,
                        "num_speculative_tokens": 3, "max_new_tokens": 64},
         "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
         # the pair behind a real `vllm serve`, on the acceptance prompts: its AL must agree, prompt by prompt, with

@@ -36,7 +36,9 @@ def test_demo_runs_the_whole_pipeline(tiny, tmp_path):
     acc = draft["acceptance"]
     assert acc["candidate_kind"] == "pair" and acc["candidate_target"] == str(work / "moe-mxfp4")
     assert acc["baseline"]["target"].endswith("moe-target") and acc["baseline"]["draft"].endswith("moe-eagle3-draft")
-    assert acc["candidate"]["mean_acceptance_length"] >= 2.5 and acc["ratio"] >= 0.98
+    assert acc["candidate"]["mean_acceptance_length"] >= 2.5 and acc["ratio"] >= 0.95
+    low, high = acc["ratio_ci"]  # the 2% loss AMD's FP8 draft shows is inside the interval: no evidence of more
+    assert low <= acc["ratio"] <= high and high >= 0.98, acc["ratio_ci"]
     assert moe["acceptance"]["candidate_kind"] == "target"  # the MXFP4 target with the BF16 draft
     assert report["gate"]["verdict"] == "pass" and draft["verdict"] == moe["verdict"] == "pass"
     assert draft["release"]["tokenizer_drift"] == [] and draft["release"]["size_ratio"] < 1
