@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.config import text_config
 from quantkit.io.headers import TensorInfo
-from quantkit.naming.config import text_config
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
