@@ -1,5 +1,6 @@
 """config.json as vLLM reads it: the types of the keys quantkit reads, the text model of multimodal wrappers, layer
-counts, the dtype of unquantized layers, attention head counts, and the longest sequence a model holds (max_model_len).
+counts, the dtype of unquantized layers, attention head counts, the longest sequence a model holds (max_model_len),
+and an EAGLE-3 draft's config (draft_config, the one reader of it).
 Pure functions of the parsed dict; no I/O (the folder reader is quantkit.io.headers.read_config)."""
 
 from __future__ import annotations
@@ -259,3 +260,57 @@ def fit_max_model_len(config: dict[str, Any], wanted: int) -> int:
     ("User-specified max_model_len ... is greater than the derived max_model_len", same function)."""
     limit = max_model_len(config)
     return min(wanted, limit.tokens) if limit is not None else wanted
+
+
+# --- EAGLE-3 drafts --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """An EAGLE-3 draft's config.json as vLLM reads it: THE draft-config reader (naming.drafts, the eagle3 layouts).
+
+    `layer` is the Llama/Qwen3-style decoder-layer config vLLM builds the draft from: a speculators eagle3 draft's
+    `transformer_layer_config` (vllm/transformers_utils/configs/speculators/base.py
+    extract_transformers_pre_trained_config), else the config itself (an EAGLE/SpecForge draft). `aux_layer_ids` are the top-level
+    eagle_aux_hidden_state_layer_ids, else eagle_config's, else the layer config's (vLLM reads the hf_config's
+    attribute first, then its eagle_config: v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config; update_eagle3
+    in speculators/algos.py copies the top-level ids into it). `use_aux_hidden_state` is eagle_config's, True when
+    absent (llama_eagle3.py LlamaModel.__init__)."""
+
+    format: str  # "eagle" | "speculators"
+    layer: Mapping[str, Any]
+    eagle_config: Mapping[str, Any]
+    aux_layer_ids: tuple[int, ...] | None
+    aux_layer_ids_top: tuple[int, ...] | None
+    aux_layer_ids_eagle_config: tuple[int, ...] | None
+    use_aux_hidden_state: Any  # as written (check reports a non-bool); True when absent
+    num_hidden_layers: Any  # as written: the layout refuses a missing or bad one in its own words
+    hidden_size: int | None
+    vocab_size: int | None
+    draft_vocab_size: int | None  # top level, then the layer config, else vocab_size
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    return tuple(value) if isinstance(value, (list, tuple)) and value else None
+
+
+def draft_config(config: Mapping[str, Any]) -> DraftConfig:
+    """The EAGLE-3 draft's config as vLLM reads it (see DraftConfig); pure, never raises on a bad value."""
+    raw_layer = config.get("transformer_layer_config")
+    speculators = config.get("speculators_model_type") == "eagle3"
+    layer: Mapping[str, Any] = raw_layer if speculators and isinstance(raw_layer, dict) else config
+    top_eagle, layer_eagle = config.get("eagle_config"), layer.get("eagle_config")
+    eagle: Mapping[str, Any] = (top_eagle if isinstance(top_eagle, dict) and top_eagle else
+                                layer_eagle if isinstance(layer_eagle, dict) else {})  # fmt: skip
+    top_ids, eagle_ids = _ids(config.get("eagle_aux_hidden_state_layer_ids")), _ids(eagle.get(
+        "eagle_aux_hidden_state_layer_ids"))
+    vocab = config_int(layer.get("vocab_size"))
+    draft_vocab = config_int(config.get("draft_vocab_size")) or config_int(layer.get("draft_vocab_size")) or vocab
+    return DraftConfig(
+        format="speculators" if speculators else "eagle", layer=layer, eagle_config=eagle,
+        aux_layer_ids=top_ids or eagle_ids or _ids(layer.get("eagle_aux_hidden_state_layer_ids")),
+        aux_layer_ids_top=top_ids, aux_layer_ids_eagle_config=eagle_ids,
+        use_aux_hidden_state=eagle.get("use_aux_hidden_state", True),
+        num_hidden_layers=layer.get("num_hidden_layers"), hidden_size=config_int(layer.get("hidden_size")),
+        vocab_size=vocab, draft_vocab_size=draft_vocab,
+    )  # fmt: skip

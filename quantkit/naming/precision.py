@@ -386,8 +386,7 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(folder: str | Path, target_num_layers: int | None = None) -> LoadedCheckpoint:
-    from quantkit.naming.archs import architecture_of, runtime_layers
-    from quantkit.naming.drafts import model_kind
+    from quantkit.naming.archs import architecture_of, model_kind, runtime_layers
 
     folder = Path(folder)
     if not folder.is_dir():

@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from quantkit.io.config import text_config
 from quantkit.naming.builder import CheckpointModules, reject_leftovers
 from quantkit.naming.exclude import renamed
 from quantkit.naming.family import Family, Wrapper
@@ -16,6 +17,7 @@ from quantkit.naming.layers import (
     RuntimeLayer,
     UnsupportedArchitectureError,
 )
+from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # The family modules, in the order their architectures are listed in messages.
 _MODULES = ("eagle3_llama", "eagle3_qwen3", "llama", "qwen3", "qwen3_moe", "deepseek_v3", "mixtral", "minimax_m2",
@@ -63,8 +65,30 @@ def family_of(config: Mapping[str, Any]) -> Family:
 
 
 def is_draft(config: Mapping[str, Any]) -> bool:
-    """Whether config.json is an EAGLE-3 draft (whose runtime names need the target's layer count)."""
-    return family_of(config).is_draft
+    """Whether config.json is an EAGLE-3 draft (whose runtime names need the target's layer count): a speculators
+    eagle3 config, or an architecture whose record is a draft layout. Never raises: acceptance and eval ask it of
+    models quantkit cannot name."""
+    if config.get("speculators_model_type") == "eagle3":
+        return True
+    archs = config.get("architectures") or []
+    return any(a in _BY_ARCH and _BY_ARCH[a].is_draft for a in archs if isinstance(a, str))
+
+
+def model_kind(config: Mapping[str, Any]) -> ModelKind:
+    """`eagle3-draft`, `moe-target` or `dense-target`, from config.json alone."""
+    if is_draft(config):
+        return EAGLE3_DRAFT
+    if any(_count(c.get(k)) > 1 for c in (config, text_config(dict(config))) for k in _MOE_CONFIG_KEYS):
+        return MOE_TARGET
+    return DENSE_TARGET
+
+
+# The config keys whose value > 1 makes a target MoE (Qwen3-MoE, Mixtral / MiniMax-M2, DeepSeek-V3).
+_MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def runtime_layers(

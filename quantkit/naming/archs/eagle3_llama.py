@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quantkit.io.config import draft_config
 from quantkit.naming.builder import (
     ATTN_SLOTS,
     DENSE_MLP_SLOTS,
@@ -42,10 +43,9 @@ def eagle3_layers(config: Mapping[str, Any], ckpt: CheckpointModules, target_num
         raise MissingTargetLayersError(
             f"target layer count {target_num_layers!r} is not a positive integer; pass the target's num_hidden_layers"
         )
-    layer_config = config.get("transformer_layer_config") or config  # speculators format nests the llama config
-    eagle_config = config.get("eagle_config") or layer_config.get("eagle_config") or {}
-    use_aux = eagle_config.get("use_aux_hidden_state", True)
-    n = layer_config.get("num_hidden_layers")
+    draft = draft_config(config)  # a speculators draft nests the llama config; eagle_config at the top or in it
+    use_aux = draft.use_aux_hidden_state
+    n = draft.num_hidden_layers
     if not isinstance(n, int) or n < 1:
         # Without it transformers' LlamaConfig defaults to 32 and vLLM would build 32 draft layers.
         raise CheckpointLayoutError(
