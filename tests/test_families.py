@@ -3,16 +3,29 @@ checkpoint is; a draft whose config names a registered draft layout is a draft w
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import pkgutil
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.deploy.manifest import deploy_manifest
+from quantkit.naming import archs
 from quantkit.naming.archs import is_draft, model_kind
+from quantkit.naming.family import QuarkTemplateError
 from quantkit.vocab import EAGLE3_DRAFT
+
+from . import toy_family
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _qwen3_draft(tiny: Path, out: Path) -> Path:
@@ -49,3 +62,71 @@ def test_eagle3_qwen3_architecture_is_a_draft(tiny, tmp_path):
 
     manifest = deploy_manifest(draft, tiny / "target")
     assert manifest.draft is not None and "--speculative-config" in manifest.command
+
+
+# --- the registry ----------------------------------------------------------------------------------------------
+
+
+def test_registry_invariants():
+    """Every module under naming/archs/ defines one FAMILY named as the module; no architecture is claimed twice;
+    is_draft <=> a draft layout; SUPPORTED_ARCHITECTURES is the union of the records' architectures."""
+    modules = sorted(m.name for m in pkgutil.iter_modules(archs.__path__))
+    records = [importlib.import_module(f"quantkit.naming.archs.{m}").FAMILY for m in modules]
+    assert [f.name for f in records] == modules
+    claimed = [a for f in records for a in f.architectures]
+    assert len(claimed) == len(set(claimed))
+    assert set(claimed) == set(archs.SUPPORTED_ARCHITECTURES)
+    for f in records:
+        assert f.is_draft == (f.draft is not None)
+        assert (f.build_layers is None) == (f.wrapper is not None), f.name  # only a wrapper has no builder
+    with pytest.raises(ValueError, match="already claimed"):
+        archs.register(toy_family.FAMILY.__class__("copy", ("LlamaForCausalLM",), "x", None))
+
+
+def _quark_template_names() -> set[str]:
+    # Quark's own file, read as text: importing quark.torch takes ~30 s (test_recipes reads the schemes the same way).
+    spec = importlib.util.find_spec("quark")
+    assert spec is not None and spec.submodule_search_locations
+    text = (Path(list(spec.submodule_search_locations)[0]) / "torch/quantization/config/template.py").read_text()
+    table = text[text.index("DEFAULT_TEMPLATES = {"):]
+    table = table[:table.index("\n}\n")]
+    return set(re.findall(r'^    "([a-z0-9_]+)": \{', table, re.M))
+
+
+def test_every_quark_template_exists_in_quark():
+    """Every template a record names is a key of Quark 0.13's DEFAULT_TEMPLATES, and every family that is not a
+    test's names one for each of its model_types."""
+    known = _quark_template_names()
+    assert {"llama", "qwen3_moe", "deepseek_v3", "kimi_k25"} <= known  # the regex reads the table
+    for f in archs.families():
+        assert set(f.quark_templates.values()) <= known, f.name
+        assert f.quark_templates, f"{f.name} has no Quark template"
+        for model_type in f.model_types:
+            assert f.quark_template({"model_type": model_type}) in known
+
+
+def test_kimi_k25_gets_quarks_own_template():
+    """Issue 19: Kimi-K2.5 took the silent llama fallback of the old QUARK_TEMPLATES table."""
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "text_config": {"model_type": "kimi_k2", "n_routed_experts": 8}}
+    assert archs.quark_template(config) == "kimi_k25"
+    assert model_kind(config) == "moe-target"  # the wrapper asks its text family
+
+
+def test_missing_quark_template_is_an_error_naming_the_family(tmp_path):
+    """`apply --engine quark` on a family without a Quark template: one line naming the family and --engine native,
+    before Quark is imported (the toy family reaches the subprocess through QUANTKIT_FAMILY_MODULES)."""
+    with pytest.raises(QuarkTemplateError, match="toy_moe"):
+        toy_family.FAMILY.quark_template(toy_family.CONFIG)
+    src = toy_family.write_checkpoint(tmp_path / "toy")
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom quantkit.cli import main\n"
+            f"r = CliRunner().invoke(main, ['apply', '--recipe', 'mxfp4-moe', '--model', {str(src)!r}, '--output', "
+            f"{str(tmp_path / 'out')!r}, '--engine', 'quark'])\n"
+            "print(r.exit_code); print(r.stderr.strip()); print('quark' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), archs.FAMILY_MODULES_ENV: "tests.toy_family"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    exit_code, line, quark_imported = out.stdout.strip().split("\n")
+    assert exit_code == "2", out
+    assert line.startswith("error: ") and "toy_moe" in line and "--engine native" in line, line
+    assert quark_imported == "False"
+

@@ -134,7 +134,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.archs import runtime_layers
+    from quantkit.naming.archs import quark_template, runtime_layers
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -177,6 +177,8 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
     kind = model_kind(src.config)
+    if chosen == "quark":
+        quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported
     if kind != rec.applies_to:
         raise ApplyError(f"recipe {rec.name} applies to {rec.applies_to} checkpoints, but {model} is a {kind} "
                          f"({src.architecture}); pick a recipe for {kind} (quantkit recipes list)")

@@ -3,14 +3,17 @@ config.json, and the runtime layers of a checkpoint through its family (wrappers
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterable, Mapping
+import os
+import pkgutil
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from quantkit.io.config import text_config
 from quantkit.naming.builder import CheckpointModules, reject_leftovers
 from quantkit.naming.exclude import renamed
-from quantkit.naming.family import Family, Wrapper
+from quantkit.naming.family import Family, QuarkTemplateError, Wrapper
 from quantkit.naming.layers import (
     VISION_ROLE,
     CheckpointLayoutError,
@@ -19,21 +22,98 @@ from quantkit.naming.layers import (
 )
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
-# The family modules, in the order their architectures are listed in messages.
-_MODULES = ("eagle3_llama", "eagle3_qwen3", "llama", "qwen3", "qwen3_moe", "deepseek_v3", "mixtral", "minimax_m2",
-            "kimi_k25")  # fmt: skip
+__all__ = ["SUPPORTED_ARCHITECTURES", "QuarkTemplateError", "architecture_of", "families", "family_named",
+           "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "runtime_layers",
+           "supported_architectures"]  # fmt: skip
+
+# Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
+# (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
+FAMILY_MODULES_ENV = "QUANTKIT_FAMILY_MODULES"
+
+_BY_ARCH: dict[str, Family] = {}
+_BY_NAME: dict[str, Family] = {}
 
 
-def _load() -> tuple[Family, ...]:
-    return tuple(importlib.import_module(f"{__name__}.{m}").FAMILY for m in _MODULES)
+def register(family: Family) -> None:
+    """Add `family` to the registry (tests' fake families, future plugins). A name or architecture that another
+    record already claims is a ValueError: the registry never picks between two records."""
+    if family.name in _BY_NAME:
+        raise ValueError(f"family {family.name!r} is registered twice")
+    taken = [a for a in family.architectures if a in _BY_ARCH]
+    if taken:
+        raise ValueError(f"family {family.name!r} claims {', '.join(taken)}, already claimed by family "
+                         f"{_BY_ARCH[taken[0]].name!r}")
+    _BY_NAME[family.name] = family
+    for arch in family.architectures:
+        _BY_ARCH[arch] = family
 
 
-_FAMILIES = _load()
-# Architecture names as vLLM's registry (vllm/model_executor/models/registry.py) resolves them.
-_BY_ARCH: dict[str, Family] = {a: f for f in _FAMILIES for a in f.architectures}
+def unregister(family: Family) -> None:
+    """Remove `family` from the registry (the end of `registered`)."""
+    if _BY_NAME.get(family.name) is family:
+        del _BY_NAME[family.name]
+        for arch in family.architectures:
+            _BY_ARCH.pop(arch, None)
+
+
+@contextlib.contextmanager
+def registered(family: Family) -> Iterator[Family]:
+    """`family` registered for the block (a test's fake family), removed on exit."""
+    register(family)
+    try:
+        yield family
+    finally:
+        unregister(family)
+
+
+def _load() -> None:
+    """Register the FAMILY of every module of this package (pkgutil: no list to keep), then those named in
+    QUANTKIT_FAMILY_MODULES."""
+    names = [f"{__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)]
+    names += [m.strip() for m in os.environ.get(FAMILY_MODULES_ENV, "").split(",") if m.strip()]
+    for module_name in names:
+        module = importlib.import_module(module_name)
+        family = getattr(module, "FAMILY", None)
+        if not isinstance(family, Family):
+            raise TypeError(f"{module_name} defines no FAMILY = Family(...); every family module must")
+        register(family)
+
+
+_load()
+# The built-in families' architectures, for messages and tests (supported_architectures() adds registered ones).
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
-# What vllm/transformers_utils/configs/speculators/algos.py (update_eagle3) turns a speculators eagle3 config into.
-_SPECULATORS_EAGLE3 = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+
+def families() -> tuple[Family, ...]:
+    """Every registered record, sorted by name."""
+    return tuple(sorted(_BY_NAME.values(), key=lambda f: f.name))
+
+
+def family_named(name: str) -> Family:
+    """The record called `name` (a module name under naming/archs/)."""
+    if name not in _BY_NAME:
+        raise KeyError(f"no family {name!r}; known: {', '.join(sorted(_BY_NAME))}")
+    return _BY_NAME[name]
+
+
+def quark_template(config: Mapping[str, Any]) -> str:
+    """The Quark 0.13 LLMTemplate name for this config.json, from its family's record; QuarkTemplateError naming the
+    family when the record has none (never a default: another family's template quantizes the wrong layers)."""
+    return family_of(config).quark_template(config)
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """Every architecture some registered record claims, in registry order."""
+    return tuple(_BY_ARCH)
+
+
+def _speculators_layout(spec_type: Any, model_type: Any) -> str | None:
+    """The draft architecture vLLM builds for a speculators config (vllm/transformers_utils/configs/speculators/
+    algos.py update_eagle3's eagle3_arch_map), from the records' DraftLayout.speculators."""
+    for family in _BY_NAME.values():
+        if family.draft is not None and (spec_type, model_type) in family.draft.speculators:
+            return family.architectures[0]
+    return None
 
 
 def architecture_of(config: Mapping[str, Any]) -> str:
@@ -41,12 +121,13 @@ def architecture_of(config: Mapping[str, Any]) -> str:
     spec_type = config.get("speculators_model_type")
     if spec_type is not None:
         model_type = (config.get("transformer_layer_config") or {}).get("model_type", "llama")
-        if spec_type == "eagle3" and model_type in _SPECULATORS_EAGLE3:
-            return _SPECULATORS_EAGLE3[model_type]
+        arch = _speculators_layout(spec_type, model_type)
+        if arch is not None:
+            return arch
+        known = " or ".join(f"{s} with model_type {m}" for f in families() if f.draft for s, m in f.draft.speculators)
         raise UnsupportedArchitectureError(
             f"speculators model {spec_type!r} with transformer_layer_config.model_type {model_type!r} is not "
-            f"supported; supported: speculators eagle3 with model_type llama or qwen3, or architectures "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"supported; supported: speculators {known}, or architectures {', '.join(supported_architectures())}"
         )
     archs = config.get("architectures") or []
     for arch in archs:
@@ -54,7 +135,7 @@ def architecture_of(config: Mapping[str, Any]) -> str:
             return arch
     named = ", ".join(archs) if archs else "no architectures"
     raise UnsupportedArchitectureError(
-        f"config.json architecture {named} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)} "
+        f"config.json architecture {named} is not supported; supported: {', '.join(supported_architectures())} "
         f"(or a speculators eagle3 draft)"
     )
 
@@ -75,20 +156,39 @@ def is_draft(config: Mapping[str, Any]) -> bool:
 
 
 def model_kind(config: Mapping[str, Any]) -> ModelKind:
-    """`eagle3-draft`, `moe-target` or `dense-target`, from config.json alone."""
+    """`eagle3-draft`, `moe-target` or `dense-target`, from config.json alone, as its family's record says
+    (Family.kind; a wrapper asks its text family). A config no record names is a draft if it is a speculators eagle3
+    config, else MoE when any record's expert-count key is > 1 in it, else dense: acceptance and eval ask it of
+    models quantkit cannot name."""
     if is_draft(config):
         return EAGLE3_DRAFT
-    if any(_count(c.get(k)) > 1 for c in (config, text_config(dict(config))) for k in _MOE_CONFIG_KEYS):
-        return MOE_TARGET
-    return DENSE_TARGET
-
-
-# The config keys whose value > 1 makes a target MoE (Qwen3-MoE, Mixtral / MiniMax-M2, DeepSeek-V3).
-_MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        keys = {k for f in _BY_NAME.values() if f.moe is not None for k in f.moe.expert_count_keys}
+        moe = any(_count(c.get(k)) > 1 for c in (config, text_config(dict(config))) for k in keys)
+        return MOE_TARGET if moe else DENSE_TARGET
+    if family.wrapper is not None:
+        text = _text_config_of(config, family.wrapper)
+        try:
+            return family_of(text).kind(text)
+        except UnsupportedArchitectureError:
+            return DENSE_TARGET
+    return family.kind(config)
 
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _text_config_of(config: Mapping[str, Any], wrapper: Wrapper) -> dict[str, Any]:
+    """A wrapper's text config, with the architecture vLLM builds for it when it names none."""
+    raw = config.get(wrapper.text_config_key)
+    text = dict(raw) if isinstance(raw, dict) else {}
+    if not text.get("architectures"):
+        arch = (wrapper.text_architecture_by_model_type or {}).get(str(text.get("model_type")))
+        text["architectures"] = [arch] if arch else []
+    return text
 
 
 def runtime_layers(
@@ -117,13 +217,9 @@ def runtime_layers(
 def _wrapped_layers(config: Mapping[str, Any], names: list[str], wrapper: Wrapper, source: str) -> list[RuntimeLayer]:
     """The text model's layers under the wrapper's prefix, plus one kept-BF16 layer per encoder linear."""
     prefix, encoders, renames = wrapper.text_prefix, wrapper.encoder_prefixes, wrapper.encoder_renames
-    text = config.get("text_config")
-    if not isinstance(text, dict):
+    if not isinstance(config.get(wrapper.text_config_key), dict):
         raise CheckpointLayoutError(f"{source}: a {config.get('architectures')} config needs a text_config")
-    text = dict(text)
-    if not text.get("architectures"):
-        arch = (wrapper.text_architecture_by_model_type or {}).get(str(text.get("model_type")))
-        text["architectures"] = [arch] if arch else []
+    text = _text_config_of(config, wrapper)
     inner = [n[len(prefix):] for n in names if n.startswith(prefix)]
     if not inner:
         raise CheckpointLayoutError(f"{source}: no {prefix}* tensors; is this a {config.get('architectures')} "

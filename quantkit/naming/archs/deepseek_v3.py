@@ -15,7 +15,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer, UnsupportedArchitectureError
 
 SOURCE = "vllm/model_executor/models/deepseek_v2.py"
@@ -81,5 +81,10 @@ def deepseek_v3_layers(
     return out + [head]
 
 
-FAMILY = Family("deepseek_v3", ("DeepseekV3ForCausalLM",), SOURCE,
-                lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE))  # fmt: skip
+FAMILY = Family(
+    "deepseek_v3", ("DeepseekV3ForCausalLM",), SOURCE, lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE),
+    model_types=("deepseek_v3", "kimi_k2"), quark_templates={"deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2"},
+    moe=MoeLayout(("n_routed_experts",),
+                  shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
+    mtp_layer_keys=("num_nextn_predict_layers",),
+)  # fmt: skip

@@ -17,7 +17,7 @@ from quantkit.naming.builder import (
     decoder_layer,
     require_modules,
 )
-from quantkit.naming.family import Family, LayerBuilder
+from quantkit.naming.family import DraftLayout, Family, LayerBuilder
 from quantkit.naming.layers import CheckpointLayoutError, MissingTargetLayersError, RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/llama_eagle3.py"
@@ -85,5 +85,8 @@ def eagle3_builder(qwen3: bool, source: str) -> LayerBuilder:
     return lambda c, k, t: eagle3_layers(c, k, t, qwen3=qwen3, source=source)
 
 
+# Quark quantizes a draft as the Llama-style module quantkit builds for it (apply/quark_engine.py _draft_module), so
+# every draft layout takes Quark's llama template, whatever its model_type.
 FAMILY = Family("eagle3_llama", ("Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3"), SOURCE,
-                eagle3_builder(False, SOURCE), is_draft=True)  # fmt: skip
+                eagle3_builder(False, SOURCE), quark_templates={"*": "llama"},
+                draft=DraftLayout(speculators=(("eagle3", "llama"),)))  # fmt: skip

@@ -15,7 +15,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/qwen3_moe.py"
@@ -56,5 +56,10 @@ def qwen3_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
     return out + [head]
 
 
-FAMILY = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), SOURCE,
-                lambda c, k, t: qwen3_moe_layers(c, k, t, source=SOURCE))  # fmt: skip
+FAMILY = Family(
+    "qwen3_moe", ("Qwen3MoeForCausalLM",), SOURCE, lambda c, k, t: qwen3_moe_layers(c, k, t, source=SOURCE),
+    model_types=("qwen3_moe",), quark_templates={"qwen3_moe": "qwen3_moe"},
+    moe=MoeLayout(("num_experts",), router_quantizable=True,
+                  shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
+                  shared_expert_gate="mlp.shared_expert_gate"),
+)  # fmt: skip
