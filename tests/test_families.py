@@ -130,3 +130,62 @@ def test_missing_quark_template_is_an_error_naming_the_family(tmp_path):
     assert line.startswith("error: ") and "toy_moe" in line and "--engine native" in line, line
     assert quark_imported == "False"
 
+
+# --- a family from its record alone ----------------------------------------------------------------------------
+
+
+def test_a_family_from_its_record_alone_goes_through_inspect_apply_and_check(tmp_path):
+    """tests/toy_family.py's record (its own router and expert names, no Quark template, built with naming.builder)
+    registered in-process: inspect, apply (engine auto -> native) and check run from it alone; no file under
+    quantkit/ knows it. The commands run in-process (CliRunner): `check --vllm off`, since check's real vLLM load
+    is a subprocess that cannot load a family vLLM does not have (real families are tested against vLLM in
+    test_vllm_names)."""
+    import torch
+    from safetensors import safe_open
+
+    from quantkit.io.headers import checkpoint_tensors
+
+    src = toy_family.write_checkpoint(tmp_path / "toy")
+    out = tmp_path / "toy-mxfp4"
+    runner = CliRunner()
+    with archs.registered(toy_family.FAMILY):
+        res = runner.invoke(main, ["inspect", str(src), "--json"])
+        assert res.exit_code == 0, res.output
+        shown = json.loads(res.stdout)
+        assert shown["architecture"] == toy_family.ARCHITECTURE and shown["model_kind"] == "moe-target"
+        names = {layer["name"] for layer in shown["layers"]}
+        assert {"model.layers.0.mlp.router", "model.layers.1.mlp.experts", "model.layers.0.self_attn.qkv_proj"} <= names
+
+        res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out),
+                                   "--json"])
+        assert res.exit_code == 0, res.output
+        applied = json.loads(res.stdout)
+        assert applied["engine"] == "native"
+        quantized = {d["runtime_name"] for d in applied["layers"] if d["action"] == "quantize"}
+        assert quantized == {f"model.layers.{i}.mlp.experts" for i in range(toy_family.LAYERS)}
+
+        res = runner.invoke(main, ["check", str(out), "--vllm", "off", "--json"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["ok"] is True
+
+    # the output: U8 experts with E8M0 scales, the router BF16 and byte-identical to the source
+    tensors = checkpoint_tensors(out)
+    for i in range(toy_family.LAYERS):
+        for e in range(toy_family.EXPERTS):
+            for proj in ("w_in", "w_out"):
+                name = f"model.layers.{i}.mlp.experts.{e}.{proj}"
+                assert tensors[f"{name}.weight"].dtype == "U8" and f"{name}.weight_scale" in tensors
+    with safe_open(str(src / "model.safetensors"), "pt") as a, safe_open(str(out / "model.safetensors"), "pt") as b:
+        for i in range(toy_family.LAYERS):
+            name = f"model.layers.{i}.mlp.router.weight"
+            assert tensors[name].dtype == "BF16"
+            assert torch.equal(a.get_tensor(name).view(torch.int16), b.get_tensor(name).view(torch.int16))
+    exclude = json.loads((out / "config.json").read_text())["quantization_config"]["exclude"]
+    assert exclude == ["model.embed_tokens", r"re:model\.layers\.\d+\.self_attn\.qkv_proj$",
+                       r"re:model\.layers\.\d+\.self_attn\.o_proj$", r"re:model\.layers\.\d+\.mlp\.router$", "lm_head"]
+
+    # outside the context the family is unknown again: one line naming its architecture
+    res = runner.invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and toy_family.ARCHITECTURE in line
