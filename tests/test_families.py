@@ -189,3 +189,13 @@ def test_a_family_from_its_record_alone_goes_through_inspect_apply_and_check(tmp
     assert res.exit_code == 2 and "Traceback" not in res.output
     line = res.stderr.strip()
     assert "\n" not in line and toy_family.ARCHITECTURE in line
+
+
+def test_family_modules_variable_names_what_it_cannot_import(tiny):
+    """QUANTKIT_FAMILY_MODULES naming a module that does not import: one line naming the variable and the module."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), archs.FAMILY_MODULES_ENV: "no_such_family_module"}
+    out = subprocess.run([sys.executable, "-m", "quantkit", "inspect", str(tiny / "target")], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=120)
+    line = out.stderr.strip()
+    assert out.returncode == 2 and "\n" not in line and "Traceback" not in line
+    assert archs.FAMILY_MODULES_ENV in line and "no_such_family_module" in line

@@ -32,6 +32,7 @@ from quantkit.errors import CheckpointError
 from quantkit.io.config import text_config, vllm_dtype_label
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.exclude import renamed
+from quantkit.naming.family import Family
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.results.precision import LayerPrecision, ResolvedScheme
 from quantkit.vocab import EAGLE3_DRAFT
@@ -383,10 +384,11 @@ class LoadedCheckpoint:
     target_num_layers: int | None
     layers: list[Any]
     qc: dict[str, Any] | None
+    family: Family | None = None  # the record the layers were built from (naming.archs.family_of)
 
 
 def load_checkpoint(folder: str | Path, target_num_layers: int | None = None) -> LoadedCheckpoint:
-    from quantkit.naming.archs import architecture_of, model_kind, runtime_layers
+    from quantkit.naming.archs import architecture_of, family_of, model_kind, runtime_layers
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -401,7 +403,8 @@ def load_checkpoint(folder: str | Path, target_num_layers: int | None = None) ->
     layers = runtime_layers(config, tensors.keys(), (n or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
     if kind == EAGLE3_DRAFT and n is None:
         layers = [_placeholder(layer) for layer in layers]
-    return LoadedCheckpoint(folder, config, tensors, arch, kind, n, layers, quantization_config_of(config))
+    return LoadedCheckpoint(folder, config, tensors, arch, kind, n, layers, quantization_config_of(config),
+                            family_of(config))
 
 
 def _placeholder(layer: Any) -> Any:

@@ -10,6 +10,7 @@ import pkgutil
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from quantkit.errors import QuantkitError
 from quantkit.io.config import text_config
 from quantkit.naming.builder import CheckpointModules, reject_leftovers
 from quantkit.naming.exclude import renamed
@@ -29,6 +30,12 @@ __all__ = ["SUPPORTED_ARCHITECTURES", "QuarkTemplateError", "architecture_of", "
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
 # (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
 FAMILY_MODULES_ENV = "QUANTKIT_FAMILY_MODULES"
+
+
+
+class FamilyModuleError(QuantkitError):
+    """A module named in QUANTKIT_FAMILY_MODULES cannot be imported or defines no FAMILY."""
+
 
 _BY_ARCH: dict[str, Family] = {}
 _BY_NAME: dict[str, Family] = {}
@@ -72,10 +79,14 @@ def _load() -> None:
     names = [f"{__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)]
     names += [m.strip() for m in os.environ.get(FAMILY_MODULES_ENV, "").split(",") if m.strip()]
     for module_name in names:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:  # only a module named in the variable can be missing
+            raise FamilyModuleError(f"{FAMILY_MODULES_ENV}: cannot import {module_name} ({e}); fix the variable or "
+                                    "put the module on PYTHONPATH") from None
         family = getattr(module, "FAMILY", None)
         if not isinstance(family, Family):
-            raise TypeError(f"{module_name} defines no FAMILY = Family(...); every family module must")
+            raise FamilyModuleError(f"{module_name} defines no FAMILY = Family(...); every family module must")
         register(family)
 
 
