@@ -19,8 +19,8 @@ from quantkit.acceptance.agreement import output_digest
 from quantkit.acceptance.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
+from quantkit.io.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.io.prompts import PromptRecord, load_prompts
-from quantkit.naming.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.naming.drafts import model_kind
 from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from quantkit.errors import QuantkitError
-from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS, VISION_ROLE
+from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS, VISION_ROLE
 from quantkit.recipes import Recipe
 from quantkit.results import LayerDecision
 
@@ -29,7 +29,7 @@ class ApplyVerificationError(QuantkitError):
 
 def plan_layers(recipe: Recipe, layers: list[Any]) -> list[LayerDecision]:
     """Decide, for every runtime layer, quantize (with which scheme) or keep (and why). Keep wins over all else."""
-    from quantkit.naming.vllm_names import in_role
+    from quantkit.naming.layers import in_role
 
     def selects(selector: Any, layer: Any) -> bool:
         if selector.role is not None:
@@ -88,7 +88,7 @@ def draft_runtime_name(name: str) -> str:
 
 def vllm_exclude(layers: list[Any], decisions: list[LayerDecision], target_known: bool) -> list[str]:
     """`exclude` entries under vLLM's runtime names that exclude exactly the kept layers (checked by replay)."""
-    from quantkit.naming.vllm_names import exclude_entries_for, excluded_names
+    from quantkit.naming.exclude import exclude_entries_for, excluded_names
 
     kept_names = {d.runtime_name for d in decisions if d.action == "keep"}
     # Encoders of a multimodal wrapper are kept whole: one anchored `re:` entry each (vLLM matches from the start)

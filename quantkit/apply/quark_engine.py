@@ -12,20 +12,18 @@ from typing import Any
 from quantkit.apply.plan import ApplyError, LayerDecision, quark_exclusions
 from quantkit.io.headers import CONFIG_FILE, INDEX_FILE, checkpoint_tensors, safetensors_files
 from quantkit.io.quark import import_quark, quark_output_to_stderr
+from quantkit.naming.archs import quark_template
 from quantkit.progress import Progress
 from quantkit.recipes import Recipe
 from quantkit.vocab import EAGLE3_DRAFT
 
-# Quark template (LLMTemplate.get) for each model_type quantkit supports; drafts use "llama".
-QUARK_TEMPLATES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
-                   "kimi_k2": "kimi_k2", "minimax_m2": "minimax_m2", "mixtral": "mixtral"}
 
-
-def quark_config(recipe: Recipe, model_type: str, decisions: list[LayerDecision]):
-    """Quark QConfig: global scheme, exclude = every kept module (checkpoint names), overrides per module."""
+def quark_config(recipe: Recipe, template_name: str, decisions: list[LayerDecision]):
+    """Quark QConfig: global scheme, exclude = every kept module (checkpoint names), overrides per module.
+    `template_name` is the family's Quark template (quantkit.naming.archs.quark_template)."""
     from quark.torch import LLMTemplate
 
-    template = LLMTemplate.get(QUARK_TEMPLATES.get(model_type, "llama"))
+    template = LLMTemplate.get(template_name)
     exclude, layer_config = quark_exclusions(recipe, decisions)
     return template.get_config(scheme=recipe.scheme, exclude_layers=exclude, layer_config=layer_config or None), exclude
 
@@ -115,8 +113,7 @@ def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     import_quark()
     from quark.torch import ModelQuantizer, export_safetensors
 
-    model_type = "llama" if kind == EAGLE3_DRAFT else str(config.get("model_type"))
-    qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
+    qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions)
     if kind == EAGLE3_DRAFT:
         if recipe.needs_calibration:
             raise ApplyError(f"recipe {recipe.name}: static activation scales need calibration, which an EAGLE-3 "
@@ -174,8 +171,7 @@ def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     import_quark()
     from quark.torch import ModelQuantizer
 
-    model_type = "llama" if kind == EAGLE3_DRAFT else str(config.get("model_type"))
-    qconfig, quark_exclude = quark_config(recipe, model_type, decisions)
+    qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions)
     progress(f"quantizing with Quark {recipe.scheme} on {device} (per shard)")
     with quark_output_to_stderr(), weights_only_view(src) as view:
         ModelQuantizer(qconfig).direct_quantize_checkpoint(str(view), str(tmp), device=device)

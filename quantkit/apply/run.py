@@ -47,13 +47,13 @@ from quantkit.io.checkpoint import (
     check_output_free,
     resolve_source,
     sha256_file,
+    target_layer_count,
     written_files,
 )
 from quantkit.io.files import copy_aux_files, describe_not_copied, is_weight_file, not_copied, scan_folder
 from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
-from quantkit.naming.config import target_layer_count
 from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
-from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
+from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
 from quantkit.results import ApplyResult, LayerDecision, ShardSummary
@@ -134,7 +134,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.vllm_names import runtime_layers
+    from quantkit.naming.archs import quark_template, runtime_layers
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -177,6 +177,8 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
     kind = model_kind(src.config)
+    if chosen == "quark":
+        quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported
     if kind != rec.applies_to:
         raise ApplyError(f"recipe {rec.name} applies to {rec.applies_to} checkpoints, but {model} is a {kind} "
                          f"({src.architecture}); pick a recipe for {kind} (quantkit recipes list)")

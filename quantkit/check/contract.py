@@ -9,10 +9,10 @@ Three parts, each adding `Finding`s (severity, code, layer or tensor, what is wr
      layer_quant_config for kv-cache groups), `get_quant_method_target` (exclude, passed to should_ignore_layer),
      `_find_matched_config` (layer_type_quant_config .get, global_quant_config);
    - exclusions: layers/quantization/quark/utils.py `should_ignore_layer` and
-     layers/quantization/utils/config_utils.py `find_matching_patterns` (replayed in quantkit.naming.vllm_names): exact
+     layers/quantization/utils/config_utils.py `find_matching_patterns` (replayed in quantkit.naming.exclude): exact
      runtime name or `re:` only, fused layers all shards or none (ValueError), MoE layers all-or-nothing;
    - which config and scheme each layer gets: quark.py `_find_matched_config`, `get_layer_quant_config_from_name`,
-     `_get_scheme_cls_from_config`, quark_moe.py `get_moe_method_target` (replayed in quantkit.check.inspect);
+     `_get_scheme_cls_from_config`, quark_moe.py `get_moe_method_target` (replayed in quantkit.naming.precision);
    - tensors: quark/schemes/quark_w8a8_fp8.py `create_weights` (FP8 E4M3FN weight [out, in], per-channel scale [out]
      or per-tensor scale, input_scale for static activations), quark/schemes/quark_ocp_mx.py `create_weights` and
      quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights` (uint8 [out, in/2], uint8 E8M0 scale [out, in/32]);
@@ -52,13 +52,9 @@ from quantkit.check.findings import (
     WEIGHT_DTYPES,
     Findings,
 )
-from quantkit.check.inspect import (
-    PLACEHOLDER,
-    LayerPrecision,
-    LoadedCheckpoint,
-    resolve_layers,
-)
 from quantkit.io.headers import TensorInfo
+from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint, resolve_layers
+from quantkit.results.precision import LayerPrecision
 
 # --- 1. static contract ----------------------------------------------------------------------------------------
 
@@ -142,7 +138,7 @@ def _quoted(entries: Sequence[str]) -> str:
 
 def _exclude_fix(ck: LoadedCheckpoint, resolved: Sequence[LayerPrecision], extra: set[str]) -> str:
     """The exclude list under which exactly the layers excluded now, plus `extra`, are excluded (vLLM names)."""
-    from quantkit.naming.vllm_names import exclude_entries_for
+    from quantkit.naming.exclude import exclude_entries_for
 
     kept_names = {lp.name for lp in resolved if lp.exclude_rule is not None
                   or lp.source == "partial_fused_exclusion"} | extra
@@ -164,7 +160,7 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
                      modules: dict[str, list[tuple[str, TensorInfo]]], findings: Findings) -> None:
     """Entries vLLM ignores (Quark checkpoint names, fnmatch globs, names of nothing), invalid regexes, and fused
     layers excluded in part."""
-    from quantkit.naming.vllm_names import (
+    from quantkit.naming.exclude import (
         ExcludeListError,
         PartialFusedExclusion,
         match_reason,

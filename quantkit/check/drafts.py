@@ -6,11 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.check.findings import Findings
-from quantkit.check.inspect import (
-    PLACEHOLDER,
-    LoadedCheckpoint,
-)
-from quantkit.naming.config import text_config
+from quantkit.io.config import text_config
+from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 
 # --- drafts ----------------------------------------------------------------------------------------------------
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.check.inspect import (
-    LayerPrecision,
-)
 from quantkit.errors import QuantkitError
 from quantkit.results import CheckSummary, Finding, NumericResult, VllmLoad
+from quantkit.results.precision import LayerPrecision
 from quantkit.vocab import PLATFORMS as PLATFORMS  # handed on: callers of the old home
 from quantkit.vocab import SEVERITIES
 from quantkit.vocab import VLLM_MODES as VLLM_MODES  # handed on: callers of the old home

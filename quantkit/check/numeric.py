@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.check.findings import NUMERIC_BOUNDS, Findings
-from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
+from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
+from quantkit.results.precision import LayerPrecision
 from quantkit.vocab import EAGLE3_DRAFT
 
 # Below either figure the quantized model no longer computes what its source computes.

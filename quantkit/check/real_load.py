@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.check.findings import Findings
-from quantkit.check.inspect import (
-    LayerPrecision,
-    LoadedCheckpoint,
-    inspect_checkpoint,
-)
+from quantkit.check.inspect import inspect_checkpoint
 from quantkit.io.hf import trust_remote_code
+from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
+from quantkit.results.precision import LayerPrecision
 from quantkit.vocab import EAGLE3_DRAFT
 
 # --- 2. real load ----------------------------------------------------------------------------------------------
@@ -89,7 +87,7 @@ def mx_plugin_problem() -> str | None:
 def _plugin_runs(lp: LayerPrecision) -> bool:
     """Whether quantkit's CPU plugin computes this MXFP4 layer: FP4 weights with dynamic MXFP4 or no activation
     quantization (CpuEmulationMxfp4LinearKernel.can_implement, CpuOcpMxEmulationExperts._supports_quant_scheme);
-    the activation labels are quantkit.check.inspect._act_label's."""
+    the activation labels are quantkit.naming.precision._act_label's."""
     s = lp.scheme
     return s is not None and s.family == "mxfp4" and not s.static_input \
         and (s.activations == "BF16 (weight-only)" or s.activations.startswith("fp4 dynamic"))

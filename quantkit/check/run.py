@@ -16,16 +16,12 @@ from quantkit.check.findings import (
     Finding,
     Findings,
 )
-from quantkit.check.inspect import (
-    LoadedCheckpoint,
-    load_checkpoint,
-    modules_of,
-)
 from quantkit.check.numeric import numeric_agreement, numeric_logits
 from quantkit.check.real_load import real_load
 from quantkit.check.scales import platform_notes, scale_data
+from quantkit.io.checkpoint import target_layer_count
 from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
-from quantkit.naming.config import target_layer_count
+from quantkit.naming.precision import LoadedCheckpoint, load_checkpoint, modules_of
 from quantkit.progress import Progress, or_silent
 from quantkit.results import NumericResult, VllmLoad
 from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS, SEVERITIES, VLLM_MODES

@@ -25,13 +25,13 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     from vllm import SamplingParams
 
     from quantkit.io.checkpoint import resolve_config
+    from quantkit.io.config import fit_max_model_len
     from quantkit.io.vllm_engine import (
         loaded_draft_layers,
         loaded_mx_bytes,
         loaded_target_layers,
         make_llm,
     )
-    from quantkit.naming.config import fit_max_model_len
 
     # 512 positions are plenty for one short prompt; a model that holds fewer gets its own (vLLM refuses more)
     llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=fit_max_model_len(resolve_config(model), 512))

@@ -34,7 +34,7 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, as_jso
     Reads config.json and safetensors headers only.
     """
     from quantkit.check.inspect import inspect_checkpoint
-    from quantkit.naming.config import target_layer_count
+    from quantkit.io.checkpoint import target_layer_count
 
     n = target_layer_count(target) if target is not None else None
     result = inspect_checkpoint(folder, n)

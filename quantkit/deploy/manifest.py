@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
+from quantkit.io.config import max_model_len as derived_max_model_len
+from quantkit.io.config import text_config
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
-from quantkit.naming.config import max_model_len as derived_max_model_len
-from quantkit.naming.config import text_config
 from quantkit.naming.drafts import is_eagle3_draft
 from quantkit.vocab import PLATFORMS
 from quantkit.vocab import Platform as Platform  # handed on: callers of the old home
@@ -632,7 +632,7 @@ def deploy_manifest(folder: str | Path, target: str | Path | None = None, platfo
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
-    paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.naming.config.max_model_len); a
+    paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.io.config.max_model_len); a
     longer one is a finding, as vLLM refuses it. Known-bad combinations become `findings`; bad arguments (not a folder,
     unknown platform or KV dtype, a draft without its target) raise DeployInputError.
     """

@@ -297,7 +297,7 @@ DEFAULT_VLLM_LEN = 2048  # lm-eval's vLLM engines: enough for the tasks' prompts
 def _engine_length(sources: dict[str, Any], asked: int | None) -> int:
     """One max_model_len for both vLLM engines (a fair comparison): `asked`, or the default capped at the shorter
     model's positions; an `asked` length a model does not hold is refused, as vLLM would refuse it."""
-    from quantkit.naming.config import max_model_len
+    from quantkit.io.config import max_model_len
 
     limits = [(src.hub_id or src.path, lim) for src in sources.values() if (lim := max_model_len(src.config))]
     if asked is not None:

@@ -385,7 +385,7 @@ def check_sequence_lengths(cfg: GateConfig, config_path: str | Path, targets: li
     after at least one prompt token) fit every target the steps run, as vLLM derives its length (prompts are checked
     once tokenized, by the steps)."""
     from quantkit.io.checkpoint import resolve_config
-    from quantkit.naming.config import max_model_len
+    from quantkit.io.config import max_model_len
 
     a, s = cfg.acceptance, cfg.serve
     k = a.num_speculative_tokens
@@ -418,8 +418,8 @@ def serve_step(figs: Figures, cand: str, report: CandidateReport, cfg: GateConfi
                                     max_tokens=max_new)
     try:
         from quantkit.io.checkpoint import resolve_config
-        from quantkit.naming.config import fit_max_model_len
-        from quantkit.naming.config import max_model_len as derived_len
+        from quantkit.io.config import fit_max_model_len
+        from quantkit.io.config import max_model_len as derived_len
 
         texts, longest, ids = served.prompt_set(bf16_target, prompts)
         sr.num_prompts = len(texts)

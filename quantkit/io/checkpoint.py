@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import CheckpointError, QuantkitError, ResumableInterrupt, Terminated, UnresumableError
+from quantkit.io.config import num_hidden_layers
 from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, scan_folder
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.io.lock import output_lock
@@ -71,6 +72,11 @@ def resolve_config(source: str | Path) -> dict[str, Any]:
     """config.json of a local folder or a Hub repo id, without reading (or downloading) any weights."""
     path, _ = _locate(source, ["config.json"])
     return read_config(path)
+
+
+def target_layer_count(target: str | Path) -> int:
+    """num_hidden_layers of a target (local folder or Hub id), from its config.json only: no weights are read."""
+    return num_hidden_layers(resolve_config(target), target)
 
 
 def resolve_source(source: str | Path, *, copying: bool = False) -> SourceCheckpoint:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io import safetensors_format
+from quantkit.io.config import text_config, validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
 
@@ -205,7 +206,7 @@ class CheckpointSummary:
 
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The parsed config.json of a checkpoint folder, every key quantkit reads checked for its type
-    (quantkit.naming.config.ModelConfig)."""
+    (quantkit.io.config.ModelConfig)."""
     path = Path(folder) / CONFIG_FILE
     if not Path(folder).is_dir():
         raise CheckpointError(f"{folder}: not a folder; pass the checkpoint folder that holds config.json")
@@ -214,8 +215,6 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     config = load_json_file(path, "fix or regenerate it")
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: is a JSON {type(config).__name__}, expected an object")
-    from quantkit.naming.config import validate_model_config  # naming imports io: import it when used
-
     return validate_model_config(config, path)
 
 
@@ -246,8 +245,6 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
 
 def _config_value(config: dict[str, Any], key: str) -> Any:
     # Multimodal wrappers (e.g. Kimi-K2.5) keep the language model's sizes under text_config.
-    from quantkit.naming.config import text_config
-
     return config[key] if key in config else text_config(config).get(key)
 
 

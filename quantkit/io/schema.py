@@ -2,7 +2,7 @@
 input error by construction, and a pydantic ValidationError becomes one line naming the file, the field path, what
 was found and the fix.
 
-Used for config.json (quantkit.naming.config), source quantization configs (quantkit.io.formats), prompts files
+Used for config.json (quantkit.io.config), source quantization configs (quantkit.io.formats), prompts files
 (quantkit.io.prompts), gate configs (quantkit.gate.config) and reports read back (quantkit.results). Recipes have their
 own, richer wording of the same errors (quantkit.recipes).
 """

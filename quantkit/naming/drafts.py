@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.config import draft_config
 from quantkit.io.headers import TensorInfo
-from quantkit.naming.config import text_config
-from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
-
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+from quantkit.naming.archs import is_draft as is_eagle3_draft  # noqa: F401  # house-move stub (issue 19): deleted at S3
+from quantkit.naming.archs import model_kind  # noqa: F401  # house-move stub (issue 19): deleted at S3
+from quantkit.vocab import EAGLE3_DRAFT
 
 
 class DraftFormatError(QuantkitError):
@@ -42,31 +41,11 @@ class DraftInfo:
     layer_config: dict[str, Any]  # the Llama-style config of the decoder layer
 
 
-def model_kind(config: dict[str, Any]) -> ModelKind:
-    """`eagle3-draft`, `moe-target` or `dense-target`, from config.json alone."""
-    if is_eagle3_draft(config):
-        return EAGLE3_DRAFT
-    if any(isinstance(c.get(k), int) and c.get(k, 0) > 1 for c in (config, text_config(config))
-           for k in MOE_CONFIG_KEYS):
-        return MOE_TARGET
-    return DENSE_TARGET
-
-
-def is_eagle3_draft(config: dict[str, Any]) -> bool:
-    archs = config.get("architectures") or []
-    return config.get("speculators_model_type") == "eagle3" or any(a in EAGLE3_ARCHITECTURES for a in archs)
-
-
 def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: str) -> DraftInfo:
     """Validate an EAGLE-3 draft's config and tensors; every problem is a one-line error naming `where`."""
-    if config.get("speculators_model_type") == "eagle3":
-        fmt = "speculators"
-        layer_config = config.get("transformer_layer_config")
-        if not isinstance(layer_config, dict):
-            raise DraftFormatError(f"draft {where}: speculators config without 'transformer_layer_config'")
-    else:
-        fmt = "eagle"
-        layer_config = config
+    dc = draft_config(config)
+    if dc.format == "speculators" and not isinstance(config.get("transformer_layer_config"), dict):
+        raise DraftFormatError(f"draft {where}: speculators config without 'transformer_layer_config'")
     prefix = "midlayer." if any(n.startswith("midlayer.") for n in tensors) else "layers.0."
     required = ["fc.weight", "lm_head.weight", "norm.weight", f"{prefix}self_attn.q_proj.weight",
                 f"{prefix}mlp.down_proj.weight"]
@@ -76,9 +55,9 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
             f"draft {where}: missing tensor(s) {', '.join(missing)}; an EAGLE-3 draft needs fc, one decoder layer "
             "(midlayer.* or layers.0.*), norm and lm_head"
         )
-    hidden = int(layer_config.get("hidden_size") or tensors["fc.weight"].shape[0])
-    vocab = int(layer_config.get("vocab_size") or 0)
-    draft_vocab = int(config.get("draft_vocab_size") or layer_config.get("draft_vocab_size") or vocab)
+    hidden = dc.hidden_size or int(tensors["fc.weight"].shape[0])
+    vocab = dc.vocab_size or 0
+    draft_vocab = dc.draft_vocab_size or vocab
     if tensors["lm_head.weight"].shape[0] != draft_vocab:
         raise DraftFormatError(
             f"draft {where}: lm_head has {tensors['lm_head.weight'].shape[0]} rows but draft_vocab_size is "
@@ -89,11 +68,8 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
             f"draft {where}: draft vocab ({draft_vocab}) differs from vocab ({vocab}) but d2t/t2d are missing; "
             "vLLM needs d2t to map draft tokens to target tokens"
         )
-    raw_eagle_config = config.get("eagle_config")
-    eagle_config = raw_eagle_config if isinstance(raw_eagle_config, dict) else {}
-    ids = (config.get("eagle_aux_hidden_state_layer_ids") or eagle_config.get("eagle_aux_hidden_state_layer_ids")
-           or layer_config.get("eagle_aux_hidden_state_layer_ids"))
-    return DraftInfo(fmt, prefix, hidden, draft_vocab, vocab, list(ids) if ids else None, layer_config)
+    ids = dc.aux_layer_ids
+    return DraftInfo(dc.format, prefix, hidden, draft_vocab, vocab, list(ids) if ids else None, dict(dc.layer))
 
 
 def draft_config_for_vllm(config: dict[str, Any], info: DraftInfo, quantization_config: dict[str, Any]) -> dict:

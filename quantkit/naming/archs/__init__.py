@@ -1,0 +1,250 @@
+"""The family registry: every record under quantkit/naming/archs/, looked up by the architecture vLLM builds for a
+config.json, and the runtime layers of a checkpoint through its family (wrappers delegate to their text family)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pkgutil
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from quantkit.errors import QuantkitError
+from quantkit.io.config import text_config
+from quantkit.naming.builder import CheckpointModules, reject_leftovers
+from quantkit.naming.exclude import renamed
+from quantkit.naming.family import Family, QuarkTemplateError, Wrapper
+from quantkit.naming.layers import (
+    VISION_ROLE,
+    CheckpointLayoutError,
+    RuntimeLayer,
+    UnsupportedArchitectureError,
+)
+from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "QuarkTemplateError", "architecture_of", "families", "family_named",
+           "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "runtime_layers",
+           "supported_architectures"]  # fmt: skip
+
+# Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
+# (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
+FAMILY_MODULES_ENV = "QUANTKIT_FAMILY_MODULES"
+
+
+
+class FamilyModuleError(QuantkitError):
+    """A module named in QUANTKIT_FAMILY_MODULES cannot be imported or defines no FAMILY."""
+
+
+_BY_ARCH: dict[str, Family] = {}
+_BY_NAME: dict[str, Family] = {}
+
+
+def register(family: Family) -> None:
+    """Add `family` to the registry (tests' fake families, future plugins). A name or architecture that another
+    record already claims is a ValueError: the registry never picks between two records."""
+    if family.name in _BY_NAME:
+        raise ValueError(f"family {family.name!r} is registered twice")
+    taken = [a for a in family.architectures if a in _BY_ARCH]
+    if taken:
+        raise ValueError(f"family {family.name!r} claims {', '.join(taken)}, already claimed by family "
+                         f"{_BY_ARCH[taken[0]].name!r}")
+    _BY_NAME[family.name] = family
+    for arch in family.architectures:
+        _BY_ARCH[arch] = family
+
+
+def unregister(family: Family) -> None:
+    """Remove `family` from the registry (the end of `registered`)."""
+    if _BY_NAME.get(family.name) is family:
+        del _BY_NAME[family.name]
+        for arch in family.architectures:
+            _BY_ARCH.pop(arch, None)
+
+
+@contextlib.contextmanager
+def registered(family: Family) -> Iterator[Family]:
+    """`family` registered for the block (a test's fake family), removed on exit."""
+    register(family)
+    try:
+        yield family
+    finally:
+        unregister(family)
+
+
+def _load() -> None:
+    """Register the FAMILY of every module of this package (pkgutil: no list to keep), then those named in
+    QUANTKIT_FAMILY_MODULES."""
+    names = [f"{__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)]
+    names += [m.strip() for m in os.environ.get(FAMILY_MODULES_ENV, "").split(",") if m.strip()]
+    for module_name in names:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:  # only a module named in the variable can be missing
+            raise FamilyModuleError(f"{FAMILY_MODULES_ENV}: cannot import {module_name} ({e}); fix the variable or "
+                                    "put the module on PYTHONPATH") from None
+        family = getattr(module, "FAMILY", None)
+        if not isinstance(family, Family):
+            raise FamilyModuleError(f"{module_name} defines no FAMILY = Family(...); every family module must")
+        register(family)
+
+
+_load()
+# The built-in families' architectures, for messages and tests (supported_architectures() adds registered ones).
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BY_ARCH)
+
+
+def families() -> tuple[Family, ...]:
+    """Every registered record, sorted by name."""
+    return tuple(sorted(_BY_NAME.values(), key=lambda f: f.name))
+
+
+def family_named(name: str) -> Family:
+    """The record called `name` (a module name under naming/archs/)."""
+    if name not in _BY_NAME:
+        raise KeyError(f"no family {name!r}; known: {', '.join(sorted(_BY_NAME))}")
+    return _BY_NAME[name]
+
+
+def quark_template(config: Mapping[str, Any]) -> str:
+    """The Quark 0.13 LLMTemplate name for this config.json, from its family's record; QuarkTemplateError naming the
+    family when the record has none (never a default: another family's template quantizes the wrong layers)."""
+    return family_of(config).quark_template(config)
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """Every architecture some registered record claims, in registry order."""
+    return tuple(_BY_ARCH)
+
+
+def _speculators_layout(spec_type: Any, model_type: Any) -> str | None:
+    """The draft architecture vLLM builds for a speculators config (vllm/transformers_utils/configs/speculators/
+    algos.py update_eagle3's eagle3_arch_map), from the records' DraftLayout.speculators."""
+    for family in _BY_NAME.values():
+        if family.draft is not None and (spec_type, model_type) in family.draft.speculators:
+            return family.architectures[0]
+    return None
+
+
+def architecture_of(config: Mapping[str, Any]) -> str:
+    """The supported architecture vLLM would build for this config.json, or UnsupportedArchitectureError."""
+    spec_type = config.get("speculators_model_type")
+    if spec_type is not None:
+        model_type = (config.get("transformer_layer_config") or {}).get("model_type", "llama")
+        arch = _speculators_layout(spec_type, model_type)
+        if arch is not None:
+            return arch
+        known = " or ".join(f"{s} with model_type {m}" for f in families() if f.draft for s, m in f.draft.speculators)
+        raise UnsupportedArchitectureError(
+            f"speculators model {spec_type!r} with transformer_layer_config.model_type {model_type!r} is not "
+            f"supported; supported: speculators {known}, or architectures {', '.join(supported_architectures())}"
+        )
+    archs = config.get("architectures") or []
+    for arch in archs:
+        if arch in _BY_ARCH:
+            return arch
+    named = ", ".join(archs) if archs else "no architectures"
+    raise UnsupportedArchitectureError(
+        f"config.json architecture {named} is not supported; supported: {', '.join(supported_architectures())} "
+        f"(or a speculators eagle3 draft)"
+    )
+
+
+def family_of(config: Mapping[str, Any]) -> Family:
+    """The record of the family vLLM would build for this config.json, or UnsupportedArchitectureError."""
+    return _BY_ARCH[architecture_of(config)]
+
+
+def is_draft(config: Mapping[str, Any]) -> bool:
+    """Whether config.json is an EAGLE-3 draft (whose runtime names need the target's layer count): a speculators
+    eagle3 config, or an architecture whose record is a draft layout. Never raises: acceptance and eval ask it of
+    models quantkit cannot name."""
+    if config.get("speculators_model_type") == "eagle3":
+        return True
+    archs = config.get("architectures") or []
+    return any(a in _BY_ARCH and _BY_ARCH[a].is_draft for a in archs if isinstance(a, str))
+
+
+def model_kind(config: Mapping[str, Any]) -> ModelKind:
+    """`eagle3-draft`, `moe-target` or `dense-target`, from config.json alone, as its family's record says
+    (Family.kind; a wrapper asks its text family). A config no record names is a draft if it is a speculators eagle3
+    config, else MoE when any record's expert-count key is > 1 in it, else dense: acceptance and eval ask it of
+    models quantkit cannot name."""
+    if is_draft(config):
+        return EAGLE3_DRAFT
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        keys = {k for f in _BY_NAME.values() if f.moe is not None for k in f.moe.expert_count_keys}
+        moe = any(_count(c.get(k)) > 1 for c in (config, text_config(dict(config))) for k in keys)
+        return MOE_TARGET if moe else DENSE_TARGET
+    if family.wrapper is not None:
+        text = _text_config_of(config, family.wrapper)
+        try:
+            return family_of(text).kind(text)
+        except UnsupportedArchitectureError:
+            return DENSE_TARGET
+    return family.kind(config)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _text_config_of(config: Mapping[str, Any], wrapper: Wrapper) -> dict[str, Any]:
+    """A wrapper's text config, with the architecture vLLM builds for it when it names none."""
+    raw = config.get(wrapper.text_config_key)
+    text = dict(raw) if isinstance(raw, dict) else {}
+    if not text.get("architectures"):
+        arch = (wrapper.text_architecture_by_model_type or {}).get(str(text.get("model_type")))
+        text["architectures"] = [arch] if arch else []
+    return text
+
+
+def runtime_layers(
+    config: Mapping[str, Any], tensor_names: Iterable[str], target_num_layers: int | None = None
+) -> list[RuntimeLayer]:
+    """Every linear / MoE / lm_head / embedding module vLLM builds for this checkpoint, in model order.
+
+    `config` is the checkpoint's config.json as a dict, `tensor_names` all its tensor names (the index's
+    weight_map keys), `target_num_layers` the target's num_hidden_layers (required for EAGLE-3 drafts, whose vLLM
+    layers are numbered after the target's). Raises CheckpointLayoutError when the tensors do not fit the layout the
+    architecture's vLLM model file loads.
+    """
+    archs = config.get("architectures") or []
+    wrapped = next((_BY_ARCH[a] for a in archs if a in _BY_ARCH and _BY_ARCH[a].wrapper is not None), None)
+    if wrapped is not None and wrapped.wrapper is not None:
+        return _wrapped_layers(config, list(tensor_names), wrapped.wrapper, wrapped.vllm_source)
+    family = family_of(config)
+    if family.build_layers is None:  # pragma: no cover - only a wrapper has no builder, and it is handled above
+        raise UnsupportedArchitectureError(f"{family.name} has no layer builder; quantkit bug")
+    ckpt = CheckpointModules(tensor_names)
+    layers = family.build_layers(config, ckpt, target_num_layers)
+    reject_leftovers(ckpt, family.vllm_source)
+    return layers
+
+
+def _wrapped_layers(config: Mapping[str, Any], names: list[str], wrapper: Wrapper, source: str) -> list[RuntimeLayer]:
+    """The text model's layers under the wrapper's prefix, plus one kept-BF16 layer per encoder linear."""
+    prefix, encoders, renames = wrapper.text_prefix, wrapper.encoder_prefixes, wrapper.encoder_renames
+    if not isinstance(config.get(wrapper.text_config_key), dict):
+        raise CheckpointLayoutError(f"{source}: a {config.get('architectures')} config needs a text_config")
+    text = _text_config_of(config, wrapper)
+    inner = [n[len(prefix):] for n in names if n.startswith(prefix)]
+    if not inner:
+        raise CheckpointLayoutError(f"{source}: no {prefix}* tensors; is this a {config.get('architectures')} "
+                                    "checkpoint as it ships (language_model.model.layers.*)?")
+    layers = [RuntimeLayer(prefix + lay.name, lay.kind, lay.role, tuple(prefix + s for s in lay.shards),
+                           tuple(prefix + m for m in lay.checkpoint_modules), lay.quantizable, lay.layer_index,
+                           lay.exclude_renames, lay.source)
+              for lay in runtime_layers(text, inner)]
+    others = [n for n in names if not n.startswith(prefix)]
+    unknown = [n for n in others if not n.startswith(encoders)]
+    if unknown:
+        raise CheckpointLayoutError(f"{source}: tensor {unknown[0]} is neither {prefix}* nor an encoder "
+                                    f"({', '.join(encoders)}); quantkit does not know where vLLM loads it")
+    for module in dict.fromkeys(n.removesuffix(".weight") for n in others if n.endswith(".weight")):
+        runtime = renamed(module, renames)
+        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), True, None, (), source))
+    return layers

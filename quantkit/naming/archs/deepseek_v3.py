@@ -1,0 +1,90 @@
+"""DeepSeek-V3 / Kimi-K2 text targets (DeepseekV3ForCausalLM): MLA attention, routed and shared experts, MTP layers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from quantkit.naming.builder import (
+    DENSE_MLP_SLOTS,
+    CheckpointModules,
+    Slot,
+    check_layer_range,
+    decoder_layer,
+    embed_and_head,
+    num_layers,
+    skip_layers,
+)
+from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.layers import RuntimeLayer, UnsupportedArchitectureError
+
+SOURCE = "vllm/model_executor/models/deepseek_v2.py"
+
+
+# DeepSeek-V3 / Kimi-K2 text: vllm/model_executor/models/deepseek_v2.py (DeepseekV3ForCausalLM ->
+# DeepseekV2ForCausalLM, DeepseekV2DecoderLayer, DeepseekV2MLAAttention, DeepseekV2MoE, DeepseekV2MLP), MLA path
+# (model_config.use_mla, the default for these models). With q_lora_rank set, q_a_proj and kv_a_proj_with_mqa are one
+# runtime layer `self_attn.fused_qkv_a_proj` (DeepSeekV2FusedQkvAProjLinear); DeepseekV2ForCausalLM is not
+# SupportsQuant, so configure_quant_config hands the quant config the class dict by reference and __init__'s
+# additions (fused_qkv_a_proj) reach it. Layer i is MoE iff n_routed_experts is set and i >= first_k_dense_replace and
+# i % moe_layer_freq == 0. The router `mlp.gate` is a GateLinear built WITHOUT quant_config: vLLM never quantizes it.
+# Layers >= num_hidden_layers are MTP layers that load_weights skips (get_spec_layer_idx_from_weight_name).
+# Modelled without ROCm AITER fused shared experts; with them enabled (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS) the
+# shared experts are folded into mlp.experts and follow its exclusion.
+def deepseek_v3_layers(
+    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str
+) -> list[RuntimeLayer]:
+    n = num_layers(config, "model")
+    if config.get("qk_nope_head_dim", 0) == 0 and config.get("qk_rope_head_dim", 0) == 0:
+        raise UnsupportedArchitectureError(
+            "DeepSeek config without MLA (qk_nope_head_dim = qk_rope_head_dim = 0) uses vLLM's MHA path, which "
+            "quantkit does not model; use an MLA DeepSeek-V3 checkpoint"
+        )
+    q_lora = config.get("q_lora_rank") is not None
+    mapping: dict[str, list[str]] = {"gate_up_proj": ["gate_proj", "up_proj"]}
+    attn: list[Slot] = []
+    if q_lora:
+        mapping["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+        attn += [
+            Slot("self_attn.fused_qkv_a_proj", "fused_linear", "attention",
+                  ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa")),
+            Slot("self_attn.q_b_proj", "linear", "attention", ("self_attn.q_b_proj",)),
+        ]  # fmt: skip
+    else:
+        attn += [
+            Slot("self_attn.kv_a_proj_with_mqa", "linear", "attention", ("self_attn.kv_a_proj_with_mqa",)),
+            Slot("self_attn.q_proj", "linear", "attention", ("self_attn.q_proj",)),
+        ]
+    attn += [
+        Slot("self_attn.kv_b_proj", "linear", "attention", ("self_attn.kv_b_proj",)),
+        Slot("self_attn.o_proj", "linear", "attention", ("self_attn.o_proj",)),
+    ]
+    moe: list[Slot] = [Slot("mlp.gate", "router", "router", ("mlp.gate",), quantizable=False)]
+    if config.get("n_shared_experts") is not None:
+        moe += [
+            Slot("mlp.shared_experts.gate_up_proj", "fused_linear", "shared_experts",
+                  ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj")),
+            Slot("mlp.shared_experts.down_proj", "linear", "shared_experts", ("mlp.shared_experts.down_proj",)),
+        ]  # fmt: skip
+    moe.append(Slot("mlp.experts", "moe", "experts", ("mlp.experts",)))
+    first_dense = config.get("first_k_dense_replace", 0) or 0
+    freq = config.get("moe_layer_freq", 1) or 1
+    routed = config.get("n_routed_experts") is not None
+    embed, head = embed_and_head(ckpt, config, source)
+    out = [embed]
+    for i in range(n):
+        is_moe = routed and i >= first_dense and i % freq == 0
+        slots = tuple(attn) + tuple(moe if is_moe else DENSE_MLP_SLOTS)
+        out += decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, mapping, source)
+    check_layer_range(ckpt, "model.layers", n, source, extra=config.get("num_nextn_predict_layers", 0) or 0)
+    skip_layers(ckpt, "model.layers", n)
+    return out + [head]
+
+
+FAMILY = Family(
+    "deepseek_v3", ("DeepseekV3ForCausalLM",), SOURCE, lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE),
+    model_types=("deepseek_v3", "kimi_k2"), quark_templates={"deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2"},
+    moe=MoeLayout(("n_routed_experts",),
+                  shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
+    mtp_layer_keys=("num_nextn_predict_layers",),
+)  # fmt: skip

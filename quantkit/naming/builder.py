@@ -1,0 +1,210 @@
+"""The kit a family file (quantkit/naming/archs/<family>.py) builds its runtime layers with: the checkpoint's modules,
+slots of a decoder layer, the shared attention / MLP slots, and the layout checks every family runs (layer range,
+MTP layers vLLM skips, leftover modules vLLM would not load). Public: a test's fake family uses it too."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
+
+
+def vllm_shard_names(name: str, fused_mapping: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The shard names vLLM's find_matching_patterns derives for `name` (none if it is not a fused name).
+
+    vLLM uses `str.replace` on the whole name, so every occurrence of the last component is replaced; copied as is.
+    """
+    proj = name.split(".")[-1]
+    if proj not in fused_mapping:
+        return ()
+    return tuple(name.replace(proj, shard) for shard in fused_mapping[proj])
+
+
+
+# --- slots and shared layouts ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A module inside one decoder layer: runtime suffix, what it is, and its checkpoint modules (suffixes)."""
+
+    suffix: str
+    kind: str
+    role: str
+    ckpt: tuple[str, ...]
+    quantizable: bool = True
+
+
+
+
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
+QKV_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+DENSE_MAP = {**QKV_MAP, "gate_up_proj": ["gate_proj", "up_proj"]}
+ATTN_SLOTS = (
+    Slot("self_attn.qkv_proj", "fused_linear", "attention", QKV),
+    Slot("self_attn.o_proj", "linear", "attention", ("self_attn.o_proj",)),
+)
+DENSE_MLP_SLOTS = (
+    Slot("mlp.gate_up_proj", "fused_linear", "dense_mlp", GATE_UP),
+    Slot("mlp.down_proj", "linear", "dense_mlp", ("mlp.down_proj",)),
+)
+# A module holding a `weight` whose name looks like a matmul; such a module that no layout slot consumes means the
+# checkpoint is not in the layout vLLM loads (e.g. a draft saved as `model.fc.weight`, which vLLM would not find).
+LINEAR_LIKE = re.compile(r"(^|\.)(\w*_proj\w*|w[123]|fc|gate|lm_head|head)$")
+
+
+
+class CheckpointModules:
+    """The checkpoint's module names (tensor name minus its last component) and the params each holds."""
+
+    def __init__(self, tensor_names: Iterable[str]):
+        self.params: dict[str, set[str]] = {}
+        for tensor in tensor_names:
+            module, _, param = tensor.rpartition(".")
+            self.params.setdefault(module, set()).add(param)
+        self.used: set[str] = set()
+
+    def has(self, module: str) -> bool:
+        return module in self.params
+
+    def take(self, modules: Iterable[str]) -> tuple[str, ...]:
+        modules = tuple(modules)
+        self.used.update(modules)
+        return modules
+
+    def experts_under(self, container: str) -> tuple[str, ...]:
+        """Per-expert modules `container.<E>.<proj>` in expert order, plus `container` itself if it holds fused
+        3-D expert tensors (transformers v5 layout `experts.gate_up_proj`), which vLLM's MoE loader also reads."""
+        head = container + "."
+        found: list[tuple[int, str]] = []
+        for module in self.params:
+            if module.startswith(head):
+                rest = module[len(head) :].split(".", 1)
+                if is_index(rest[0]):
+                    found.append((int(rest[0]), module))
+        modules = [m for _, m in sorted(found, key=lambda f: f[0])]  # stable: projections keep checkpoint order
+        if container in self.params:
+            modules.insert(0, container)
+        return tuple(modules)
+
+    def layer_indices(self, prefix: str) -> set[int]:
+        head = prefix + "."
+        out = set()
+        for module in self.params:
+            if module.startswith(head):
+                first = module[len(head) :].split(".", 1)[0]
+                if is_index(first):
+                    out.add(int(first))
+        return out
+
+
+def is_index(part: str) -> bool:
+    # A layer or expert number as vLLM's loaders write it: ASCII digits. str.isdigit() alone also takes '²' (which
+    # int() refuses) and '٣' (which int() reads as 3); a tensor name is header text anyone can write.
+    return part.isascii() and part.isdigit()
+
+
+def require_modules(
+    ckpt: CheckpointModules, modules: Sequence[str], what: str, source: str, hint: str = ""
+) -> tuple[str, ...]:
+    missing = [m for m in modules if not ckpt.has(m)]
+    if missing:
+        raise CheckpointLayoutError(
+            f"checkpoint has no tensors for {', '.join(missing)} ({what}, as {source} loads it); "
+            + (hint or "check that config.json belongs to these weights")
+        )
+    return ckpt.take(modules)
+
+
+def decoder_layer(
+    ckpt: CheckpointModules, slots: Sequence[Slot], runtime_prefix: str, ckpt_prefix: str, index: int,
+    fused_mapping: Mapping[str, Sequence[str]], source: str, renames: tuple[tuple[str, str], ...] = (),
+    hint: str = "",
+) -> list[RuntimeLayer]:  # fmt: skip
+    out = []
+    for slot in slots:
+        name = f"{runtime_prefix}.{slot.suffix}"
+        if slot.kind == "moe":
+            container = f"{ckpt_prefix}.{slot.ckpt[0]}"
+            modules = ckpt.take(ckpt.experts_under(container))
+            if not modules:
+                raise CheckpointLayoutError(
+                    f"checkpoint has no experts under {container} (layer {index} is an MoE layer per config.json, "
+                    f"as {source} builds it); check that config.json belongs to these weights"
+                )
+        else:
+            ckpt_modules = [f"{ckpt_prefix}.{c}" for c in slot.ckpt]
+            modules = require_modules(ckpt, ckpt_modules, f"runtime layer {name}", source, hint)
+        out.append(RuntimeLayer(
+            name=name, kind=slot.kind, role=slot.role, shards=vllm_shard_names(name, fused_mapping),
+            checkpoint_modules=modules, quantizable=slot.quantizable, layer_index=index, exclude_renames=renames,
+            source=source,
+        ))  # fmt: skip
+    return out
+
+
+def embed_and_head(
+    ckpt: CheckpointModules, config: Mapping[str, Any], source: str, renames: tuple[tuple[str, str], ...] = ()
+) -> tuple[RuntimeLayer, RuntimeLayer]:
+    # Neither is ever quantized by Quark in vLLM: QuarkConfig.get_quant_method_target returns no method for
+    # VocabParallelEmbedding / ParallelLMHead (they are not LinearBase), so their weights must stay unquantized.
+    # (llama.py even builds its embed_tokens with an empty prefix; the module path is used here for reporting.)
+    embed = RuntimeLayer(
+        "model.embed_tokens", "embedding", "embed_tokens",
+        checkpoint_modules=ckpt.take(["model.embed_tokens"] if ckpt.has("model.embed_tokens") else []),
+        quantizable=False, exclude_renames=renames, source=source,
+    )  # fmt: skip
+    # With tie_word_embeddings there is no lm_head tensor; the runtime module still exists (tied to embed_tokens).
+    head_modules = ["lm_head"] if ckpt.has("lm_head") else []
+    if not head_modules and not config.get("tie_word_embeddings", False):
+        require_modules(ckpt, ["lm_head"], "runtime layer lm_head", source)
+    head = RuntimeLayer(
+        "lm_head", "lm_head", "lm_head", checkpoint_modules=ckpt.take(head_modules), quantizable=False,
+        exclude_renames=renames, source=source,
+    )  # fmt: skip
+    return embed, head
+
+
+def num_layers(config: Mapping[str, Any], what: str) -> int:
+    n = config.get("num_hidden_layers")
+    if not isinstance(n, int) or n < 1:
+        raise CheckpointLayoutError(
+            f"config.json of this {what} has no valid num_hidden_layers ({n!r}); fix config.json"
+        )
+    return n
+
+
+def check_layer_range(ckpt: CheckpointModules, prefix: str, n: int, source: str, extra: int = 0) -> None:
+    """Layers beyond num_hidden_layers (+ `extra` MTP layers vLLM skips) mean config and weights disagree."""
+    beyond = sorted(i for i in ckpt.layer_indices(prefix) if i >= n + extra)
+    if beyond:
+        raise CheckpointLayoutError(
+            f"checkpoint has {prefix}.{beyond[0]}.* but config.json says num_hidden_layers={n} ({source} builds only "
+            f"those); check that config.json belongs to these weights"
+        )
+
+
+def skip_layers(ckpt: CheckpointModules, prefix: str, start: int) -> None:
+    """Mark the tensors of layers >= start (MTP / next-token-prediction layers vLLM's target model skips) as used."""
+    head = prefix + "."
+    for module in ckpt.params:
+        if module.startswith(head):
+            first = module[len(head) :].split(".", 1)[0]
+            if is_index(first) and int(first) >= start:
+                ckpt.used.add(module)
+
+
+def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
+    for module in sorted(ckpt.params):
+        if module in ckpt.used or "weight" not in ckpt.params[module] or "norm" in module.rsplit(".", 1)[-1]:
+            continue
+        if LINEAR_LIKE.search(module):
+            raise CheckpointLayoutError(
+                f"checkpoint module {module} is not a module {source} loads, so vLLM would not load it; "
+                f"re-export the checkpoint with the layout that model file expects"
+            )
+

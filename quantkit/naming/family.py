@@ -1,0 +1,111 @@
+"""The record of one model family or EAGLE-3 draft layout: everything quantkit knows about it, one file under
+quantkit/naming/archs/ each (the registry, quantkit.naming.archs, looks records up by architecture name)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from quantkit.errors import QuantkitError
+from quantkit.naming.builder import CheckpointModules
+from quantkit.naming.layers import RuntimeLayer
+from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
+
+# (config.json, the checkpoint's modules, the target's layer count for a draft) -> the runtime layers in model order
+LayerBuilder = Callable[[Mapping[str, Any], CheckpointModules, "int | None"], list[RuntimeLayer]]
+
+
+class QuarkTemplateError(QuantkitError):
+    """A family has no Quark 0.13 LLMTemplate for this model_type: the Quark engine cannot quantize it."""
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """Where a family's config and checkpoint put its mixture of experts."""
+
+    expert_count_keys: tuple[str, ...]  # text-config keys whose value > 1 makes a checkpoint MoE ("num_experts")
+    experts: str = "mlp.experts"  # runtime suffix of the routed experts (a FusedMoE)
+    router: str = "mlp.gate"  # runtime suffix of the router
+    router_quantizable: bool = False  # True where vLLM builds it WITH quant_config (Qwen3-MoE GateLinear)
+    shared_experts: tuple[str, ...] = ()  # runtime suffixes of shared-expert linears
+    shared_expert_gate: str | None = None  # Qwen3-MoE "mlp.shared_expert_gate"
+    checkpoint_prefix: str | None = None  # checkpoint container when it differs from the runtime one (MiniMax)
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal wrapper around a text family (Kimi-K2.5): where its text model and encoders sit."""
+
+    text_prefix: str  # checkpoint (and runtime) prefix of the text model ("language_model.")
+    encoder_prefixes: tuple[str, ...] = ()  # vision tower / projector: kept BF16
+    encoder_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper renames of encoder modules
+    # the text architecture for a text_config that names none, by its model_type
+    text_architecture_by_model_type: Mapping[str, str] | None = None
+    text_config_key: str = "text_config"
+
+
+@dataclass(frozen=True)
+class DraftLayout:
+    """An EAGLE-3 draft layout."""
+
+    # (speculators_model_type, transformer_layer_config.model_type) pairs vLLM maps to this layout
+    # (vllm/transformers_utils/configs/speculators/algos.py update_eagle3's eagle3_arch_map)
+    speculators: tuple[tuple[str, str], ...] = ()
+    layer_prefixes: tuple[str, ...] = ("midlayer.", "layers.0.")
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything quantkit knows about one model family or draft layout; one file under naming/archs/."""
+
+    name: str  # == its module name under naming/archs/
+    architectures: tuple[str, ...]  # config.json architectures, as vllm/model_executor/models/registry.py maps them
+    vllm_source: str  # the vLLM model file the builder follows
+    build_layers: LayerBuilder | None  # runtime layers and fusions; None only for a pure wrapper
+    model_types: tuple[str, ...] = ()  # config.json model_type values
+    # model_type -> LLMTemplate name in Quark 0.13 ("*" = any model_type of this family). EMPTY: the Quark engine
+    # refuses in one line naming the family and `--engine native` (never a llama fallback)
+    quark_templates: Mapping[str, str] = field(default_factory=dict)
+    moe: MoeLayout | None = None  # None: dense
+    mtp_layer_keys: tuple[str, ...] = ()  # config keys counting MTP layers after num_hidden_layers (vLLM skips them)
+    wrapper: Wrapper | None = None
+    draft: DraftLayout | None = None  # set for EAGLE-3 draft layouts
+    exclude_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper substring renames applied to `exclude`
+
+    @property
+    def is_draft(self) -> bool:
+        """An EAGLE-3 draft layout (its runtime names need the target's layer count)."""
+        return self.draft is not None
+
+    def kind(self, config: Mapping[str, Any]) -> ModelKind:
+        """eagle3-draft for a draft layout; moe-target when an expert-count key of the text config is > 1."""
+        if self.is_draft:
+            return EAGLE3_DRAFT
+        text = _text(config, self.wrapper)
+        if self.moe is not None and any(_count(text.get(k)) > 1 for k in self.moe.expert_count_keys):
+            return MOE_TARGET
+        return DENSE_TARGET
+
+    def quark_template(self, config: Mapping[str, Any]) -> str:
+        """The Quark 0.13 LLMTemplate name for this config, by its model_type (what Quark's LLMTemplate.get is keyed
+        on: the loaded model's config.model_type, a wrapper's own); QuarkTemplateError naming the family when none."""
+        model_type = str(config.get("model_type") or "")
+        template = self.quark_templates.get(model_type) or self.quark_templates.get("*")
+        if template is None:
+            known = ", ".join(f"{k} -> {v}" for k, v in self.quark_templates.items()) or "none"
+            raise QuarkTemplateError(
+                f"family {self.name} has no Quark template for model_type {model_type or '(none)'!r} "
+                f"(known: {known}); use --engine native"
+            )
+        return template
+
+
+def _text(config: Mapping[str, Any], wrapper: Wrapper | None) -> Mapping[str, Any]:
+    key = wrapper.text_config_key if wrapper is not None else "text_config"
+    inner = config.get(key)
+    return inner if isinstance(inner, dict) else config
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
