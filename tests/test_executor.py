@@ -171,14 +171,14 @@ def test_serializer_matches_safetensors(tmp_path):
 def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, batched: bool) -> list[tuple]:
     """Every shard through the per-tensor path (proven equal to Quark above) or the batched one `_process_device`
     runs on a GPU, here on CPU: (tensor names in order, {name: (dtype, shape, bytes)}, kept-tensor digests)."""
-    from quantkit.apply import executor as ex
+    from quantkit.apply.shards import f2f, process
 
-    plan = ex._plan(src, scheme, exclude, layer_config)
-    settings = ex._Settings(src, src, scheme, exclude, layer_config, plan)
+    plan = f2f.plan_shards(src, scheme, exclude, layer_config)
+    settings = process.Settings(src, src, scheme, exclude, layer_config, plan)
     outs = []
     for i, name in enumerate(plan.shards):
-        loaded = ex._load_shard(src, name, i, torch.empty(plan.sizes[name], dtype=torch.uint8))
-        out = ex._process_device(loaded, settings, "cpu") if batched else ex._process(loaded, settings, "cpu", None)
+        loaded = process.load_shard(src, name, i, torch.empty(plan.sizes[name], dtype=torch.uint8))
+        out = process.process_device(loaded, settings, "cpu") if batched else process.process_cpu(loaded, settings, "cpu", None)
         outs.append((list(out.tensors), {k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8)
                                               .numpy().tobytes()) for k, t in out.tensors.items()},
                      out.expected, out.quantized))
@@ -210,12 +210,12 @@ def _mixed_family() -> ec.Family:
 def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, scheme, layer_config, batch_bytes):
     """The GPU path stacks same-shape tensors, quantizes once and splits: each tensor's bytes, names, order and
     digests must be the per-tensor path's (and so Quark's); a batch limit of 5000 bytes also splits the groups."""
-    from quantkit.apply import executor as ex
+    from quantkit.apply.shards import process
 
     fam = _mixed_family() if family == "mixed" else ec.FAMILIES[family]()
     src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=30_000, aux=False)
     exclude = [m for m in ec.exclude_modules(fam) if not (layer_config and "self_attn" in m)]
-    monkeypatch.setattr(ex, "_DEVICE_BATCH_BYTES", batch_bytes)
+    monkeypatch.setattr(process, "_DEVICE_BATCH_BYTES", batch_bytes)
     per_tensor = _shard_outputs(src, scheme, exclude, layer_config, batched=False)
     batched = _shard_outputs(src, scheme, exclude, layer_config, batched=True)
     assert sum(q for *_, q in per_tensor) > 10

@@ -5,7 +5,7 @@ the path, the engine and the devices) -> quantize into a temporary folder beside
 `quantization_config` with vLLM's runtime names -> verify the written tensors against the plan and the source ->
 write quantkit.json -> rename the finished folder into place.
 
-Engines: `native` is quantkit's shard executor (quantkit.apply.executor: MXFP4 and PTPC-FP8, byte-identical to Quark
+Engines: `native` is quantkit's shard executor (quantkit.apply.shards: MXFP4 and PTPC-FP8, byte-identical to Quark
 0.13's file-to-file path, no Quark import, parallel over devices, resumable); `quark` runs Quark itself, in memory
 (ModelQuantizer: calibrated schemes) or per shard (direct_quantize_checkpoint). `auto` takes native whenever it
 can. Per shard is the default path for every recipe without static activation scales.
@@ -62,7 +62,7 @@ from quantkit.vocab import EAGLE3_DRAFT, ModelKind
 
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
-NATIVE_SCHEMES = ("mxfp4", "ptpc_fp8")  # quantkit.apply.native.SCHEMES, kept here so planning imports no torch
+NATIVE_SCHEMES = ("mxfp4", "ptpc_fp8")  # quantkit.schemes.native_schemes(), kept here so planning imports no torch
 
 
 @dataclass
@@ -238,7 +238,7 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     """Bytes of the output's tensors, from the plan and the source headers (no tensor data read)."""
     import math
 
-    from quantkit.io.headers import DTYPE_BYTES
+    from quantkit.io.safetensors import DTYPE_BYTES
 
     quantized = {f"{m}.weight": d.scheme for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
     total = 0
@@ -386,7 +386,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             refuse_non_finite(src, decisions)
         t1 = time.perf_counter()
         if native:
-            from quantkit.apply.executor import quantize_checkpoint
+            from quantkit.apply.shards import quantize_checkpoint
 
             continuing = resume and (tmp / RESUMABLE_MARKER).is_file()
             progress("resuming the interrupted run in " + tmp.name if continuing else

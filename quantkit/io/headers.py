@@ -1,5 +1,5 @@
-"""Reading safetensors headers and HF checkpoint folders without torch (stdlib and pydantic only), so inspecting never
-imports torch."""
+"""HF checkpoint folders without torch (stdlib and pydantic only): the index as the truth, the shard list, every tensor
+from the headers (read by quantkit.io.safetensors), config.json and small JSON files."""
 
 import os
 from collections.abc import Callable
@@ -8,22 +8,18 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantkit.errors import CheckpointError, QuantkitError
-from quantkit.io import safetensors_format
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
+from quantkit.io.safetensors import DTYPE_BYTES as DTYPE_BYTES  # house-move stub (issue 19): deleted at S3
+from quantkit.io.safetensors import KNOWN_DTYPES as KNOWN_DTYPES  # house-move stub (issue 19): deleted at S3
+from quantkit.io.safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES  # house-move stub (issue 19): deleted at S3
+from quantkit.io.safetensors import METADATA_KEY, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
-METADATA_KEY = safetensors_format.METADATA_KEY
-MAX_HEADER_BYTES = safetensors_format.MAX_HEADER_BYTES
-# Bytes per element of whole-byte safetensors dtypes (sub-byte F4/F6 are packed: see safetensors_format.DTYPE_BITS).
-DTYPE_BYTES: dict[str, int] = {d: b // 8 for d, b in safetensors_format.DTYPE_BITS.items() if b % 8 == 0}
-# Every dtype the safetensors format defines (safetensors/src/tensor.rs `Dtype`), sub-byte ones included.
-KNOWN_DTYPES = set(safetensors_format.DTYPE_BITS)
 # config.json, indexes and reports are small; a larger file is corrupt or hostile, and parsing it would eat memory.
 MAX_JSON_FILE_BYTES = 64_000_000
 
-_REFETCH = safetensors_format.REFETCH
 _REGENERATE = "re-download or regenerate the index"
 
 
@@ -33,15 +29,6 @@ class TensorInfo(NamedTuple):
     file: str
     dtype: str
     shape: tuple[int, ...]
-
-
-def read_header(path: str | Path) -> dict[str, Any]:
-    """Parse and validate the JSON header of one safetensors file without reading tensor data, refusing every file
-    that safetensors' own loader refuses (quantkit.io.safetensors_format).
-
-    Returns the header: tensor name -> {dtype, shape, data_offsets}, plus `__metadata__` if present.
-    """
-    return safetensors_format.read_parsed_header(path).header
 
 
 class _IndexObject(dict[str, Any]):
