@@ -14,10 +14,7 @@ from quantkit.io.checkpoint import (
     SourceCheckpoint,
 )
 from quantkit.io.headers import checkpoint_tensors
-
-# Dtypes a quantized weight is stored as, per scheme family (safetensors dtype names).
-QUANTIZED_WEIGHT_DTYPES = {"fp8": {"F8_E4M3"}, "mxfp4": {"U8"}}
-
+from quantkit.schemes import SCHEMES
 
 # --- output --------------------------------------------------------------------------------------------------------
 
@@ -92,10 +89,11 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
     checked_identical = 0
     for m, d in quantized_modules.items():
         w = out_tensors.get(f"{m}.weight")
-        family = "mxfp4" if "mxfp4" in (d.scheme or "") else "fp8" if "fp8" in (d.scheme or "") else None
+        record = SCHEMES.get(d.scheme or "")
+        weight_dtype = record.weight_dtype if record is not None else None
         if w is None:
             raise ApplyVerificationError(f"{out}: quantized layer {m} has no weight tensor")
-        if family and w.dtype not in QUANTIZED_WEIGHT_DTYPES[family]:
+        if weight_dtype and w.dtype != weight_dtype:
             raise ApplyVerificationError(
                 f"{out}: {m}.weight is {w.dtype}, but the plan quantizes it with {d.scheme}; Quark skipped it")
         scale = out_tensors.get(f"{m}.weight_scale")

@@ -57,12 +57,12 @@ from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
 from quantkit.results import ApplyResult, LayerDecision, ShardSummary
+from quantkit.schemes import SCHEMES, native_schemes
 from quantkit.versions import versions
 from quantkit.vocab import EAGLE3_DRAFT, ModelKind
 
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
-NATIVE_SCHEMES = ("mxfp4", "ptpc_fp8")  # quantkit.schemes.native_schemes(), kept here so planning imports no torch
 
 
 @dataclass
@@ -153,10 +153,11 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     else:
         run_path, path_reason = asked, f"--path {asked}" if path else f"recipe {rec.name}"
     schemes = {rec.scheme, *(o.scheme for o in rec.overrides)}
-    native_ok = run_path == "per-shard" and schemes <= set(NATIVE_SCHEMES)
+    native = native_schemes()
+    native_ok = run_path == "per-shard" and schemes <= set(native)
     if engine == "native" and not native_ok:
         why = "it runs per shard only" if run_path != "per-shard" else \
-            f"it supports {', '.join(NATIVE_SCHEMES)} (recipe uses {', '.join(sorted(schemes))})"
+            f"it supports {', '.join(native)} (recipe uses {', '.join(sorted(schemes))})"
         raise ApplyError(f"--engine native: {why}; use --engine quark")
     chosen = "native" if engine in ("auto", "native") and native_ok else "quark"
     engine_reason = {"native": "quantkit's shard executor (byte-identical to Quark 0.13's file-to-file path)",
@@ -244,10 +245,10 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     total = 0
     for name, t in decoded_infos(plan).items():
         scheme = quantized.get(name)
-        if scheme == "mxfp4" and len(t.shape) >= 2:
-            rows = math.prod(t.shape[:-1])
-            total += rows * (t.shape[-1] // 2) + rows * -(-t.shape[-1] // 32)
-        elif scheme and "fp8" in scheme and len(t.shape) >= 2:
+        exact = SCHEMES[scheme].output_bytes(tuple(t.shape)) if scheme in SCHEMES and len(t.shape) >= 2 else None
+        if exact is not None:  # a scheme whose record holds its layout (the native ones)
+            total += exact
+        elif scheme and "fp8" in scheme and len(t.shape) >= 2:  # Quark-only FP8 schemes: no layout in the registry yet
             total += math.prod(t.shape) + t.shape[0] * 4
         else:
             total += math.prod(t.shape) * DTYPE_BYTES.get(t.dtype, 1)

@@ -219,3 +219,16 @@ def _mxfp4_rows_exact(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torc
         codes = torch.where(torch.isinf(y), torch.where(y > 0, 6, 14).to(torch.uint8), codes)
     pairs = codes.view(rows, -1, 2)
     torch.bitwise_or(pairs[..., 0], pairs[..., 1] << 4, out=packed_out.view(rows, -1))
+
+
+def mxfp4_layout(shape: tuple[int, ...]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """What `quantize_mxfp4` stores for a weight of `shape`: U8 [..., in/2] and a 2-D U8 scale [rows, ceil(in/32)]."""
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return {"": ("U8", (*shape[:-1], shape[-1] // 2)), "_scale": ("U8", (rows, -(-shape[-1] // MXFP4_GROUP)))}
+
+
+def mxfp4_bad_scale(scale: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on the scale's device: some E8M0 scale is 0xFF (NaN)."""
+    return (scale == 0xFF).any()

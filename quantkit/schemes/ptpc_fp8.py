@@ -43,3 +43,15 @@ def quantize_ptpc_fp8(weight: torch.Tensor, *, finite_only: bool = False) -> tup
     broadcast = scale.to(weight.dtype).view(-1, *([1] * (weight.dim() - 1)))
     q = torch.clamp(weight / broadcast, min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale
+
+
+def ptpc_fp8_layout(shape: tuple[int, ...]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """What `quantize_ptpc_fp8` stores for a weight of `shape`: F8_E4M3 of the same shape, F32 scale [out]."""
+    return {"": ("F8_E4M3", tuple(shape)), "_scale": ("F32", (shape[0],))}
+
+
+def ptpc_fp8_bad_scale(scale: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on the scale's device: some float32 scale is not finite and positive."""
+    import torch
+
+    return ~(torch.isfinite(scale) & (scale > 0)).all()

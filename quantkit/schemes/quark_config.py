@@ -23,23 +23,35 @@ def _tensor_spec(**fields: Any) -> dict[str, Any]:
     return spec
 
 
-def quark_layer_config(scheme: str) -> dict[str, Any]:
-    """`LLMTemplate` scheme `scheme` as `QLayerConfig.to_dict` writes it."""
-    if scheme == "mxfp4":
-        def mx(dynamic: bool) -> dict[str, Any]:
-            return _tensor_spec(dtype="fp4", is_dynamic=dynamic, qscheme="per_group", ch_axis=-1, group_size=32,
-                                scale_format="e8m0", scale_calculation_mode="even", observer_cls="PerBlockMXObserver")
-        weight, inputs = mx(False), mx(True)
-    elif scheme == "ptpc_fp8":
-        def fp8(dynamic: bool, axis: int) -> dict[str, Any]:
-            return _tensor_spec(dtype="fp8_e4m3", is_dynamic=dynamic, qscheme="per_channel", ch_axis=axis,
-                                symmetric=True, observer_cls="PerChannelMinMaxObserver")
-        weight, inputs = fp8(False, 0), fp8(True, 1)
-    else:
-        from quantkit.schemes import native_schemes  # the registry imports the scheme modules: import it when used
-
-        raise ValueError(f"scheme {scheme!r}: the native quantizer supports {', '.join(native_schemes())}")
+def _layer(weight: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     return {"input_tensors": inputs, "output_tensors": None, "weight": weight, "bias": None, "target_device": None}
+
+
+def mxfp4_layer_config() -> dict[str, Any]:
+    """template.py `MXFP4Scheme` (OCP_MXFP4Spec: static weight, dynamic input) as `QLayerConfig.to_dict` writes it."""
+    def mx(dynamic: bool) -> dict[str, Any]:
+        return _tensor_spec(dtype="fp4", is_dynamic=dynamic, qscheme="per_group", ch_axis=-1, group_size=32,
+                            scale_format="e8m0", scale_calculation_mode="even", observer_cls="PerBlockMXObserver")
+    return _layer(mx(False), mx(True))
+
+
+def ptpc_fp8_layer_config() -> dict[str, Any]:
+    """template.py `PTPCFP8Scheme` (per-channel weight, dynamic per-token input) as `QLayerConfig.to_dict` writes
+    it."""
+    def fp8(dynamic: bool, axis: int) -> dict[str, Any]:
+        return _tensor_spec(dtype="fp8_e4m3", is_dynamic=dynamic, qscheme="per_channel", ch_axis=axis,
+                            symmetric=True, observer_cls="PerChannelMinMaxObserver")
+    return _layer(fp8(False, 0), fp8(True, 1))
+
+
+def quark_layer_config(scheme: str) -> dict[str, Any]:
+    """`LLMTemplate` scheme `scheme` as `QLayerConfig.to_dict` writes it (the registry's `quark_layer_config`)."""
+    from quantkit.schemes import SCHEMES, native_schemes  # the registry imports this module: import it when used
+
+    record = SCHEMES.get(scheme)
+    if record is None or record.quark_layer_config is None:
+        raise ValueError(f"scheme {scheme!r}: the native quantizer supports {', '.join(native_schemes())}")
+    return record.quark_layer_config()
 
 
 def quark_quantization_config(scheme: str, exclude: list[str], layer_config: dict[str, str] | None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from quantkit.apply.shards.errors import (
 from quantkit.apply.shards.f2f import ShardPlan, is_linear_weight_name, parse_shard_header, scheme_for
 from quantkit.apply.shards.memory import host_empty
 from quantkit.io.safetensors import DTYPES, HeaderEntry, st_dtype, tensor_bytes, tensor_nbytes
-from quantkit.schemes import NonFiniteWeight, expected_layout, quantize_weight
+from quantkit.schemes import SCHEMES, NonFiniteWeight, expected_layout, quantize_weight
 
 if TYPE_CHECKING:
     import torch
@@ -197,10 +197,10 @@ def _check_layout(name: str, shape: tuple[int, ...], scheme: str, q: torch.Tenso
 
 
 def _bad_scale(scale: torch.Tensor, scheme: str) -> torch.Tensor:
-    """A 0-dim bool tensor on the scale's device: some scale is not finite and positive (E8M0 0xFF is NaN)."""
-    import torch
-
-    return (scale == 0xFF).any() if scheme == "mxfp4" else ~(torch.isfinite(scale) & (scale > 0)).all()
+    """A 0-dim bool tensor on the scale's device: some scale is not finite and positive (the scheme's own test)."""
+    bad_scale = SCHEMES[scheme].bad_scale
+    assert bad_scale is not None, scheme
+    return bad_scale(scale)
 
 
 def _finish(loaded: Loaded, jobs: list[_Job], results: list[Any], device: str, t0: float) -> Output:
@@ -268,8 +268,8 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
     """The same shard on a GPU, batched: per-tensor copies, kernel launches and synchronisations cost more than the
     math for the thousands of small expert tensors of an MoE checkpoint.
 
-    The tensors to quantize are grouped by (scheme, dtype, last dim) — 2-D ones only for PTPC-FP8, whose channel
-    is dim 0 — and each group's rows are copied (asynchronously, from the page-locked source buffer) into one device
+    The tensors to quantize are grouped by (scheme, dtype, last dim) as the scheme's `batching` allows — any rank
+    for MXFP4 ("rows"), 2-D ones only for PTPC-FP8 ("rows-2d"), whose channel is dim 0 — and each group's rows are copied (asynchronously, from the page-locked source buffer) into one device
     tensor, quantized in one call and split back. Both schemes quantize every row on its own (MXFP4: groups of 32
     along the last dim; PTPC-FP8: one scale per output channel), so a stacked tensor's rows give exactly each
     tensor's own bytes. All results are copied into one host buffer; the shard costs one final synchronisation
@@ -285,7 +285,8 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
     for i, job in enumerate(jobs):
         if job.kind == "quantize":
             e = job.entry
-            rowwise = job.scheme == "mxfp4" or len(e.shape) == 2
+            batching = SCHEMES[job.scheme].batching if job.scheme is not None else "whole"
+            rowwise = batching == "rows" or (batching == "rows-2d" and len(e.shape) == 2)
             key = (job.scheme, e.dtype, e.shape[-1]) if rowwise else (job.scheme, e.name)
             groups.setdefault(key, []).append(i)
     batches: list[tuple[bool, list[int]]] = []
