@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import resource
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,8 +26,8 @@ from typing import Any
 from quantkit.apply.output import (
     refuse_non_finite,
     restore_kept_tensors,
-    rewrite_layer_quant_config,
     verify_output,
+    write_final_files,
 )
 from quantkit.apply.plan import (
     ApplyError,
@@ -49,10 +48,10 @@ from quantkit.io.checkpoint import (
     sha256_file,
     written_files,
 )
-from quantkit.io.files import copy_aux_files, describe_not_copied, is_weight_file, not_copied, scan_folder
+from quantkit.io.files import describe_not_copied, not_copied, scan_folder
 from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
 from quantkit.naming.config import target_layer_count
-from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
+from quantkit.naming.drafts import DraftInfo, draft_info, model_kind
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
@@ -396,7 +395,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
                                          resume=continuing, progress=_shard_progress(progress, src.size_bytes),
                                          decode=plan.source_format if plan.source_format.name != "bf16" else None,
-                                         drop=plan.dropped, copy_aux=False)
+                                         drop=plan.dropped,
+                                         finish=lambda _src, dst, qc: write_final_files(plan, dst, qc))
             shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
                                    sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
                       for r in report.shards]
@@ -407,41 +407,13 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
 
             runner = run_in_memory if plan.path == "in-memory" else run_per_shard
             runner(src.path, tmp, rec, plan.kind, src.config, decisions, plan.devices[0].split(":")[0], progress)
+            qc = read_config(tmp).get("quantization_config")
+            if not isinstance(qc, dict):
+                raise ApplyVerificationError(f"the quantizer wrote no quantization_config to {tmp / 'config.json'}")
+            write_final_files(plan, tmp, qc)
         timings["quantize"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        written = read_config(tmp)
-        qc = written.get("quantization_config")
-        if not isinstance(qc, dict):
-            raise ApplyVerificationError(f"the quantizer wrote no quantization_config to {tmp / 'config.json'}")
-        qc["exclude"] = plan.exclude
-        rewrite_layer_quant_config(qc, decisions, plan.layers)
-        qc.setdefault("layer_type_quant_config", {})
-        if plan.kind == EAGLE3_DRAFT:
-            assert plan.info is not None
-            final_config = draft_config_for_vllm(src.config, plan.info, qc)
-        else:
-            # The source's own quantization config (FP8-block, compressed-tensors; top level or in text_config) must
-            # not survive: vLLM reads the top-level one first and text_config's second.
-            final_config = {k: ({kk: vv for kk, vv in v.items() if kk != "quantization_config"}
-                                if isinstance(v, dict) else v)
-                            for k, v in src.config.items() if k not in ("quantization_config", "compression_config")}
-            final_config["quantization_config"] = qc
-            if plan.dropped:  # the MTP layers are gone: say so where vLLM's MTP draft would look for them
-                for cfg in (final_config, final_config.get("text_config")):
-                    if isinstance(cfg, dict):
-                        for key in ("num_nextn_predict_layers", "num_mtp_modules"):
-                            if key in cfg:
-                                cfg[key] = 0
-        (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
-        # Quark's exporters write some files of their own (generation_config.json, ...): the output's files beside
-        # the weights come from the source's allow-list instead (io.files.AUX_FILES), sub-folders never.
-        for stale in tmp.iterdir():
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale)
-            elif not is_weight_file(stale.name):
-                stale.unlink()
-        copy_aux_files(src.path, tmp)
         restored = [] if native else restore_kept_tensors(src, tmp, decisions)
         progress("verifying the written tensors against the plan and the source")
         # The executor already checked every shard as it wrote it (kept tensors by hash, scales finite and

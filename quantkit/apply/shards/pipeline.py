@@ -47,6 +47,10 @@ from quantkit.apply.shards.memory import MB, PIN_FRACTION, HostBuffers, availabl
 from quantkit.apply.shards.process import Loaded, Output, Settings, decoded, load_shard, process_cpu, process_device
 from quantkit.errors import QuantkitError
 from quantkit.io.safetensors import serialize_safetensors
+from quantkit.schemes.quark_config import quark_quantization_config
+
+# What runs once every shard and the index are in place: (source, output, Quark's quantization_config) -> None.
+Finish = Callable[[Path, Path, dict[str, Any]], None]
 
 _PARTIAL_SUFFIX = ".quantkit-partial"
 _GPU_READERS = 4  # read streams when a GPU quantizes: one stream reads ~0.8 GB/s, 4 reach a disk's parallel rate
@@ -111,7 +115,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                         layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
                         progress: Callable[[ShardEvent], None] | None = None,
                         readers: int | None = None, decode: Any = None,
-                        drop: set[str] | None = None, copy_aux: bool = True) -> ExecutorReport:
+                        drop: set[str] | None = None, finish: Finish | None = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -123,8 +127,10 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     holds the output's lock (quantkit.io.lock); a direct caller must do the same. `progress` is called in the
     caller's thread. `readers`: read streams (default 1 for CPU-only runs, 4 when a GPU quantizes); fewer are used
     when their buffers would not fit in half of the available memory (see the module's memory bound).
-    `copy_aux=False` leaves the source's other files out (quantkit apply copies its own allow-list,
-    quantkit.io.files.AUX_FILES).
+    `finish(src, dst, quantization_config)` writes the files beside the shards and the index once every shard is
+    in place, given the `quantization_config` Quark's file-to-file path would write (quantkit apply writes its final
+    config.json and its own allow-list of files, quantkit.io.files.AUX_FILES, there). None: Quark's own files
+    (every other file and folder of the source, and Quark's config.json), byte-identical to Quark.
     """
     import torch
 
@@ -143,7 +149,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             raise ExecutorError(f"device {d}: no CUDA/ROCm GPU visible to torch; use cpu")
     if src.resolve() == dst.resolve():
         raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
-    if copy_aux:
+    if finish is None:
         check_aux_quark(src)
     plan = plan_shards(src, scheme, exclude, layer_config, decode)
     settings = Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()))
@@ -361,7 +367,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         raise ExecutorError(f"quantizing {src} failed: {type(first).__name__}: {first}") from first
 
     # All shards are in place: the files Quark writes after its shard loop, in its order.
-    if copy_aux:
+    if finish is None:
         copy_aux_quark(src, dst)
     weight_map: dict[str, str] = {}
     for name in plan.shards:
@@ -370,7 +376,10 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     total_size = sum((dst / name).stat().st_size for name in plan.shards if weight_maps[name])
     with open(dst / "model.safetensors.index.json", "w") as f:
         json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False, indent=4)
-    write_quark_config(src, dst, scheme, plan.exclude_modules, layer_config)
+    if finish is None:
+        write_quark_config(src, dst, scheme, plan.exclude_modules, layer_config)
+    else:
+        finish(src, dst, quark_quantization_config(scheme, plan.exclude_modules, layer_config))
     journal_path.unlink(missing_ok=True)
 
     report.shards = [records[name] for name in plan.shards]
