@@ -9,10 +9,10 @@ from quantkit.apply.shards import (  # house-move stub (issue 19): deleted at S3
     JournalError,
     NonFiniteWeightError,
     ShardEvent,
-    ShardRecord,
     ShardVerificationError,
     quantize_checkpoint,
 )
+from quantkit.apply.shards import ShardSummary as ShardRecord  # house-move stub (issue 19): deleted at S3
 from quantkit.apply.shards.f2f import (  # house-move stub (issue 19): deleted at S3
     find_shards,
     is_linear_weight_name,

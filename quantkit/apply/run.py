@@ -397,9 +397,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                          decode=plan.source_format if plan.source_format.name != "bf16" else None,
                                          drop=plan.dropped,
                                          finish=lambda _src, dst, qc: write_final_files(plan, dst, qc))
-            shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
-                                   sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
-                      for r in report.shards]
+            shards = report.shards
             hashes = {r.name: r.sha256_in for r in report.shards}
             throughput, resumed = report.mb_per_s, report.resumed_shards
         else:

@@ -11,7 +11,8 @@ from quantkit.apply.shards.errors import (
     ShardVerificationError,
 )
 from quantkit.apply.shards.journal import JOURNAL_NAME
-from quantkit.apply.shards.pipeline import ExecutorReport, Finish, ShardEvent, ShardRecord, quantize_checkpoint
+from quantkit.apply.shards.pipeline import Finish, ShardEvent, quantize_checkpoint
+from quantkit.results.apply import ExecutorReport, ShardSummary
 
 __all__ = ["JOURNAL_NAME", "CorruptShardError", "ExecutorError", "ExecutorReport", "Finish", "JournalError",
-           "NonFiniteWeightError", "ShardEvent", "ShardRecord", "ShardVerificationError", "quantize_checkpoint"]
+           "NonFiniteWeightError", "ShardEvent", "ShardSummary", "ShardVerificationError", "quantize_checkpoint"]

@@ -35,7 +35,7 @@ _Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class _JournalShard(BaseModel):
-    """One finished shard as the journal records it (ShardRecord plus what resume checks)."""
+    """One finished shard as the journal records it (a ShardSummary plus what resume checks)."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
     name: str

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,7 @@ from quantkit.apply.shards.memory import MB, PIN_FRACTION, HostBuffers, availabl
 from quantkit.apply.shards.process import Loaded, Output, Settings, decoded, load_shard, process_cpu, process_device
 from quantkit.errors import QuantkitError
 from quantkit.io.safetensors import serialize_safetensors
+from quantkit.results.apply import ExecutorReport, ShardSummary
 from quantkit.schemes.quark_config import quark_quantization_config
 
 # What runs once every shard and the index are in place: (source, output, Quark's quantization_config) -> None.
@@ -70,45 +71,6 @@ class ShardEvent:
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0
-
-
-@dataclass
-class ShardRecord:
-    """One output shard: sizes, hashes (of the bytes read and of the bytes written), who made it and how long."""
-
-    name: str
-    bytes_in: int
-    bytes_out: int
-    sha256_in: str
-    sha256_out: str
-    tensors: int
-    quantized: int
-    seconds: float
-    device: str
-    resumed: bool = False
-
-
-@dataclass
-class ExecutorReport:
-    """What `quantize_checkpoint` did; `to_dict()` is JSON-ready."""
-
-    source: str
-    output: str
-    scheme: str
-    devices: list[str]
-    exclude: list[str]
-    shards: list[ShardRecord] = field(default_factory=list)
-    total_seconds: float = 0.0
-    mb_per_s: float = 0.0
-    peak_rss_mb: float = 0.0
-    resumed_shards: int = 0
-    source_changed: list[str] = field(default_factory=list)  # finished before an interrupt, redone: source changed
-    ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name: not read
-    readers: int = 0
-    page_locked: bool = False  # the source buffers were page-locked for asynchronous GPU copies
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
@@ -177,7 +139,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     emit_queue: queue.Queue[ShardEvent] = queue.Queue()
     report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
                             exclude=plan.exclude_modules, ignored_files=plan.ignored)
-    records: dict[str, ShardRecord] = {}
+    records: dict[str, ShardSummary] = {}
     weight_maps: dict[str, list[str]] = {}
 
     # Resume: keep what a previous run finished only if its output and its source still hash as it recorded (both
@@ -194,9 +156,10 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         entry = journal["shards"].get(name)
         verdict = verdicts.get(name)
         if entry is not None and verdict == "kept":
-            records[name] = ShardRecord(name, entry["bytes_in"], entry["bytes_out"], entry["sha256_in"],
-                                        entry["sha256_out"], entry["tensors"], entry["quantized"], 0.0,
-                                        entry["device"], resumed=True)
+            records[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
+                                         sha256_in=entry["sha256_in"], sha256_out=entry["sha256_out"],
+                                         tensors=entry["tensors"], quantized=entry["quantized"], seconds=0.0,
+                                         device=entry["device"], resumed=True)
             weight_maps[name] = entry["weight_map"]
             emit_queue.put(ShardEvent("resumed", name, i, total, entry["device"], entry["bytes_in"],
                                       entry["bytes_out"]))
@@ -319,13 +282,14 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                 os.replace(partial, final)
                 loaded = out.loaded
                 seconds = loaded.seconds + out.seconds + time.perf_counter() - t0
-                rec = ShardRecord(out.name, loaded.size, nbytes, loaded.sha256, sha_out, len(out.tensors),
-                                  out.quantized, round(seconds, 3), out.device)
+                rec = ShardSummary(name=out.name, bytes_in=loaded.size, bytes_out=nbytes, sha256_in=loaded.sha256,
+                                   sha256_out=sha_out, tensors=len(out.tensors), quantized=out.quantized,
+                                   seconds=round(seconds, 3), device=out.device)
                 names = list(out.tensors)
                 host = loaded.host
                 del out, loaded  # no view of the buffer may outlive this: the next shard is read into it
                 buffers.release(host)
-                journal["shards"][rec.name] = {**asdict(rec), "weight_map": names}
+                journal["shards"][rec.name] = {**rec.model_dump(), "weight_map": names}
                 write_json_atomic(journal_path, journal)
                 records[rec.name] = rec
                 weight_maps[rec.name] = names
@@ -376,10 +340,11 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     total_size = sum((dst / name).stat().st_size for name in plan.shards if weight_maps[name])
     with open(dst / "model.safetensors.index.json", "w") as f:
         json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False, indent=4)
+    report.quantization_config = quark_quantization_config(scheme, plan.exclude_modules, layer_config)
     if finish is None:
         write_quark_config(src, dst, scheme, plan.exclude_modules, layer_config)
     else:
-        finish(src, dst, quark_quantization_config(scheme, plan.exclude_modules, layer_config))
+        finish(src, dst, report.quantization_config)
     journal_path.unlink(missing_ok=True)
 
     report.shards = [records[name] for name in plan.shards]
