@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quantkit.apply.shards.errors import JournalError
+from quantkit.apply.shards.errors import ExecutorError, JournalError
 from quantkit.io.checkpoint import sha256_file
+from quantkit.results.apply import ShardSummary
 
 JOURNAL_NAME = ".quantkit-journal.json"
 JOURNAL_VERSION = 2  # 2: the run key holds drop, source format, model dtype and quantkit version
@@ -121,3 +123,80 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     # weight map after every shard).
     tmp.write_text(json.dumps(data, separators=(",", ":")))
     os.replace(tmp, path)
+
+
+class Journal:
+    """The journal of one run in its output folder: the run key and every finished shard (its summary, its source's
+    hash and its weight map), rewritten atomically after each shard, removed when the run completes."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+
+    @property
+    def shards(self) -> dict[str, dict[str, Any]]:
+        return self.data["shards"]
+
+    def kept_shards(self, src: Path, dst: Path, shards: list[str], *, streams: int
+                    ) -> tuple[dict[str, ShardSummary], dict[str, list[str]], list[tuple[int, str]], list[str]]:
+        """Which finished shards a resume keeps: (their summaries, their weight maps, the (index, name) of the shards
+        still to do, the finished shards whose source changed since). A shard is kept only if its output and its
+        source still hash as recorded (both re-hashed in full, `streams` files at a time: see
+        finished_shard_verdict); every other one is forgotten and its output removed. The journal is saved."""
+        self.data["shards"] = {k: v for k, v in self.shards.items() if k in shards}
+        finished = [(name, self.shards[name]) for name in shards if name in self.shards]
+        with ThreadPoolExecutor(max_workers=max(1, min(streams, len(finished))),
+                                thread_name_prefix="quantkit-rehash") as hashers:
+            verdicts = dict(zip((name for name, _ in finished),
+                                hashers.map(lambda f: finished_shard_verdict(src, dst, f[0], f[1]), finished),
+                                strict=True))
+        records: dict[str, ShardSummary] = {}
+        weight_maps: dict[str, list[str]] = {}
+        todo: list[tuple[int, str]] = []
+        changed: list[str] = []
+        for i, name in enumerate(shards):
+            entry = self.shards.get(name)
+            verdict = verdicts.get(name)
+            if entry is not None and verdict == "kept":
+                records[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
+                                             sha256_in=entry["sha256_in"], sha256_out=entry["sha256_out"],
+                                             tensors=entry["tensors"], quantized=entry["quantized"], seconds=0.0,
+                                             device=entry["device"], resumed=True)
+                weight_maps[name] = entry["weight_map"]
+            else:
+                if verdict == "source":
+                    changed.append(name)
+                self.shards.pop(name, None)
+                (dst / name).unlink(missing_ok=True)
+                todo.append((i, name))
+        self.save()
+        return records, weight_maps, todo, changed
+
+    def record(self, summary: ShardSummary, weight_map: list[str]) -> None:
+        """One more finished shard, saved at once (a crash after this keeps it for a resume)."""
+        self.shards[summary.name] = {**summary.model_dump(), "weight_map": weight_map}
+        self.save()
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def open_journal(dst: Path, key: dict[str, Any], *, resume: bool) -> Journal:
+    """The journal of the run `key` into `dst`: a fresh one, or with `resume` the interrupted run's (read strictly:
+    JournalError for another run's). ExecutorError for a non-empty `dst` without `resume`, or one that holds no
+    journal. Creates `dst`."""
+    path = dst / JOURNAL_NAME
+    data: dict[str, Any] = {"quantkit_journal": JOURNAL_VERSION, **key, "shards": {}}
+    if dst.exists() and any(dst.iterdir()):
+        if not resume:
+            raise ExecutorError(f"output {dst} exists and is not empty; remove it, or pass resume=True to continue "
+                                "an interrupted run")
+        if not path.is_file():
+            raise ExecutorError(f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
+                                "remove it or choose another output folder")
+        data["shards"] = read_journal(path, key)
+    dst.mkdir(parents=True, exist_ok=True)
+    return Journal(path, data)

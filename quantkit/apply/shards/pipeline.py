@@ -35,15 +35,8 @@ from typing import Any, Literal
 
 from quantkit.apply.shards.errors import ExecutorError, ShardVerificationError
 from quantkit.apply.shards.f2f import check_aux_quark, copy_aux_quark, plan_shards, write_quark_config
-from quantkit.apply.shards.journal import (
-    JOURNAL_NAME,
-    JOURNAL_VERSION,
-    finished_shard_verdict,
-    read_journal,
-    run_key,
-    write_json_atomic,
-)
-from quantkit.apply.shards.memory import MB, PIN_FRACTION, HostBuffers, available_memory, total_memory
+from quantkit.apply.shards.journal import JOURNAL_NAME, open_journal, run_key
+from quantkit.apply.shards.memory import MB, HostBuffers, reader_budget
 from quantkit.apply.shards.process import Loaded, Output, Settings, decoded, load_shard, process_cpu, process_device
 from quantkit.errors import QuantkitError
 from quantkit.io.safetensors import serialize_safetensors
@@ -116,61 +109,26 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     plan = plan_shards(src, scheme, exclude, layer_config, decode)
     settings = Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()))
     key = run_key(src, scheme, exclude, layer_config, settings.drop, decode, plan.model_dtype)
-    journal_path = dst / JOURNAL_NAME
-    journal: dict[str, Any] = {"quantkit_journal": JOURNAL_VERSION, **key, "shards": {}}
-    if dst.exists() and any(dst.iterdir()):
-        if not resume:
-            raise ExecutorError(f"output {dst} exists and is not empty; remove it, or pass resume=True to continue "
-                                "an interrupted run")
-        if not journal_path.is_file():
-            raise ExecutorError(f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
-                                "remove it or choose another output folder")
-        journal["shards"] = read_journal(journal_path, key)
-    dst.mkdir(parents=True, exist_ok=True)
+    journal = open_journal(dst, key, resume=resume)
     for stale in [*dst.glob("*" + _PARTIAL_SUFFIX), dst / (JOURNAL_NAME + ".tmp")]:
         stale.unlink(missing_ok=True)
     # Shards of an earlier source layout (a shard renamed or removed since the interruption) must not survive.
     for stale in dst.glob("*.safetensors"):
         if stale.name not in plan.shards:
             stale.unlink()
-    journal["shards"] = {k: v for k, v in journal["shards"].items() if k in plan.shards}
 
     total = len(plan.shards)
     emit_queue: queue.Queue[ShardEvent] = queue.Queue()
     report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
                             exclude=plan.exclude_modules, ignored_files=plan.ignored)
-    records: dict[str, ShardSummary] = {}
-    weight_maps: dict[str, list[str]] = {}
-
-    # Resume: keep what a previous run finished only if its output and its source still hash as it recorded (both
-    # re-hashed in full, in parallel streams, as the readers read: see finished_shard_verdict).
-    finished = [(i, name, journal["shards"][name]) for i, name in enumerate(plan.shards)
-                if resume and name in journal["shards"]]
-    with ThreadPoolExecutor(max_workers=max(1, min(_GPU_READERS, len(finished))),
-                            thread_name_prefix="quantkit-rehash") as hashers:
-        verdicts = dict(zip((name for _, name, _ in finished),
-                            hashers.map(lambda f: finished_shard_verdict(src, dst, f[1], f[2]), finished),
-                            strict=True))
-    todo = []
-    for i, name in enumerate(plan.shards):
-        entry = journal["shards"].get(name)
-        verdict = verdicts.get(name)
-        if entry is not None and verdict == "kept":
-            records[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
-                                         sha256_in=entry["sha256_in"], sha256_out=entry["sha256_out"],
-                                         tensors=entry["tensors"], quantized=entry["quantized"], seconds=0.0,
-                                         device=entry["device"], resumed=True)
-            weight_maps[name] = entry["weight_map"]
-            emit_queue.put(ShardEvent("resumed", name, i, total, entry["device"], entry["bytes_in"],
-                                      entry["bytes_out"]))
-        else:
-            if verdict == "source":
-                report.source_changed.append(name)
-                emit_queue.put(ShardEvent("source-changed", name, i, total))
-            journal["shards"].pop(name, None)
-            (dst / name).unlink(missing_ok=True)
-            todo.append((i, name))
-    write_json_atomic(journal_path, journal)
+    records, weight_maps, todo, changed = journal.kept_shards(src, dst, plan.shards, streams=_GPU_READERS)
+    report.source_changed = changed
+    for i, name in enumerate(plan.shards):  # in shard order, as a resume found them
+        if name in records:
+            r = records[name]
+            emit_queue.put(ShardEvent("resumed", name, i, total, r.device, r.bytes_in, r.bytes_out))
+        elif name in changed:
+            emit_queue.put(ShardEvent("source-changed", name, i, total))
 
     cpu_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     saved_threads = torch.get_num_threads()
@@ -182,13 +140,9 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     # Memory budget (see the module docstring): one buffer per shard alive at once (being read, queued, quantized
     # or written).
     largest = max((plan.sizes[name] for _, name in todo), default=1)
-    n_readers = max(1, min(readers or (_GPU_READERS if uses_gpu else 1), len(todo)))
-    half_free = available_memory() // 2
-    while n_readers > 1 and (n_readers + len(devices) + 1) * largest > half_free:
-        n_readers -= 1
-    slots = n_readers + len(devices) + 1
-    pin = uses_gpu and torch.cuda.is_available() and slots * largest <= PIN_FRACTION * total_memory()
-    buffers = HostBuffers(slots, largest, pin)
+    n_readers, pin = reader_budget(min(readers or (_GPU_READERS if uses_gpu else 1), len(todo)), len(devices),
+                                   largest, uses_gpu)
+    buffers = HostBuffers(n_readers + len(devices) + 1, largest, pin)
     work: queue.Queue[Loaded | None] = queue.Queue()
     results: queue.Queue[Output | None] = queue.Queue()
 
@@ -289,8 +243,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                 host = loaded.host
                 del out, loaded  # no view of the buffer may outlive this: the next shard is read into it
                 buffers.release(host)
-                journal["shards"][rec.name] = {**rec.model_dump(), "weight_map": names}
-                write_json_atomic(journal_path, journal)
+                journal.record(rec, names)
                 records[rec.name] = rec
                 weight_maps[rec.name] = names
                 emit_queue.put(ShardEvent("done", rec.name, plan.shards.index(rec.name), total, rec.device,
@@ -345,7 +298,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         write_quark_config(src, dst, scheme, plan.exclude_modules, layer_config)
     else:
         finish(src, dst, report.quantization_config)
-    journal_path.unlink(missing_ok=True)
+    journal.remove()
 
     report.shards = [records[name] for name in plan.shards]
     report.resumed_shards = sum(r.resumed for r in report.shards)
