@@ -3,7 +3,6 @@ from the headers (read by quantkit.io.safetensors), config.json and small JSON f
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -172,24 +171,6 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-@dataclass(frozen=True)
-class CheckpointSummary:
-    """What a HF checkpoint folder holds, from config.json and safetensors headers."""
-
-    name: str
-    path: str
-    architecture: str | None
-    num_layers: int | None
-    hidden_size: int | None
-    vocab_size: int | None
-    size_mb: float
-    shards: int
-    tensors: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The parsed config.json of a checkpoint folder, every key quantkit reads checked for its type
     (quantkit.naming.config.ModelConfig)."""
@@ -229,31 +210,3 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         raise error(f"{path}: not UTF-8 text; {fix}") from None
     except JsonInputError as e:
         raise error(f"{path}: {e}; {fix}") from None
-
-
-def _config_value(config: dict[str, Any], key: str) -> Any:
-    # Multimodal wrappers (e.g. Kimi-K2.5) keep the language model's sizes under text_config.
-    from quantkit.naming.config import text_config
-
-    return config[key] if key in config else text_config(config).get(key)
-
-
-def summarize_checkpoint(folder: str | Path) -> CheckpointSummary:
-    """Summarise a HF checkpoint folder without loading any tensor data."""
-    folder = Path(folder)
-    config = read_config(folder)
-    architectures = config.get("architectures")
-    files = safetensors_files(folder)
-    tensors = checkpoint_tensors(folder)
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    return CheckpointSummary(
-        name=folder.name,
-        path=str(folder),
-        architecture=architectures[0] if isinstance(architectures, list) and architectures else None,
-        num_layers=_config_value(config, "num_hidden_layers"),
-        hidden_size=_config_value(config, "hidden_size"),
-        vocab_size=_config_value(config, "vocab_size"),
-        size_mb=round(size / 1e6, 3),
-        shards=len(files),
-        tensors=len(tensors),
-    )
