@@ -6,7 +6,7 @@ Builds a random Qwen3-MoE-shaped bf16 checkpoint (experts, attention, routers, n
       --threads streams at once;
   (b) Quark: `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` in a fresh process, with the
       `import quark.torch` time reported apart from the work;
-  (c) quantkit: `quantkit.apply.executor.quantize_checkpoint` in a fresh process, on --devices;
+  (c) quantkit: `quantkit.apply.shards.quantize_checkpoint` in a fresh process, on --devices;
 (b) and (c) once per --devices given (repeat it to compare 1 and 2 GPUs against the same floor), and checks that
 (b) and (c) wrote byte-identical folders. Quark given several devices writes model.safetensors.index.json in the
 order its device processes finish, which varies run to run; against such a run the index is compared as a mapping
@@ -89,7 +89,7 @@ def main():
     args = json.loads(sys.argv[1])
     t0 = time.perf_counter()
     import torch  # noqa: F401
-    from quantkit.apply.executor import quantize_checkpoint
+    from quantkit.apply.shards import quantize_checkpoint
     t1 = time.perf_counter()
     cpu0 = cpu_seconds()
     report = quantize_checkpoint(Path(args["src"]), Path(args["dst"]), scheme=args["scheme"], exclude=args["exclude"],

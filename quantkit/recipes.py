@@ -27,6 +27,10 @@ from quantkit.errors import RecipeError
 from quantkit.io.files import require_regular_file
 from quantkit.io.paths import recipes_dir
 from quantkit.io.yamlio import load_yaml
+from quantkit.schemes import ALIASES, SCHEMES, Scheme
+from quantkit.schemes import ALIASES as QUARK_SCHEME_ALIASES  # house-move stub (issue 19): deleted at S3  # noqa: F401
+from quantkit.schemes import SCHEMES as QUARK_SCHEMES  # house-move stub (issue 19): deleted at S3  # noqa: F401
+from quantkit.schemes import Scheme as SchemeFacts  # house-move stub (issue 19): deleted at S3  # noqa: F401
 from quantkit.vocab import EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # --- data: what recipes may name ------------------------------------------------------------------------------
@@ -57,52 +61,6 @@ ROLES: dict[str, RoleInfo] = {
 }
 
 
-@dataclass(frozen=True)
-class SchemeFacts:
-    """What a Quark scheme stores; `static_activation_scales` means a calibrated input_scale per layer."""
-
-    weights: str
-    activations: str
-    static_activation_scales: bool = False
-
-
-# Quark 0.13's built-in schemes, in the order of quark/torch/quantization/config/template.py
-# (QuantizationSchemeCollection._collect_supported_schemes). Kept as data so that listing or validating schemes
-# never imports quark.torch (~30 s). Block formats (mx6, mx9, bfp16) compute their shared exponents on the fly,
-# so they store no input scale; nvfp4 and amdfp4_global* calibrate a per-tensor global input scale.
-QUARK_SCHEMES: dict[str, SchemeFacts] = {
-    "int4_wo_32": SchemeFacts("INT4 per-group 32", "none (weight-only)"),
-    "int4_wo_64": SchemeFacts("INT4 per-group 64", "none (weight-only)"),
-    "int4_wo_128": SchemeFacts("INT4 per-group 128", "none (weight-only)"),
-    "int4_wo_per_channel": SchemeFacts("INT4 per-channel", "none (weight-only)"),
-    "int4_wa_64": SchemeFacts("INT4 per-group 64", "INT4 per-group 64, dynamic"),
-    "uint4_wo_32": SchemeFacts("UINT4 per-group 32", "none (weight-only)"),
-    "uint4_wo_64": SchemeFacts("UINT4 per-group 64", "none (weight-only)"),
-    "uint4_wo_128": SchemeFacts("UINT4 per-group 128", "none (weight-only)"),
-    "uint4_wo_per_channel": SchemeFacts("UINT4 per-channel", "none (weight-only)"),
-    "int8": SchemeFacts("INT8 per-tensor", "INT8 per-tensor, static", True),
-    "fp8": SchemeFacts("FP8 E4M3 per-tensor", "FP8 E4M3 per-tensor, static", True),
-    "ptpc_fp8": SchemeFacts("FP8 E4M3 per-channel", "FP8 E4M3 per-token, dynamic"),
-    "mxfp4": SchemeFacts("MXFP4 (E8M0 scale per 32)", "MXFP4, dynamic"),
-    "mxfp4_weight_only": SchemeFacts("MXFP4 (E8M0 scale per 32)", "none (weight-only)"),
-    "mxfp6_e3m2": SchemeFacts("MXFP6 E3M2", "MXFP6 E3M2, dynamic"),
-    "mxfp6_e2m3": SchemeFacts("MXFP6 E2M3", "MXFP6 E2M3, dynamic"),
-    "mxfp4_mxfp6_e2m3": SchemeFacts("MXFP4", "MXFP6 E2M3, dynamic"),
-    "mxfp4_fp8": SchemeFacts("MXFP4", "FP8 E4M3 per-tensor, static", True),
-    "amdfp4": SchemeFacts("AMD FP4 per-group 16", "AMD FP4 per-group 16, dynamic"),
-    "amdfp4_g32": SchemeFacts("AMD FP4 per-group 32", "AMD FP4 per-group 32, dynamic"),
-    "int4_fp8": SchemeFacts("INT4 per-channel via FP8 (W4A8)", "FP8 E4M3 per-tensor, dynamic"),
-    "mx6": SchemeFacts("MX6", "MX6, block exponents"),
-    "mx9": SchemeFacts("MX9", "MX9, block exponents"),
-    "bfp16": SchemeFacts("BFP16 (block 8)", "BFP16, block exponents"),
-    "nvfp4": SchemeFacts("FP4 per-group 16, FP8 E4M3 scales", "FP4 per-group 16 + static global scale", True),
-    "amdfp4_global16": SchemeFacts("FP4 per-group 16, E5M3 scales", "FP4 per-group 16 + static global scale", True),
-    "amdfp4_global32": SchemeFacts("FP4 per-group 32, E5M3 scales", "FP4 per-group 32 + static global scale", True),
-}
-
-# Names Quark 0.13 still accepts only for old configs; recipes must use the current name.
-QUARK_SCHEME_ALIASES: dict[str, str] = {"fp4_block16_scale_e4m3": "nvfp4"}
-
 CALIBRATION_EXAMPLE = "calibration: {samples: 128, seq_len: 512}"
 NAME_PATTERN = re.compile(r"[a-z0-9-]+")
 
@@ -123,13 +81,13 @@ def _close(value: str, options: list[str]) -> str:
 
 
 def _check_scheme(value: str) -> str:
-    if value in QUARK_SCHEMES:
+    if value in SCHEMES:
         return value
-    known = ", ".join(QUARK_SCHEMES)
+    known = ", ".join(SCHEMES)
     fix = (
-        f"use {QUARK_SCHEME_ALIASES[value]!r}, the current name of this legacy alias"
-        if value in QUARK_SCHEME_ALIASES
-        else _close(value, list(QUARK_SCHEMES))
+        f"use {ALIASES[value]!r}, the current name of this legacy alias"
+        if value in ALIASES
+        else _close(value, list(SCHEMES))
     )
     raise _custom("scheme", f"unknown Quark scheme {value!r} (known: {known}); {fix}")
 
@@ -275,7 +233,7 @@ class Recipe(_Strict):
         static += [
             (f"overrides[{i}].scheme", o.scheme)
             for i, o in enumerate(self.overrides)
-            if QUARK_SCHEMES[o.scheme].static_activation_scales
+            if SCHEMES[o.scheme].static_activation_scales
         ]
         if static and self.path == "per-shard":
             where, scheme = static[0]
@@ -329,15 +287,15 @@ class Recipe(_Strict):
         return self._source
 
     @property
-    def scheme_facts(self) -> SchemeFacts:
+    def scheme_facts(self) -> Scheme:
         """Facts about the global scheme."""
-        return QUARK_SCHEMES[self.scheme]
+        return SCHEMES[self.scheme]
 
     @property
     def needs_calibration(self) -> bool:
         """Whether the global scheme or an override stores calibrated activation scales."""
         schemes = [self.scheme, *(o.scheme for o in self.overrides)]
-        return any(QUARK_SCHEMES[s].static_activation_scales for s in schemes)
+        return any(SCHEMES[s].static_activation_scales for s in schemes)
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as plain data, in the YAML layout (loading it back gives an equal recipe)."""

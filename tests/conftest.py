@@ -92,3 +92,44 @@ def broken_fp8_draft(fp8_draft, tmp_path_factory):
             tensors[name] = (tensors[name].float() * 16).to(tensors[name].dtype)
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     return broken
+
+
+class QuarkF2F:
+    """AMD Quark 0.13's file-to-file quantizer, the reference the native executor is byte-identical to: a whole
+    checkpoint (`direct_quantize_checkpoint`) or one weight (`_single_stage_quantize_weight`)."""
+
+    def __init__(self) -> None:
+        import contextlib
+        import sys
+
+        os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+        with contextlib.redirect_stdout(sys.stderr):  # Quark logs to stdout
+            from quark.torch import LLMTemplate, ModelQuantizer
+            from quark.torch.quantization.config.template import MXFP4Scheme, PTPCFP8Scheme
+            from quark.torch.quantization.file2file_quantization import _single_stage_quantize_weight
+        self._template, self._quantizer, self._single = LLMTemplate, ModelQuantizer, _single_stage_quantize_weight
+        self._specs = {"mxfp4": MXFP4Scheme().config.weight, "ptpc_fp8": PTPCFP8Scheme().config.weight}
+
+    def checkpoint(self, src: Path, dst: Path, template: str, scheme: str, exclude: list[str],
+                   layer_config: dict[str, str] | None = None) -> Path:
+        """`ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device="cpu")`, its stdout logging silenced."""
+        import contextlib
+        import sys
+
+        cfg = self._template.get(template).get_config(scheme=scheme, exclude_layers=exclude,
+                                                      layer_config=layer_config)
+        with contextlib.redirect_stdout(sys.stderr):
+            self._quantizer(cfg).direct_quantize_checkpoint(str(src), str(dst), device="cpu")
+        return dst
+
+    def weight(self, weight, scheme: str):
+        """(weight, weight_scale) as Quark's shard loop stores one weight of `scheme`."""
+        out: dict = {}
+        self._single(weight.clone(), "m.weight", "m", self._specs[scheme], out, "f.safetensors")
+        return out["m.weight"], out["m.weight_scale"]
+
+
+@pytest.fixture(scope="session")
+def quark_f2f() -> QuarkF2F:
+    """Quark's file-to-file quantizer, imported once per session (~25 s)."""
+    return QuarkF2F()

@@ -4,7 +4,6 @@ midway, non-finite weights refused, memory bounded by a few shards, no Quark imp
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -26,26 +25,10 @@ from quantkit.apply.executor import (
     serialize_safetensors,
 )
 from quantkit.errors import QuantkitError
+from quantkit.io.headers import checkpoint_tensors
 from tests import executor_checkpoints as ec
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="session")
-def quark_f2f():
-    """Quark's file-to-file quantizer (imported once per session, ~25 s), with its stdout logging silenced."""
-    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
-    with contextlib.redirect_stdout(sys.stderr):
-        from quark.torch import LLMTemplate, ModelQuantizer
-
-    def run(src: Path, dst: Path, template: str, scheme: str, exclude: list[str],
-            layer_config: dict[str, str] | None = None) -> Path:
-        cfg = LLMTemplate.get(template).get_config(scheme=scheme, exclude_layers=exclude, layer_config=layer_config)
-        with contextlib.redirect_stdout(sys.stderr):
-            ModelQuantizer(cfg).direct_quantize_checkpoint(str(src), str(dst), device="cpu")
-        return dst
-
-    return run
 
 
 def _assert_same_tree(quark_out: Path, ours: Path) -> None:
@@ -75,7 +58,7 @@ def test_byte_identical_to_quark(quark_f2f, tmp_path, family, scheme, layer_conf
     exclude = ec.exclude_modules(fam)
     if layer_config:
         exclude = [m for m in exclude if "self_attn" not in m]
-    quark_out = quark_f2f(src, tmp_path / "quark", fam.template, scheme, exclude, layer_config)
+    quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", fam.template, scheme, exclude, layer_config)
     events: list[ShardEvent] = []
     report = quantize_checkpoint(src, tmp_path / "ours", scheme=scheme, exclude=exclude, layer_config=layer_config,
                                  devices=["cpu"], progress=events.append)
@@ -122,9 +105,15 @@ def test_pass_through_rules_match_quark(quark_f2f, tmp_path, scheme):
     fam = _edge_family()
     src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=20_000)
     exclude = ec.exclude_modules(fam)
-    quark_out = quark_f2f(src, tmp_path / "quark", "llama", scheme, exclude)
+    quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", "llama", scheme, exclude)
     quantize_checkpoint(src, tmp_path / "ours", scheme=scheme, exclude=exclude, layer_config=None, devices=["cpu"])
     _assert_same_tree(quark_out, tmp_path / "ours")
+    # Every tensor stored as the source stores it (same dtype and shape: passed through) has the source's bytes.
+    source, ours = checkpoint_tensors(src), checkpoint_tensors(tmp_path / "ours")
+    passed = [n for n, t in ours.items() if n in source and (source[n].dtype, source[n].shape) == (t.dtype, t.shape)]
+    assert len(passed) >= 3
+    for name in passed:
+        assert _stored_bytes(tmp_path / "ours", name) == _stored_bytes(src, name), name
 
 
 @pytest.mark.slow
@@ -135,7 +124,7 @@ def test_patterns_and_several_workers_match_quark(quark_f2f, tmp_path):
     src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=60_000)
     exclude = ["*.mlp.gate", "lm_head"]
     layer_config = {"*self_attn.o_proj": "ptpc_fp8", "*experts.1.*": "ptpc_fp8"}
-    quark_out = quark_f2f(src, tmp_path / "quark", "qwen3_moe", "mxfp4", exclude, layer_config)
+    quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", "qwen3_moe", "mxfp4", exclude, layer_config)
     quantize_checkpoint(src, tmp_path / "ours", scheme="mxfp4", exclude=exclude, layer_config=layer_config,
                         devices=["cpu", "cpu"])
     _assert_same_tree(quark_out, tmp_path / "ours")
@@ -171,14 +160,14 @@ def test_serializer_matches_safetensors(tmp_path):
 def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, batched: bool) -> list[tuple]:
     """Every shard through the per-tensor path (proven equal to Quark above) or the batched one `_process_device`
     runs on a GPU, here on CPU: (tensor names in order, {name: (dtype, shape, bytes)}, kept-tensor digests)."""
-    from quantkit.apply import executor as ex
+    from quantkit.apply.shards import f2f, process
 
-    plan = ex._plan(src, scheme, exclude, layer_config)
-    settings = ex._Settings(src, src, scheme, exclude, layer_config, plan)
+    plan = f2f.plan_shards(src, scheme, exclude, layer_config)
+    settings = process.Settings(src, src, scheme, exclude, layer_config, plan)
     outs = []
     for i, name in enumerate(plan.shards):
-        loaded = ex._load_shard(src, name, i, torch.empty(plan.sizes[name], dtype=torch.uint8))
-        out = ex._process_device(loaded, settings, "cpu") if batched else ex._process(loaded, settings, "cpu", None)
+        loaded = process.load_shard(src, name, i, torch.empty(plan.sizes[name], dtype=torch.uint8))
+        out = process.process_device(loaded, settings, "cpu") if batched else process.process_cpu(loaded, settings, "cpu", None)
         outs.append((list(out.tensors), {k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8)
                                               .numpy().tobytes()) for k, t in out.tensors.items()},
                      out.expected, out.quantized))
@@ -210,12 +199,12 @@ def _mixed_family() -> ec.Family:
 def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, scheme, layer_config, batch_bytes):
     """The GPU path stacks same-shape tensors, quantizes once and splits: each tensor's bytes, names, order and
     digests must be the per-tensor path's (and so Quark's); a batch limit of 5000 bytes also splits the groups."""
-    from quantkit.apply import executor as ex
+    from quantkit.apply.shards import process
 
     fam = _mixed_family() if family == "mixed" else ec.FAMILIES[family]()
     src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=30_000, aux=False)
     exclude = [m for m in ec.exclude_modules(fam) if not (layer_config and "self_attn" in m)]
-    monkeypatch.setattr(ex, "_DEVICE_BATCH_BYTES", batch_bytes)
+    monkeypatch.setattr(process, "_DEVICE_BATCH_BYTES", batch_bytes)
     per_tensor = _shard_outputs(src, scheme, exclude, layer_config, batched=False)
     batched = _shard_outputs(src, scheme, exclude, layer_config, batched=True)
     assert sum(q for *_, q in per_tensor) > 10
@@ -372,6 +361,23 @@ def test_non_finite_weight_in_a_kept_layer_is_copied(tmp_path):
     src = ec.write_checkpoint(fam, tmp_path / "src")
     quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=ec.exclude_modules(fam), layer_config=None,
                         devices=["cpu"])
+    src_bytes, out_bytes = _stored_bytes(src, "lm_head.weight"), _stored_bytes(tmp_path / "out", "lm_head.weight")
+    assert out_bytes == src_bytes
+    assert torch.isnan(torch.frombuffer(bytearray(out_bytes), dtype=torch.bfloat16)[0])
+
+
+def _stored_bytes(folder: Path, name: str) -> bytes:
+    """The bytes tensor `name` has in its shard under `folder`, cut from the file by its header's offsets."""
+    from quantkit.io.safetensors import read_header
+
+    for shard in sorted(folder.glob("*.safetensors")):
+        header = read_header(shard)
+        if name in header:
+            raw = shard.read_bytes()
+            begin, end = header[name]["data_offsets"]
+            start = 8 + int.from_bytes(raw[:8], "little")
+            return raw[start + begin:start + end]
+    raise AssertionError(f"{name} is in no shard of {folder}")
 
 
 def test_refusals_are_one_line_quantkit_errors(tmp_path):

@@ -8,7 +8,6 @@ PTPCFP8Scheme); its config dict is compared with `LLMTemplate.get_config(...)` a
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -28,32 +27,13 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ST_DTYPE = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F32"}
 
 
-@pytest.fixture(scope="session")
-def quark_f2f():
-    """Quark's per-weight file-to-file quantizer (import once per session; later imports hit sys.modules)."""
-    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
-    from quark.torch.quantization.config.template import MXFP4Scheme, PTPCFP8Scheme
-    from quark.torch.quantization.file2file_quantization import (
-        _single_stage_quantize_weight,
-    )
-
-    specs = {"mxfp4": MXFP4Scheme().config.weight, "ptpc_fp8": PTPCFP8Scheme().config.weight}
-
-    def quantize(weight: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        _single_stage_quantize_weight(weight.clone(), "m.weight", "m", specs[scheme], out, "f.safetensors")
-        return out["m.weight"], out["m.weight_scale"]
-
-    return quantize
-
-
 def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.dtype == b.dtype and a.shape == b.shape
             and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
 
 
 def _assert_same(quark_f2f, w: torch.Tensor, scheme: str) -> None:
-    ref_w, ref_s = quark_f2f(w, scheme)
+    ref_w, ref_s = quark_f2f.weight(w, scheme)
     got_w, got_s = quantize_weight(w, scheme)
     assert _bytes_equal(got_s, ref_s), (scheme, w.dtype, "scale", (got_s != ref_s).nonzero()[:5])
     if not _bytes_equal(got_w, ref_w):
@@ -95,12 +75,12 @@ def test_mxfp4_rounding_ties_every_scale(quark_f2f, dtype):
 def test_mxfp4_bf16_fast_path_every_value_every_scale(quark_f2f, monkeypatch):
     """The bf16 table path (no float math) against Quark for every bf16 magnitude that can round to a non-zero code,
     both signs, under every scale exponent the path handles; the exact fallback is disabled to prove it ran."""
-    from quantkit.apply import native
+    from quantkit.schemes import mxfp4
 
     def no_fallback(*_args):
         raise AssertionError("the bf16 fast path fell back to the exact path")
 
-    monkeypatch.setattr(native, "_mxfp4_rows_exact", no_fallback)
+    monkeypatch.setattr(mxfp4, "_mxfp4_rows_exact", no_fallback)
     mantissas = torch.arange(128, dtype=torch.float64) / 128 + 1
     rows = []
     for e in range(-123, 126):
@@ -113,7 +93,7 @@ def test_mxfp4_bf16_fast_path_every_value_every_scale(quark_f2f, monkeypatch):
         rows.append(groups.reshape(-1, 64))
     w = torch.cat(rows)
     assert w.numel() > 400_000
-    ref_w, ref_s = quark_f2f(w, "mxfp4")
+    ref_w, ref_s = quark_f2f.weight(w, "mxfp4")
     got_w, got_s = quantize_mxfp4(w)
     assert _bytes_equal(got_s, ref_s)
     assert _bytes_equal(got_w, ref_w), (got_w != ref_w).nonzero()[:5].tolist()

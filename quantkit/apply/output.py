@@ -2,24 +2,68 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit.apply.plan import (
     ApplyVerificationError,
     LayerDecision,
     NonFiniteWeightError,
 )
+from quantkit.io import jsonout
 from quantkit.io.checkpoint import (
     SourceCheckpoint,
 )
+from quantkit.io.files import copy_aux_files, is_weight_file
 from quantkit.io.headers import checkpoint_tensors
+from quantkit.naming.drafts import draft_config_for_vllm
+from quantkit.schemes import SCHEMES
+from quantkit.vocab import EAGLE3_DRAFT
 
-# Dtypes a quantized weight is stored as, per scheme family (safetensors dtype names).
-QUANTIZED_WEIGHT_DTYPES = {"fp8": {"F8_E4M3"}, "mxfp4": {"U8"}}
-
+if TYPE_CHECKING:
+    from quantkit.apply.run import ApplyPlan
 
 # --- output --------------------------------------------------------------------------------------------------------
+
+
+def final_config(plan: ApplyPlan, quark_qc: dict[str, Any]) -> dict[str, Any]:
+    """The output's config.json: the source's config with the quantizer's `quantization_config` (`quark_qc`, in
+    checkpoint names) under vLLM's runtime names, the exclude list vLLM's, an EAGLE-3 draft's config as vLLM reads
+    it, the source's own quantization config removed, and the MTP layer counts zeroed when the recipe drops MTP."""
+    qc = dict(quark_qc)
+    qc["exclude"] = plan.exclude
+    rewrite_layer_quant_config(qc, plan.decisions, plan.layers)
+    qc.setdefault("layer_type_quant_config", {})
+    if plan.kind == EAGLE3_DRAFT:
+        assert plan.info is not None
+        return draft_config_for_vllm(plan.src.config, plan.info, qc)
+    # The source's own quantization config (FP8-block, compressed-tensors; top level or in text_config) must not
+    # survive: vLLM reads the top-level one first and text_config's second.
+    config = {k: ({kk: vv for kk, vv in v.items() if kk != "quantization_config"} if isinstance(v, dict) else v)
+              for k, v in plan.src.config.items() if k not in ("quantization_config", "compression_config")}
+    config["quantization_config"] = qc
+    if plan.dropped:  # the MTP layers are gone: say so where vLLM's MTP draft would look for them
+        for cfg in (config, config.get("text_config")):
+            if isinstance(cfg, dict):
+                for key in ("num_nextn_predict_layers", "num_mtp_modules"):
+                    if key in cfg:
+                        cfg[key] = 0
+    return config
+
+
+def write_final_files(plan: ApplyPlan, dst: Path, quark_qc: dict[str, Any]) -> None:
+    """Write the output's final config.json (`final_config`) and its files beside the weights, once: everything in
+    `dst` but the weights (Quark's exporters write files of their own: generation_config.json, ...) is removed,
+    sub-folders included, and the source's allow-list is copied (quantkit.io.files.AUX_FILES)."""
+    (dst / "config.json").write_text(jsonout.dumps(final_config(plan, quark_qc)) + "\n")
+    for stale in dst.iterdir():
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
+        elif not is_weight_file(stale.name):
+            stale.unlink()
+    copy_aux_files(plan.src.path, dst)
+
 
 
 def rewrite_layer_quant_config(qc: dict[str, Any], decisions: list[LayerDecision], layers: list[Any]) -> None:
@@ -92,10 +136,11 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
     checked_identical = 0
     for m, d in quantized_modules.items():
         w = out_tensors.get(f"{m}.weight")
-        family = "mxfp4" if "mxfp4" in (d.scheme or "") else "fp8" if "fp8" in (d.scheme or "") else None
+        record = SCHEMES.get(d.scheme or "")
+        weight_dtype = record.weight_dtype if record is not None else None
         if w is None:
             raise ApplyVerificationError(f"{out}: quantized layer {m} has no weight tensor")
-        if family and w.dtype not in QUANTIZED_WEIGHT_DTYPES[family]:
+        if weight_dtype and w.dtype != weight_dtype:
             raise ApplyVerificationError(
                 f"{out}: {m}.weight is {w.dtype}, but the plan quantizes it with {d.scheme}; Quark skipped it")
         scale = out_tensors.get(f"{m}.weight_scale")

@@ -5,7 +5,7 @@ the path, the engine and the devices) -> quantize into a temporary folder beside
 `quantization_config` with vLLM's runtime names -> verify the written tensors against the plan and the source ->
 write quantkit.json -> rename the finished folder into place.
 
-Engines: `native` is quantkit's shard executor (quantkit.apply.executor: MXFP4 and PTPC-FP8, byte-identical to Quark
+Engines: `native` is quantkit's shard executor (quantkit.apply.shards: MXFP4 and PTPC-FP8, byte-identical to Quark
 0.13's file-to-file path, no Quark import, parallel over devices, resumable); `quark` runs Quark itself, in memory
 (ModelQuantizer: calibrated schemes) or per shard (direct_quantize_checkpoint). `auto` takes native whenever it
 can. Per shard is the default path for every recipe without static activation scales.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import resource
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,8 +26,8 @@ from typing import Any
 from quantkit.apply.output import (
     refuse_non_finite,
     restore_kept_tensors,
-    rewrite_layer_quant_config,
     verify_output,
+    write_final_files,
 )
 from quantkit.apply.plan import (
     ApplyError,
@@ -50,19 +49,19 @@ from quantkit.io.checkpoint import (
     target_layer_count,
     written_files,
 )
-from quantkit.io.files import copy_aux_files, describe_not_copied, is_weight_file, not_copied, scan_folder
+from quantkit.io.files import describe_not_copied, not_copied, scan_folder
 from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
-from quantkit.naming.drafts import DraftInfo, draft_config_for_vllm, draft_info, model_kind
+from quantkit.naming.drafts import DraftInfo, draft_info, model_kind
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
 from quantkit.results import ApplyResult, LayerDecision, ShardSummary
+from quantkit.schemes import SCHEMES, native_schemes
 from quantkit.versions import versions
 from quantkit.vocab import EAGLE3_DRAFT, ModelKind
 
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
-NATIVE_SCHEMES = ("mxfp4", "ptpc_fp8")  # quantkit.apply.native.SCHEMES, kept here so planning imports no torch
 
 
 @dataclass
@@ -153,10 +152,11 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     else:
         run_path, path_reason = asked, f"--path {asked}" if path else f"recipe {rec.name}"
     schemes = {rec.scheme, *(o.scheme for o in rec.overrides)}
-    native_ok = run_path == "per-shard" and schemes <= set(NATIVE_SCHEMES)
+    native = native_schemes()
+    native_ok = run_path == "per-shard" and schemes <= set(native)
     if engine == "native" and not native_ok:
         why = "it runs per shard only" if run_path != "per-shard" else \
-            f"it supports {', '.join(NATIVE_SCHEMES)} (recipe uses {', '.join(sorted(schemes))})"
+            f"it supports {', '.join(native)} (recipe uses {', '.join(sorted(schemes))})"
         raise ApplyError(f"--engine native: {why}; use --engine quark")
     chosen = "native" if engine in ("auto", "native") and native_ok else "quark"
     engine_reason = {"native": "quantkit's shard executor (byte-identical to Quark 0.13's file-to-file path)",
@@ -240,16 +240,16 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     """Bytes of the output's tensors, from the plan and the source headers (no tensor data read)."""
     import math
 
-    from quantkit.io.headers import DTYPE_BYTES
+    from quantkit.io.safetensors import DTYPE_BYTES
 
     quantized = {f"{m}.weight": d.scheme for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
     total = 0
     for name, t in decoded_infos(plan).items():
         scheme = quantized.get(name)
-        if scheme == "mxfp4" and len(t.shape) >= 2:
-            rows = math.prod(t.shape[:-1])
-            total += rows * (t.shape[-1] // 2) + rows * -(-t.shape[-1] // 32)
-        elif scheme and "fp8" in scheme and len(t.shape) >= 2:
+        exact = SCHEMES[scheme].output_bytes(tuple(t.shape)) if scheme in SCHEMES and len(t.shape) >= 2 else None
+        if exact is not None:  # a scheme whose record holds its layout (the native ones)
+            total += exact
+        elif scheme and "fp8" in scheme and len(t.shape) >= 2:  # Quark-only FP8 schemes: no layout in the registry yet
             total += math.prod(t.shape) + t.shape[0] * 4
         else:
             total += math.prod(t.shape) * DTYPE_BYTES.get(t.dtype, 1)
@@ -388,7 +388,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             refuse_non_finite(src, decisions)
         t1 = time.perf_counter()
         if native:
-            from quantkit.apply.executor import quantize_checkpoint
+            from quantkit.apply.shards import quantize_checkpoint
 
             continuing = resume and (tmp / RESUMABLE_MARKER).is_file()
             progress("resuming the interrupted run in " + tmp.name if continuing else
@@ -397,10 +397,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
                                          resume=continuing, progress=_shard_progress(progress, src.size_bytes),
                                          decode=plan.source_format if plan.source_format.name != "bf16" else None,
-                                         drop=plan.dropped, copy_aux=False)
-            shards = [ShardSummary(name=r.name, bytes_in=r.bytes_in, bytes_out=r.bytes_out, sha256_in=r.sha256_in,
-                                   sha256_out=r.sha256_out, device=r.device, seconds=r.seconds, resumed=r.resumed)
-                      for r in report.shards]
+                                         drop=plan.dropped,
+                                         finish=lambda _src, dst, qc: write_final_files(plan, dst, qc))
+            shards = report.shards
             hashes = {r.name: r.sha256_in for r in report.shards}
             throughput, resumed = report.mb_per_s, report.resumed_shards
         else:
@@ -408,41 +407,13 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
 
             runner = run_in_memory if plan.path == "in-memory" else run_per_shard
             runner(src.path, tmp, rec, plan.kind, src.config, decisions, plan.devices[0].split(":")[0], progress)
+            qc = read_config(tmp).get("quantization_config")
+            if not isinstance(qc, dict):
+                raise ApplyVerificationError(f"the quantizer wrote no quantization_config to {tmp / 'config.json'}")
+            write_final_files(plan, tmp, qc)
         timings["quantize"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        written = read_config(tmp)
-        qc = written.get("quantization_config")
-        if not isinstance(qc, dict):
-            raise ApplyVerificationError(f"the quantizer wrote no quantization_config to {tmp / 'config.json'}")
-        qc["exclude"] = plan.exclude
-        rewrite_layer_quant_config(qc, decisions, plan.layers)
-        qc.setdefault("layer_type_quant_config", {})
-        if plan.kind == EAGLE3_DRAFT:
-            assert plan.info is not None
-            final_config = draft_config_for_vllm(src.config, plan.info, qc)
-        else:
-            # The source's own quantization config (FP8-block, compressed-tensors; top level or in text_config) must
-            # not survive: vLLM reads the top-level one first and text_config's second.
-            final_config = {k: ({kk: vv for kk, vv in v.items() if kk != "quantization_config"}
-                                if isinstance(v, dict) else v)
-                            for k, v in src.config.items() if k not in ("quantization_config", "compression_config")}
-            final_config["quantization_config"] = qc
-            if plan.dropped:  # the MTP layers are gone: say so where vLLM's MTP draft would look for them
-                for cfg in (final_config, final_config.get("text_config")):
-                    if isinstance(cfg, dict):
-                        for key in ("num_nextn_predict_layers", "num_mtp_modules"):
-                            if key in cfg:
-                                cfg[key] = 0
-        (tmp / "config.json").write_text(jsonout.dumps(final_config) + "\n")
-        # Quark's exporters write some files of their own (generation_config.json, ...): the output's files beside
-        # the weights come from the source's allow-list instead (io.files.AUX_FILES), sub-folders never.
-        for stale in tmp.iterdir():
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale)
-            elif not is_weight_file(stale.name):
-                stale.unlink()
-        copy_aux_files(src.path, tmp)
         restored = [] if native else restore_kept_tensors(src, tmp, decisions)
         progress("verifying the written tensors against the plan and the source")
         # The executor already checked every shard as it wrote it (kept tensors by hash, scales finite and

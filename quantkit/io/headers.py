@@ -1,30 +1,25 @@
-"""Reading safetensors headers and HF checkpoint folders without torch (stdlib and pydantic only), so inspecting never
-imports torch."""
+"""HF checkpoint folders without torch (stdlib and pydantic only): the index as the truth, the shard list, every tensor
+from the headers (read by quantkit.io.safetensors), config.json and small JSON files."""
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantkit.errors import CheckpointError, QuantkitError
-from quantkit.io import safetensors_format
-from quantkit.io.config import text_config, validate_model_config
+from quantkit.io.config import validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
+from quantkit.io.safetensors import DTYPE_BYTES as DTYPE_BYTES  # house-move stub (issue 19): deleted at S3
+from quantkit.io.safetensors import KNOWN_DTYPES as KNOWN_DTYPES  # house-move stub (issue 19): deleted at S3
+from quantkit.io.safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES  # house-move stub (issue 19): deleted at S3
+from quantkit.io.safetensors import METADATA_KEY, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
-METADATA_KEY = safetensors_format.METADATA_KEY
-MAX_HEADER_BYTES = safetensors_format.MAX_HEADER_BYTES
-# Bytes per element of whole-byte safetensors dtypes (sub-byte F4/F6 are packed: see safetensors_format.DTYPE_BITS).
-DTYPE_BYTES: dict[str, int] = {d: b // 8 for d, b in safetensors_format.DTYPE_BITS.items() if b % 8 == 0}
-# Every dtype the safetensors format defines (safetensors/src/tensor.rs `Dtype`), sub-byte ones included.
-KNOWN_DTYPES = set(safetensors_format.DTYPE_BITS)
 # config.json, indexes and reports are small; a larger file is corrupt or hostile, and parsing it would eat memory.
 MAX_JSON_FILE_BYTES = 64_000_000
 
-_REFETCH = safetensors_format.REFETCH
 _REGENERATE = "re-download or regenerate the index"
 
 
@@ -34,15 +29,6 @@ class TensorInfo(NamedTuple):
     file: str
     dtype: str
     shape: tuple[int, ...]
-
-
-def read_header(path: str | Path) -> dict[str, Any]:
-    """Parse and validate the JSON header of one safetensors file without reading tensor data, refusing every file
-    that safetensors' own loader refuses (quantkit.io.safetensors_format).
-
-    Returns the header: tensor name -> {dtype, shape, data_offsets}, plus `__metadata__` if present.
-    """
-    return safetensors_format.read_parsed_header(path).header
 
 
 class _IndexObject(dict[str, Any]):
@@ -186,24 +172,6 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-@dataclass(frozen=True)
-class CheckpointSummary:
-    """What a HF checkpoint folder holds, from config.json and safetensors headers."""
-
-    name: str
-    path: str
-    architecture: str | None
-    num_layers: int | None
-    hidden_size: int | None
-    vocab_size: int | None
-    size_mb: float
-    shards: int
-    tensors: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The parsed config.json of a checkpoint folder, every key quantkit reads checked for its type
     (quantkit.io.config.ModelConfig)."""
@@ -241,29 +209,3 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         raise error(f"{path}: not UTF-8 text; {fix}") from None
     except JsonInputError as e:
         raise error(f"{path}: {e}; {fix}") from None
-
-
-def _config_value(config: dict[str, Any], key: str) -> Any:
-    # Multimodal wrappers (e.g. Kimi-K2.5) keep the language model's sizes under text_config.
-    return config[key] if key in config else text_config(config).get(key)
-
-
-def summarize_checkpoint(folder: str | Path) -> CheckpointSummary:
-    """Summarise a HF checkpoint folder without loading any tensor data."""
-    folder = Path(folder)
-    config = read_config(folder)
-    architectures = config.get("architectures")
-    files = safetensors_files(folder)
-    tensors = checkpoint_tensors(folder)
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    return CheckpointSummary(
-        name=folder.name,
-        path=str(folder),
-        architecture=architectures[0] if isinstance(architectures, list) and architectures else None,
-        num_layers=_config_value(config, "num_hidden_layers"),
-        hidden_size=_config_value(config, "hidden_size"),
-        vocab_size=_config_value(config, "vocab_size"),
-        size_mb=round(size / 1e6, 3),
-        shards=len(files),
-        tensors=len(tensors),
-    )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from quantkit.errors import CheckpointError
-from quantkit.io.headers import read_header
+from quantkit.io.safetensors import read_header
 
 _NUMPY = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
           "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?", "F8_E8M0": "u1"}  # fmt: skip

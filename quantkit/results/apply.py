@@ -22,7 +22,8 @@ class LayerDecision(Result):
 
 
 class ShardSummary(Result):
-    """One shard as the executor wrote it: sizes, the SHA-256 of the bytes read and written, device, seconds."""
+    """One shard as the executor wrote it: sizes, the SHA-256 of the bytes read and written, device, seconds, and
+    how many tensors it holds and how many of them were quantized."""
 
     name: str
     bytes_in: int = 0
@@ -32,6 +33,28 @@ class ShardSummary(Result):
     device: str = ""
     seconds: float = 0.0
     resumed: bool = False
+    tensors: int = 0
+    quantized: int = 0
+
+
+class ExecutorReport(Result):
+    """What the native shard executor (quantkit.apply.shards.quantize_checkpoint) did."""
+
+    source: str
+    output: str
+    scheme: str
+    devices: list[str]
+    exclude: list[str]
+    shards: list[ShardSummary] = []
+    total_seconds: float = 0.0
+    mb_per_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    resumed_shards: int = 0
+    source_changed: list[str] = []  # finished before an interrupt, redone: its source changed
+    ignored_files: list[str] = []  # *.safetensors the index does not name: not read
+    readers: int = 0
+    page_locked: bool = False  # the source buffers were page-locked for asynchronous GPU copies
+    quantization_config: dict[str, Any] = {}  # as Quark's file-to-file path writes it (checkpoint names)
 
 
 class ApplyResult(CommandResult):
@@ -88,4 +111,4 @@ class ApplyResult(CommandResult):
 
 
 
-__all__ = ["ApplyResult", "LayerDecision", "ShardSummary"]
+__all__ = ["ApplyResult", "ExecutorReport", "LayerDecision", "ShardSummary"]

@@ -1,0 +1,441 @@
+"""The safetensors format in one place: the header rules as safetensors' own loader enforces them (the one
+validator behind every quantkit reader of safetensors files: quantkit.io.headers for inspect/check/apply planning,
+and the shard executor), the one dtype table, and the writer (byte-identical to `safetensors.torch.save_file`).
+
+The rules replay `SafeTensors::read_metadata` and `Metadata::validate` of the safetensors crate (safetensors/src/
+tensor.rs; the Python package's `safe_open` calls them when it opens a file), checked against safetensors 0.8's
+`safe_open` in tests/test_safety_integrity.py:
+
+- 8 bytes little-endian header length N, N <= 100,000,000 (MAX_HEADER_SIZE) and 8 + N <= file size;
+- the N bytes are UTF-8 JSON as serde_json reads it: an object, nested at most 127 deep, no NaN/Infinity, no
+  number beyond float64's range, no unpaired UTF-16 surrogate escape; whitespace may pad it;
+- `__metadata__` (once at most) is null or an object of string -> string;
+- every other key is a tensor: an object with `dtype` (a name of the crate's `Dtype` enum), `shape` (unsigned
+  64-bit integers) and `data_offsets` (exactly two of them), each field once (other fields are ignored), or the
+  same three as a 3-element array (serde reads a struct from a sequence too). A name given twice keeps its last
+  entry, but every entry must be well-formed;
+- sorted by data_offsets, the tensors tile the data section from byte 0 with no gap and no overlap (`InvalidOffset`),
+  each spans exactly numel x dtype bits / 8 bytes (a whole number of bytes; the shape's product may not overflow
+  64 bits, `ValidationOverflow`), and the last one ends at the end of the file (`MetadataIncompleteBuffer`).
+
+The writer (`serialize_safetensors`) replays safetensors' `serialize`: tensors laid out by dtype in the Rust `Dtype`
+enum's descending order (ST_ORDER), then by name, the header JSON compact and space-padded to a multiple of 8 bytes.
+
+Stdlib only at import: inspecting a checkpoint never imports torch (the writer imports it when it runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.files import require_regular_file
+
+if TYPE_CHECKING:
+    import torch
+
+# safetensors/src/tensor.rs MAX_HEADER_SIZE: a larger header length means corruption.
+MAX_HEADER_BYTES = 100_000_000
+
+
+class DtypeInfo(NamedTuple):
+    """One safetensors dtype: bits per element (the crate's `Dtype::bitsize()`), and the torch dtype name the native
+    executor reads and writes it as (None: sub-byte packed F4/F6, or the FNUZ variants, which it leaves to Quark)."""
+
+    bits: int
+    torch: str | None
+
+
+# Every dtype safetensors 0.8 defines (safetensors/src/tensor.rs `Dtype`): THE dtype table of quantkit.
+DTYPES: dict[str, DtypeInfo] = {
+    "BOOL": DtypeInfo(8, "bool"), "F4": DtypeInfo(4, None), "F6_E2M3": DtypeInfo(6, None),
+    "F6_E3M2": DtypeInfo(6, None), "U8": DtypeInfo(8, "uint8"), "I8": DtypeInfo(8, "int8"),
+    "F8_E5M2": DtypeInfo(8, "float8_e5m2"), "F8_E4M3": DtypeInfo(8, "float8_e4m3fn"),
+    "F8_E8M0": DtypeInfo(8, "float8_e8m0fnu"), "F8_E4M3FNUZ": DtypeInfo(8, None), "F8_E5M2FNUZ": DtypeInfo(8, None),
+    "I16": DtypeInfo(16, "int16"), "U16": DtypeInfo(16, "uint16"), "F16": DtypeInfo(16, "float16"),
+    "BF16": DtypeInfo(16, "bfloat16"), "I32": DtypeInfo(32, "int32"), "U32": DtypeInfo(32, "uint32"),
+    "F32": DtypeInfo(32, "float32"), "C64": DtypeInfo(64, "complex64"), "F64": DtypeInfo(64, "float64"),
+    "I64": DtypeInfo(64, "int64"), "U64": DtypeInfo(64, "uint64"),
+}  # fmt: skip
+DTYPE_BITS: dict[str, int] = {d: info.bits for d, info in DTYPES.items()}
+# Bytes per element of whole-byte dtypes (io/headers' DTYPE_BYTES until apply's size prediction reads the schemes).
+DTYPE_BYTES: dict[str, int] = {d: info.bits // 8 for d, info in DTYPES.items() if info.bits % 8 == 0}
+KNOWN_DTYPES = set(DTYPES)
+# The order safetensors lays tensors out in: by dtype, this order (the Rust Dtype enum, descending), then by name.
+ST_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
+            "F8_E5M2", "I8", "U8", "BOOL"]
+METADATA_KEY = "__metadata__"
+REFETCH = "the file is truncated or corrupt; re-download or re-export it"
+
+_USIZE_MAX = 2**64 - 1  # shapes and offsets are Rust usize (64-bit)
+_I64_MIN = -(2**63)
+_MAX_DEPTH = 127  # serde_json's recursion limit: the 128th nested array/object is refused
+_FIELDS = ("dtype", "shape", "data_offsets")
+# `-0` is a float to serde_json (so not a valid shape entry) but an int to Python's json: parse ints by hand then.
+_NEGATIVE_ZERO = re.compile(rb"-0(?![0-9.eE])")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class HeaderEntry(NamedTuple):
+    """One tensor of a safetensors file: offsets are relative to the data section (the byte after the header).
+    `decoded`: made by decoding a quantized source (quantkit.io.formats), so not a view of the file's bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    decoded: bool = False
+
+
+def itemsize(dtype: str) -> float:
+    """Bytes per element of safetensors dtype `dtype` (0.5 for F4, 0.75 for F6)."""
+    return DTYPES[dtype].bits / 8
+
+
+def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
+    """Bytes a tensor of `dtype` and `shape` takes in a safetensors file (0 for a dtype safetensors does not
+    define)."""
+    info = DTYPES.get(dtype)
+    return math.prod(shape) * info.bits // 8 if info is not None else 0
+
+
+@dataclass(frozen=True)
+class ParsedHeader:
+    """A validated header: `header` as stored (tensor name -> {dtype, shape, data_offsets}, `__metadata__` if any),
+    `entries` in file order (by data offsets)."""
+
+    header_len: int
+    header: dict[str, Any]
+    entries: list[HeaderEntry]
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_len
+
+
+class _Object(dict[str, Any]):
+    """A JSON object that remembers the values a repeated key overwrote (safetensors type-checks those too)."""
+
+    shadowed: tuple[tuple[str, Any], ...] = ()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object(pairs)
+    if len(obj) != len(pairs):
+        seen: dict[str, Any] = {}
+        shadowed = []
+        for key, value in pairs:
+            if key in seen:
+                shadowed.append((key, seen[key]))
+            seen[key] = value
+        obj.shadowed = tuple(shadowed)
+    return obj
+
+
+class _Refused(Exception):
+    pass
+
+
+def _constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Refused(f"number {text[:20]} is out of float64's range")
+    return value
+
+
+def _int(text: str) -> int | float:
+    return -0.0 if text == "-0" else int(text)
+
+
+def header_length(prefix: bytes | bytearray | memoryview, size: int, where: str,
+                  error: type[QuantkitError] = CheckpointError) -> int:
+    """The header length N from a file's first 8 bytes, refused as safetensors refuses it."""
+    if size < 8 or len(prefix) < 8:
+        raise error(f"{where}: only {size} bytes, too short for a safetensors header; {REFETCH}")
+    n = int.from_bytes(bytes(prefix[:8]), "little")
+    if n == 0 or n > MAX_HEADER_BYTES or 8 + n > size:
+        limit = f" (safetensors allows at most {MAX_HEADER_BYTES})" if n > MAX_HEADER_BYTES else ""
+        raise error(f"{where}: safetensors header length {n} does not fit the file's {size} bytes{limit}; {REFETCH}")
+    return n
+
+
+def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
+                 error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
+    """Validate the header of a safetensors file of `size` bytes whose first bytes (at least 8 + N) are `data`.
+
+    Raises `error` (one line naming `where`, the tensor and the fix) for every file safetensors' loader refuses.
+    """
+    n = header_length(data, size, where, error)
+    raw = bytes(data[8:8 + n])
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_object, parse_constant=_constant,
+                            parse_float=_float, parse_int=_int if _NEGATIVE_ZERO.search(raw) else None)
+    except UnicodeDecodeError:
+        raise error(f"{where}: safetensors header is not valid JSON (not UTF-8); {REFETCH}") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: safetensors header is not valid JSON ({e}); {REFETCH}") from None
+    except (_Refused, ValueError) as e:  # ValueError: an integer beyond Python's digit limit (also beyond float64)
+        digits = re.search(r"value has (\d+) digits", str(e))
+        reason = f"an integer of {digits.group(1)} digits" if digits else str(e)[:80]
+        raise error(f"{where}: safetensors header is not valid JSON as safetensors reads it ({reason}); "
+                    f"{REFETCH}") from None
+    except RecursionError:
+        raise error(f"{where}: safetensors header JSON is nested too deeply to read; {REFETCH}") from None
+    if not isinstance(header, dict):
+        raise error(f"{where}: safetensors header is a JSON {_kind(header)}, not an object; {REFETCH}")
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(header):
+        raise error(f"{where}: safetensors header holds an unpaired UTF-16 surrogate escape, which safetensors' JSON "
+                    f"parser refuses; {REFETCH}")
+    shadowed = getattr(header, "shadowed", ())
+    if any(key == METADATA_KEY for key, _ in shadowed):
+        raise error(f"{where}: safetensors header gives {METADATA_KEY} twice; {REFETCH}")
+    _check_metadata(header.get(METADATA_KEY), where, error)
+    for name, entry in shadowed:  # overwritten by a later entry of the same name, but still parsed by safetensors
+        _entry_fields(name, entry, where, error)
+
+    data_len = size - 8 - n
+    entries: list[HeaderEntry] = []
+    normalized: dict[str, Any] = {}
+    for name, value in header.items():
+        if name == METADATA_KEY:
+            normalized[name] = value
+            continue
+        dtype, shape, begin, end = _entry_fields(name, value, where, error)
+        numel = 1
+        for d in shape:
+            numel *= d
+            if numel > _USIZE_MAX:
+                raise error(f"{where}: tensor {name!r} shape {_short(shape)} overflows 64 bits; {REFETCH}")
+        bits = numel * DTYPE_BITS[dtype]
+        if bits > _USIZE_MAX:
+            raise error(f"{where}: tensor {name!r} shape {_short(shape)} overflows 64 bits; {REFETCH}")
+        if bits % 8:
+            raise error(f"{where}: tensor {name!r} is {dtype} {_short(shape)}: {bits} bits, not a whole number of "
+                        f"bytes; {REFETCH}")
+        if end < begin:
+            raise error(f"{where}: tensor {name!r} ends (byte {end}) before it begins (byte {begin}); {REFETCH}")
+        if end > data_len:
+            raise error(f"{where}: tensor {name!r} bytes {begin}..{end} lie outside the file's {data_len} data "
+                        f"bytes; {REFETCH}")
+        if bits // 8 != end - begin:
+            raise error(f"{where}: tensor {name!r} is {dtype} {_short(shape)} ({bits // 8} bytes) but spans "
+                        f"{end - begin} bytes; {REFETCH}")
+        entries.append(HeaderEntry(name, dtype, shape, begin, end))
+        normalized[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, end]}
+    entries.sort(key=lambda e: (e.begin, e.end))  # as Metadata's deserializer sorts them before validate()
+    pos, previous = 0, None
+    for t in entries:
+        if t.begin > pos:
+            before = f"between tensors {previous!r} and {t.name!r}" if previous is not None else \
+                f"before tensor {t.name!r}"
+            raise error(f"{where}: data bytes {pos}..{t.begin} {before} belong to no tensor (safetensors refuses "
+                        f"holes); {REFETCH}")
+        if t.begin < pos:
+            raise error(f"{where}: tensors {previous!r} and {t.name!r} share data bytes {t.begin}..{min(pos, t.end)} "
+                        f"(safetensors refuses overlapping tensors); {REFETCH}")
+        pos, previous = t.end, t.name
+    if pos != data_len:
+        raise error(f"{where}: the tensors end at data byte {pos} but the file holds {data_len}: {data_len - pos} "
+                    f"trailing bytes belong to no tensor (safetensors refuses them); {REFETCH}")
+    return ParsedHeader(n, normalized, entries)
+
+
+def read_parsed_header(path: str | Path, error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
+    """Read and validate the header of the safetensors file at `path` (tensor data is not read)."""
+    path = Path(path)
+    require_regular_file(path, fix="a shard must be a regular .safetensors file", error=error)
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            n = header_length(prefix, size, str(path), error)
+            data = prefix + f.read(n)
+    except FileNotFoundError:
+        raise error(f"{path}: file not found; check the checkpoint folder") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, expected a .safetensors file") from None
+    except PermissionError:
+        raise error(f"{path}: permission denied; make the file readable") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror or e}); {REFETCH}") from None
+    return parse_header(data, size, str(path), error)
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """Parse and validate the JSON header of one safetensors file without reading tensor data, refusing every file
+    that safetensors' own loader refuses.
+
+    Returns the header: tensor name -> {dtype, shape, data_offsets}, plus `__metadata__` if present.
+    """
+    return read_parsed_header(path).header
+
+
+def read_header_entries(path: Path, error: type[QuantkitError] = CheckpointError) -> list[HeaderEntry]:
+    """The tensors of the safetensors file at `path` in file order, from its validated header alone."""
+    require_regular_file(path, fix="a shard must be a regular .safetensors file", error=error)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        raw = head + f.read(header_length(head, size, str(path), error))
+    return parse_header(raw, size, str(path), error).entries
+
+
+# --- writing ---------------------------------------------------------------------------------------------------------
+
+
+def st_dtype(t: torch.Tensor, error: type[Exception] = CheckpointError) -> str:
+    """The safetensors dtype name of tensor `t`'s dtype; `error` when the table has none."""
+    name = str(t.dtype).removeprefix("torch.")
+    for st, info in DTYPES.items():
+        if info.torch == name:
+            return st
+    raise error(f"tensor dtype {t.dtype} has no safetensors name")
+
+
+def header_bytes(items: list[tuple[str, str, tuple[int, ...], int]]) -> tuple[bytes, list[int]]:
+    """safetensors' header for (name, dtype, shape, nbytes) items already in layout order, and the data offsets."""
+    header: dict[str, Any] = {}
+    offsets = []
+    pos = 0
+    for name, dtype, shape, nbytes in items:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        offsets.append(pos)
+        pos += nbytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    return len(raw).to_bytes(8, "little") + raw, offsets
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in memory order (CPU, contiguous), without a copy."""
+    import torch
+
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def serialize_safetensors(tensors: dict[str, torch.Tensor], path: Path, expected: dict[str, bytes] | None = None,
+                          *, error: type[Exception] = CheckpointError,
+                          mismatch: type[Exception] = CheckpointError) -> tuple[int, str]:
+    """Write `tensors` to `path` byte-identically to `safetensors.torch.save_file(tensors, path)` (no metadata),
+    streaming from each tensor's memory. Returns (bytes written, sha256 of them). `expected` maps tensor names to
+    the sha256 digest their bytes must have (checked on the bytes as written; `mismatch` if not). `error`: a tensor
+    whose dtype has no safetensors name."""
+    order = sorted(tensors, key=lambda k: (ST_ORDER.index(st_dtype(tensors[k], error)), k))
+    views = {k: tensor_bytes(tensors[k].contiguous()) for k in order}
+    head, _ = header_bytes([(k, st_dtype(tensors[k], error), tuple(tensors[k].shape), views[k].nbytes)
+                            for k in order])
+    digest = hashlib.sha256(head)
+    written = len(head)
+    with open(path, "wb") as f:
+        f.write(head)
+        for k in order:
+            mv = views[k]
+            if expected is not None and k in expected and hashlib.sha256(mv).digest() != expected[k]:
+                raise mismatch(f"{path.name}: kept tensor {k} would be written with bytes that differ "
+                               "from the source (internal error)")
+            f.write(mv)
+            digest.update(mv)
+            written += mv.nbytes
+    return written, digest.hexdigest()
+
+
+# --- validation helpers ----------------------------------------------------------------------------------------------
+
+
+def _entry_fields(name: str, value: Any, where: str,
+                  error: type[QuantkitError]) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype, shape, begin, end) of one tensor entry, typed as safetensors' `TensorInfo` deserializer types it."""
+    malformed = f"{where}: tensor {name!r} header entry is malformed (needs dtype, shape, data_offsets)"
+    if isinstance(value, list):  # serde fills a struct from a sequence of its fields in order
+        if len(value) != 3:
+            raise error(f"{malformed}; {REFETCH}")
+        value = dict(zip(_FIELDS, value, strict=True))
+    elif isinstance(value, dict):
+        repeated = sorted({k for k, _ in getattr(value, "shadowed", ()) if k in _FIELDS})
+        if repeated:
+            raise error(f"{where}: tensor {name!r} gives {repeated[0]} twice; {REFETCH}")
+        extra = [v for k, v in value.items() if k not in _FIELDS]
+        if extra and (problem := _json_problem(extra, depth=2)):
+            raise error(f"{where}: tensor {name!r} header entry {problem}; {REFETCH}")
+    else:
+        raise error(f"{malformed}; {REFETCH}")
+    dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+    if not (isinstance(dtype, str) and isinstance(shape, list) and all(_usize(d) for d in shape)
+            and isinstance(offsets, list) and len(offsets) == 2 and all(_usize(o) for o in offsets)):
+        raise error(f"{malformed}; {REFETCH}")
+    if dtype not in DTYPE_BITS:
+        raise error(f"{where}: tensor {name!r} has dtype {dtype[:20]!r}, which safetensors does not define; {REFETCH}")
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def _usize(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= _USIZE_MAX
+
+
+def _check_metadata(metadata: Any, where: str, error: type[QuantkitError]) -> None:
+    if metadata is None:
+        return
+    values = [*metadata.values(), *(v for _, v in getattr(metadata, "shadowed", ()))] \
+        if isinstance(metadata, dict) else None
+    if values is None or not all(isinstance(v, str) for v in values):
+        raise error(f"{where}: safetensors header's {METADATA_KEY} must map strings to strings; {REFETCH}")
+
+
+def _json_problem(values: list[Any], depth: int) -> str | None:
+    """What serde_json would refuse in ignored fields: nesting beyond its limit, integers beyond float64."""
+    stack = [(v, depth + 1) for v in values]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            if d > _MAX_DEPTH:
+                return f"nests JSON deeper than safetensors' parser allows ({_MAX_DEPTH})"
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+        elif type(v) is int and not _I64_MIN <= v <= _USIZE_MAX:
+            try:
+                float(v)
+            except OverflowError:
+                return "holds an integer beyond float64's range"
+    return None
+
+
+def _has_lone_surrogate(header: Any) -> bool:
+    stack = [header]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
+
+
+def _kind(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(
+        type(value), type(value).__name__)
+
+
+def _short(shape: tuple[int, ...]) -> str:
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."
