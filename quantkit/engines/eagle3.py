@@ -148,6 +148,15 @@ class Eagle3Draft:
         return _rms(prenorm, self.norm, self.eps), prenorm, keys, values
 
     @torch.no_grad()
+    def step1_logits(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        """The draft's first-step logits at every position, in its own vocab ([n, draft_vocab]): position t sees the
+        target's aux hidden states `aux[t]` and the token after it `next_tokens[t]`, causally over positions 0..t
+        (the prefill pass of vLLM's Eagle3LlamaForCausalLM, vllm/model_executor/models/llama_eagle3.py)."""
+        n = aux.shape[0]
+        normed, _, _, _ = self._layer(next_tokens, self.fc(aux.float()), torch.arange(n), None, None, causal=True)
+        return self.lm_head(normed)
+
+    @torch.no_grad()
     def propose(self, aux: torch.Tensor, next_tokens: torch.Tensor, k: int,
                 pick) -> tuple[list[int], list[torch.Tensor]]:
         """Draft k tokens after the last position.

@@ -68,6 +68,15 @@ class ReferenceEngine:
         for h in self._hooks:
             h.remove()
 
+    @torch.no_grad()
+    def aux_hidden_states(self, ids: list[int]) -> torch.Tensor:
+        """The target's aux hidden states at every position of `ids` ([len(ids), n_aux * hidden], float32 on CPU):
+        the residual streams entering the draft's aux layers, concatenated in `aux_ids` order, as vLLM hands them to
+        an EAGLE-3 draft (vllm/model_executor/models/interfaces.py _maybe_add_hidden_state)."""
+        from transformers import DynamicCache
+
+        return self._forward(ids, DynamicCache())[1]
+
     def _forward(self, ids: list[int], cache):
         out = self.target(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True)
         aux = torch.cat([self._captured[i][0] for i in self.aux_ids], -1).float().cpu()
