@@ -101,3 +101,41 @@ def test_numeric_uses_public_engine_api(tiny, fp8_draft):
     r = check_checkpoint(out, target=tiny / "target", vllm="off", numeric=True, source=tiny / "eagle3-draft")
     logits = r.numeric.logits
     assert r.ok and logits is not None and logits.mean_cosine >= 0.98 and logits.positions > 50, logits
+
+
+PROMETHEUS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 120.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 66.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 21.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 15.0
+"""
+
+
+def test_prometheus_and_in_process_counters_are_one_type():
+    """A server's /metrics and an in-process engine's get_metrics() give the same results.SpecDecodeCounters: equal
+    when the counts are (no vLLM start: the two readers on the same counts, vLLM's metric names); AL is None, never
+    NaN, without drafts."""
+    from types import SimpleNamespace
+
+    from quantkit.engines.vllm_engine import read_spec_counters
+    from quantkit.engines.vllm_server import parse_prometheus, spec_counters_from_metrics
+    from quantkit.results import SpecDecodeCounters
+
+    served = spec_counters_from_metrics(parse_prometheus(PROMETHEUS))
+    llm = SimpleNamespace(get_metrics=lambda: [
+        SimpleNamespace(name="vllm:spec_decode_num_drafts", value=40),
+        SimpleNamespace(name="vllm:spec_decode_num_draft_tokens", value=120),
+        SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", value=66),
+        SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[30, 21, 15])])
+    in_process = read_spec_counters(llm)
+    assert type(served) is type(in_process) is SpecDecodeCounters
+    assert served == in_process == SpecDecodeCounters(num_drafts=40, num_draft_tokens=120, num_accepted_tokens=66,
+                                                      accepted_per_pos=[30, 21, 15])
+    assert served.mean_acceptance_length == 1 + 66 / 40
+    zero = served.minus(in_process)
+    assert zero == SpecDecodeCounters(accepted_per_pos=[0, 0, 0]) and zero.mean_acceptance_length is None
+    assert served.minus(SpecDecodeCounters()) == served  # before any per-position counter was exported
+    assert spec_counters_from_metrics({}).mean_acceptance_length is None

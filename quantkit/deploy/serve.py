@@ -21,12 +21,12 @@ from quantkit.engines.vllm_server import (  # house-move stub (issue 19): delete
     ServerDiedError,
     ServeRequestError,
     ServerStartError,
-    SpecCounters,
     VllmServer,
     free_port,
     group_members,
     parse_prometheus,
 )
+from quantkit.results.serve import SpecDecodeCounters as SpecCounters  # house-move stub (issue 19): deleted at S3
 
 __all__ = ["DEFAULT_CPU_MAX_MODEL_LEN", "HOST", "LOG_TAIL_LINES", "SERVED_MODEL_NAME", "SPEC_ACCEPTED",
            "SPEC_ACCEPTED_PER_POS", "SPEC_DRAFTS", "SPEC_DRAFT_TOKENS", "STOP_GRACE_S", "RequestStats", "ServeError",

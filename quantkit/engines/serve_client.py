@@ -24,9 +24,9 @@ from quantkit.engines.vllm_server import (
     Progress,
     ServeError,
     ServeRequestError,
-    SpecCounters,
     VllmServer,
 )
+from quantkit.results.serve import SpecDecodeCounters
 
 # --- measuring ---------------------------------------------------------------------------------------------------
 
@@ -68,7 +68,7 @@ class ServedResult:
     startup_s: float | None
     wall_s: float
     requests: list[RequestStats]
-    spec: SpecCounters | None
+    spec: SpecDecodeCounters | None
     command: list[str]
 
     @property
@@ -115,7 +115,7 @@ class ServedResult:
             "startup_s": self.startup_s, "wall_s": self.wall_s, "completion_tokens": self.completion_tokens,
             "tokens_per_s": self.tokens_per_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
             "mean_acceptance_length": self.mean_acceptance_length,
-            "spec_decode": asdict(self.spec) if self.spec is not None else None,
+            "spec_decode": self.spec.model_dump() if self.spec is not None else None,
             "ok": self.ok, "problems": self.problems, "command": self.command,
             "requests": [{**asdict(r), "tpot_s": r.tpot_s} for r in self.requests],
         }

@@ -17,13 +17,13 @@ The per-request sums are checked against the global counters.
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantkit.engines.platform import VllmUnavailableError, is_vllm_cpu, set_cpu_defaults, vllm_available
 from quantkit.engines.stats import SequenceStats
 from quantkit.errors import QuantkitError
+from quantkit.results.serve import SpecDecodeCounters
 
 
 def make_llm(target: str | Path, draft: str | Path | None = None, num_speculative_tokens: int = 3,
@@ -44,33 +44,6 @@ def make_llm(target: str | Path, draft: str | Path | None = None, num_speculativ
                disable_log_stats=False, enforce_eager=True, trust_remote_code=trust_remote_code(), **kwargs)
 
 
-@dataclass
-class SpecDecodeCounters:
-    """vLLM's cumulative spec-decode counters (vllm/v1/spec_decode/metrics.py)."""
-
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """AL = 1 + accepted / drafts: tokens produced per target forward pass."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
-
-    def minus(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
-        """Counters accumulated since `before` (vLLM's are cumulative over the engine's life)."""
-        return SpecDecodeCounters(
-            self.num_drafts - before.num_drafts,
-            self.num_draft_tokens - before.num_draft_tokens,
-            self.num_accepted_tokens - before.num_accepted_tokens,
-            [a - b for a, b in zip(self.accepted_per_pos, before.accepted_per_pos or [0] * len(self.accepted_per_pos))],
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "mean_acceptance_length": self.mean_acceptance_length}
-
-
 def read_spec_counters(llm) -> SpecDecodeCounters:
     """Read `vllm:spec_decode_*` from `llm.get_metrics()` (needs `disable_log_stats=False`)."""
     metrics = {m.name: m for m in llm.get_metrics()}
@@ -86,7 +59,6 @@ def read_spec_counters(llm) -> SpecDecodeCounters:
         num_accepted_tokens=value("vllm:spec_decode_num_accepted_tokens"),
         accepted_per_pos=[int(v) for v in per_pos.values] if per_pos is not None else [],
     )
-
 
 
 class VllmRunError(QuantkitError):

@@ -45,12 +45,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 from quantkit.engines.platform import is_vllm_cpu
 from quantkit.errors import QuantkitError
+from quantkit.results.serve import SpecDecodeCounters
 
 Progress = Callable[[str], None]
 SERVED_MODEL_NAME = "quantkit-target"
@@ -130,37 +130,19 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
     return out
 
 
-@dataclass
-class SpecCounters:
-    """vLLM's cumulative spec-decode counters, summed over engines."""
+def spec_counters_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> SpecDecodeCounters:
+    """The spec-decode counters of a parsed /metrics page (parse_prometheus), summed over engines (the SPEC_* names;
+    per position from the `position` label)."""
+    def total(name: str) -> int:
+        return round(sum(v for _, v in metrics.get(name, [])))
 
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_metrics(cls, metrics: dict[str, list[tuple[dict[str, str], float]]]) -> SpecCounters:
-        def total(name: str) -> int:
-            return round(sum(v for _, v in metrics.get(name, [])))
-
-        per_pos: dict[int, float] = {}
-        for labels, v in metrics.get(SPEC_ACCEPTED_PER_POS, []):
-            if labels.get("position", "").isdigit():
-                per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + v
-        return cls(total(SPEC_DRAFTS), total(SPEC_DRAFT_TOKENS), total(SPEC_ACCEPTED),
-                   [round(per_pos[i]) for i in sorted(per_pos)])
-
-    def minus(self, before: SpecCounters) -> SpecCounters:
-        prev = before.accepted_per_pos + [0] * (len(self.accepted_per_pos) - len(before.accepted_per_pos))
-        return SpecCounters(self.num_drafts - before.num_drafts, self.num_draft_tokens - before.num_draft_tokens,
-                            self.num_accepted_tokens - before.num_accepted_tokens,
-                            [a - b for a, b in zip(self.accepted_per_pos, prev)])
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """AL = 1 + accepted / drafts: tokens per target forward pass (None without drafts)."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+    per_pos: dict[int, float] = {}
+    for labels, v in metrics.get(SPEC_ACCEPTED_PER_POS, []):
+        if labels.get("position", "").isdigit():
+            per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + v
+    return SpecDecodeCounters(num_drafts=total(SPEC_DRAFTS), num_draft_tokens=total(SPEC_DRAFT_TOKENS),
+                              num_accepted_tokens=total(SPEC_ACCEPTED),
+                              accepted_per_pos=[round(per_pos[i]) for i in sorted(per_pos)])
 
 
 # --- the server --------------------------------------------------------------------------------------------------
@@ -380,10 +362,10 @@ class VllmServer:
                                f"{self._tail_text()} (log {self.log_path})")
 
     # -- metrics
-    def spec_counters(self, client: Any) -> SpecCounters:
+    def spec_counters(self, client: Any) -> SpecDecodeCounters:
         r = client.get(f"{self.url}/metrics")
         r.raise_for_status()
-        return SpecCounters.from_metrics(parse_prometheus(r.text))
+        return spec_counters_from_metrics(parse_prometheus(r.text))
 
 
 def _signal_group(pgid: int, sig: int) -> None:

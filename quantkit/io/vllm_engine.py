@@ -6,7 +6,6 @@ from quantkit.engines.platform import (  # house-move stub (issue 19): deleted a
     vllm_available,
 )
 from quantkit.engines.vllm_engine import (  # house-move stub (issue 19): deleted at S3
-    SpecDecodeCounters,
     make_llm,
     read_spec_counters,
 )
@@ -19,6 +18,7 @@ from quantkit.engines.vllm_inspect import (  # house-move stub (issue 19): delet
     loaded_target_layers,
     probe_input,
 )
+from quantkit.results.serve import SpecDecodeCounters  # house-move stub (issue 19): deleted at S3
 
 __all__ = ["PROBE_ROWS", "SpecDecodeCounters", "VllmUnavailableError", "_byte_difference", "compare_mx_bytes",
            "is_vllm_cpu", "loaded_draft_layers", "loaded_mx_bytes", "loaded_target_layers", "make_llm",
