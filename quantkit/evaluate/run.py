@@ -315,10 +315,9 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
             raise EvalError(f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
                             "own; evaluate targets, and measure drafts with `quantkit acceptance`")
     if backend == "vllm":
-        for src in sources.values():
-            reason = vllm_refusal(str(src.hub_id or src.path), src.config)
-            if reason:
-                raise EvalError(reason)
+        reason = vllm_refusal({f"model {src.hub_id or src.path}": src.path for src in sources.values()})
+        if reason:
+            raise EvalError(f"--backend vllm: {reason}; use --backend hf")
         max_model_len = _engine_length(sources, max_model_len)
     for src in sources.values():
         load_tokenizer(src.path)  # both must have a tokenizer: found now, not after the baseline's whole run
