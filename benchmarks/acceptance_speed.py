@@ -31,7 +31,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantkit.acceptance.reference import ReferenceEngine
+    from quantkit.engines.reference import ReferenceEngine
     from quantkit.io.prompts import load_prompts
 
     tiny = ROOT / "examples" / "tiny"
@@ -76,10 +76,10 @@ def main() -> None:
             print("vllm: not installed")
             return
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from quantkit.acceptance.vllm_backend import run_vllm
+        from quantkit.engines.vllm_engine import run_spec_decode as run_vllm
 
         t0 = time.perf_counter()
-        from quantkit.io.vllm_engine import make_llm
+        from quantkit.engines.vllm_engine import make_llm
 
         llm = make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
         start = time.perf_counter() - t0

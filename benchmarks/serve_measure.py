@@ -4,7 +4,7 @@ against the in-process vLLM AL on the same prompt texts.
     python benchmarks/serve_measure.py [--batch-sizes 1,8] [--max-tokens 64] [--k 3] [--fast-start] [--out F]
 
 One server is started and measured at every batch size (42 built-in prompts rendered with the target's chat
-template); then the same texts run through quantkit.acceptance.vllm_backend.run_vllm (in-process `LLM`). Prints one
+template); then the same texts run through quantkit.engines.vllm_engine.run_spec_decode (in-process `LLM`). Prints one
 JSON object. The machines here are shared: read startup and speed figures as this run's, not as constants.
 """
 
@@ -32,7 +32,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from quantkit.deploy.serve import VllmServer, measure
+    from quantkit.engines.serve_client import measure
+    from quantkit.engines.vllm_server import VllmServer
     from quantkit.io.prompts import load_prompts
 
     tiny = ROOT / "examples" / "tiny"
@@ -58,7 +59,7 @@ def main() -> None:
                 served_ids = [r.token_ids for r in res.requests]
             say(f"batch {b}: {out['batches'][b]}")
     if not args.no_in_process:
-        from quantkit.acceptance.vllm_backend import run_vllm
+        from quantkit.engines.vllm_engine import run_spec_decode as run_vllm
 
         t0 = time.perf_counter()
         stats = run_vllm(str(target), str(draft), texts, args.k, args.max_tokens, 0.0, max_model_len=2048)

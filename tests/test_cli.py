@@ -16,6 +16,7 @@ from quantkit import __version__
 from quantkit.cli import main
 from quantkit.io.paths import TINY_MODELS_DIR_ENV
 from quantkit.recipes import load_recipe
+from quantkit.results import RecipeDocument, RecipeList
 
 HEAVY_MODULES = ["torch", "quark", "transformers", "vllm", "lm_eval", "safetensors", "numpy"]
 
@@ -69,7 +70,10 @@ def test_recipes_list_table() -> None:
 def test_recipes_list_json() -> None:
     result = _run("recipes", "list", "--json")
     assert result.exit_code == 0, result.output
-    items = json.loads(result.stdout)
+    data = json.loads(result.stdout)  # results.RecipeList (issue 19): versioned, the recipes under "recipes"
+    assert data["schema_version"] == 1
+    assert RecipeList.model_validate(data).to_dict() == data  # the model reads back what it printed
+    items = data["recipes"]
     assert [r["name"] for r in items] == ["fp8-draft", "fp8-target", "mxfp4-moe", "mxfp4-moe-attn-fp8"]
     for item in items:
         assert Path(item.pop("source")) == load_recipe(item["name"]).source
@@ -79,10 +83,13 @@ def test_recipes_list_json() -> None:
 def test_recipes_show_json_is_to_dict() -> None:
     result = _run("recipes", "show", "fp8-draft", "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    doc = json.loads(result.stdout)  # results.RecipeDocument (issue 19): the recipe under "recipe", and its file
+    assert doc["schema_version"] == 1 and Path(doc["source"]) == load_recipe("fp8-draft").source
+    data = doc["recipe"]
     assert data == load_recipe("fp8-draft").to_dict()
     assert data["scheme"] == "ptpc_fp8"
     assert [k["role"] for k in data["keep"]] == ["fc", "lm_head"]
+    assert RecipeDocument.model_validate(doc).to_dict() == doc
 
 
 def test_recipes_show_for_people_gives_reasons_and_scheme_facts() -> None:

@@ -326,8 +326,10 @@ def test_user_file_works_where_a_name_does(tmp_path: Path, monkeypatch: pytest.M
 
     result = _show(argument, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == recipe.to_dict()
-    assert json.loads(result.stdout)["keep"] == DRAFT["keep"]
+    shown = json.loads(result.stdout)  # results.RecipeDocument (issue 19): the recipe under "recipe", and its file
+    assert shown["schema_version"] == 1 and Path(shown["source"]).resolve() == path.resolve()
+    assert shown["recipe"] == recipe.to_dict()
+    assert shown["recipe"]["keep"] == DRAFT["keep"]
 
 
 def test_recipes_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,7 +338,7 @@ def test_recipes_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert [r.name for r in list_recipes()] == ["my-draft"]
     result = CliRunner().invoke(main, ["recipes", "list", "--json"])
     assert result.exit_code == 0, result.output
-    assert [r["name"] for r in json.loads(result.stdout)] == ["my-draft"]
+    assert [r["name"] for r in json.loads(result.stdout)["recipes"]] == ["my-draft"]  # results.RecipeList
 
 
 def test_builtin_name_must_match_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

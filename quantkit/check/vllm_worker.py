@@ -3,8 +3,8 @@
 `quantkit check` runs this module in a subprocess with a timeout (`python -m quantkit.check.vllm_worker --model M [--draft D]`),
 so a vLLM crash, hang or memory blow-up cannot take the checking process with it. The last stdout line starting with
 MARKER holds the result: generated token ids and text, and per loaded module its quant method, weight dtype and scale
-range (quantkit.io.vllm_engine); with --compare-bytes, per MXFP4 layer whether the weight and scale bytes vLLM holds
-equal the checkpoint's (quantkit.io.vllm_engine.compare_mx_bytes; positions and values only, never tensors); or
+range (quantkit.engines.vllm_inspect); with --compare-bytes, per MXFP4 layer whether the weight and scale bytes vLLM holds
+equal the checkpoint's (quantkit.engines.vllm_inspect.compare_mx_bytes; positions and values only, never tensors); or
 {"error": ..., "stage": "load"|"generate"}, with what was loaded when only generation failed.
 """
 
@@ -24,14 +24,10 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     "layers": {loaded layer name: [its checkpoint modules]}} for the layers whose MXFP4 bytes to compare."""
     from vllm import SamplingParams
 
+    from quantkit.engines.vllm_engine import make_llm
+    from quantkit.engines.vllm_inspect import loaded_draft_layers, loaded_mx_bytes, loaded_target_layers
     from quantkit.io.checkpoint import resolve_config
-    from quantkit.io.config import fit_max_model_len
-    from quantkit.io.vllm_engine import (
-        loaded_draft_layers,
-        loaded_mx_bytes,
-        loaded_target_layers,
-        make_llm,
-    )
+    from quantkit.naming.config import fit_max_model_len
 
     # 512 positions are plenty for one short prompt; a model that holds fewer gets its own (vLLM refuses more)
     llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=fit_max_model_len(resolve_config(model), 512))

@@ -143,8 +143,11 @@ def main() -> None:
     BF16, and why. Start with `quantkit recipes list`, `quantkit recipes show fp8-draft` and `quantkit demo`.
 
     \b
-    The pipeline, of which this release has the recipes and the demo:
+    The pipeline, one command per step:
       apply -> check -> acceptance -> eval -> gate -> publish
+    Beside it: `recipes` lists what apply can do, `inspect` shows the precision
+    vLLM will give every layer, `deploy` writes the `vllm serve` command line,
+    and `demo` runs the whole pipeline on the bundled tiny models.
 
     Errors are printed as one line `error: <message>` with exit status 2.
     """

