@@ -264,6 +264,10 @@ def test_tokenizer_drift_size_and_unquantized_are_caught(pair, tmp_path):
     tensors = load_file(str(bad / "model.safetensors"))
     tensors["model.extra_tensor"] = torch.zeros(200_000, dtype=torch.bfloat16)  # 400 kB on a 1.66 MB output
     save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    index_path = bad / "model.safetensors.index.json"  # outputs carry an index, and the index is the truth
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["model.extra_tensor"] = "model.safetensors"
+    index_path.write_text(json.dumps(index))
 
     cfg = _config(tmp_path, [{"name": "intact", "path": str(draft_q)}, {"name": "drifted", "path": str(bad)},
                              {"name": "bf16", "path": str(DRAFT)}], ["check"])

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,6 +36,9 @@ from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.config import text_config
 from quantkit.naming.vllm_names import UNKNOWN_TARGET_LAYERS, renamed
 from quantkit.vocab import EAGLE3_DRAFT
+
+if TYPE_CHECKING:  # results/check.py imports this module's layer types, so InspectResult is imported when it runs
+    from quantkit.results.check import InspectResult
 
 # Bytes per element for sizes (header dtypes); F4/F6 are packed sub-byte types.
 _ELEMENT_BYTES: dict[str, float] = {
@@ -271,37 +274,6 @@ class PrecisionGroup:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class InspectResult:
-    """Every runtime layer of a checkpoint with its vLLM precision and why; grouped; sizes per precision."""
-
-    path: str
-    architecture: str
-    model_kind: str
-    target_num_layers: int | None
-    quantization: dict[str, Any] | None  # quant_method, exclude and the keys present
-    layers: list[LayerPrecision]
-    groups: list[PrecisionGroup]
-    bytes_by_precision: dict[str, int]
-    other_bytes: int  # tensors outside any layer (norms, d2t/t2d, biases of non-linears, ...)
-    total_bytes: int
-    num_tensors: int
-    config_problems: list[str]
-    seconds: float = 0.0
-    source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path, "architecture": self.architecture, "model_kind": self.model_kind,
-            "target_num_layers": self.target_num_layers, "quantization": self.quantization,
-            "groups": [g.to_dict() for g in self.groups], "layers": [layer.to_dict() for layer in self.layers],
-            "bytes_by_precision": self.bytes_by_precision, "other_bytes": self.other_bytes,
-            "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
-            "source_format": self.source_format,
-            "seconds": round(self.seconds, 3),
-        }  # fmt: skip
 
 
 def tensor_bytes(info: TensorInfo) -> int:
@@ -561,6 +533,8 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None)
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
     names; without it they are shown as `model.layers.{N}.*` (exclude entries naming a number will not match them).
     """
+    from quantkit.results.check import InspectResult
+
     t0 = time.perf_counter()
     ck = load_checkpoint(folder, target_num_layers)
     modules = modules_of(ck.tensors)

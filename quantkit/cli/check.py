@@ -13,7 +13,7 @@ from quantkit.progress import stderr_progress
 from quantkit.vocab import PLATFORMS, VLLM_MODES
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
-    from quantkit.check.findings import CheckResult
+    from quantkit.results.check import CheckResult
 
 
 @main.command("check")
