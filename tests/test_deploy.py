@@ -269,9 +269,9 @@ def _vocab_mismatch(pair):
 
 
 CASES = {  # name: (damage, expected (severity, code))
-    "quantized draft lm_head": (_quantize_lm_head, ("error", "draft-lm-head-quantized")),
-    "aux ids beyond the target": (_aux_out_of_range, ("error", "draft-aux-layer-out-of-range")),
-    "default aux ids repeat": (_aux_default_repeats, ("error", "draft-aux-layer-ids-repeated")),
+    "quantized draft lm_head": (_quantize_lm_head, ("error", "lm-head-quantized")),
+    "aux ids beyond the target": (_aux_out_of_range, ("error", "aux-layer-out-of-range")),
+    "default aux ids repeat": (_aux_default_repeats, ("error", "aux-layer-ids")),
     "fp8_e5m2 KV with a Quark draft": (_e5m2_with_quark_draft, ("error", "kv-fp8-e5m2-quark")),
     "fp8 KV for a draft without scales": (_fp8_kv_unscaled_draft, ("warning", "kv-fp8-draft-unscaled")),
     "fp8 KV on CPU with head size 48": (_fp8_kv_cpu_head_size, ("error", "kv-fp8-cpu-head-size")),

@@ -21,6 +21,7 @@ from typing import Any
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.config import max_model_len as derived_max_model_len
+from quantkit.naming.config import text_config
 from quantkit.naming.drafts import is_eagle3_draft
 from quantkit.results.deploy import DEPLOY_FILE as DEPLOY_FILE  # handed on: callers of the old home
 from quantkit.results.deploy import DEPLOY_SCHEMA_VERSION as DEPLOY_SCHEMA_VERSION  # handed on: callers of the old home
@@ -153,8 +154,11 @@ def deploy_manifest(folder: str | Path, target: str | Path | None = None, platfo
                              num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len)
     served = CheckpointView(target_path, target_config, tensors=target_tensors)
     if draft_config is not None:
-        draft_view = CheckpointView(folder, draft_config, tensors=draft_tensors)
-        rules = RuleContext(subject=draft_view, serving=serving, target=served, draft=draft_view)
+        # the draft's decoder layers are named after the target's layer count, as vLLM names them
+        n_target = config_int(text_config(target_config).get("num_hidden_layers"))
+        draft_view = CheckpointView(folder, draft_config, tensors=draft_tensors, target_num_layers=n_target)
+        rules = RuleContext(subject=draft_view, serving=serving, target=served, draft=draft_view,
+                            target_num_layers=n_target)
     else:
         rules = RuleContext(subject=served, serving=serving)
     ctx = rules.deploy

@@ -66,18 +66,6 @@ def attention_heads(cfg: dict[str, Any]) -> tuple[int | None, int | None, int | 
     return heads, kv, head_dim
 
 
-def aux_layer_ids(draft_config: dict[str, Any]) -> list[int] | None:
-    """The aux hidden-state layer ids vLLM uses: the top-level attribute first, then eagle_config's
-    (v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`)."""
-    ids = draft_config.get("eagle_aux_hidden_state_layer_ids")
-    if not ids:
-        eagle = draft_config.get("eagle_config")
-        ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
-    if not ids:
-        ids = draft_layer_config(draft_config).get("eagle_aux_hidden_state_layer_ids")
-    return list(ids) if isinstance(ids, list) and ids else None
-
-
 # --- the deploy rules' sources -----------------------------------------------------------------------------------
 
 
@@ -86,13 +74,6 @@ def finding(rule: str, severity: str, code: str, where: str, message: str, fix: 
 
 
 SOURCES: dict[str, str] = {
-    "draft-lm-head-quantized": "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM.__init__ (lm_head "
-                               "is a ParallelLMHead); vllm/model_executor/layers/quantization/quark/quark.py "
-                               "get_quant_method_target (no Quark method for embeddings: unquantized)",
-    "draft-aux-layer-out-of-range": "vllm/model_executor/models/llama.py LlamaModel.forward, _maybe_add_hidden_state "
-                                    "(aux id i = the state after i layers, 0..L); vllm/v1/worker/gpu_model_runner.py "
-                                    "_get_eagle3_aux_layers_from_config; vllm/model_executor/models/interfaces.py "
-                                    "get_eagle3_default_aux_hidden_state_layers (2, L//2, L-3)",
     "tp-mxfp4-group": "vllm/model_executor/layers/quantization/quark/schemes/quark_ocp_mx.py create_weights (input "
                       "per partition % 32); vllm/model_executor/layers/quantization/quark/quark_moe.py "
                       "QuarkOCP_MX_MoEMethod.create_weights (intermediate_size_per_partition // 32 scales); "

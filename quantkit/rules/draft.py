@@ -1,9 +1,9 @@
 """EAGLE-3 drafts: vocabulary maps, aux hidden-state layer ids, and the fit with the target
 (vllm/model_executor/models/llama_eagle3.py, models/llama.py and interfaces.py, v1/worker/gpu_model_runner.py).
 
-check's rules (`vocab_maps`, `aux_layers`, `target_fit`, `target_unknown`, split from check's draft_checks) and
-deploy's (`check_draft_lm_head`, `check_aux_layers`, `check_draft_vocab`) are both here until they merge (issue 19,
-phase 2: check's are the ones)."""
+The rules `vocab_maps`, `aux_layers`, `target_fit` and `target_unknown` (check's; deploy runs `aux_layers` too) and
+deploy's `check_draft_vocab`, which also reads d2t's header, until it merges into vocab_maps and target_fit (issue 19
+plan 1.8.3)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from quantkit.check.inspect import PLACEHOLDER, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.config import text_config
 from quantkit.results.check import Finding
-from quantkit.rules.deploy_context import DeployContext, aux_layer_ids, config_int, finding
+from quantkit.rules.deploy_context import DeployContext, config_int, finding
 from quantkit.rules.rule import Findings, RuleContext
-from quantkit.rules.tensors import FLOAT_DTYPES
 
 AUX_IDS = "eagle_aux_hidden_state_layer_ids"
 
@@ -82,10 +81,9 @@ def aux_layers(ctx: RuleContext) -> None:
         findings.add("warning", "aux-layer-ids", where,
                      f"top-level eagle_aux_hidden_state_layer_ids {d.top_ids} differ from eagle_config's "
                      f"{d.nested_ids}; vLLM uses the top-level ones", "make both the same")
-    if ctx.target is None:
-        return  # draft-target-unknown says what is not checked
     n_target = ctx.target_num_layers
-    assert n_target is not None  # check reads it with the target
+    if ctx.target is None or n_target is None:
+        return  # draft-target-unknown says what is not checked (deploy: a target config without a layer count)
     if d.use_aux:
         effective = list(d.ids) if d.ids else [2, n_target // 2, n_target - 3]
         source_txt = f"{where} {effective}" if d.ids else f"vLLM's default aux layer ids {effective} (none in config)"
@@ -186,44 +184,6 @@ def _vocab_maps(ck: LoadedCheckpoint, vocab: int, draft_vocab: int, findings: Fi
         findings.add("error", "d2t-t2d-mismatch", "d2t",
                      "arange(draft_vocab) + d2t does not give the target ids t2d marks: draft tokens map to the "
                      "wrong target tokens", "regenerate d2t and t2d together")
-
-
-def check_draft_lm_head(ctx: DeployContext) -> list[Finding]:
-    tensors = ctx.draft_tensors or {}
-    head = tensors.get("lm_head.weight")
-    extra = sorted(n for n in tensors if n.startswith("lm_head.") and n != "lm_head.weight")
-    if (head is None or head.dtype in FLOAT_DTYPES) and not extra:
-        return []
-    parts = [f"lm_head.weight is {head.dtype}"] if head is not None and head.dtype not in FLOAT_DTYPES else []
-    what = ", ".join(parts + extra[:3])
-    return [finding("draft-lm-head-quantized", "error", "draft-lm-head-quantized", "lm_head",
-                     f"the draft's lm_head is quantized ({what}); vLLM builds it as a ParallelLMHead, for which "
-                     "Quark has no quantized method, so the load fails or reads FP8 bytes as BF16 values",
-                     "re-export the draft with lm_head kept BF16 (quantkit's fp8-draft recipe does)")]
-
-
-def check_aux_layers(ctx: DeployContext) -> list[Finding]:
-    assert ctx.draft_config is not None
-    n = config_int(ctx.target_text.get("num_hidden_layers"))
-    if n is None:
-        return []
-    ids = aux_layer_ids(ctx.draft_config)
-    shown = f"eagle_aux_hidden_state_layer_ids {ids}" if ids else f"vLLM's default aux layer ids {[2, n // 2, n - 3]}"
-    effective = ids or [2, n // 2, n - 3]  # interfaces.py get_eagle3_default_aux_hidden_state_layers
-    bad = [i for i in effective if config_int(i) is None or not 0 <= i <= n]
-    if bad:
-        return [finding("draft-aux-layer-out-of-range", "error", "draft-aux-layer-out-of-range",
-                         "eagle_aux_hidden_state_layer_ids",
-                         f"{shown}: {bad} outside the target's hidden states 0..{n} (the target has {n} layers; "
-                         "llama.py collects the state after layer i for aux id i), so vLLM never collects them and "
-                         "the draft's fc gets the wrong input", f"is {ctx.target_path} the draft's target? The ids "
-                         f"must lie in 0..{n}")]
-    if len(set(effective)) != len(effective):
-        return [finding("draft-aux-layer-out-of-range", "error", "draft-aux-layer-ids-repeated",
-                         "eagle_aux_hidden_state_layer_ids",
-                         f"{shown} repeat a layer (a {n}-layer target); vLLM then fails with a shape error",
-                         "write explicit distinct eagle_aux_hidden_state_layer_ids into the draft's config.json")]
-    return []
 
 
 def check_draft_vocab(ctx: DeployContext) -> list[Finding]:

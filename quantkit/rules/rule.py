@@ -174,6 +174,9 @@ class Rule:
     check: Callable[[RuleContext], None] | None = None
     check_layer: Callable[[RuleContext, LayerPrecision], None] | None = None
     needs: Needs = "checkpoint"
+    # What it needs when deploy runs it, where that differs: layer-tensors checks only the draft of a served pair
+    # (deploy is not asked to check a target's tensors; `quantkit check TARGET` is).
+    deploy_needs: Needs | None = None
     when: When = "static"
     reads: Reads = "headers"
     platforms: frozenset[str] | None = None  # None: every platform
@@ -208,8 +211,9 @@ class Rule:
         """Whether `command` runs this rule on `ctx`: the command, the platform, the vLLM version and what it needs."""
         if command not in self.commands or not self.holds_for(ctx.serving):
             return False
-        if self.needs == "draft":
+        needs = self.deploy_needs if command == "deploy" and self.deploy_needs is not None else self.needs
+        if needs == "draft":
             return ctx.draft is not None
-        if self.needs == "pair":
+        if needs == "pair":
             return ctx.draft is not None and ctx.target is not None
         return True

