@@ -17,8 +17,6 @@ from quantkit.gate.verdict import (  # house-move stub (issue 19): deleted at S3
     ReleaseCheck,
     Verdict,
     acceptance_ratio_check,
-    eval_delta_check,
     judge,
     served_al_check,
-    verdict,
 )

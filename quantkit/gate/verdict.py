@@ -1,8 +1,8 @@
 """The gate's verdict: one verdict over every judged figure of a release (pass, regression, anomalous, infeasible),
-and the figures judged against a baseline (acceptance ratio, eval delta, served vs in-process AL). Pure functions
+and the figures judged against a baseline (acceptance ratio, served vs in-process AL). Pure functions
 over numbers; nothing here runs a model. The release figures (size, tokenizer drift) are in quantkit.gate.release.
 
-Verdict rules (`judge`, `verdict`), over `ReleaseCheck`s:
+Verdict rules (`judge`), over `ReleaseCheck`s:
 
 - infeasible: a required check could not run (its `error` is set, or it has no `value`). A check with
   `required=False` that could not run is left out.
@@ -108,11 +108,6 @@ def judge(checks: list[ReleaseCheck]) -> Judgement:
     return Judgement("pass", [])
 
 
-def verdict(checks: list[ReleaseCheck]) -> Verdict:
-    """pass | regression | anomalous | infeasible (module docstring)."""
-    return judge(checks).verdict
-
-
 # --- common checks -----------------------------------------------------------------------------------------------
 
 
@@ -120,12 +115,6 @@ def acceptance_ratio_check(ratio: float | None, ratio_ci: tuple[float, float] | 
                            use_ci_bound: bool = False, error: str | None = None) -> ReleaseCheck:
     """Candidate / BF16-draft AL: at least `min_ratio`; anomalous when its CI lies wholly above 1."""
     return ReleaseCheck("acceptance.ratio", ratio, min_ratio, ">=", ratio_ci, 1.0, use_ci_bound, error=error)
-
-
-def eval_delta_check(task: str, delta: float | None, delta_ci: tuple[float, float] | None, max_drop: float,
-                     use_ci_bound: bool = False, error: str | None = None) -> ReleaseCheck:
-    """Quantized minus baseline score: no lower than -max_drop; anomalous when its CI lies wholly above 0."""
-    return ReleaseCheck(f"eval.{task}.delta", delta, -max_drop, ">=", delta_ci, 0.0, use_ci_bound, error=error)
 
 
 def served_al_check(served_al: float | None, in_process_al: float | None, tolerance: float | None,
