@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.check.run import check_checkpoint
-from quantkit.deploy.manifest import deploy_manifest
+from quantkit.check.run import run as check_checkpoint
+from quantkit.deploy.run import run as deploy_manifest
 from quantkit.rules import table
 from quantkit.rules.rule import COMMANDS, Rule, RuleContext
 from quantkit.vocab import SEVERITIES

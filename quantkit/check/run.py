@@ -32,7 +32,7 @@ class CheckInputError(QuantkitError):
 # --- entry point -----------------------------------------------------------------------------------------------
 
 
-def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: int = 1, platform: str = "gfx950",
+def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platform: str = "gfx950",
                      vllm: str = "auto", numeric: bool = False, source: str | Path | None = None,
                      load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
                      progress: Progress | None = None) -> CheckResult:

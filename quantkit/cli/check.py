@@ -52,7 +52,7 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     """
     import sys
 
-    from quantkit.check import check_checkpoint
+    from quantkit.check.run import run as check_checkpoint
     from quantkit.io.hf import remote_code_allowed
 
     progress = stderr_progress("check") if not as_json else None

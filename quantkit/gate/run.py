@@ -246,7 +246,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
         if "check" in cfg.steps:
             progress(f"{cand.name}: check")
             try:
-                from quantkit.check import check_checkpoint
+                from quantkit.check.run import run as check_checkpoint
 
                 draft_target = pair_target or target  # a pair's draft is checked against the target it runs on
                 chk = check_checkpoint(path, target=draft_target if kind == EAGLE3_DRAFT else None, tp=cfg.check.tp,

@@ -120,10 +120,10 @@ class CheckResult(CommandResult):
                             findings=list(self.findings), vllm_load=self.vllm_load)
 
     def to_dict(self) -> dict[str, Any]:
-        # check's JSON as it has always been: `ok` and the severity counts, layers without their checkpoint modules,
-        # seconds rounded (no schema_version yet: every --json gains it together, plan 1.13)
+        # check's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13): `ok`
+        # and the severity counts, layers without their checkpoint modules, seconds rounded
         return {
-            "path": self.path, "architecture": self.architecture, "model_kind": self.model_kind,
+            "schema_version": self.schema_version, "path": self.path, "architecture": self.architecture, "model_kind": self.model_kind,
             "target": self.target, "target_num_layers": self.target_num_layers, "tp": self.tp,
             "platform": self.platform, "ok": self.ok,
             "summary": {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES},
@@ -153,9 +153,9 @@ class InspectResult(CommandResult):
     source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
 
     def to_dict(self) -> dict[str, Any]:
-        # inspect's JSON as it has always been (no schema_version yet, plan 1.13)
+        # inspect's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13)
         return {
-            "path": self.path, "architecture": self.architecture, "model_kind": self.model_kind,
+            "schema_version": self.schema_version, "path": self.path, "architecture": self.architecture, "model_kind": self.model_kind,
             "target_num_layers": self.target_num_layers, "quantization": self.quantization,
             "groups": [g.to_dict() for g in self.groups], "layers": [layer.to_dict() for layer in self.layers],
             "bytes_by_precision": self.bytes_by_precision, "other_bytes": self.other_bytes,
