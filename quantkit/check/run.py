@@ -19,7 +19,7 @@ from quantkit.naming.config import target_layer_count
 from quantkit.progress import Progress, or_silent
 from quantkit.results import CheckResult, Finding, NumericResult, VllmLoad
 from quantkit.rules.rule import CheckpointView, Findings, RuleContext, ServingOptions
-from quantkit.rules.table import run_rules
+from quantkit.rules.table import run_rules, source_of
 from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS, SEVERITIES, VLLM_MODES
 
 DEFAULT_LOAD_TIMEOUT_S = 900
@@ -67,6 +67,7 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
         findings.add("info", "target-layers-assumed", "--target",
                      f"no --target: exclude names model.layers.{assumed}.*, so the draft's decoder layers are taken "
                      f"to be numbered from {assumed} (the target's layer count)", "pass --target TARGET_DIR")
+        findings[-1].source = source_of("draft-target-unknown")  # the rule that lists target-layers-assumed
     view = CheckpointView.of(ck)
     target_view = CheckpointView(target, target_config) if target is not None and target_config is not None else None
     ctx = RuleContext(subject=view, serving=ServingOptions(platform=platform, tp=tp), target=target_view,

@@ -211,6 +211,11 @@ def _stamped(ctx: RuleContext, rule: Rule, check: Callable[[RuleContext], None])
             f.source = rule.source
 
 
+def source_of(rule_id: str) -> str:
+    """The vLLM source of the rule `rule_id`, for a finding its rule's step adds outside run_rules."""
+    return _BY_ID[rule_id].source
+
+
 def checkpoint_view(folder: str | Path, target_num_layers: int | None = None) -> CheckpointView:
     """The rules' view of the checkpoint in `folder`, loaded now (CheckpointError for a folder that is not one);
     `target_num_layers` names a draft's decoder layers."""
