@@ -1,4 +1,5 @@
-"""quantkit.deploy: the vllm serve manifest and its known-bad combinations, tokenizer drift, size ratio, verdicts.
+"""quantkit.deploy: the vllm serve manifest and its known-bad combinations, tokenizer drift, size ratio (the verdict
+tests are in tests/test_verdict.py).
 
 Fast: real folders (copies of the bundled tiny models, damaged), real safetensors files written byte by byte, and
 vLLM's own source files (read as text, not imported) as the reference for env var names, KV dtypes and the error
@@ -19,16 +20,8 @@ from pathlib import Path
 import pytest
 
 from quantkit.deploy.checks import (
-    ReleaseCheck,
-    acceptance_ratio_check,
-    eval_delta_check,
-    judge,
-    served_al_check,
     size_ratio,
-    size_ratio_check,
     tokenizer_drift,
-    tokenizer_drift_check,
-    verdict,
 )
 from quantkit.deploy.manifest import (
     DEPLOY_FILE,
@@ -269,9 +262,9 @@ def _vocab_mismatch(pair):
 
 
 CASES = {  # name: (damage, expected (severity, code))
-    "quantized draft lm_head": (_quantize_lm_head, ("error", "draft-lm-head-quantized")),
-    "aux ids beyond the target": (_aux_out_of_range, ("error", "draft-aux-layer-out-of-range")),
-    "default aux ids repeat": (_aux_default_repeats, ("error", "draft-aux-layer-ids-repeated")),
+    "quantized draft lm_head": (_quantize_lm_head, ("error", "lm-head-quantized")),
+    "aux ids beyond the target": (_aux_out_of_range, ("error", "aux-layer-out-of-range")),
+    "default aux ids repeat": (_aux_default_repeats, ("error", "aux-layer-ids")),
     "fp8_e5m2 KV with a Quark draft": (_e5m2_with_quark_draft, ("error", "kv-fp8-e5m2-quark")),
     "fp8 KV for a draft without scales": (_fp8_kv_unscaled_draft, ("warning", "kv-fp8-draft-unscaled")),
     "fp8 KV on CPU with head size 48": (_fp8_kv_cpu_head_size, ("error", "kv-fp8-cpu-head-size")),
@@ -421,36 +414,3 @@ def test_size_ratio_counts_safetensors_bytes(tiny, tmp_path):
     expected = (out / "model.safetensors").stat().st_size / (tiny / "target" / "model.safetensors").stat().st_size
     assert size_ratio(tiny / "target", out) == pytest.approx(expected) and expected < 1
     assert size_ratio(tiny / "target", tiny / "target") == 1.0
-
-
-# --- verdict -----------------------------------------------------------------------------------------------------
-
-
-def test_verdict_reaches_every_outcome():
-    good = acceptance_ratio_check(1.0, (0.99, 1.01))
-    assert verdict([good, eval_delta_check("french", -0.01, (-0.03, 0.01), max_drop=0.02)]) == "pass"
-    assert verdict([acceptance_ratio_check(0.27, (0.25, 0.30))]) == "regression"
-    assert verdict([good, acceptance_ratio_check(None, None, error="vLLM failed to start")]) == "infeasible"
-    # better than the baseline beyond the CI: a ratio whose CI lies above 1, an eval delta whose CI lies above 0
-    assert verdict([acceptance_ratio_check(1.2, (1.1, 1.3))]) == "anomalous"
-    assert verdict([eval_delta_check("french", 0.08, (0.05, 0.11), max_drop=0.02)]) == "anomalous"
-    # the same figure measured two ways disagrees: served AL vs in-process AL
-    assert verdict([served_al_check(3.10, 3.674, tolerance=0.02)]) == "anomalous"
-    assert verdict([served_al_check(3.674, 3.674, tolerance=0.02)]) == "pass"
-    assert verdict([size_ratio_check(0.7, max_ratio=0.8), tokenizer_drift_check([])]) == "pass"
-    assert verdict([tokenizer_drift_check(["tokenizer.json: ..."])]) == "regression"
-
-
-def test_verdict_precedence_and_reasons():
-    j = judge([acceptance_ratio_check(0.5, (0.4, 0.6)), ReleaseCheck("eval", error="lm-eval crashed"),
-               served_al_check(3.0, 3.5, tolerance=0.02)])
-    assert j.verdict == "regression"
-    assert [r.split(":")[0] for r in j.reasons] == ["regression", "infeasible", "anomalous"]
-    assert judge([ReleaseCheck("eval", error="x"), served_al_check(3.0, 3.5, tolerance=0.02)]).verdict == "infeasible"
-    # a check that is not required and could not run is left out
-    assert verdict([acceptance_ratio_check(1.0, (0.99, 1.01)), ReleaseCheck("optional", required=False)]) == "pass"
-    # with use_ci_bound the CI's lower end is judged: a ratio of 0.99 whose CI reaches 0.95 misses 0.98
-    assert verdict([acceptance_ratio_check(0.99, (0.95, 1.02))]) == "pass"
-    assert verdict([acceptance_ratio_check(0.99, (0.95, 1.02), use_ci_bound=True)]) == "regression"
-    # lower-is-better figures mirror: a size ratio CI wholly below its parity is anomalous
-    assert verdict([ReleaseCheck("latency.ratio", 0.5, 1.2, "<=", ci=(0.4, 0.6), parity=1.0)]) == "anomalous"

@@ -10,9 +10,8 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from quantkit.io.config import vllm_dtype_label as model_dtype_label  # noqa: F401  # house-move stub (issue 19): deleted at S3
 from quantkit.naming.precision import (  # noqa: F401  # house-move stub (issue 19): deleted at S3
@@ -29,37 +28,8 @@ from quantkit.naming.precision import (  # noqa: F401  # house-move stub (issue 
 from quantkit.results.precision import LayerPrecision, PrecisionGroup  # noqa: F401  # house-move stub (issue 19): deleted at S3
 from quantkit.results.precision import ResolvedScheme as Scheme  # noqa: F401  # house-move stub (issue 19): deleted at S3
 
-
-@dataclass
-class InspectResult:
-    """Every runtime layer of a checkpoint with its vLLM precision and why; grouped; sizes per precision."""
-
-    path: str
-    architecture: str
-    model_kind: str
-    target_num_layers: int | None
-    quantization: dict[str, Any] | None  # quant_method, exclude and the keys present
-    layers: list[LayerPrecision]
-    groups: list[PrecisionGroup]
-    bytes_by_precision: dict[str, int]
-    other_bytes: int  # tensors outside any layer (norms, d2t/t2d, biases of non-linears, ...)
-    total_bytes: int
-    num_tensors: int
-    config_problems: list[str]
-    seconds: float = 0.0
-    source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path, "architecture": self.architecture, "model_kind": self.model_kind,
-            "target_num_layers": self.target_num_layers, "quantization": self.quantization,
-            "groups": [g.to_dict() for g in self.groups], "layers": [layer.to_dict() for layer in self.layers],
-            "bytes_by_precision": self.bytes_by_precision, "other_bytes": self.other_bytes,
-            "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
-            "source_format": self.source_format,
-            "seconds": round(self.seconds, 3),
-        }  # fmt: skip
-
+if TYPE_CHECKING:  # results/check.py imports the layer types, so InspectResult is imported when it runs
+    from quantkit.results.check import InspectResult
 
 
 _LAYER_NUM = re.compile(r"(?<=\.layers\.)(\d+)(?=\.)")
@@ -109,6 +79,8 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None)
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
     names; without it they are shown as `model.layers.{N}.*` (exclude entries naming a number will not match them).
     """
+    from quantkit.results.check import InspectResult
+
     t0 = time.perf_counter()
     ck = load_checkpoint(folder, target_num_layers)
     modules = modules_of(ck.tensors)

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.check.findings import NUMERIC_BOUNDS, Findings
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
 from quantkit.results.precision import LayerPrecision
+from quantkit.rules.rule import Findings
+from quantkit.rules.tensors import NUMERIC_BOUNDS
 from quantkit.vocab import EAGLE3_DRAFT
 
 # Below either figure the quantized model no longer computes what its source computes.

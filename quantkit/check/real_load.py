@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.check.findings import Findings
 from quantkit.check.inspect import (
     LayerPrecision,
     LoadedCheckpoint,
@@ -25,6 +24,7 @@ from quantkit.check.inspect import (
 from quantkit.engines.platform import installed_vllm, vllm_refusal
 from quantkit.io.hf import trust_remote_code
 from quantkit.progress import Progress
+from quantkit.rules.rule import Findings
 from quantkit.vocab import EAGLE3_DRAFT
 
 # --- 2. real load ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`quantkit check`: the static contract, scale data, draft and platform checks, then the real vLLM load and numeric agreement, gathered into one CheckResult (see quantkit.check.contract for the rules and the vLLM code each replays)."""
+"""`quantkit check`: the rules of quantkit.rules.table (config, exclusion, tensors, TP, draft, scale data, platform), then the real vLLM load and numeric agreement, gathered into one CheckResult."""
 
 from __future__ import annotations
 
@@ -7,29 +7,29 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from quantkit.check.contract import static_contract
-from quantkit.check.drafts import draft_checks
-from quantkit.check.findings import (
-    DEFAULT_LOAD_TIMEOUT_S,
-    CheckInputError,
-    CheckResult,
-    Finding,
-    Findings,
-)
 from quantkit.check.numeric import numeric_agreement, numeric_logits
 from quantkit.check.real_load import real_load
-from quantkit.check.scales import platform_notes, scale_data
+from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import target_layer_count
-from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
-from quantkit.naming.precision import LoadedCheckpoint, load_checkpoint, modules_of
+from quantkit.io.headers import read_config
+from quantkit.naming.precision import LoadedCheckpoint, load_checkpoint
 from quantkit.progress import Progress, or_silent
-from quantkit.results import NumericResult, VllmLoad
+from quantkit.results import CheckResult, Finding, NumericResult, VllmLoad
+from quantkit.rules.rule import CheckpointView, Findings, RuleContext, ServingOptions
+from quantkit.rules.table import run_rules, source_of
 from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS, SEVERITIES, VLLM_MODES
+
+DEFAULT_LOAD_TIMEOUT_S = 900
+
+
+class CheckInputError(QuantkitError):
+    """`check` was called with an option value it cannot use."""
+
 
 # --- entry point -----------------------------------------------------------------------------------------------
 
 
-def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: int = 1, platform: str = "gfx950",
+def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platform: str = "gfx950",
                      vllm: str = "auto", numeric: bool = False, source: str | Path | None = None,
                      load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
                      progress: Progress | None = None) -> CheckResult:
@@ -64,22 +64,15 @@ def check_checkpoint(folder: str | Path, target: str | Path | None = None, tp: i
         findings.add("info", "target-layers-assumed", "--target",
                      f"no --target: exclude names model.layers.{assumed}.*, so the draft's decoder layers are taken "
                      f"to be numbered from {assumed} (the target's layer count)", "pass --target TARGET_DIR")
-    stray = unindexed_weight_files(ck.path)
-    if stray:
-        shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
-        findings.add("warning", "unindexed-weight-file", stray[0],
-                     f"{INDEX_FILE} does not name {shown}: vLLM skips such files "
-                     "(model_loader/weight_utils.py filter_duplicate_safetensors_files), but a tool that reads every "
-                     "*.safetensors file of the folder loads their tensors as well",
-                     "remove them, or regenerate the index if they hold weights of this model")
-    modules = modules_of(ck.tensors)
+        findings[-1].source = source_of("draft-target-unknown")  # the rule that lists target-layers-assumed
+    view = CheckpointView.of(ck)
+    target_view = CheckpointView(target, target_config) if target is not None and target_config is not None else None
+    ctx = RuleContext(subject=view, serving=ServingOptions(platform=platform, tp=tp), target=target_view,
+                      draft=view if ck.model_kind == EAGLE3_DRAFT else None, target_num_layers=n_target,
+                      findings=findings, progress=progress)
     progress("static contract")
-    layers = static_contract(ck, modules, tp, findings)
-    if ck.model_kind == EAGLE3_DRAFT:
-        draft_checks(ck, target, target_config, n_target, findings)
-    progress("scale tensors")
-    scale_data(ck, layers, modules, findings, progress)
-    platform_notes(layers, platform, findings)
+    run_rules(ctx, "check")
+    layers, modules = view.layers, view.modules
     load = real_load(ck, layers, target, n_target, vllm, findings, load_timeout_s, progress)
     numeric_result = numeric_agreement(ck, layers, modules, Path(source), findings, progress) if numeric and source else None
     if numeric_result is not None:

@@ -13,7 +13,7 @@ from quantkit.progress import stderr_progress
 from quantkit.vocab import PLATFORMS, VLLM_MODES
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
-    from quantkit.check.findings import CheckResult
+    from quantkit.results.check import CheckResult
 
 
 @main.command("check")
@@ -52,7 +52,7 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     """
     import sys
 
-    from quantkit.check import check_checkpoint
+    from quantkit.check.run import run as check_checkpoint
     from quantkit.io.hf import remote_code_allowed
 
     progress = stderr_progress("check") if not as_json else None

@@ -41,7 +41,7 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
     size that splits an MXFP4 group, a KV-cache dtype the draft cannot use, ...), each with its source; findings use
     check's format. Exit 0 when no error was found, 1 otherwise, 2 for bad input.
     """
-    from quantkit.deploy.manifest import deploy_manifest
+    from quantkit.deploy.run import run as deploy_manifest
 
     check_writable_folder(out_dir, "--out")
     manifest = deploy_manifest(folder, target=target, platform=platform, tp=tp, max_model_len=max_model_len,

@@ -13,7 +13,7 @@ from quantkit.cli.options import json_option, make_console, print_json
 from quantkit.progress import stderr_progress
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
-    from quantkit.gate.run import GateResult
+    from quantkit.results.gate import GateResult
 
 
 @main.command("gate")

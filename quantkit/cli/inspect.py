@@ -11,7 +11,7 @@ from quantkit.cli.app import main
 from quantkit.cli.options import json_option, make_console, print_json
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
-    from quantkit.check.inspect import InspectResult
+    from quantkit.results.check import InspectResult
 
 
 @main.command("inspect")

@@ -56,7 +56,7 @@ class CheckStep(_Strict):
     platform: Platform = "gfx950"
     tp: int = Field(default=1, ge=1)
     vllm: VllmMode = "auto"
-    # release figures against the candidate's source (quantkit.deploy.checks): output / source weight bytes must be
+    # release figures against the candidate's source (quantkit.gate.release): output / source weight bytes must be
     # below max_size_ratio, and within size_tolerance (relative) of apply --dry-run's prediction when the output has
     # a quantkit.json; tokenizer files must be byte-identical (no threshold)
     max_size_ratio: float = Field(default=1.0, gt=0)

@@ -9,9 +9,8 @@ import re
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from quantkit.gate.run import GateResult
 from quantkit.io import jsonout
-from quantkit.results import AcceptanceResult, CheckSummary, EvalResult, ReleaseFigures, ServeReport
+from quantkit.results import AcceptanceResult, CheckSummary, EvalResult, GateResult, ReleaseFigures, ServeReport
 
 # --- report writers ----------------------------------------------------------------------------------------------
 

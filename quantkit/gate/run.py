@@ -40,7 +40,7 @@ Figures (GateCheck, one per judged figure; see README's gate section):
   figure measured two ways disagrees: anomalous; al_tolerance, if set, is a floor under it),
   `serve.bs<b>.acceptance_length` (>= min_al, for the required batch sizes), `serve.bs<b>.malformed_responses` (0).
 
-Verdict (quantkit.deploy.checks.judge over one ReleaseCheck per figure): `pass`; `regression` (a threshold missed);
+Verdict (quantkit.gate.verdict.judge over one ReleaseCheck per figure): `pass`; `regression` (a threshold missed);
 `anomalous` (better than the baseline beyond the CI, or served vs in-process AL disagree); `infeasible` (a step could
 not run, or produced no result). A figure passes when its own judgement is `pass`, so the gate passes exactly when
 the verdict is `pass`.
@@ -55,29 +55,18 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from quantkit import __version__
 from quantkit.acceptance.agreement import al_agreement, describe
-from quantkit.deploy.checks import (
-    ReleaseCheck,
-    acceptance_ratio_check,
-    judge,
-    served_al_check,
-    size_ratio_check,
-    tokenizer_drift_check,
-)
 from quantkit.errors import QuantkitError
 from quantkit.gate.config import GateConfig, GateConfigError, load_gate_config
+from quantkit.gate.release import size_ratio_check, tokenizer_drift_check
+from quantkit.gate.verdict import ReleaseCheck, acceptance_ratio_check, judge, served_al_check
 from quantkit.progress import Progress, or_silent
 from quantkit.results import (
     CandidateReport,
     GateCheck,
-    GateReport,
-    GateSummary,
+    GateResult,
     ReleaseFigures,
-    ReleaseVerdict,
-    Result,
     ServeReport,
     Verdict,
 )
@@ -89,35 +78,6 @@ UNQUANTIZED_CODES = ("weight-not-quantized", "not-quantized")
 # served vs in-process AL when the server sends no per-request counters (so no prompt-by-prompt comparison)
 FALLBACK_AL_TOLERANCE = 0.05
 MISMATCH_CODES = ("vllm-load-mismatch",)
-
-
-class GateResult(Result):
-    """The gate's verdict, every compared figure, and every candidate's report (results.CandidateReport)."""
-
-    name: str
-    config: str
-    passed: bool
-    verdict: ReleaseVerdict
-    reasons: list[str] = []
-    checks: list[GateCheck]
-    candidates: dict[str, CandidateReport]
-    seconds: float
-    outputs: dict[str, str] = {}
-    warnings: list[str] = []  # what went wrong around the verdict without changing it (the CI step summary)
-
-    @property
-    def failures(self) -> list[GateCheck]:
-        return [c for c in self.checks if not c.passed]
-
-    def report(self) -> GateReport:
-        return GateReport(quantkit_version=__version__,
-                          gate=GateSummary(name=self.name, config=self.config, passed=self.passed,
-                                           verdict=self.verdict, reasons=self.reasons, checks=self.checks,
-                                           seconds=round(self.seconds, 2)),
-                          candidates=self.candidates)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.report().to_dict()
 
 
 def _release_check(name: str, value: float | None, op: str, threshold: float | None) -> ReleaseCheck:
@@ -200,7 +160,7 @@ def predicted_size_ratio(output: str, source: str, target: str | None) -> float 
 def release_figures(figs: Figures, cand: str, output: str, source: str | None, target: str | None,
                     cfg: GateConfig) -> ReleaseFigures | None:
     """Size ratio (and its prediction) and tokenizer drift of `output` against `source`, as figures."""
-    from quantkit.deploy.checks import size_ratio, tokenizer_drift
+    from quantkit.gate.release import size_ratio, tokenizer_drift
 
     c = cfg.check
     if source is None:
@@ -286,7 +246,7 @@ def run_gate(config_path: str | Path, progress: Progress | None = None) -> GateR
         if "check" in cfg.steps:
             progress(f"{cand.name}: check")
             try:
-                from quantkit.check import check_checkpoint
+                from quantkit.check.run import run as check_checkpoint
 
                 draft_target = pair_target or target  # a pair's draft is checked against the target it runs on
                 chk = check_checkpoint(path, target=draft_target if kind == EAGLE3_DRAFT else None, tp=cfg.check.tp,

@@ -1,9 +1,10 @@
-"""Results of `gate`: compared figures, release figures, each candidate's report and report.json."""
+"""Results of `gate`: compared figures, release figures, each candidate's report, report.json and the gate's result."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
+from quantkit import __version__
 from quantkit.results.acceptance import AcceptanceResult
 from quantkit.results.base import CommandResult, Result
 from quantkit.results.check import CheckSummary
@@ -61,7 +62,7 @@ class CandidateReport(CommandResult):
     serve: ServeReport | None = None
     release: ReleaseFigures | None = None
     gate: Verdict | None = None
-    verdict: ReleaseVerdict | None = None  # quantkit.deploy.checks.judge over this candidate's figures
+    verdict: ReleaseVerdict | None = None  # quantkit.gate.verdict.judge over this candidate's figures
     verdict_reasons: list[str] = []
 
 
@@ -69,7 +70,7 @@ class GateSummary(Result):
     name: str = ""
     config: str = ""
     passed: bool = False
-    verdict: ReleaseVerdict | None = None  # pass | regression | anomalous | infeasible (quantkit.deploy.checks)
+    verdict: ReleaseVerdict | None = None  # pass | regression | anomalous | infeasible (quantkit.gate.verdict)
     reasons: list[str] = []  # "<verdict>: <figure>: why", every one that applies
     checks: list[GateCheck] = []
     seconds: float = 0.0
@@ -83,10 +84,40 @@ class GateReport(CommandResult):
     candidates: dict[str, CandidateReport] = {}
 
 
+class GateResult(CommandResult):
+    """The gate's verdict, every compared figure, and every candidate's report (results.CandidateReport)."""
+
+    name: str
+    config: str
+    passed: bool
+    verdict: ReleaseVerdict
+    reasons: list[str] = []
+    checks: list[GateCheck]
+    candidates: dict[str, CandidateReport]
+    seconds: float
+    outputs: dict[str, str] = {}
+    warnings: list[str] = []  # what went wrong around the verdict without changing it (the CI step summary)
+
+    @property
+    def failures(self) -> list[GateCheck]:
+        return [c for c in self.checks if not c.passed]
+
+    def report(self) -> GateReport:
+        return GateReport(quantkit_version=__version__,
+                          gate=GateSummary(name=self.name, config=self.config, passed=self.passed,
+                                           verdict=self.verdict, reasons=self.reasons, checks=self.checks,
+                                           seconds=round(self.seconds, 2)),
+                          candidates=self.candidates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.report().to_dict()
+
+
 __all__ = [
     "CandidateReport",
     "GateCheck",
     "GateReport",
+    "GateResult",
     "GateSummary",
     "ReleaseFigures",
     "ReleaseVerdict",

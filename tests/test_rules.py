@@ -1,0 +1,97 @@
+"""quantkit.rules: the one rule table. Ids are unique, every finding carries its rule's source and a code the rule
+declares, and check and deploy take the findings of a rule they both run from the same row (a rule added to the
+table in a test shows up in both)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from quantkit.check.run import run as check_checkpoint
+from quantkit.deploy.run import run as deploy_manifest
+from quantkit.rules import table
+from quantkit.rules.rule import COMMANDS, Rule, RuleContext
+from quantkit.vocab import SEVERITIES
+
+
+@pytest.fixture
+def pair(tiny, tmp_path):
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    shutil.copytree(tiny / "target", target)
+    shutil.copytree(tiny / "eagle3-draft", draft)
+    return target, draft
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _findings(pair, command: str) -> list:
+    target, draft = pair
+    if command == "check":
+        return check_checkpoint(draft, target=target, vllm="off").findings
+    return deploy_manifest(draft, target=target).findings
+
+
+def test_table_invariants():
+    ids = [r.id for r in table.RULES]
+    assert len(ids) == len(set(ids))
+    for r in table.RULES:
+        assert r.severity in SEVERITIES and r.codes and len(set(r.codes)) == len(r.codes), r.id
+        assert r.commands and r.commands <= set(COMMANDS), r.id
+        assert r.source and "\n" not in r.source, r.id
+        assert not (r.check is not None and r.check_layer is not None), r.id
+        assert r.runs or r.when in ("load", "numeric"), r.id  # a rule no command runs is an observation
+    # deploy reads headers only: no rule it runs reads tensor data
+    assert all(r.reads == "headers" for r in table.rules_for("deploy", reads=("headers",)))
+
+
+@pytest.mark.parametrize("command", ["check", "deploy"])
+def test_every_finding_carries_its_rules_source_and_a_declared_code(pair, command):
+    _edit_config(pair[1], eagle_aux_hidden_state_layer_ids=[1, 2, 7])  # beyond the 4-layer target
+    _edit_config(pair[0], vocab_size=4096)
+    found = _findings(pair, command)
+    assert found
+    observed = {c for r in table.RULES if not r.runs for c in r.codes}  # the real load's and numeric's findings
+    for f in found:
+        if not f.source:
+            assert command == "check" and f.code in observed, f.code
+            continue
+        rules = [r for r in table.RULES if r.source == f.source]
+        assert rules, (f.code, f.source)
+        assert f.code in rules[0].codes, (f.code, rules[0].id)
+
+
+def test_check_and_deploy_share_one_implementation(pair):
+    """The aux-layer rule runs from one row in both commands: the same codes on the same fields, the same source."""
+    _edit_config(pair[1], eagle_aux_hidden_state_layer_ids=[1, 2, 7])
+    aux = table.RULES[[r.id for r in table.RULES].index("draft-aux-layers")]
+    assert {"check", "deploy"} <= aux.commands
+    by = {c: {(f.code, f.layer_or_tensor, f.source) for f in _findings(pair, c) if f.code in aux.codes}
+          for c in ("check", "deploy")}
+    where = "eagle_aux_hidden_state_layer_ids"  # out of range, and differing from eagle_config's ids (a warning)
+    assert by["check"] == by["deploy"] == {("aux-layer-out-of-range", where, aux.source),
+                                           ("aux-layer-ids", where, aux.source)}
+
+
+def test_a_rule_added_to_the_table_appears_in_check_and_deploy(pair, monkeypatch):
+    def toy(ctx: RuleContext) -> None:
+        ctx.findings.add("warning", "toy-finding", str(ctx.subject.path), "a toy rule's finding", "none")
+
+    rule = Rule("toy-rule", "a rule defined in a test", "warning", ("toy-finding",), "tests/test_rules.py toy",
+                frozenset({"check", "deploy"}), check=toy, needs="pair")
+    monkeypatch.setattr(table, "RULES", table.RULES + (rule,))
+    monkeypatch.setattr(table, "_BY_ID", {**table._BY_ID, rule.id: rule})
+    for command in ("check", "deploy"):
+        toys = [f for f in _findings(pair, command) if f.code == "toy-finding"]
+        assert len(toys) == 1 and toys[0].source == rule.source, command
+    # a rule of one command stays out of the other
+    monkeypatch.setattr(table, "RULES", table.RULES[:-1] + (replace(rule, commands=frozenset({"deploy"})),))
+    assert not [f for f in _findings(pair, "check") if f.code == "toy-finding"]
+    assert [f for f in _findings(pair, "deploy") if f.code == "toy-finding"]
