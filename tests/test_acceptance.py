@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from quantkit.acceptance.reference import ReferenceEngine, speculative_accept
+from quantkit.engines.reference import ReferenceEngine, speculative_accept
 from quantkit.acceptance.run import bootstrap_ratio_ci, run_acceptance
 from quantkit.cli import main
 from quantkit.io.prompts import load_prompts

@@ -62,7 +62,8 @@ def test_fp8_draft_output_files(tiny, fp8_draft):
 
 
 def _draft_layers_loaded_by_vllm(target: Path, draft: Path) -> dict:
-    from quantkit.io.vllm_engine import loaded_draft_layers, make_llm
+    from quantkit.engines.vllm_inspect import loaded_draft_layers
+    from quantkit.engines.vllm_engine import make_llm
 
     llm = make_llm(target, draft, num_speculative_tokens=3, max_model_len=512)
     try:
@@ -73,7 +74,7 @@ def _draft_layers_loaded_by_vllm(target: Path, draft: Path) -> dict:
 
 def _probe_error(info: dict, weight: torch.Tensor) -> float:
     """Relative error of a loaded layer's output on vLLM-side probe input against the source weight's output."""
-    from quantkit.io.vllm_engine import probe_input
+    from quantkit.engines.vllm_inspect import probe_input
 
     want = torch.nn.functional.linear(probe_input(weight.shape[1]).float(), weight.float())
     got = torch.tensor(info["probe_output"])

@@ -129,7 +129,7 @@ def test_output_equals_quark_on_the_decoded_equivalent(built, quark_reference, n
 
 @pytest.mark.parametrize("name", ["deepseek", "minimax", "kimi"])
 def test_check_passes_and_numeric_agreement_within_mxfp4_bounds(built, quark_reference, name):
-    from quantkit.check import check_checkpoint
+    from quantkit.check.run import run as check_checkpoint
 
     _src, out, _result = built[1][name]
     decoded, _ = quark_reference[name]

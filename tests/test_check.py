@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from quantkit.check import check_checkpoint
+from quantkit.check.run import run as check_checkpoint
 from quantkit.cli import main
 
 from .conftest import require_vllm

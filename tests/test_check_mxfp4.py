@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.check import check_checkpoint
+from quantkit.check.run import run as check_checkpoint
 
 from .conftest import require_vllm
 
@@ -225,10 +225,10 @@ def test_missing_and_short_expert_scales_load_and_differ_from_the_checkpoint(tin
 
 
 def test_byte_difference_names_the_first_differing_byte():
-    """quantkit.io.vllm_engine._byte_difference on real tensors: equal, one byte off, shape, width, missing."""
+    """quantkit.engines.vllm_inspect._byte_difference on real tensors: equal, one byte off, shape, width, missing."""
     import torch
 
-    from quantkit.io.vllm_engine import _byte_difference
+    from quantkit.engines.vllm_inspect import _byte_difference
 
     ckpt = torch.arange(24, dtype=torch.uint8).reshape(4, 6)
     assert _byte_difference(ckpt.clone(), ckpt) is None

@@ -19,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.deploy.checks import (
-    size_ratio,
-    tokenizer_drift,
-)
-from quantkit.deploy.manifest import (
-    DEPLOY_FILE,
-    KNOWN_BAD,
-    KV_CACHE_DTYPES,
-    DeployInputError,
-    deploy_manifest,
-)
+from quantkit.gate.release import size_ratio, tokenizer_drift
+from quantkit.results.deploy import DEPLOY_FILE
+from quantkit.rules.table import KNOWN_BAD
+from quantkit.rules.kv_cache import KV_CACHE_DTYPES
+from quantkit.deploy.run import DeployInputError, run as deploy_manifest
 
 
 def vllm_source(rel: str) -> str:
@@ -348,7 +342,7 @@ def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_
 def test_rules_on_real_quark_outputs_agree_with_quantkit_check(tiny, tiny_outputs):
     """On Quark's own MXFP4 export, the TP-group rule agrees with quantkit check's (an independent implementation
     over the same vLLM rule); the real FP8 draft has a BF16 lm_head and is refused only with fp8_e5m2 KV."""
-    from quantkit.check import check_checkpoint
+    from quantkit.check.run import run as check_checkpoint
 
     moe = tiny_outputs["mxfp4-moe"]
     for tp in (1, 2, 4, 8):

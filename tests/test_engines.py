@@ -95,7 +95,7 @@ def test_step1_logits_equal_an_independent_eagle3_forward(engine, tiny):
 def test_numeric_uses_public_engine_api(tiny, fp8_draft):
     """check --numeric on the FP8 draft with --target (the path rewritten on aux_hidden_states and step1_logits)
     keeps today's agreement with the BF16 draft: mean cosine >= 0.98, asserted through the result."""
-    from quantkit.check import check_checkpoint
+    from quantkit.check.run import run as check_checkpoint
 
     out, _ = fp8_draft
     r = check_checkpoint(out, target=tiny / "target", vllm="off", numeric=True, source=tiny / "eagle3-draft")
@@ -148,7 +148,7 @@ def test_one_vllm_refusal(tiny, tiny_outputs, monkeypatch):
     from click.testing import CliRunner
 
     from quantkit.acceptance.run import AcceptanceError, run_acceptance
-    from quantkit.check import check_checkpoint
+    from quantkit.check.run import run as check_checkpoint
     from quantkit.cli import main
     from quantkit.engines.platform import vllm_refusal
 

@@ -240,7 +240,7 @@ def test_vllm_backend_refuses_mxfp4_on_vllm_cpu_without_the_plugin(tiny, tiny_ou
 
 
 def _is_vllm_cpu() -> bool:
-    from quantkit.acceptance.vllm_backend import is_vllm_cpu
+    from quantkit.engines.platform import is_vllm_cpu
 
     return is_vllm_cpu()
 

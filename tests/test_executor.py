@@ -1,4 +1,4 @@
-"""quantkit.apply.executor against Quark 0.13's own `direct_quantize_checkpoint`, file by file and byte for byte, on
+"""quantkit.apply.shards (the native shard executor) against Quark 0.13's own `direct_quantize_checkpoint`, file by file and byte for byte, on
 small random checkpoints of each family; and the executor's own promises: resume after kill -9, a corrupt shard
 midway, non-finite weights refused, memory bounded by a few shards, no Quark import."""
 
@@ -15,15 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.apply.executor import (
-    JOURNAL_NAME,
-    CorruptShardError,
-    ExecutorError,
-    NonFiniteWeightError,
-    ShardEvent,
-    quantize_checkpoint,
-    serialize_safetensors,
-)
+from quantkit.apply.shards import JOURNAL_NAME, CorruptShardError, ExecutorError, NonFiniteWeightError, ShardEvent, quantize_checkpoint
+from quantkit.io.safetensors import serialize_safetensors
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import checkpoint_tensors
 from tests import executor_checkpoints as ec
@@ -236,7 +229,7 @@ def test_exclusion_matcher_is_fnmatch():
     import fnmatch
     import random
 
-    from quantkit.apply.executor import _matcher
+    from quantkit.apply.shards.f2f import matcher as _matcher
 
     rng = random.Random(0)
     parts = ["model", "layers", "0", "12", "mlp", "experts", "gate", "self_attn", "q_proj", "lm_head", "[x]"]
@@ -271,7 +264,7 @@ def test_resume_after_kill_is_byte_identical(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from quantkit.apply.executor import quantize_checkpoint
+        from quantkit.apply.shards import quantize_checkpoint
         done = []
         def progress(event):
             if event.kind == "done":
@@ -419,7 +412,7 @@ def test_does_not_import_quark(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from quantkit.apply.executor import quantize_checkpoint
+        from quantkit.apply.shards import quantize_checkpoint
         quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
                             exclude={exclude!r}, layer_config=None, devices=["cpu"])
         loaded = [m for m in sys.modules if m == "quark" or m.startswith("quark.")]

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from quantkit.cli import main
-from quantkit.deploy.manifest import deploy_manifest
+from quantkit.deploy.run import run as deploy_manifest
 from quantkit.naming import archs
 from quantkit.naming.archs import is_draft, model_kind
 from quantkit.naming.family import QuarkTemplateError

@@ -12,13 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from quantkit.errors import CheckpointError
-from quantkit.io.headers import (
-    INDEX_FILE,
-    TensorInfo,
-    checkpoint_tensors,
-    read_header,
-    safetensors_files,
-)
+from quantkit.io.headers import INDEX_FILE, TensorInfo, checkpoint_tensors, read_header, safetensors_files
 
 TENSORS: dict[str, tuple[torch.dtype, tuple[int, ...], str]] = {
     "w.f32": (torch.float32, (3, 5), "F32"),

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from quantkit.check import check_checkpoint
-from quantkit.check.inspect import classify_scheme, inspect_checkpoint
+from quantkit.check.run import run as check_checkpoint
+from quantkit.naming.precision import classify_scheme
+from quantkit.check.inspect import inspect_checkpoint
 from quantkit.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""quantkit.apply.native against Quark 0.13's own file-to-file quantizer, byte for byte, on edge-case tensors.
+"""quantkit.schemes (the native quantizers) against Quark 0.13's own file-to-file quantizer, byte for byte, on edge-case tensors.
 
 The reference is `_single_stage_quantize_weight` from quark/torch/quantization/file2file_quantization.py, the function
 `direct_quantize_checkpoint` runs per weight, with the scheme's own QLayerConfig (LLMTemplate's MXFP4Scheme /
@@ -12,14 +12,10 @@ import json
 import pytest
 import torch
 
-from quantkit.apply.native import (
-    NonFiniteWeight,
-    expected_layout,
-    quantize_mxfp4,
-    quantize_ptpc_fp8,
-    quantize_weight,
-    quark_quantization_config,
-)
+from quantkit.schemes import NonFiniteWeight, expected_layout, quantize_weight
+from quantkit.schemes.mxfp4 import quantize_mxfp4
+from quantkit.schemes.ptpc_fp8 import quantize_ptpc_fp8
+from quantkit.schemes.quark_config import quark_quantization_config
 
 pytestmark = pytest.mark.slow  # imports Quark (~25 s, once per session)
 

@@ -263,7 +263,7 @@ def test_damaged_pair_is_still_lossless(moe_fp8_draft, damaged_mxfp4):
     """Greedy speculative decoding on the damaged pair gives exactly the damaged target's own greedy output."""
     import torch
 
-    from quantkit.acceptance.reference import ReferenceEngine
+    from quantkit.engines.reference import ReferenceEngine
     from quantkit.io.hf import load_tokenizer
     from quantkit.io.loading import load_for_torch
     from quantkit.io.prompts import load_prompts

@@ -612,7 +612,7 @@ def test_matplotlib_is_imported_only_to_draw(draft_out: Path, report_file: Path)
 
 def test_card_serves_with_the_deploy_manifest_and_uploads_it(hub: HubServer, token: str, draft_out: Path,
                                                              report_file: Path, tmp_path: Path) -> None:
-    from quantkit.deploy.manifest import deploy_manifest
+    from quantkit.deploy.run import run as deploy_manifest
 
     publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, target=TARGET)
     remote = download_all(hub, token, tmp_path / "cache")

@@ -16,13 +16,8 @@ from click.testing import CliRunner
 from quantkit.cli import main
 from quantkit.errors import RecipeError
 from quantkit.io.paths import RECIPES_DIR_ENV, recipes_dir
-from quantkit.recipes import (
-    QUARK_SCHEME_ALIASES,
-    QUARK_SCHEMES,
-    Recipe,
-    list_recipes,
-    load_recipe,
-)
+from quantkit.schemes import ALIASES as QUARK_SCHEME_ALIASES, SCHEMES as QUARK_SCHEMES
+from quantkit.recipes import Recipe, list_recipes, load_recipe
 
 BUILTINS = ["fp8-draft", "fp8-target", "mxfp4-moe", "mxfp4-moe-attn-fp8"]
 

@@ -667,7 +667,7 @@ ROPE_VARIANTS = {
 
 @pytest.mark.parametrize("edit", list(ROPE_VARIANTS.values()), ids=list(ROPE_VARIANTS))
 def test_max_model_len_is_the_one_vllm_derives(edit: dict[str, Any]) -> None:
-    """quantkit.naming.config.max_model_len against vLLM's own derivation (model_arch_config_convertor.py
+    """quantkit.io.config.max_model_len against vLLM's own derivation (model_arch_config_convertor.py
     derive_max_model_len_and_key, then config/model.py _get_and_verify_max_len) on the same config.json."""
     require_vllm()
     import copy
@@ -679,7 +679,7 @@ def test_max_model_len_is_the_one_vllm_derives(edit: dict[str, Any]) -> None:
     from vllm.transformers_utils.config import get_hf_text_config, patch_rope_parameters
     from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
 
-    from quantkit.naming.config import max_model_len
+    from quantkit.io.config import max_model_len
 
     config = json.loads((TINY / "target" / "config.json").read_text())
     config.update(copy.deepcopy(edit))
@@ -696,7 +696,7 @@ def test_max_model_len_is_the_one_vllm_derives(edit: dict[str, Any]) -> None:
 
 def test_max_model_len_of_a_wrapper_reads_its_text_config() -> None:
     """Kimi-K2.5 keeps the language model's length under text_config (vLLM: get_hf_text_config); values by hand."""
-    from quantkit.naming.config import fit_max_model_len, max_model_len
+    from quantkit.io.config import fit_max_model_len, max_model_len
 
     wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
                "text_config": {"max_position_embeddings": 262144, "rope_scaling": {"type": "yarn", "factor": 64.0}}}

@@ -251,7 +251,8 @@ def test_the_header_cases_are_a_real_test() -> None:
 def test_header_verdict_is_safetensors_verdict(tmp_path: Path, name: str, make: Callable[[], bytes]) -> None:
     """Both header readers (quantkit.io.headers for inspect/check/planning, the shard executor's) refuse exactly the
     files safetensors' own loader refuses, in one line naming the file."""
-    from quantkit.apply.executor import CorruptShardError, ExecutorError, _read_header_file
+    from quantkit.apply.shards import CorruptShardError, ExecutorError
+    from quantkit.apply.shards.f2f import read_shard_header as _read_header_file
     from quantkit.errors import CheckpointError
     from quantkit.io.headers import read_header
 
@@ -487,7 +488,8 @@ def test_index_problems_are_one_line(tmp_path: Path, case: str) -> None:
 
 def test_executor_follows_the_index_and_refuses_overlapping_unindexed_shards(tmp_path: Path) -> None:
     """The library path (quantize_checkpoint) holds the same rules as apply's plan."""
-    from quantkit.apply.executor import find_shards, quantize_checkpoint
+    from quantkit.apply.shards.f2f import find_shards
+    from quantkit.apply.shards import quantize_checkpoint
     from quantkit.errors import CheckpointError
 
     src = hostile.copy_model(MOE, tmp_path / "src")

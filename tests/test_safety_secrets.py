@@ -549,7 +549,7 @@ def test_overwrite_accepts_older_outputs_that_recorded_a_sub_folder_by_name(tmp_
 def test_executor_aux_copy_refuses_links_before_any_shard(tmp_path: Path) -> None:
     """quantize_checkpoint copies every file and folder as Quark does (copy_aux=True), but never a link out of the
     source, a link to a folder or a pipe; and it says so before the first shard is written."""
-    from quantkit.apply.executor import ExecutorError, quantize_checkpoint
+    from quantkit.apply.shards import ExecutorError, quantize_checkpoint
 
     src = hostile.copy_model(TINY / "moe-target", tmp_path / "src")
     (src / "extra").mkdir()

@@ -37,7 +37,7 @@ MAX_TOKENS = 64
 
 def no_process_left(pgid: int, port: int) -> None:
     """Nothing of the server's process group is alive (zombies aside), and its port is closed."""
-    from quantkit.deploy.serve import group_members
+    from quantkit.engines.vllm_server import group_members
 
     assert group_members(pgid) == []
     try:
@@ -68,7 +68,7 @@ def texts(tiny) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tiny):
     require_vllm()
-    from quantkit.deploy.serve import VllmServer
+    from quantkit.engines.vllm_server import VllmServer
 
     with VllmServer(tiny / "target", tiny / "eagle3-draft", K, fast_start=True) as s:
         print(f"\nvllm serve startup: {s.startup_s:.1f} s")
@@ -80,14 +80,14 @@ def server(tiny):
 def in_process(tiny, texts):
     """quantkit acceptance's vLLM backend (an in-process LLM) on the same texts."""
     require_vllm()
-    from quantkit.acceptance.vllm_backend import run_vllm
+    from quantkit.engines.vllm_engine import run_spec_decode as run_vllm
 
     return run_vllm(str(tiny / "target"), str(tiny / "eagle3-draft"), texts, K, MAX_TOKENS, 0.0, max_model_len=2048)
 
 
 def test_startup_timeout_is_one_line_and_stops_the_server(tiny):
     require_vllm()
-    from quantkit.deploy.serve import ServerStartError, VllmServer
+    from quantkit.engines.vllm_server import ServerStartError, VllmServer
 
     server = VllmServer(tiny / "target", tiny / "eagle3-draft", K, startup_timeout_s=3)
     t0 = time.perf_counter()
@@ -103,7 +103,7 @@ def test_startup_timeout_is_one_line_and_stops_the_server(tiny):
 
 def test_server_that_exits_reports_its_last_log_lines(tiny):
     require_vllm()
-    from quantkit.deploy.serve import ServerStartError, VllmServer
+    from quantkit.engines.vllm_server import ServerStartError, VllmServer
 
     server = VllmServer(tiny / "target", None, extra_args=["--no-such-flag"])
     with pytest.raises(ServerStartError) as e:
@@ -151,7 +151,7 @@ def test_server_killed_midway_raises_one_line_and_leaves_no_process(tiny, texts)
 
 CALLER = r"""
 import sys
-from quantkit.deploy.serve import serve_and_measure
+from quantkit.engines.serve_client import serve_and_measure
 serve_and_measure(sys.argv[1], sys.argv[2], ["hello"], progress=lambda m: print(m, file=sys.stderr, flush=True))
 """
 
@@ -188,7 +188,7 @@ def test_caller_sigterm_stops_the_server(tiny):
 def test_caller_sigkill_stops_the_server(tiny):
     """A caller killed outright cannot clean up; the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG)."""
     require_vllm()
-    from quantkit.deploy.serve import group_members
+    from quantkit.engines.vllm_server import group_members
 
     caller, pid, port = start_caller(tiny)
     time.sleep(2)
@@ -238,14 +238,14 @@ def check_against_in_process(res, in_process, texts) -> None:
 
 
 def test_served_al_matches_in_process_at_batch_1(server, in_process, texts):
-    from quantkit.deploy.serve import measure
+    from quantkit.engines.serve_client import measure
 
     res = measure(server, texts, max_tokens=MAX_TOKENS, batch_size=1)
     check_against_in_process(res, in_process, texts)
 
 
 def test_batch_8_is_batched_and_agrees(server, in_process, texts):
-    from quantkit.deploy.serve import measure
+    from quantkit.engines.serve_client import measure
 
     res = measure(server, texts, max_tokens=MAX_TOKENS, batch_size=8)
     check_against_in_process(res, in_process, texts)
@@ -255,7 +255,7 @@ def test_batch_8_is_batched_and_agrees(server, in_process, texts):
 def test_counters_are_per_measurement(server, texts):
     """Counters are read before and after each measurement: two runs of the same prompts give the same figures,
     although vLLM's counters keep growing over the server's life."""
-    from quantkit.deploy.serve import measure
+    from quantkit.engines.serve_client import measure
 
     a = measure(server, texts[:6], max_tokens=16, batch_size=3)
     b = measure(server, texts[:6], max_tokens=16, batch_size=3)

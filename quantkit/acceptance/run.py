@@ -22,7 +22,7 @@ from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.io.prompts import PromptRecord, load_prompts
-from quantkit.naming.drafts import model_kind
+from quantkit.naming.archs import model_kind
 from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance
 from quantkit.vocab import EAGLE3_DRAFT
@@ -132,12 +132,10 @@ DRAFT_FIT_CODES = ("aux-layer-out-of-range", "aux-layer-ids", "hidden-size-misma
 
 def _refuse_misfit(draft: str, target: str) -> None:
     """Fail before any weight loads when the draft cannot run on the target (as `quantkit check --target` finds)."""
-    # acceptance's one import of check/: the draft-fit rules (check/drafts.py) are WP-C's, moving to
-    # quantkit.rules.table.draft_fit_findings(draft, target); at S2 this call becomes that one (same codes).
-    from quantkit.check import check_checkpoint
+    from quantkit.rules.table import draft_fit_findings  # the rule table's rows, the same ones check runs
 
-    result = check_checkpoint(draft, target=target, vllm="off")
-    bad = next((f for f in result.findings if f.severity == "error" and f.code in DRAFT_FIT_CODES), None)
+    findings = draft_fit_findings(draft, target)
+    bad = next((f for f in findings if f.severity == "error" and f.code in DRAFT_FIT_CODES), None)
     if bad is not None:
         raise AcceptanceError(f"draft {draft} does not fit target {target}: {bad.code}: {bad.message}"
                               + (f"; {bad.fix}" if bad.fix else ""))

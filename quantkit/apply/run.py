@@ -51,7 +51,8 @@ from quantkit.io.checkpoint import (
 )
 from quantkit.io.files import describe_not_copied, not_copied, scan_folder
 from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
-from quantkit.naming.drafts import DraftInfo, draft_info, model_kind
+from quantkit.naming.archs import model_kind
+from quantkit.naming.drafts import DraftInfo, draft_info
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe

@@ -11,26 +11,18 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from quantkit.io.config import vllm_dtype_label as model_dtype_label  # noqa: F401  # house-move stub (issue 19): deleted at S3
-from quantkit.naming.precision import (  # noqa: F401  # house-move stub (issue 19): deleted at S3
+from quantkit.naming.precision import (
     PLACEHOLDER,
     REQUIRED_KEYS,
     LoadedCheckpoint,
-    classify_scheme,
     load_checkpoint,
     modules_of,
-    quantization_config_of,
     resolve_layers,
     tensor_bytes,
 )
-from quantkit.results.precision import LayerPrecision, PrecisionGroup  # noqa: F401  # house-move stub (issue 19): deleted at S3
-from quantkit.results.precision import ResolvedScheme as Scheme  # noqa: F401  # house-move stub (issue 19): deleted at S3
-
-if TYPE_CHECKING:  # results/check.py imports the layer types, so InspectResult is imported when it runs
-    from quantkit.results.check import InspectResult
-
+from quantkit.results.check import InspectResult
+from quantkit.results.precision import LayerPrecision, PrecisionGroup
 
 _LAYER_NUM = re.compile(r"(?<=\.layers\.)(\d+)(?=\.)")
 
@@ -79,8 +71,6 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None)
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
     names; without it they are shown as `model.layers.{N}.*` (exclude entries naming a number will not match them).
     """
-    from quantkit.results.check import InspectResult
-
     t0 = time.perf_counter()
     ck = load_checkpoint(folder, target_num_layers)
     modules = modules_of(ck.tensors)

@@ -17,13 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.check.inspect import (
-    LayerPrecision,
-    LoadedCheckpoint,
-)
 from quantkit.engines.platform import installed_vllm, vllm_refusal
 from quantkit.io.hf import trust_remote_code
+from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings
 from quantkit.vocab import EAGLE3_DRAFT
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from quantkit.deploy.env import platform_env
 from quantkit.errors import QuantkitError
+from quantkit.io.config import max_model_len as derived_max_model_len
+from quantkit.io.config import text_config
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
-from quantkit.naming.config import max_model_len as derived_max_model_len
-from quantkit.naming.config import text_config
-from quantkit.naming.drafts import is_eagle3_draft
+from quantkit.naming.archs import is_draft as is_eagle3_draft
 from quantkit.results.deploy import DeployManifest
 from quantkit.rules.deploy_context import config_int
 from quantkit.rules.kv_cache import KV_CACHE_DTYPES
@@ -44,7 +44,7 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
-    paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.naming.config.max_model_len); a
+    paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.io.config.max_model_len); a
     longer one is a finding, as vLLM refuses it. Known-bad combinations become `findings`; bad arguments (not a folder,
     unknown platform or KV dtype, a draft without its target) raise DeployInputError.
     """

@@ -152,7 +152,7 @@ def cpu_mx_plugin_active() -> bool:
 def _plugin_runs(lp: LayerPrecision) -> bool:
     """Whether quantkit's CPU plugin computes this MXFP4 layer: FP4 weights with dynamic MXFP4 or no activation
     quantization (CpuEmulationMxfp4LinearKernel.can_implement, CpuOcpMxEmulationExperts._supports_quant_scheme);
-    the activation labels are quantkit.check.inspect._act_label's."""
+    the activation labels are quantkit.naming.precision._act_label's."""
     s = lp.scheme
     return s is not None and s.family == "mxfp4" and not s.static_input \
         and (s.activations == "BF16 (weight-only)" or s.activations.startswith("fp4 dynamic"))
@@ -207,11 +207,11 @@ def vllm_refusal(checkpoints: Mapping[str, str | Path], *, temperature: float = 
     for label, folder in checkpoints.items():
         layers = (resolved or {}).get(label)
         if layers is None:
-            # WP-A moves the precision replay to quantkit.naming.precision; the lead rewrites this import at S3
-            from quantkit.check.inspect import inspect_checkpoint
+            from quantkit.naming.precision import load_checkpoint, modules_of, resolve_layers
 
             try:
-                layers = inspect_checkpoint(folder).layers
+                ck = load_checkpoint(folder)
+                layers = resolve_layers(ck.config, ck.qc, ck.layers, modules_of(ck.tensors))[0]
             except QuantkitError:  # a layout quantkit cannot resolve is vLLM's to judge when it loads
                 continue
         reasons += cpu_blockers(layers, label, plugin_problem)

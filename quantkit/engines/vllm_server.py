@@ -239,7 +239,7 @@ class VllmServer:
         max_len = self.max_model_len
         if self.cpu and max_len is None:
             from quantkit.io.checkpoint import resolve_config
-            from quantkit.naming.config import fit_max_model_len
+            from quantkit.io.config import fit_max_model_len
 
             # a small KV cache on CPU, but never more than the target holds (vLLM would refuse to start)
             max_len = fit_max_model_len(resolve_config(self.target), DEFAULT_CPU_MAX_MODEL_LEN)

@@ -308,7 +308,7 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
     names = parse_task_names(tasks)
     sources = {"baseline": resolve_source(baseline), "candidate": resolve_source(model)}
     from quantkit.io.hf import load_tokenizer
-    from quantkit.naming.drafts import model_kind
+    from quantkit.naming.archs import model_kind
 
     for option, src in (("--baseline", sources["baseline"]), ("--model", sources["candidate"])):
         if model_kind(src.config) == EAGLE3_DRAFT:

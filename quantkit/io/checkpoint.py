@@ -266,7 +266,7 @@ def publish_permissions(folder: Path) -> None:
     os.chmod(folder, 0o777 & ~mask)
 
 
-RESUMABLE_MARKER = ".quantkit-journal.json"  # quantkit.apply.executor.JOURNAL_NAME: present while a run is resumable
+RESUMABLE_MARKER = ".quantkit-journal.json"  # quantkit.apply.shards.JOURNAL_NAME: present while a run is resumable
 
 
 def partial_folder(output: Path) -> Path:

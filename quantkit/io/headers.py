@@ -10,9 +10,6 @@ from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
-from quantkit.io.safetensors import DTYPE_BYTES as DTYPE_BYTES  # house-move stub (issue 19): deleted at S3
-from quantkit.io.safetensors import KNOWN_DTYPES as KNOWN_DTYPES  # house-move stub (issue 19): deleted at S3
-from quantkit.io.safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES  # house-move stub (issue 19): deleted at S3
 from quantkit.io.safetensors import METADATA_KEY, read_header
 
 INDEX_FILE = "model.safetensors.index.json"

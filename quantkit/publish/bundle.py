@@ -50,7 +50,7 @@ class Publication:
     target_ref: str | None  # a draft's target's Hub id
     redactor: Redactor
     sidecar: AcceptanceSidecar | None
-    deploy: Any  # quantkit.deploy.manifest.DeployManifest | None
+    deploy: Any  # quantkit.results.deploy.DeployManifest | None
     deploy_json: dict[str, Any] | None
     deploy_missing: str  # why there is no deploy manifest ("" when there is one)
     chart: bool  # whether acceptance.png is part of the upload
@@ -83,7 +83,7 @@ def _hub_id_option(value: str | None, option: str) -> str | None:
 def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str | None, k: int, platform: str,
             tp: int) -> tuple[Any, str]:
     """quantkit.deploy's manifest naming the Hub ids, or None and why not (one line, no local path)."""
-    from quantkit.deploy.manifest import deploy_manifest
+    from quantkit.deploy.run import run as deploy_manifest
 
     target_local = None
     if manifest.model_kind == EAGLE3_DRAFT:

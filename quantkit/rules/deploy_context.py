@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from quantkit.io.config import text_config
 from quantkit.io.headers import TensorInfo
-from quantkit.naming.config import text_config
 from quantkit.results.check import Finding
 
 

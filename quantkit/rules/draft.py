@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.check.inspect import PLACEHOLDER, LoadedCheckpoint
+from quantkit.io.config import text_config
 from quantkit.io.headers import TensorInfo
-from quantkit.naming.config import text_config
+from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 from quantkit.results.check import Finding
 from quantkit.rules.deploy_context import DeployContext, config_int, finding
 from quantkit.rules.rule import Findings, RuleContext

@@ -2,7 +2,7 @@
 invalid regexes, fused layers excluded in part, and the exclude list that would keep exactly the intended layers
 (vllm/model_executor/layers/quantization/quark/utils.py should_ignore_layer,
 vllm/model_executor/layers/quantization/utils/config_utils.py find_matching_patterns; replayed in
-quantkit.naming.vllm_names)."""
+quantkit.naming.exclude)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from quantkit.check.inspect import PLACEHOLDER, LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
+from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings, RuleContext
 from quantkit.rules.tensors import FLOAT_DTYPES
 
@@ -31,7 +32,7 @@ def _quoted(entries: Sequence[str]) -> str:
 
 def exclude_fix(ck: LoadedCheckpoint, resolved: Sequence[LayerPrecision], extra: set[str]) -> str:
     """The exclude list under which exactly the layers excluded now, plus `extra`, are excluded (vLLM names)."""
-    from quantkit.naming.vllm_names import exclude_entries_for
+    from quantkit.naming.exclude import exclude_entries_for
 
     kept_names = {lp.name for lp in resolved if lp.exclude_rule is not None
                   or lp.source == "partial_fused_exclusion"} | extra
@@ -53,11 +54,7 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
                      modules: dict[str, list[tuple[str, TensorInfo]]], findings: Findings) -> None:
     """Entries vLLM ignores (Quark checkpoint names, fnmatch globs, names of nothing), invalid regexes, and fused
     layers excluded in part."""
-    from quantkit.naming.vllm_names import (
-        ExcludeListError,
-        PartialFusedExclusion,
-        match_reason,
-    )
+    from quantkit.naming.exclude import ExcludeListError, PartialFusedExclusion, match_reason
 
     exclude = ck.qc.get("exclude") if ck.qc else None
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):

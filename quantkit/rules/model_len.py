@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.naming.config import max_model_len as derived_max_model_len
+from quantkit.io.config import max_model_len as derived_max_model_len
 from quantkit.results.check import Finding
 from quantkit.rules.deploy_context import DeployContext, finding
 

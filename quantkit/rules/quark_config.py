@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from quantkit.check.inspect import LoadedCheckpoint
+from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.rules.rule import Findings, RuleContext
 
 _KEY_RULES = {

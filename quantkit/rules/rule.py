@@ -16,10 +16,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint, load_checkpoint, modules_of, resolve_layers
 from quantkit.io.headers import TensorInfo, checkpoint_tensors
+from quantkit.naming.precision import LoadedCheckpoint, load_checkpoint, modules_of, resolve_layers
 from quantkit.progress import Progress, or_silent
 from quantkit.results.check import Finding
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules.deploy_context import DeployContext
 from quantkit.vocab import SEVERITIES, Severity
 
@@ -103,7 +104,7 @@ class CheckpointView:
 
     @cached_property
     def runtime_layers(self) -> dict[str, Any]:
-        """Runtime layer name -> the layer vLLM builds (quantkit.naming.vllm_names.RuntimeLayer)."""
+        """Runtime layer name -> the layer vLLM builds (quantkit.naming.layers.RuntimeLayer)."""
         return {layer.name: layer for layer in self.loaded.layers}
 
     @property

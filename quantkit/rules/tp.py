@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from quantkit.check.inspect import LayerPrecision, LoadedCheckpoint
 from quantkit.io.headers import TensorInfo
+from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.results.check import Finding
+from quantkit.results.precision import LayerPrecision
 from quantkit.rules.deploy_context import DeployContext, attention_heads, finding
 from quantkit.rules.rule import Findings, RuleContext
 from quantkit.rules.tensors import MXFP4_GROUP, mxfp4_weights, weight_dims
