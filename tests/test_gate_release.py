@@ -323,11 +323,8 @@ def test_served_and_in_process_disagreeing_is_anomalous():
     accepted token short on every prompt disagrees beyond what differing prompts explain (p = 2 / 2**42): anomalous,
     not a regression, though it clears min_al. A few prompts moved either way (near-tie flips) pass, and so do 7 all
     moved the same way (p = 2/128 > 0.01). Without per-request counters only a fixed tolerance applies."""
-    from dataclasses import replace
-
     from quantkit.acceptance.agreement import al_agreement
-    from quantkit.deploy.checks import judge, served_al_check
-    from quantkit.gate.run import Figures
+    from quantkit.gate.verdict import agreement, judge, threshold
     from quantkit.results import PromptAcceptance
 
     def run(accepted):
@@ -337,28 +334,24 @@ def test_served_and_in_process_disagreeing_is_anomalous():
     def check(served, name):
         a = al_agreement(run(served), in_process)
         al = 1 + sum(served) / (5 * 42)
-        return a, replace(served_al_check(al, ref_al, None, agreement_p=a.p_value, agreement_level=a.level),
-                          name=name)
+        return a, agreement("pair", "serve", name, al, ref_al, None, p_value=a.p_value, level=a.level,
+                            shown_threshold=a.bound)
 
     in_process = run([12] * 42)
     ref_al = 1 + 12 / 5
-    figs = Figures()
-    far_a, far = check([11] * 42, "serve.bs8.al_vs_in_process")
-    near_a, near = check([13, 11, 11, 13, 12] + [12] * 37, "serve.bs1.al_vs_in_process")
-    seven_a, seven = check([11] * 7 + [12] * 35, "serve.bs4.al_vs_in_process")
-    bad = figs.add("pair", "serve", far, value=abs(far_a.delta), op="<=", threshold=far_a.bound)
-    good = figs.add("pair", "serve", near, value=abs(near_a.delta), op="<=", threshold=near_a.bound)
-    also_good = figs.add("pair", "serve", seven, value=abs(seven_a.delta), op="<=", threshold=seven_a.bound)
+    far_a, bad = check([11] * 42, "serve.bs8.al_vs_in_process")
+    near_a, good = check([13, 11, 11, 13, 12] + [12] * 37, "serve.bs1.al_vs_in_process")
+    seven_a, also_good = check([11] * 7 + [12] * 35, "serve.bs4.al_vs_in_process")
+    assert bad.value == pytest.approx(abs(far_a.delta)) and bad.threshold == far_a.bound and bad.op == "<="
     assert not bad.passed and bad.message.startswith("anomalous: 3.2 disagrees with 3.4 measured the other way beyond")
     assert good.passed and good.message == "" and also_good.passed and seven_a.p_value == 2 / 128
-    assert judge([rc for _, rc in figs.judged]).verdict == "anomalous"
+    assert judge([bad, good, also_good]).verdict == "anomalous"
     # al_tolerance as a floor: the same systematic difference under it is not anomalous
-    floor = replace(served_al_check(3.2, 3.4, 0.25, agreement_p=far_a.p_value, agreement_level=0.99), name="x")
+    floor = agreement("c", "serve", "x", 3.2, 3.4, 0.25, p_value=far_a.p_value, level=0.99)
     assert judge([floor]).verdict == "pass"
     # no per-request counters: the fixed tolerance is the whole rule
-    assert judge([served_al_check(3.2, 3.6455, 0.05)]).verdict == "anomalous"
-    assert judge([served_al_check(3.62, 3.6455, 0.05)]).verdict == "pass"
-    figs = Figures()
+    assert judge([agreement("c", "serve", "x", 3.2, 3.6455, 0.05)]).verdict == "anomalous"
+    assert judge([agreement("c", "serve", "x", 3.62, 3.6455, 0.05)]).verdict == "pass"
     # a strict "<" threshold: equal to it misses
-    assert not figs.plain("c", "check", "size.ratio", 1.0, "<", 1.0).passed
-    assert figs.plain("c", "check", "size.ratio", 0.99, "<", 1.0).passed
+    assert not threshold("c", "check", "size.ratio", 1.0, "<", 1.0).passed
+    assert threshold("c", "check", "size.ratio", 0.99, "<", 1.0).passed

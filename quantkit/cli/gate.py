@@ -38,9 +38,9 @@ def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool)
     when it is set.
     """
     from quantkit.gate.reports import write_reports
-    from quantkit.gate.run import run_gate
+    from quantkit.gate.run import run as gate
 
-    result = run_gate(config, progress=stderr_progress("gate"))
+    result = gate(config, progress=stderr_progress("gate"))
     write_reports(result, out_dir, junit)
     if as_json:
         print_json(result.to_dict())

@@ -14,9 +14,7 @@ from quantkit.gate.release import (  # house-move stub (issue 19): deleted at S3
 )
 from quantkit.gate.verdict import (  # house-move stub (issue 19): deleted at S3  # noqa: F401
     Judgement,
-    ReleaseCheck,
     Verdict,
     acceptance_ratio_check,
     judge,
-    served_al_check,
 )

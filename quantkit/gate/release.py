@@ -1,6 +1,7 @@
 """Release checks in the style of ModelOpt's deployment checks: the output's size against its source and tokenizer
 drift between them, as figures the gate judges (quantkit.gate.verdict). Pure functions over folders; nothing here runs
-a model."""
+a model
+(except `release_figures`' apply --dry-run prediction, which reads the recipe the output records)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
-from quantkit.gate.verdict import ReleaseCheck
+from quantkit.gate.config import GateConfig
+from quantkit.gate.verdict import first_line, infeasible, threshold
 from quantkit.io.headers import safetensors_files
 from quantkit.io.jsonin import JsonInputError, parse_json
+from quantkit.results.gate import GateCheck, ReleaseFigures
+from quantkit.vocab import EAGLE3_DRAFT
 
 # Files that define how text becomes tokens and back; any drift between source and output changes the model.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -167,12 +171,67 @@ def tokenizer_drift(source: str | Path, output: str | Path) -> list[str]:
 # --- release figures ---------------------------------------------------------------------------------------------
 
 
-def size_ratio_check(ratio: float | None, max_ratio: float, error: str | None = None) -> ReleaseCheck:
-    """Output / source weight bytes: at most `max_ratio` (a quantized output as large as its source is not one)."""
-    return ReleaseCheck("size.ratio", ratio, max_ratio, "<=", error=error)
+def size_ratio_check(ratio: float | None, max_ratio: float, error: str | None = None, *, candidate: str = "",
+                     message: str = "") -> GateCheck:
+    """Output / source weight bytes: below `max_ratio` (a quantized output as large as its source is not one)."""
+    return threshold(candidate, "check", "size.ratio", ratio, "<", max_ratio, error=error, message=message)
 
 
-def tokenizer_drift_check(drift: list[str] | None, error: str | None = None) -> ReleaseCheck:
-    """Number of drifted tokenizer files: must be 0."""
-    return ReleaseCheck("tokenizer.drifted_files", float(len(drift)) if drift is not None else None, 0.0, "<=",
-                        error=error)
+def tokenizer_drift_check(drift: list[str] | None, error: str | None = None, *, candidate: str = "") -> GateCheck:
+    """Number of drifted tokenizer files: must be 0 (the message names the first)."""
+    return threshold(candidate, "check", "tokenizer.drifted_files", float(len(drift)) if drift is not None else None,
+                     "<=", 0.0, error=error, message=drift[0] if drift else "")
+
+
+def predicted_size_ratio(output: str, source: str, target: str | None) -> float | None:
+    """apply --dry-run's predicted output / source bytes, with the recipe the output's quantkit.json records, on
+    `source` (the candidate's source as the gate knows it) and `target` (a draft's); None without a quantkit.json."""
+    if not (Path(output) / "quantkit.json").is_file():
+        return None
+    from quantkit.apply.run import apply
+    from quantkit.recipes import Recipe
+    from quantkit.results import load_manifest
+
+    manifest = load_manifest(output)
+    recipe = Recipe.model_validate(manifest.recipe)
+    dry = apply(recipe, source, output, target=target if manifest.model_kind == EAGLE3_DRAFT else None,
+                dry_run=True, progress=None)
+    return dry.size_after_bytes / dry.size_before_bytes if dry.size_before_bytes else None
+
+
+def release_figures(cand: str, output: str, source: str | None, target: str | None,
+                    cfg: GateConfig) -> tuple[ReleaseFigures | None, list[GateCheck]]:
+    """Size ratio (and its prediction) and tokenizer drift of `output` against `source`: the report's section and
+    its figures."""
+    c = cfg.check
+    if source is None:
+        why = "no source to compare with: set `draft` (the BF16 draft) in the gate config"
+        return None, [size_ratio_check(None, c.max_size_ratio, error=why, candidate=cand),
+                      tokenizer_drift_check(None, error=why, candidate=cand)]
+    figures: list[GateCheck] = []
+    rel = ReleaseFigures(source=source)
+    try:
+        rel.size_ratio = round(size_ratio(source, output), 6)
+        figures.append(size_ratio_check(rel.size_ratio, c.max_size_ratio, candidate=cand,
+                                        message="" if rel.size_ratio < c.max_size_ratio
+                                        else "the output is not smaller than its source"))
+    except Exception as e:
+        figures.append(size_ratio_check(None, c.max_size_ratio, error=first_line(e), candidate=cand))
+    if rel.size_ratio is not None:
+        try:
+            predicted = predicted_size_ratio(output, source, target)
+            if predicted is not None:
+                rel.predicted_size_ratio = round(predicted, 6)
+                err = abs(rel.size_ratio / predicted - 1)
+                figures.append(threshold(cand, "check", "size.prediction_error", round(err, 6), "<=", c.size_tolerance,
+                                         message=f"measured {rel.size_ratio:.4f}, apply --dry-run predicts "
+                                                 f"{predicted:.4f}"))
+        except Exception as e:
+            figures.append(infeasible(cand, "check", "size.prediction_error",
+                                      f"apply --dry-run prediction: {first_line(e)}"))
+    try:
+        rel.tokenizer_drift = tokenizer_drift(source, output)
+        figures.append(tokenizer_drift_check(rel.tokenizer_drift, candidate=cand))
+    except Exception as e:
+        figures.append(tokenizer_drift_check(None, error=first_line(e), candidate=cand))
+    return rel, figures

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from quantkit import __version__
 from quantkit.results.acceptance import AcceptanceResult
 from quantkit.results.base import CommandResult, Result
@@ -12,9 +14,13 @@ from quantkit.results.evaluate import EvalResult
 from quantkit.results.serve import ServeReport
 from quantkit.vocab import ModelKind
 
+ReleaseVerdict = Literal["pass", "regression", "anomalous", "infeasible"]
+
 
 class GateCheck(Result):
-    """One compared figure: passes when `value op threshold` holds."""
+    """One judged figure of the gate: what the report shows (`value op threshold`, `passed`, `message`) and, from
+    quantkit.gate.verdict's constructors, its own judgement (`verdict`, `reasons`), made once when the figure is built.
+    `passed` is `verdict == "pass"`. The judgement is not written to the report (report.json keeps its keys)."""
 
     candidate: str = ""
     step: str = ""
@@ -24,6 +30,8 @@ class GateCheck(Result):
     op: str | None = None
     passed: bool | None = None
     message: str = ""
+    verdict: ReleaseVerdict | None = Field(default=None, exclude=True)
+    reasons: list[str] = Field(default_factory=list, exclude=True)  # "<verdict>: <name>: why", every one that applies
 
     def line(self) -> str:
         if self.value is None or self.threshold is None:
@@ -35,9 +43,6 @@ class GateCheck(Result):
 class Verdict(Result):
     passed: bool | None = None
     checks: list[GateCheck] = []
-
-
-ReleaseVerdict = Literal["pass", "regression", "anomalous", "infeasible"]
 
 
 class ReleaseFigures(Result):
