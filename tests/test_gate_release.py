@@ -100,7 +100,7 @@ def _drop_kept_log(line: str) -> None:
 
 
 def _nothing_left(pid: int, port: int) -> None:
-    from quantkit.deploy.serve import group_members
+    from quantkit.engines.vllm_server import group_members
 
     assert group_members(pid) == [], f"processes of the server's group {pid} are still alive"
     with socket.socket() as s:
@@ -175,7 +175,7 @@ def test_server_killed_midway_fails_the_step_cleanly(pair, few_prompts, tmp_path
     require_vllm()
     import httpx
 
-    from quantkit.deploy.serve import parse_prometheus
+    from quantkit.engines.vllm_server import parse_prometheus
 
     draft_q, target_q = pair
     seen: dict = {}

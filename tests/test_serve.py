@@ -118,7 +118,7 @@ def test_server_killed_midway_raises_one_line_and_leaves_no_process(tiny, texts)
     require_vllm()
     import httpx
 
-    from quantkit.deploy import serve
+    from quantkit.engines import serve_client, vllm_server
 
     seen: dict = {}
 
@@ -131,7 +131,7 @@ def test_server_killed_midway_raises_one_line_and_leaves_no_process(tiny, texts)
             with httpx.Client(timeout=5) as client:
                 while time.monotonic() < deadline:
                     with contextlib.suppress(httpx.HTTPError):
-                        metrics = serve.parse_prometheus(client.get(f"{server.url}/metrics").text)
+                        metrics = vllm_server.parse_prometheus(client.get(f"{server.url}/metrics").text)
                         if sum(v for _, v in metrics.get("vllm:num_requests_running", [])) > 0:
                             seen["running_at_kill"] = True
                             break
@@ -140,8 +140,8 @@ def test_server_killed_midway_raises_one_line_and_leaves_no_process(tiny, texts)
 
         threading.Thread(target=killer, daemon=True).start()
 
-    with pytest.raises(serve.ServerDiedError) as e:
-        serve.serve_and_measure(tiny / "target", tiny / "eagle3-draft", texts * 4, num_speculative_tokens=K,
+    with pytest.raises(vllm_server.ServerDiedError) as e:
+        serve_client.serve_and_measure(tiny / "target", tiny / "eagle3-draft", texts * 4, num_speculative_tokens=K,
                           max_tokens=MAX_TOKENS, batch_size=2, fast_start=True, on_ready=kill_when_busy)
     msg = str(e.value)
     assert seen.get("running_at_kill"), "the kill did not land while requests were running"

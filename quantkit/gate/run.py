@@ -110,7 +110,7 @@ def check_sequence_lengths(cfg: GateConfig, config_path: str | Path, targets: li
     after at least one prompt token) fit every target the steps run, as vLLM derives its length (prompts are checked
     once tokenized, by the steps)."""
     from quantkit.io.checkpoint import resolve_config
-    from quantkit.naming.config import max_model_len
+    from quantkit.io.config import max_model_len
 
     a, s = cfg.acceptance, cfg.serve
     k = a.num_speculative_tokens

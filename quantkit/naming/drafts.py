@@ -19,7 +19,6 @@ from typing import Any
 from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import draft_config
 from quantkit.io.headers import TensorInfo
-from quantkit.naming.archs import model_kind  # noqa: F401  # house-move stub (issue 19): deleted at S3
 from quantkit.vocab import EAGLE3_DRAFT
 
 

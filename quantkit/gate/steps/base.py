@@ -51,7 +51,7 @@ def resolve_candidates(cfg: GateConfig, base: Path, config_path: str | Path) -> 
     """Every candidate with absolute paths and its kind; a pair's path must be a draft and its target a target
     (checked for all before any step runs)."""
     from quantkit.io.checkpoint import resolve_source
-    from quantkit.naming.drafts import model_kind
+    from quantkit.naming.archs import model_kind
 
     def rel(p: str) -> str:
         return str((base / p).resolve())

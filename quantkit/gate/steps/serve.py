@@ -1,13 +1,13 @@
-"""The gate's serve step (`Serve`): a real `vllm serve` of a draft candidate on its target (quantkit.deploy.serve), measured at
+"""The gate's serve step (`Serve`): a real `vllm serve` of a draft candidate on its target (quantkit.engines.vllm_server), measured at
 each batch size on the acceptance prompts, and the in-process vLLM AL of the same pair on the same prompts to judge
 it against.
 
 The prompts are the acceptance step's own texts: its prompt set rendered with the (BF16) target's chat template, sent
 raw to the completions endpoint, greedy, `max_new_tokens` each. The in-process reference is the acceptance step's
 candidate run when that ran in vLLM with the same K, token budget and temperature 0 (the same pair, prompts and
-settings), else `quantkit.acceptance.vllm_backend.run_vllm` run here with those settings. Both sides keep their
+settings), else `quantkit.engines.vllm_engine.run_spec_decode` run here with those settings. Both sides keep their
 per-prompt counters and a digest of each prompt's tokens (the server's from its per-request spec-decode metrics,
-quantkit.deploy.serve), and the served AL is judged against the in-process one prompt by prompt
+quantkit.engines.vllm_server), and the served AL is judged against the in-process one prompt by prompt
 (quantkit.acceptance.agreement): greedy decoding of the same pair gives the same tokens and counters except where a
 near-tie flips a token under another batch composition, which moves a few prompts either way; a systematic
 difference (another draft, K or dtype behind the server) moves them all and is anomalous. Measured on the bundled
@@ -33,7 +33,7 @@ from quantkit.results.gate import CandidateReport, GateCheck
 from quantkit.vocab import EAGLE3_DRAFT, StepName
 
 if TYPE_CHECKING:
-    from quantkit.deploy.serve import ServedResult
+    from quantkit.engines.serve_client import ServedResult
 
 MAX_PROBLEMS = 5  # malformed responses kept in the report per batch size
 # served vs in-process AL when the server sends no per-request counters (so no prompt-by-prompt comparison)
@@ -65,8 +65,8 @@ class Serve:
                                         max_tokens=max_new)
         try:
             from quantkit.io.checkpoint import resolve_config
-            from quantkit.naming.config import fit_max_model_len
-            from quantkit.naming.config import max_model_len as derived_len
+            from quantkit.io.config import fit_max_model_len
+            from quantkit.io.config import max_model_len as derived_len
 
             texts, longest, ids = prompt_set(ctx.target, prompts)
             sr.num_prompts = len(texts)
@@ -165,7 +165,7 @@ def reusable_acceptance(acc: AcceptanceResult | None, k: int, max_new_tokens: in
 def in_process_run(target: str, draft: str, texts: list[str], ids: list[tuple[str, str]], k: int,
                    max_new_tokens: int, max_model_len: int) -> list[PromptAcceptance]:
     """Per-prompt counters of `draft` on `target` over `texts` in an in-process vLLM engine, greedy."""
-    from quantkit.acceptance.vllm_backend import run_vllm
+    from quantkit.engines.vllm_engine import run_spec_decode as run_vllm
 
     stats = run_vllm(target, draft, texts, k, max_new_tokens, 0.0, max_model_len=max_model_len)
     return [PromptAcceptance(id=i, domain=d, num_drafts=s.num_drafts, num_accepted=s.num_accepted,
@@ -180,7 +180,7 @@ def mean_al(per_prompt: list[PromptAcceptance]) -> float | None:
 
 
 def served_batch(res: ServedResult, ids: list[tuple[str, str]] | None = None) -> ServedBatch:
-    """results.ServedBatch from a quantkit.deploy.serve.ServedResult (its per-request detail left out, except each
+    """results.ServedBatch from a quantkit.engines.serve_client.ServedResult (its per-request detail left out, except each
     request's counters and token digest as `per_prompt` when the server sent them and `ids` names the prompts)."""
     spec = res.spec
     per_prompt = []
@@ -205,9 +205,10 @@ def measure_served(report: ServeReport, texts: list[str], batch_sizes: list[int]
                    startup_timeout_s: float, request_timeout_s: float, fast_start: bool,
                    progress: Progress | None = None, ids: list[tuple[str, str]] | None = None) -> None:
     """Start one `vllm serve` for report.target + report.draft, measure every batch size into report.batches, stop
-    it. Raises quantkit.deploy.serve.ServeError (one line, with the server's last log lines) when the server does not
+    it. Raises quantkit.engines.vllm_server.ServeError (one line, with the server's last log lines) when the server does not
     come up, dies, or refuses a request; the batches measured before that stay in the report."""
-    from quantkit.deploy.serve import VllmServer, measure
+    from quantkit.engines.serve_client import measure
+    from quantkit.engines.vllm_server import VllmServer
 
     progress = or_silent(progress)
     assert report.num_speculative_tokens is not None and report.max_tokens is not None
