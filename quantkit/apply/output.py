@@ -22,7 +22,7 @@ from quantkit.schemes import SCHEMES
 from quantkit.vocab import EAGLE3_DRAFT
 
 if TYPE_CHECKING:
-    from quantkit.apply.run import ApplyPlan
+    from quantkit.apply.plan import ApplyPlan
 
 # --- output --------------------------------------------------------------------------------------------------------
 

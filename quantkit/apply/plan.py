@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import QuantkitError
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS, VISION_ROLE
 from quantkit.recipes import Recipe
 from quantkit.results import LayerDecision
+from quantkit.vocab import ModelKind
+
+if TYPE_CHECKING:
+    from quantkit.io.checkpoint import SourceCheckpoint
+    from quantkit.naming.drafts import DraftInfo
 
 
 class ApplyError(QuantkitError):
@@ -22,6 +28,33 @@ class NonFiniteWeightError(QuantkitError):
 
 class ApplyVerificationError(QuantkitError):
     """What Quark wrote does not match the plan (a layer quantized that should not be, or the reverse)."""
+
+
+@dataclass
+class ApplyPlan:
+    """Everything decided before any tensor data is read (what `--dry-run` prints)."""
+
+    recipe: Recipe
+    src: SourceCheckpoint
+    kind: ModelKind
+    info: DraftInfo | None
+    n_target: int | None
+    layers: list[Any]
+    decisions: list[LayerDecision]
+    exclude: list[str]
+    quark_exclude: list[str]
+    layer_config: dict[str, str]
+    path: str
+    path_reason: str
+    engine: str
+    engine_reason: str
+    devices: list[str]
+    source_format: Any  # quantkit.io.formats.SourceFormat
+    mtp_modules: int = 0
+    dropped: set[str] = field(default_factory=set)  # tensors left out (the recipe's `mtp: drop`)
+    not_copied: list[str] = field(default_factory=list)  # source files and folders apply does not copy (io.files)
+    ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name
+
 
 
 # --- planning ------------------------------------------------------------------------------------------------------

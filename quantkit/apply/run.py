@@ -19,7 +19,6 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from quantkit.apply.output import (
 )
 from quantkit.apply.plan import (
     ApplyError,
+    ApplyPlan,
     ApplyVerificationError,
     draft_runtime_name,
     plan_layers,
@@ -41,7 +41,6 @@ from quantkit.apply.plan import (
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import (
     RESUMABLE_MARKER,
-    SourceCheckpoint,
     atomic_output,
     check_output_free,
     resolve_source,
@@ -56,39 +55,13 @@ from quantkit.naming.drafts import DraftInfo, draft_info
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
-from quantkit.results import ApplyResult, LayerDecision, ShardSummary
+from quantkit.results import ApplyResult, ShardSummary
 from quantkit.schemes import SCHEMES, native_schemes
 from quantkit.versions import versions
-from quantkit.vocab import EAGLE3_DRAFT, ModelKind
+from quantkit.vocab import EAGLE3_DRAFT
 
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
-
-
-@dataclass
-class ApplyPlan:
-    """Everything decided before any tensor data is read (what `--dry-run` prints)."""
-
-    recipe: Recipe
-    src: SourceCheckpoint
-    kind: ModelKind
-    info: DraftInfo | None
-    n_target: int | None
-    layers: list[Any]
-    decisions: list[LayerDecision]
-    exclude: list[str]
-    quark_exclude: list[str]
-    layer_config: dict[str, str]
-    path: str
-    path_reason: str
-    engine: str
-    engine_reason: str
-    devices: list[str]
-    source_format: Any  # quantkit.io.formats.SourceFormat
-    mtp_modules: int = 0
-    dropped: set[str] = field(default_factory=set)  # tensors left out (the recipe's `mtp: drop`)
-    not_copied: list[str] = field(default_factory=list)  # source files and folders apply does not copy (io.files)
-    ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name
 
 
 DEVICE = re.compile(r"cuda:[0-9]{1,4}")

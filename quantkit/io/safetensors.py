@@ -69,6 +69,7 @@ DTYPE_BITS: dict[str, int] = {d: info.bits for d, info in DTYPES.items()}
 # Bytes per element of whole-byte dtypes (io/headers' DTYPE_BYTES until apply's size prediction reads the schemes).
 DTYPE_BYTES: dict[str, int] = {d: info.bits // 8 for d, info in DTYPES.items() if info.bits % 8 == 0}
 KNOWN_DTYPES = set(DTYPES)
+FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}  # the dtypes a source weight is stored in before quantization
 # The order safetensors lays tensors out in: by dtype, this order (the Rust Dtype enum, descending), then by name.
 ST_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
             "F8_E5M2", "I8", "U8", "BOOL"]

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from quantkit.io.headers import TensorInfo
+from quantkit.io.safetensors import FLOAT_DTYPES
 from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings, RuleContext
-from quantkit.rules.tensors import FLOAT_DTYPES
 
 
 def exclude_matching(ctx: RuleContext) -> None:

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from quantkit.io.headers import INDEX_FILE, TensorInfo, unindexed_weight_files
+from quantkit.io.safetensors import FLOAT_DTYPES
 from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings, RuleContext
 
-FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "U8", "I8", "F4", "F6_E2M3", "F6_E3M2", "I32"}
 # Dtypes vLLM's schemes take for the weight and the weight scale, per scheme family.
 WEIGHT_DTYPES = {"fp8": {"F8_E4M3"}, "mxfp4": {"U8", "F4"}, "int8": {"I8"}}
