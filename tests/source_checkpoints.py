@@ -10,7 +10,7 @@
   experts are INT4 pack-quantized by compressed-tensors' own compressor; vision_tower.* / mm_projector.* BF16.
 
 The text models are transformers' own classes saved in the published per-expert layout (as tests/families.py does),
-with configs that quantkit's naming (quantkit/vllm_names.py) recognises. Several dims are not multiples of 128
+with configs that quantkit's naming (quantkit/naming/archs/) recognises. Several dims are not multiples of 128
 (intermediate 320, moe_intermediate 192, q_lora_rank 96, kv_a 96) so FP8 edge blocks are partial.
 
 Run as a script to write all three: `python tests/source_checkpoints.py OUT_DIR`.

@@ -444,13 +444,14 @@ def test_peak_memory_is_a_few_shards_not_the_model(tmp_path):
     script = textwrap.dedent(f"""
         import json, threading, time, torch
         from pathlib import Path
-        from quantkit.apply import executor, native
+        from quantkit.apply import shards
+        from quantkit.schemes import mxfp4
 
         def rss():  # resident memory now, in bytes
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * 4096
 
-        native.quantize_mxfp4(torch.zeros(64, 64, dtype=torch.bfloat16))  # warm up torch's allocator and kernels
+        mxfp4.quantize_mxfp4(torch.zeros(64, 64, dtype=torch.bfloat16))  # warm up torch's allocator and kernels
         base, peak, running = rss(), [0], [True]
 
         def sample():
@@ -460,7 +461,7 @@ def test_peak_memory_is_a_few_shards_not_the_model(tmp_path):
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-        executor.quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
+        shards.quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
                                      exclude=[], layer_config=None, devices=["cpu"])
         running[0] = False
         sampler.join()

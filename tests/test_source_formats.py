@@ -438,7 +438,7 @@ def test_fp8_block_checkpoints_decode_exactly(source_checkpoints, name):
     import torch
     from compressed_tensors.entrypoints.convert.converters import FP8BlockDequantizer
 
-    from quantkit.naming import vllm_names
+    from quantkit.naming import archs
     from quantkit.io.headers import checkpoint_tensors, read_config
 
     folder = source_checkpoints[name]
@@ -446,7 +446,7 @@ def test_fp8_block_checkpoints_decode_exactly(source_checkpoints, name):
     fmt = F.detect_format(config, infos)
     assert (fmt.name, fmt.block_size) == ("fp8-block", (128, 128))
     plan = F.decoded_tensor_names(fmt, infos)
-    vllm_names.runtime_layers(config, plan)  # quantkit's naming reads the decoded checkpoint as its architecture
+    archs.runtime_layers(config, plan)  # quantkit's naming reads the decoded checkpoint as its architecture
     partial = decoded = 0
     # compressed-tensors' model-free FP8 block dequantizer, told which modules are FP8 (it does not look).
     ct = FP8BlockDequantizer(targets=[n[: -len(".weight")] for n, parts in plan.items() if len(parts) == 2])
@@ -479,7 +479,7 @@ def test_int4_kimi_checkpoint_decodes_like_compressed_tensors(source_checkpoints
         CompressedTensorsDequantizer,
     )
 
-    from quantkit.naming import vllm_names
+    from quantkit.naming import archs
     from quantkit.io.headers import checkpoint_tensors, read_config
 
     folder = source_checkpoints["kimi-k25-int4"]
@@ -489,7 +489,7 @@ def test_int4_kimi_checkpoint_decodes_like_compressed_tensors(source_checkpoints
     plan = F.decoded_tensor_names(fmt, infos)
     text, prefix = F.text_model_view(config, plan)
     assert prefix == "language_model."
-    vllm_names.runtime_layers(text, [n[len(prefix):] for n in plan if n.startswith(prefix)])
+    archs.runtime_layers(text, [n[len(prefix):] for n in plan if n.startswith(prefix)])
     reference = CompressedTensorsDequantizer(folder)  # reads text_config.quantization_config itself
     experts = 0
     for shard in _shards(folder).values():

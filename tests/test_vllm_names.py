@@ -1,4 +1,4 @@
-"""vllm_names: runtime names per architecture (expected names written from vLLM's model files), the exclude replay,
+"""naming (the family records in naming/archs, builder, exclude): runtime names per architecture (expected names written from vLLM's model files), the exclude replay,
 and the replay checked layer by layer against vLLM's own QuarkConfig / should_ignore_layer."""
 
 from __future__ import annotations
