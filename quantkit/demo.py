@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +22,10 @@ from quantkit.io import jsonout
 from quantkit.io.checkpoint import OutputWriteError, check_output_free
 from quantkit.io.paths import tiny_models_dir
 from quantkit.progress import Progress, or_silent
+from quantkit.results.demo import DemoResult
 
 DEMO_EVAL_TASKS = ["tiny_french_mc", "tiny_french_gen"]
 DEMO_EVAL_LIMIT = 40
-
-
-@dataclass
-class DemoResult:
-    workdir: str
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    gate_passed: bool | None = None
-    gate_verdict: str | None = None
-    outputs: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"workdir": self.workdir, "gate_passed": self.gate_passed, "gate_verdict": self.gate_verdict,
-                "seconds": round(self.seconds, 1),
-                "steps": self.steps, "outputs": self.outputs}
 
 
 def _vllm_mode() -> tuple[str, str]:
@@ -98,7 +83,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     except OSError as e:
         raise OutputWriteError(f"--workdir {workdir}: cannot create it ({e.strerror or e}); pick a folder you can "
                                "write to") from None
-    result = DemoResult(str(work))
+    result = DemoResult(workdir=str(work))
 
     def step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         progress(f"{name} ...")

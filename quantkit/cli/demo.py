@@ -12,7 +12,7 @@ from quantkit.cli.options import json_option, make_console, print_json
 from quantkit.progress import stderr_progress
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
-    from quantkit.demo import DemoResult
+    from quantkit.results.demo import DemoResult
 
 
 @main.command()

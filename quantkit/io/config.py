@@ -170,6 +170,26 @@ def quark_model_dtype(config: Mapping[str, Any]) -> str:
     return "bfloat16"
 
 
+def quantization_config(config: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """The quantization config vLLM reads, and the key it was found under; (None, None) without one. The one lookup
+    order of quantkit: vllm/model_executor/model_loader/weight_utils.py get_quant_config takes hf_config's
+    `quantization_config`, else its text_config's (multimodal wrappers such as Kimi-K2.5), else `compression_config`
+    (compressed-tensors' legacy key), each when it is not None; a speculators draft's hf_config is its
+    `transformer_layer_config` (vllm/transformers_utils/configs/speculators/), so a config found there wins. The
+    value is returned as stored (the caller judges its type)."""
+    layer = config.get("transformer_layer_config")
+    if isinstance(layer, Mapping) and layer.get("quantization_config") is not None:
+        return layer["quantization_config"], "transformer_layer_config.quantization_config"
+    text = config.get("text_config")
+    for key, holder in (("quantization_config", config),
+                        ("text_config.quantization_config", text if isinstance(text, Mapping) else {}),
+                        ("compression_config", config)):  # fmt: skip
+        value = holder.get(key.rpartition(".")[2])
+        if value is not None:
+            return value, key
+    return None, None
+
+
 def has_quantization_config(config: Mapping[str, Any]) -> bool:
     """Whether Quark's file-to-file path sees a quantization_config: at the top level or in any nested config."""
     return "quantization_config" in config or any(

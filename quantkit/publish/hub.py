@@ -23,7 +23,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from quantkit.publish.folder import (
 from quantkit.publish.sidecar import SIDECAR
 from quantkit.publish.tokens import find_token_in_bytes, user_tokens
 from quantkit.results import CandidateReport
+from quantkit.results.publish import PublishResult
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -63,35 +64,6 @@ DEPLOY = "deploy.json"
 GENERATED_FILES = (SIDECAR, CHART, DEPLOY)
 
 __all__ = ["PublishAuthError", "PublishError", "PublishResult", "build_model_card", "publish", "read_manifest"]
-
-
-@dataclass
-class PublishResult:
-    """What `publish` did (or, for a dry run, would do); serialises to `--json`."""
-
-    repo_id: str
-    endpoint: str | None
-    revision: str
-    dry_run: bool
-    files: list[UploadFile]
-    deleted: list[str] = field(default_factory=list)
-    commit_url: str | None = None
-    commit_oid: str | None = None
-    pr_url: str | None = None
-    unchanged: bool = False  # re-publish of identical content: no new commit, commit_* is the existing head
-    repo_url: str | None = None
-    card_path: str | None = None  # dry run: where the card was written
-    plan_path: str | None = None  # dry run: where the file list was written
-    generated: list[str] = field(default_factory=list)  # files quantkit wrote or rewrote for the upload
-    skipped: list[str] = field(default_factory=list)  # folder entries not uploaded (not what apply writes)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_bytes": self.total_bytes}
-
 
 
 # --- publishing ----------------------------------------------------------------------------------------------------
@@ -266,7 +238,7 @@ def _write_dry_run(out: Path, generated: dict[str, bytes], result: PublishResult
     import shutil
 
     plan = {"repo_id": result.repo_id, "revision": result.revision, "folder": str(folder.resolve()),
-            "files": [asdict(f) for f in result.files], "total_bytes": result.total_bytes,
+            "files": [f.to_dict() for f in result.files], "total_bytes": result.total_bytes,
             "generated": result.generated, "not_uploaded": result.skipped}
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from quantkit.results.base import Result, _nan_to_none
+from quantkit.results.base import CommandResult, Result, _nan_to_none
 
 
 class DomainAcceptance(Result):
@@ -95,7 +95,7 @@ class AcceptanceSettings(Result):
     context_lengths: list[int] = []
 
 
-class AcceptanceResult(Result):
+class AcceptanceResult(CommandResult):
     """Baseline (BF16 draft) vs candidate, as the CLI prints it, `--json` emits it and the gate report holds it."""
 
     backend: str | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantkit.results.base import Result
+from quantkit.results.base import CommandResult, Result
 
 
 class MetricDelta(Result):
@@ -28,7 +28,7 @@ class MetricDelta(Result):
     recovery_lower_bound: float | None = None  # recovery_ci95[0], for a gate's statistical threshold
 
 
-class EvalResult(Result):
+class EvalResult(CommandResult):
     """Baseline vs candidate on the same tasks and settings."""
 
     model: str | None = None

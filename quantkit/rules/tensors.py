@@ -13,12 +13,12 @@ from quantkit.io.safetensors import FLOAT_DTYPES
 from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.results.precision import LayerPrecision
 from quantkit.rules.rule import Findings, RuleContext
+from quantkit.schemes.mxfp4 import MXFP4_GROUP
 
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "U8", "I8", "F4", "F6_E2M3", "F6_E3M2", "I32"}
 # Dtypes vLLM's schemes take for the weight and the weight scale, per scheme family.
 WEIGHT_DTYPES = {"fp8": {"F8_E4M3"}, "mxfp4": {"U8", "F4"}, "int8": {"I8"}}
 SCALE_DTYPES = {"fp8": {"F32", "BF16", "F16"}, "mxfp4": {"U8", "F8_E8M0"}, "int8": {"F32", "BF16", "F16"}}
-MXFP4_GROUP = 32
 # Relative Frobenius error of a dequantized weight against its source above which --numeric reports an error.
 NUMERIC_BOUNDS = {"fp8": 0.08, "mxfp4": 0.3}
 

@@ -16,7 +16,8 @@ from quantkit.results.check import Finding
 from quantkit.results.precision import LayerPrecision
 from quantkit.rules.deploy_context import DeployContext, attention_heads, finding
 from quantkit.rules.rule import Findings, RuleContext
-from quantkit.rules.tensors import MXFP4_GROUP, mxfp4_weights, weight_dims
+from quantkit.rules.tensors import mxfp4_weights, weight_dims
+from quantkit.schemes.mxfp4 import MXFP4_GROUP
 
 # Tensor parallelism per runtime layer kind (vllm/model_executor/layers/linear.py and the model files).
 ROW_PARALLEL = {"o_proj", "down_proj", "w2", "out_proj"}

@@ -40,6 +40,7 @@ from typing import Any
 
 from quantkit.apply.shards.errors import CorruptShardError, ExecutorError
 from quantkit.apply.shards.journal import JOURNAL_NAME
+from quantkit.io.config import has_quantization_config, quark_model_dtype
 from quantkit.io.files import check_entry, check_tree, copy_tree_checked, link_roots, require_regular_file, scan_folder
 from quantkit.io.headers import (
     check_index_complete,
@@ -142,21 +143,6 @@ def find_shards(src: Path) -> list[str]:
     return found
 
 
-def model_dtype_name(config: dict[str, Any]) -> str:
-    """`_get_model_dtype_from_hf_model_config`: text_config dtype/torch_dtype, then top-level torch_dtype/dtype,
-    bfloat16 when none is given or it is "auto"."""
-    text: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else {}
-    name = text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or config.get("dtype")
-    if isinstance(name, str) and name.lower() != "auto":
-        return name.lower()
-    return "bfloat16"
-
-
-def _has_quantization_config(config: dict[str, Any]) -> bool:
-    return "quantization_config" in config or any(
-        isinstance(v, dict) and "quantization_config" in v for v in config.values())
-
-
 @dataclass
 class ShardPlan:
     shards: list[str]
@@ -178,7 +164,7 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
     if not cfg_path.is_file():
         raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
     config = read_config(src)
-    if decode is None and _has_quantization_config(config):
+    if decode is None and has_quantization_config(config):
         raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
                             "unquantized checkpoint, or use Quark's path, which dequantizes first")
     shards = find_shards(src)
@@ -200,7 +186,7 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
                 if e.dtype in _FLOAT_ST:
                     floating.add(e.name)
     check_index_complete(src, weight_map, placed)
-    dtype = model_dtype_name(config)
+    dtype = quark_model_dtype(config)
     import torch
 
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
