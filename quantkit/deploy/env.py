@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantkit.io.config import attention_heads, config_int
 from quantkit.results.deploy import EnvVar
-from quantkit.rules.deploy_context import DeployContext, attention_heads, config_int
+from quantkit.rules.deploy_context import DeployContext
 from quantkit.rules.kv_cache import kv_is_quantized
 
 _AMD_VLLM_GUIDE = ("AMD ROCm docs, 'vLLM V1 performance optimization' (MI300X/MI325X/MI350X/MI355X): "

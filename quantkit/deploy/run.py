@@ -19,12 +19,11 @@ from typing import Any
 
 from quantkit.deploy.env import platform_env
 from quantkit.errors import QuantkitError
+from quantkit.io.config import config_int, text_config
 from quantkit.io.config import max_model_len as derived_max_model_len
-from quantkit.io.config import text_config
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.archs import is_draft as is_eagle3_draft
 from quantkit.results.deploy import DeployManifest
-from quantkit.rules.deploy_context import config_int
 from quantkit.rules.kv_cache import KV_CACHE_DTYPES
 from quantkit.rules.rule import CheckpointView, RuleContext, ServingOptions
 from quantkit.rules.table import run_rules

@@ -51,21 +51,6 @@ def draft_layer_config(config: dict[str, Any]) -> dict[str, Any]:
     return layer if isinstance(layer, dict) else config
 
 
-def config_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def attention_heads(cfg: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """(attention heads, KV heads, head size); KV heads default to the attention heads (vllm/config/model.py)."""
-    heads = config_int(cfg.get("num_attention_heads"))
-    kv = config_int(cfg.get("num_key_value_heads")) or heads
-    head_dim = config_int(cfg.get("head_dim"))
-    hidden = config_int(cfg.get("hidden_size"))
-    if head_dim is None and hidden and heads:
-        head_dim = hidden // heads
-    return heads, kv, head_dim
-
-
 # --- the deploy rules' sources -----------------------------------------------------------------------------------
 
 

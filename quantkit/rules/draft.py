@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.io.config import text_config
+from quantkit.io.config import config_int, text_config
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 from quantkit.results.check import Finding
-from quantkit.rules.deploy_context import DeployContext, config_int, finding
+from quantkit.rules.deploy_context import DeployContext, finding
 from quantkit.rules.rule import Findings, RuleContext
 
 AUX_IDS = "eagle_aux_hidden_state_layer_ids"

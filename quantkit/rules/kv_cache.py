@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from quantkit.io.config import attention_heads
 from quantkit.io.headers import TensorInfo
 from quantkit.results.check import Finding
-from quantkit.rules.deploy_context import DeployContext, attention_heads, finding
+from quantkit.rules.deploy_context import DeployContext, finding
 
 # vllm/config/cache.py `CacheDType`: every value `--kv-cache-dtype` accepts in vLLM 0.32.
 KV_CACHE_DTYPES: tuple[str, ...] = (

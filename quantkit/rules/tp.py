@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from quantkit.io.config import attention_heads
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.results.check import Finding
 from quantkit.results.precision import LayerPrecision
-from quantkit.rules.deploy_context import DeployContext, attention_heads, finding
+from quantkit.rules.deploy_context import DeployContext, finding
 from quantkit.rules.rule import Findings, RuleContext
 from quantkit.rules.tensors import mxfp4_weights, weight_dims
 from quantkit.schemes.mxfp4 import MXFP4_GROUP
