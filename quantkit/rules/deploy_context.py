@@ -1,9 +1,9 @@
 """The deploy rules' view of a deployment (both checkpoints' config and tensor headers, the serving options), the
 config readers they share with deploy's environment, and the vLLM source of each deploy rule.
 
-Moved from deploy/manifest.py as it was (issue 19, phase 1). It goes when check's and deploy's implementations of
-the same rules merge (phase 2): RuleContext replaces DeployContext, quantkit.io.config's readers replace these, and
-the rule runner stamps each finding with its rule's source.
+Three deploy rules (TP split, platform MXFP4, vocabulary) still run on this view beside check's implementations of
+the same facts: merging them changes what deploy reports on a checkpoint without a quantization_config, so it waits
+for that decision. The config readers are quantkit.io.config's.
 """
 
 from __future__ import annotations

@@ -145,8 +145,8 @@ class RuleContext:
 
     @cached_property
     def deploy(self) -> DeployContext:
-        """The deploy rules' view of this context, as deploy/manifest.py built it (until check's and deploy's
-        implementations of the same rules merge, issue 19 phase 2)."""
+        """The deploy rules' view of this context (rules/deploy_context.py), for the three deploy rules that still have
+        their own implementation beside check's (TP split, platform MXFP4, vocabulary)."""
         served, draft, s = self.served, self.draft, self.serving
         return DeployContext(
             target_path=str(served.path), target_config=served.config, target_tensors=served.tensors,

@@ -47,7 +47,7 @@ _BOTH: frozenset[Command] = frozenset({"check", "deploy"})
 
 @dataclass(frozen=True)
 class DeployCheck:
-    """A deploy rule as deploy/manifest.py wrote it (DeployContext -> its findings, each carrying the rule's source),
+    """A deploy rule with its own implementation (DeployContext -> its findings, each carrying the rule's source),
     run on a RuleContext."""
 
     fn: Callable[[DeployContext], list[Finding]]
@@ -241,8 +241,8 @@ def draft_fit_findings(draft: str | Path, target: str | Path) -> list[Finding]:
 
 @dataclass(frozen=True)
 class KnownBad:
-    """The rules deploy runs, seen the way deploy/manifest.py listed them (`KNOWN_BAD`: code, title, source). Until
-    issue 19's cleanup (S3), where RULES replaces it."""
+    """The rules deploy runs, one line each (`KNOWN_BAD`: code, title, source): a view of RULES, which
+    tests/test_deploy.py holds every deploy rule's source and firing against."""
 
     code: str
     title: str
