@@ -10,7 +10,7 @@ from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
-from quantkit.io.safetensors import METADATA_KEY, read_header
+from quantkit.io.safetensors import METADATA_KEY, json_object, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -28,25 +28,6 @@ class TensorInfo(NamedTuple):
     shape: tuple[int, ...]
 
 
-class _IndexObject(dict[str, Any]):
-    """A JSON object of the index that remembers the values its repeated keys overwrote."""
-
-    shadowed: tuple[tuple[str, Any], ...] = ()
-
-
-def _index_object(pairs: list[tuple[str, Any]]) -> _IndexObject:
-    obj = _IndexObject(pairs)
-    if len(obj) != len(pairs):
-        seen: dict[str, Any] = {}
-        shadowed = []
-        for key, value in pairs:
-            if key in seen:
-                shadowed.append((key, seen[key]))
-            seen[key] = value
-        obj.shadowed = tuple(shadowed)
-    return obj
-
-
 def read_index(folder: str | Path) -> dict[str, str] | None:
     """The `weight_map` (tensor name -> shard file) of a sharded checkpoint, or None when it has no index.
 
@@ -58,7 +39,7 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
     index_path = Path(folder) / INDEX_FILE
     if not index_path.is_file():
         return None
-    index = load_json_file(index_path, _REGENERATE, object_pairs_hook=_index_object)
+    index = load_json_file(index_path, _REGENERATE, object_pairs_hook=json_object)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")

@@ -123,14 +123,15 @@ class ParsedHeader:
         return 8 + self.header_len
 
 
-class _Object(dict[str, Any]):
-    """A JSON object that remembers the values a repeated key overwrote (safetensors type-checks those too)."""
+class JsonObject(dict[str, Any]):
+    """A JSON object that remembers the values a repeated key overwrote (safetensors type-checks those too, and the
+    index reader names them): the `object_pairs_hook` of the header and index readers is `json_object`."""
 
     shadowed: tuple[tuple[str, Any], ...] = ()
 
 
-def _object(pairs: list[tuple[str, Any]]) -> _Object:
-    obj = _Object(pairs)
+def json_object(pairs: list[tuple[str, Any]]) -> JsonObject:
+    obj = JsonObject(pairs)
     if len(obj) != len(pairs):
         seen: dict[str, Any] = {}
         shadowed = []
@@ -182,7 +183,7 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
     n = header_length(data, size, where, error)
     raw = bytes(data[8:8 + n])
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_object, parse_constant=_constant,
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=json_object, parse_constant=_constant,
                             parse_float=_float, parse_int=_int if _NEGATIVE_ZERO.search(raw) else None)
     except UnicodeDecodeError:
         raise error(f"{where}: safetensors header is not valid JSON (not UTF-8); {REFETCH}") from None
