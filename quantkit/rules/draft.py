@@ -2,8 +2,7 @@
 (vllm/model_executor/models/llama_eagle3.py, models/llama.py and interfaces.py, v1/worker/gpu_model_runner.py).
 
 The rules `vocab_maps`, `aux_layers`, `target_fit` and `target_unknown` (check's; deploy runs `aux_layers` too) and
-deploy's `check_draft_vocab`, which also reads d2t's header, until it merges into vocab_maps and target_fit (issue 19
-plan 1.8.3)."""
+deploy's `check_draft_vocab`, which also reads d2t's header, until it merges into vocab_maps and target_fit."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 vllm/model_executor/layers/fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend).
 
 check's rules (`fp8_fnuz`, `mxfp4_emulated`, split from check's platform_notes) and deploy's
-(`check_platform_mxfp4`) are both here until they merge (issue 19, phase 2)."""
+(`check_platform_mxfp4`) are both here until they merge (see rules/tp.py: the same
+decision)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ check and deploy run the same row where they check the same thing: a draft's ten
 lm_head finding is check's `lm-head-quantized`) and its aux hidden-state layer ids (draft-aux-layers). Three deploy
 rows (ids `deploy-*`) still have their own implementation: the MXFP4 TP split and platform rules read MXFP4 weights
 from tensor headers alone (check's rules follow the quantization_config vLLM reads), and the vocabulary rule also
-checks d2t's header (issue 19 plan 1.8.3 merges them). Every finding carries its rule's `source`. Rows are in report
+checks d2t's header (to merge into check's rows once deploy may report what check does on those fixtures). Every finding carries its rule's `source`. Rows are in report
 order: check's findings are then sorted by severity, deploy's are not.
 """
 

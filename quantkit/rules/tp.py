@@ -3,7 +3,8 @@ attention / KV heads against the TP size (vllm/model_executor/layers/linear.py, 
 quantization/quark/schemes/quark_ocp_mx.py, quark_moe.py; vllm/config/model.py, models/llama.py).
 
 check's per-layer rule (`tp_split`) and deploy's tensor-pattern rule (`check_tp_mxfp4_group`) are both here until
-they merge (issue 19, phase 2: check's per-layer rule is the one)."""
+they merge: deploy's reads MXFP4 weights from the headers alone, check's follows the quantization_config vLLM
+reads, and merging them changes what deploy reports on a checkpoint without one (check's per-layer rule is to be the one)."""
 
 from __future__ import annotations
 
