@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 
 @pytest.fixture(scope="module")
