@@ -67,6 +67,9 @@ class ServingOptions:
     num_speculative_tokens: int | None = None
     max_model_len: int | None = None
     vllm_version: str | None = None  # issue 22 (--vllm-version); None: every version the table knows
+    block_size: int | None = None  # vLLM --block-size; None: vLLM's default
+    draft_attention_backend: str | None = None  # speculative_config.attention_backend; None: not set ("auto")
+    dtype: str | None = None  # vLLM --dtype; None: the target config's
 
 
 class CheckpointView:
