@@ -168,6 +168,7 @@ def served_moe(tiny, tiny_outputs) -> ServeReport:
                          num_speculative_tokens=3, max_tokens=4)
     measure_served(report, ["Hello"], [1], max_model_len=512, startup_timeout_s=600, request_timeout_s=120,
                    fast_start=True, manifest=DISAGREEING)
+    print(f"\nvllm serve (MXFP4 MoE + draft) up after {report.startup_s} s")
     return report
 
 
