@@ -47,7 +47,8 @@ def test_table_invariants():
         assert r.commands and r.commands <= set(COMMANDS), r.id
         assert r.source and "\n" not in r.source, r.id
         assert not (r.check is not None and r.check_layer is not None), r.id
-        assert r.runs or r.when in ("load", "numeric"), r.id  # a rule no command runs is an observation
+        # a rule no command runs is an observation: of the real load, the numeric step, or the served step's log
+        assert r.runs or r.when in ("load", "numeric", "serve"), r.id
     # deploy reads headers only: no rule it runs reads tensor data
     assert all(r.reads == "headers" for r in table.rules_for("deploy", reads=("headers",)))
 

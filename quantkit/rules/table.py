@@ -154,6 +154,12 @@ RULES: tuple[Rule, ...] = (
           "numeric-logits-disagreement"),
          "quantkit: dequantized weights against the source's; logits of the draft against the BF16 draft's", _CHECK,
          when="numeric", reads="data"),
+    Rule("served-backends", "the backends vLLM chose, against deploy.json's predicted_backends (gate serve step)",
+         "error", ("unpredicted-fallback",),
+         "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py _make_log_backend, _warn_on_bf16_fallback; "
+         "vllm/platforms/rocm.py get_attn_backend_cls; vllm/model_executor/kernels/linear/__init__.py (the log lines "
+         "quantkit/engines/server_log.py reads; judged by quantkit/engines/backend_check.py)", _DEPLOY,
+         when="serve", decided_at="serve"),
     # --- deploy (in the order deploy.json lists their findings) ------------------------------------------------
     Rule("deploy-tp-mxfp4-group", "TP size that splits an MXFP4 scale group", "error",
          ("tp-indivisible", "tp-mxfp4-group"), SOURCES["tp-mxfp4-group"], _DEPLOY,
