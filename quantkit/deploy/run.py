@@ -26,6 +26,7 @@ from quantkit.naming.archs import is_draft as is_eagle3_draft
 from quantkit.results.deploy import DeployManifest
 from quantkit.rules.kv_cache import KV_CACHE_DTYPES
 from quantkit.rules.rule import CheckpointView, RuleContext, ServingOptions
+from quantkit.rules.serving import VLLM_DTYPES, draft_has_experts, drafter_attention, moe_backend_pin
 from quantkit.rules.table import run_rules
 from quantkit.vocab import PLATFORMS
 
@@ -39,13 +40,21 @@ class DeployInputError(QuantkitError):
 
 def run(folder: str | Path, target: str | Path | None = None, platform: str = "gfx950", tp: int = 1,
                     max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int = 3,
-                    *, model_ref: str | None = None, draft_ref: str | None = None) -> DeployManifest:
+                    *, model_ref: str | None = None, draft_ref: str | None = None, block_size: int | None = None,
+                    draft_attention_backend: str | None = None, dtype: str | None = None,
+                    pin_backends: bool = False) -> DeployManifest:
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
     paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.io.config.max_model_len); a
     longer one is a finding, as vLLM refuses it. Known-bad combinations become `findings`; bad arguments (not a folder,
     unknown platform or KV dtype, a draft without its target) raise DeployInputError.
+
+    With a draft on ROCm the speculative config names the drafter's attention backend (`draft_attention_backend`,
+    default ROCM_AITER_UNIFIED_ATTN: quantkit.rules.serving; "auto" leaves vLLM's pick). `pin_backends` pins the
+    MXFP4 MoE backend family (`--moe-backend aiter` on ROCm, quantkit.rules.serving.moe_backend_pin) so that vLLM
+    raises when no AITER kernel takes the experts instead of falling back to EMULATION; the served step's log check
+    (quantkit.engines.backend_check) catches the fallbacks a pin does not forbid.
     """
     if platform not in PLATFORMS:
         raise DeployInputError(f"platform {platform!r}: unknown; use one of {', '.join(PLATFORMS)}")
@@ -54,6 +63,10 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise DeployInputError(f"kv_cache_dtype {kv_cache_dtype!r}: vLLM 0.32 does not know it; use auto, fp8, "
                                "fp8_e4m3, bfloat16, ... (vllm/config/cache.py CacheDType)")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise DeployInputError(f"block_size {block_size!r}: must be a positive integer (or leave it to vLLM)")
+    if dtype is not None and dtype not in VLLM_DTYPES:
+        raise DeployInputError(f"dtype {dtype!r}: vLLM takes {', '.join(VLLM_DTYPES)} (vllm/config/model.py ModelDType)")
     if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
                                       or max_model_len < 1):
         raise DeployInputError(f"max_model_len {max_model_len!r}: must be a positive integer")
@@ -77,7 +90,10 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         limit = derived_max_model_len(target_config)
         max_model_len = limit.tokens if limit is not None else None
     serving = ServingOptions(platform=platform, tp=tp, tp_option="--tensor-parallel-size", kv_cache_dtype=kv_cache_dtype,
-                             num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len)
+                             num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len,
+                             block_size=block_size, dtype=dtype,
+                             draft_attention_backend=drafter_attention(platform, draft_attention_backend)
+                             if draft_config is not None else None)
     served = CheckpointView(target_path, target_config, tensors=target_tensors)
     if draft_config is not None:
         # the draft's decoder layers are named after the target's layer count, as vLLM names them
@@ -95,9 +111,20 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         argv += ["--max-model-len", str(max_model_len)]
     if kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", kv_cache_dtype]
-    spec = None
+    if block_size is not None:
+        argv += ["--block-size", str(block_size)]
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    pin = moe_backend_pin(platform, target_tensors) if pin_backends else None
+    if pin is not None:
+        argv += ["--moe-backend", pin]
+    spec: dict[str, Any] | None = None
     if draft_path is not None:
         spec = {"method": "eagle3", "model": draft_ref or draft_path, "num_speculative_tokens": num_speculative_tokens}
+        if serving.draft_attention_backend not in (None, "auto"):
+            spec["attention_backend"] = serving.draft_attention_backend
+        if pin is not None and draft_has_experts(draft_config or {}):
+            spec["moe_backend"] = "auto"  # the draft would inherit the target's pin (config/speculative.py)
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     return DeployManifest(model=model, draft=(draft_ref or draft_path) if draft_path else None, platform=platform,
                           tensor_parallel_size=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,

@@ -24,7 +24,9 @@ def fp8_fnuz(ctx: RuleContext) -> None:
     if fp8 and ctx.serving.platform == "gfx942":
         ctx.findings.add("info", "platform-fp8-fnuz", "platform",
                          f"gfx942 (MI300) uses FP8 E4M3FNUZ: vLLM converts these OCP E4M3FN weights and doubles their "
-                         f"scales at load (normalize_e4m3fn_to_e4m3fnuz; {len(fp8)} layer(s)); nothing to do")
+                         f"scales at load (normalize_e4m3fn_to_e4m3fnuz; {len(fp8)} layer(s)); nothing to do",
+                         "none needed: keep the checkpoint OCP E4M3FN (vLLM converts it at load; do not ship "
+                         "pre-converted FNUZ weights)")
 
 
 def mxfp4_emulated(ctx: RuleContext) -> None:

@@ -33,6 +33,7 @@ class GateContext:
     draft: str | None  # the BF16 draft (absolute)
     prompts: str  # the acceptance prompts: "builtin" or an absolute path
     progress: Progress
+    deploy_manifest: str | None = None  # serve.deploy_manifest (absolute): the served step's backend prediction
 
 
 class Step(Protocol):
