@@ -187,6 +187,18 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
+    # Experts stored fused (transformers 5's `experts.gate_up_proj` [E, 2I, H], as Qwen3.5-MoE ships them) are one 3-D
+    # tensor per layer without a `.weight` suffix: neither engine writes them as vLLM's per-expert Quark layout (the
+    # native executor quantizes `.weight` tensors only; Quark 0.13's qwen3_5_moe template splits them into
+    # experts.<e>.*, which the plan does not name), so refuse before any work instead of failing in verification.
+    present = set(names)
+    fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
+                  for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present), None)
+    if fused is not None:
+        raise ApplyError(f"{model}: routed experts are stored fused ({fused}, one 3-D tensor for all experts); quantkit "
+                         "quantizes per-expert experts.<e>.*_proj.weight tensors only and cannot quantize this "
+                         "checkpoint's experts yet; re-save the experts per expert (experts.<e>.gate_proj / up_proj / down_proj.weight, "
+                         "[out, in] each) and apply again")
     quark_exclude, layer_config = quark_exclusions(rec, decisions)
     # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
     # loads them into the target (quantkit.io.formats.mtp_tensor_names), only its MTP draft does; kept BF16 so that

@@ -659,12 +659,16 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
     get_spec_layer_idx_from_weight_name (vllm/model_executor/models/utils.py) returns a layer (deepseek_v2.py,
     `if spec_layer is not None: continue  # skip spec decode layers for main model`), and MiniMaxM2Model maps
     `layers.{L+i}.` to None (minimax_m2.py __init__). They are read only by the MTP draft model (DeepSeekMTP).
+    Qwen3-Next and Qwen3.5 store theirs under a top-level `mtp.` (mtp.fc, mtp.layers.0.*), which their
+    hf_to_vllm_mapper drops ({"mtp.": None}: qwen3_next.py Qwen3NextForCausalLM, qwen3_5.py) and qwen3_next_mtp.py /
+    qwen3_5_mtp.py load.
     """
     names = list(names)
     text, prefix = text_model_view(config, names)
+    top = [name for name in names if name.startswith("mtp.")]
     n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
-    if n <= 0:
-        return []
+    if n <= 0 or top:
+        return top
     base = text.get("num_hidden_layers")
     if isinstance(base, bool) or not isinstance(base, int) or base < 1:
         raise SourceFormatError(f"config.json has {n} MTP layer(s) but no valid num_hidden_layers ({base!r}) to number "
