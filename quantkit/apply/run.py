@@ -242,6 +242,10 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
     for name, parts in decoded_tensor_names(fmt, tensors).items():
         if parts == [name]:
             out[name] = tensors[name]
+        elif fmt.name == "gpt-oss-fused":  # one expert of a fused [E, ...] tensor; weights transposed to [out, in]
+            fused = tensors[parts[0]]
+            shape = fused.shape[1:] if name.endswith(".bias") else (fused.shape[2], fused.shape[1])
+            out[name] = TensorInfo(fused.file, fused.dtype, tuple(shape))
         elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
             out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)
         else:  # int4 pack-quantized: 8 values per int32 along the input dimension

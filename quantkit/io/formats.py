@@ -23,6 +23,23 @@ Formats, as the target checkpoints ship them:
   model-free path entrypoints/convert/converters/ct_dequantizer.py `CompressedTensorsDequantizer.process` (result
   `.to(bfloat16)`).
 
+- `gpt-oss-fused` (BF16 re-exports of openai/gpt-oss, e.g. what transformers' Mxfp4 dequantization saves): no
+  `quantization_config`, model_type `gpt_oss`, experts stored fused per layer as transformers' GptOssExperts holds
+  them: `<p>.mlp.experts.gate_up_proj` [E, H, 2I] (gate and up interleaved along 2I), `..._bias` [E, 2I],
+  `<p>.mlp.experts.down_proj` [E, I, H], `..._bias` [E, H]. Decoded (exactly: a transpose and a split, no arithmetic)
+  into the per-expert layout vLLM's Quark loader for gpt-oss reads (vllm/model_executor/models/gpt_oss.py
+  `_load_weights_quark`, "amd-quark format that each expert is separated", e.g.
+  amd/gpt-oss-20b-MoE-Quant-W-MXFP4-A-FP8-KV-FP8): `<p>.mlp.experts.<e>.gate_up_proj.weight` [2I, H] (rows in the
+  interleaved order vLLM's swigluoai expects), `.bias` [2I], `<p>.mlp.experts.<e>.down_proj.weight` [H, I], `.bias`
+  [H]; Quark's own gpt-oss preparation transposes the same way (quark/torch/utils/llm/module_replacement/
+  replacement_utils.py `_moe_experts_sync_weights_to_linear`, `if model_type == "gpt_oss": ....t()`). Biases keep
+  their stored bytes.
+- OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
+  are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
+  quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
+  `GptOssMxfp4Config.override_quantization_method` maps it to `gpt_oss_mxfp4`; gpt_oss.py `_load_weights_mxfp4`).
+  Requantizing would only add a second rounding; the refusal names the `vllm serve` command instead.
+
 `quantization_config` is looked up where vLLM and compressed-tensors look: top level, then `text_config` (multimodal
 wrappers such as Kimi-K2.5), then the legacy `compression_config` (vllm/transformers_utils/
 model_arch_config_convertor.py `get_quantization_config`; compressed_tensors/utils/safetensors_load.py
@@ -53,12 +70,18 @@ from quantkit.io.schema import validate
 if TYPE_CHECKING:
     import torch
 
-FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized"]
-FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized")
+FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized", "gpt-oss-fused"]
+FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized", "gpt-oss-fused")
 SUPPORTED_FORMATS = (
     "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
-    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy)"
+    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), gpt-oss BF16 with "
+    "fused experts"
 )
+# gpt-oss fused expert tensors (suffix -> (per-expert module, param)); see the module docstring.
+GPT_OSS_FUSED = {
+    ".mlp.experts.gate_up_proj": ("gate_up_proj", "weight"), ".mlp.experts.gate_up_proj_bias": ("gate_up_proj", "bias"),
+    ".mlp.experts.down_proj": ("down_proj", "weight"), ".mlp.experts.down_proj_bias": ("down_proj", "bias"),
+}  # fmt: skip
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
 
 # Tensor-name suffixes that carry a source format and never reach the decoded output.
@@ -97,6 +120,10 @@ class SourceFormatError(CheckpointError):
     """config.json and the tensors disagree, or a quantized tensor's parts are missing or malformed."""
 
 
+class AlreadyMxfp4Error(UnsupportedSourceFormatError):
+    """The source is OpenAI's MXFP4 gpt-oss release: its experts are MXFP4 already and vLLM serves it as it is."""
+
+
 class SplitModuleError(SourceFormatError):
     """A quantized module's parts lie in different shards and no lookup for the missing part was given."""
 
@@ -123,6 +150,7 @@ class SourceFormat:
     num_bits: int | None = None
     ignore: tuple[str, ...] = ()
     stored_dtypes: tuple[str, ...] = ()
+    experts: int | None = None  # gpt-oss-fused: experts per fused tensor (config num_local_experts)
 
     @property
     def description(self) -> str:
@@ -131,6 +159,9 @@ class SourceFormat:
             assert self.block_size is not None
             return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
                     f"quant_method fp8); decoded to BF16")  # fmt: skip
+        if self.name == "gpt-oss-fused":
+            return (f"gpt-oss BF16 with {self.experts} experts fused per layer (mlp.experts.gate_up_proj [E, H, 2I]); "
+                    "split per expert and transposed, values unchanged")
         if self.name == "int4-pack-quantized":
             return (f"INT4 symmetric, group {self.group_size}, compressed-tensors pack-quantized "
                     f"(weight_packed/weight_scale/weight_shape); decoded to BF16")  # fmt: skip
@@ -228,6 +259,8 @@ def detect_format(
     qcfg, key = quantization_config_of(config)
     if qcfg is None:
         _check_plain(infos, source)
+        if config.get("model_type") == "gpt_oss" and any(n.endswith(tuple(GPT_OSS_FUSED)) for n in infos):
+            return _gpt_oss_fused_format(config, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
     method = str(qcfg.get("quant_method", "")).lower()
@@ -241,6 +274,13 @@ def detect_format(
         _typed(_CtConfig, qcfg, key, source)
         fmt = _ct_format(qcfg, key, where, stored)
         _check_int4(fmt, infos, where)
+    elif method == "mxfp4" and config.get("model_type") == "gpt_oss":
+        folder = source.removesuffix("config.json").rstrip("/") or "."
+        raise AlreadyMxfp4Error(
+            f"{where}: already MXFP4 (quant_method 'mxfp4', gpt-oss *_blocks/*_scales experts; attention, router, "
+            f"embeddings and lm_head BF16), the layout an MXFP4 MoE recipe makes and one vLLM loads natively: serve it "
+            f"as it is: vllm serve {folder}"
+        )
     elif method == "quark":
         raise UnsupportedSourceFormatError(
             f"{where}: quant_method 'quark': the checkpoint is already quantized by Quark; quantize from the source "
@@ -251,6 +291,35 @@ def detect_format(
         what = f"quant_method {method!r}" + (f" ({label})" if label and label.lower() != method else "")
         raise _unsupported(where, what)
     return fmt
+
+
+def _gpt_oss_fused_format(config: Mapping[str, Any], infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
+                          stored: tuple[str, ...]) -> SourceFormat:
+    """The gpt-oss-fused format, each fused tensor checked against num_local_experts and its partner's shape."""
+    experts = config.get("num_local_experts")
+    if not _positive_int(experts):
+        raise SourceFormatError(f"{source}: gpt-oss experts are fused but num_local_experts is {experts!r}; fix "
+                                "config.json")
+    for name, (dtype, shape) in infos.items():
+        suffix = next((s for s in GPT_OSS_FUSED if name.endswith(s)), None)
+        if suffix is None:
+            continue
+        want = 2 if GPT_OSS_FUSED[suffix][1] == "bias" else 3
+        if len(shape) != want or shape[0] != experts or dtype not in _FLOAT_DTYPES:
+            raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused gpt-oss expert "
+                                    f"{GPT_OSS_FUSED[suffix][1]} is a float [{experts}, ...] tensor of {want} dims "
+                                    f"(num_local_experts {experts}); check that config.json belongs to these weights")
+    return SourceFormat("gpt-oss-fused", stored_dtypes=stored, experts=int(experts))
+
+
+def _gpt_oss_parts(fmt: SourceFormat, name: str) -> list[str]:
+    """The per-expert tensor names a fused gpt-oss tensor decodes to (none for any other tensor)."""
+    suffix = next((s for s in GPT_OSS_FUSED if name.endswith(s)), None)
+    if suffix is None or fmt.experts is None:
+        return []
+    module, param = GPT_OSS_FUSED[suffix]
+    container = name[: -len(suffix)] + ".mlp.experts"
+    return [f"{container}.{e}.{module}.{param}" for e in range(fmt.experts)]
 
 
 def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
@@ -443,6 +512,10 @@ def decoded_tensor_names(fmt: SourceFormat, names: Iterable[str]) -> dict[str, l
     present = set(names)
     out: dict[str, list[str]] = {}
     for name in names:
+        if fmt.name == "gpt-oss-fused":
+            for decoded in _gpt_oss_parts(fmt, name) or [name]:
+                out[decoded] = [name]
+            continue
         parts = _parts_of(fmt, name, present.__contains__)
         if parts is not None:
             missing = [p for p in parts[1] if p not in present]
@@ -498,6 +571,18 @@ def decode_tensors(
     if fmt.name == "bf16":
         return dict(tensors)
     out: dict[str, torch.Tensor] = {}
+    if fmt.name == "gpt-oss-fused":
+        for name, tensor in tensors.items():
+            decoded_names = _gpt_oss_parts(fmt, name)
+            if not decoded_names:
+                out[name] = tensor
+            for e, decoded in enumerate(decoded_names):
+                if decoded.endswith(".bias"):
+                    out[decoded] = tensor[e]  # stored bytes, a view of the shard
+                else:  # [H, 2I] -> [2I, H] and [I, H] -> [H, I]: vLLM's [out, in]
+                    part = tensor[e].t().contiguous()
+                    out[decoded] = part if dtype is None else part.to(out_dtype)
+        return out
     for name, tensor in tensors.items():
         if fmt.name == "fp8-block":
             # An FP8 weight anchors its module even when its scale is in another shard (lookup or SplitModuleError);
