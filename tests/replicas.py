@@ -176,3 +176,82 @@ def gpt_oss(out: Path, mxfp4: bool = False, seed: int = 0) -> Path:
             tensors[name] = (t % 8 + 120).to(torch.uint8)  # 2^-7 .. 2^0
     config = dict(GPT_OSS_CONFIG, **({"quantization_config": GPT_OSS_MXFP4} if mxfp4 else {}))
     return write_checkpoint(out, tensors, config, shard_bytes=1 << 19)
+
+
+# --- Llama-4 ------------------------------------------------------------------------------------------------------
+
+LLAMA4_CONFIG = {
+    "architectures": ["Llama4ForConditionalGeneration"], "boi_token_index": 200080, "eoi_token_index": 200081,
+    "image_token_index": 200092, "model_type": "llama4", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0.dev0",
+    "text_config": {
+        "attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0, "bos_token_id": 1,
+        "eos_token_id": [2], "for_llm_compressor": False, "head_dim": 32, "hidden_act": "silu", "hidden_size": HIDDEN,
+        "initializer_range": 0.02,
+        # Maverick's 2 (Scout's is 1): layer 0 dense (intermediate_size_mlp), layer 1 MoE
+        "interleave_moe_layer_step": 2, "intermediate_size": 64, "intermediate_size_mlp": 128,
+        "max_position_embeddings": 10485760, "model_type": "llama4_text", "no_rope_layers": [], "num_attention_heads": 2,
+        "num_experts_per_tok": 1, "num_hidden_layers": 2, "num_key_value_heads": 1, "num_local_experts": 4,
+        "output_router_logits": False, "pad_token_id": 0, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "torch_dtype": "bfloat16",
+        "use_cache": True, "use_qk_norm": True, "vocab_size": 2048,
+    },
+    "vision_config": {
+        "attention_dropout": 0.0, "hidden_act": "gelu", "hidden_size": 64, "image_size": 28, "initializer_range": 0.02,
+        "intermediate_size": 128, "model_type": "llama4_vision_model", "multi_modal_projector_bias": False,
+        "norm_eps": 1e-05, "num_attention_heads": 2, "num_channels": 3, "num_hidden_layers": 1, "patch_size": 14,
+        "pixel_shuffle_ratio": 0.5, "projector_dropout": 0.0, "projector_input_dim": 64, "projector_output_dim": 64,
+        "rope_theta": 10000, "vision_feature_layer": -1, "vision_feature_select_strategy": "default",
+        "vision_output_dim": 64,
+    },
+}  # fmt: skip
+
+
+def llama4_tensors(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    bf = torch.bfloat16
+    tc, vc = c["text_config"], c["vision_config"]
+    h, e, inter = tc["hidden_size"], tc["num_local_experts"], tc["intermediate_size"]
+    q, kv = tc["num_attention_heads"] * tc["head_dim"], tc["num_key_value_heads"] * tc["head_dim"]
+    lm = "language_model."
+    t = {f"{lm}model.embed_tokens.weight": ((tc["vocab_size"], h), bf), f"{lm}model.norm.weight": ((h,), bf),
+         f"{lm}lm_head.weight": ((tc["vocab_size"], h), bf)}  # fmt: skip
+    for i in range(tc["num_hidden_layers"]):
+        p = f"{lm}model.layers.{i}"
+        t |= {f"{p}.input_layernorm.weight": ((h,), bf), f"{p}.post_attention_layernorm.weight": ((h,), bf),
+              f"{p}.self_attn.q_proj.weight": ((q, h), bf), f"{p}.self_attn.k_proj.weight": ((kv, h), bf),
+              f"{p}.self_attn.v_proj.weight": ((kv, h), bf), f"{p}.self_attn.o_proj.weight": ((h, q), bf)}  # fmt: skip
+        f = f"{p}.feed_forward"
+        if (i + 1) % tc["interleave_moe_layer_step"] == 0:
+            t |= {f"{f}.router.weight": ((e, h), bf), f"{f}.experts.gate_up_proj": ((e, h, 2 * inter), bf),
+                  f"{f}.experts.down_proj": ((e, inter, h), bf),
+                  f"{f}.shared_expert.gate_proj.weight": ((inter, h), bf),
+                  f"{f}.shared_expert.up_proj.weight": ((inter, h), bf),
+                  f"{f}.shared_expert.down_proj.weight": ((h, inter), bf)}  # fmt: skip
+        else:
+            m = tc["intermediate_size_mlp"]
+            t |= {f"{f}.gate_proj.weight": ((m, h), bf), f"{f}.up_proj.weight": ((m, h), bf),
+                  f"{f}.down_proj.weight": ((h, m), bf)}  # fmt: skip
+    vh, vi, v = vc["hidden_size"], vc["intermediate_size"], "vision_model."
+    t |= {f"{v}class_embedding": ((vh,), bf), f"{v}patch_embedding.linear.weight": ((vh, 3 * 14 * 14), bf),
+          f"{v}positional_embedding_vlm": ((5, vh), bf), f"{v}layernorm_pre.weight": ((vh,), bf),
+          f"{v}layernorm_pre.bias": ((vh,), bf), f"{v}layernorm_post.weight": ((vh,), bf),
+          f"{v}layernorm_post.bias": ((vh,), bf),
+          f"{v}vision_adapter.mlp.fc1.weight": ((vc["projector_input_dim"], vh * 4), bf),
+          f"{v}vision_adapter.mlp.fc2.weight": ((vc["projector_output_dim"], vc["projector_input_dim"]), bf),
+          "multi_modal_projector.linear_1.weight": ((h, vc["vision_output_dim"]), bf)}  # fmt: skip
+    for i in range(vc["num_hidden_layers"]):
+        p = f"{v}model.layers.{i}"
+        for proj in ("q", "k", "v", "o"):
+            t |= {f"{p}.self_attn.{proj}_proj.weight": ((vh, vh), bf), f"{p}.self_attn.{proj}_proj.bias": ((vh,), bf)}
+        t |= {f"{p}.mlp.fc1.weight": ((vi, vh), bf), f"{p}.mlp.fc1.bias": ((vi,), bf),
+              f"{p}.mlp.fc2.weight": ((vh, vi), bf), f"{p}.mlp.fc2.bias": ((vh,), bf),
+              f"{p}.input_layernorm.weight": ((vh,), bf), f"{p}.input_layernorm.bias": ((vh,), bf),
+              f"{p}.post_attention_layernorm.weight": ((vh,), bf),
+              f"{p}.post_attention_layernorm.bias": ((vh,), bf)}  # fmt: skip
+    return t
+
+
+def llama4(out: Path, seed: int = 0) -> Path:
+    return write_checkpoint(out, _random(llama4_tensors(LLAMA4_CONFIG), seed), LLAMA4_CONFIG, shard_bytes=1 << 19)

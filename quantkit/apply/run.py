@@ -242,9 +242,10 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
     for name, parts in decoded_tensor_names(fmt, tensors).items():
         if parts == [name]:
             out[name] = tensors[name]
-        elif fmt.name == "gpt-oss-fused":  # one expert of a fused [E, ...] tensor; weights transposed to [out, in]
+        elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor; weights transposed to [out, in]
             fused = tensors[parts[0]]
-            shape = fused.shape[1:] if name.endswith(".bias") else (fused.shape[2], fused.shape[1])
+            rows = fused.shape[-1] // (2 if name.endswith((".gate_proj.weight", ".up_proj.weight")) else 1)
+            shape = fused.shape[1:] if name.endswith(".bias") else (rows, fused.shape[1])
             out[name] = TensorInfo(fused.file, fused.dtype, tuple(shape))
         elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
             out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)

@@ -23,7 +23,7 @@ Formats, as the target checkpoints ship them:
   model-free path entrypoints/convert/converters/ct_dequantizer.py `CompressedTensorsDequantizer.process` (result
   `.to(bfloat16)`).
 
-- `gpt-oss-fused` (BF16 re-exports of openai/gpt-oss, e.g. what transformers' Mxfp4 dequantization saves): no
+- `fused-experts` (BF16 re-exports of openai/gpt-oss, e.g. what transformers' Mxfp4 dequantization saves): no
   `quantization_config`, model_type `gpt_oss`, experts stored fused per layer as transformers' GptOssExperts holds
   them: `<p>.mlp.experts.gate_up_proj` [E, H, 2I] (gate and up interleaved along 2I), `..._bias` [E, 2I],
   `<p>.mlp.experts.down_proj` [E, I, H], `..._bias` [E, H]. Decoded (exactly: a transpose and a split, no arithmetic)
@@ -33,7 +33,11 @@ Formats, as the target checkpoints ship them:
   interleaved order vLLM's swigluoai expects), `.bias` [2I], `<p>.mlp.experts.<e>.down_proj.weight` [H, I], `.bias`
   [H]; Quark's own gpt-oss preparation transposes the same way (quark/torch/utils/llm/module_replacement/
   replacement_utils.py `_moe_experts_sync_weights_to_linear`, `if model_type == "gpt_oss": ....t()`). Biases keep
-  their stored bytes.
+  their stored bytes. Llama-4 (model_type llama4, `language_model.model.layers.N.feed_forward.experts.gate_up_proj`
+  [E, H, 2I] with gate and up as halves, `down_proj` [E, I, H], no biases) decodes likewise into
+  `feed_forward.experts.<e>.gate_proj.weight` / `up_proj.weight` [I, H] and `down_proj.weight` [H, I], the
+  per-expert names vLLM's llama4.py `load_moe_expert_weights` reads when a checkpoint is not fused (its fused path
+  splits `chunk(2, dim=-2)` after the same transpose: the same halves). The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
@@ -70,18 +74,34 @@ from quantkit.io.schema import validate
 if TYPE_CHECKING:
     import torch
 
-FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized", "gpt-oss-fused"]
-FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized", "gpt-oss-fused")
+FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized", "fused-experts"]
+FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized", "fused-experts")
 SUPPORTED_FORMATS = (
     "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
-    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), gpt-oss BF16 with "
-    "fused experts"
+    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), fused-experts (BF16 "
+    "gpt-oss / Llama-4 with 3-D experts)"
 )
-# gpt-oss fused expert tensors (suffix -> (per-expert module, param)); see the module docstring.
-GPT_OSS_FUSED = {
-    ".mlp.experts.gate_up_proj": ("gate_up_proj", "weight"), ".mlp.experts.gate_up_proj_bias": ("gate_up_proj", "bias"),
-    ".mlp.experts.down_proj": ("down_proj", "weight"), ".mlp.experts.down_proj_bias": ("down_proj", "bias"),
+# Fused 3-D expert tensors per model_type (see the module docstring): fused tensor suffix -> the per-expert tensors it
+# decodes to, each (module, param, part of the out dimension: "all", "first half", "second half"). Weights are stored
+# [E, in, out] and decoded transposed to [out, in]; biases [E, out] are sliced.
+FusedPart = tuple[str, str, str]
+FUSED_EXPERTS: dict[str, dict[str, tuple[FusedPart, ...]]] = {
+    # transformers GptOssExperts; vLLM gpt_oss.py _load_weights_quark reads experts.<e>.gate_up_proj (interleaved)
+    "gpt_oss": {
+        ".mlp.experts.gate_up_proj": (("gate_up_proj", "weight", "all"),),
+        ".mlp.experts.gate_up_proj_bias": (("gate_up_proj", "bias", "all"),),
+        ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
+        ".mlp.experts.down_proj_bias": (("down_proj", "bias", "all"),),
+    },
+    # transformers Llama4TextExperts (gate_up.chunk(2, dim=-1)); vLLM llama4.py load_moe_expert_weights reads
+    # experts.<e>.gate_proj / up_proj / down_proj when the checkpoint is not fused (fused: chunk(2, dim=-2) after the
+    # transpose: the same halves)
+    "llama4": {
+        ".feed_forward.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
+        ".feed_forward.experts.down_proj": (("down_proj", "weight", "all"),),
+    },
 }  # fmt: skip
+FUSED_EXPERTS["llama4_text"] = FUSED_EXPERTS["llama4"]
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
 
 # Tensor-name suffixes that carry a source format and never reach the decoded output.
@@ -150,7 +170,8 @@ class SourceFormat:
     num_bits: int | None = None
     ignore: tuple[str, ...] = ()
     stored_dtypes: tuple[str, ...] = ()
-    experts: int | None = None  # gpt-oss-fused: experts per fused tensor (config num_local_experts)
+    experts: int | None = None  # fused-experts: experts per fused tensor (config num_local_experts)
+    model_type: str | None = None  # fused-experts: the FUSED_EXPERTS layout
 
     @property
     def description(self) -> str:
@@ -159,8 +180,8 @@ class SourceFormat:
             assert self.block_size is not None
             return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
                     f"quant_method fp8); decoded to BF16")  # fmt: skip
-        if self.name == "gpt-oss-fused":
-            return (f"gpt-oss BF16 with {self.experts} experts fused per layer (mlp.experts.gate_up_proj [E, H, 2I]); "
+        if self.name == "fused-experts":
+            return (f"{self.model_type} with {self.experts} experts fused per layer (experts.gate_up_proj [E, H, 2I]); "
                     "split per expert and transposed, values unchanged")
         if self.name == "int4-pack-quantized":
             return (f"INT4 symmetric, group {self.group_size}, compressed-tensors pack-quantized "
@@ -259,8 +280,10 @@ def detect_format(
     qcfg, key = quantization_config_of(config)
     if qcfg is None:
         _check_plain(infos, source)
-        if config.get("model_type") == "gpt_oss" and any(n.endswith(tuple(GPT_OSS_FUSED)) for n in infos):
-            return _gpt_oss_fused_format(config, infos, source, stored)
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        layout = FUSED_EXPERTS.get(str(config.get("model_type")))
+        if layout is not None and any(n.endswith(tuple(layout)) for n in infos):
+            return _fused_experts_format(config, text, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
     method = str(qcfg.get("quant_method", "")).lower()
@@ -293,33 +316,37 @@ def detect_format(
     return fmt
 
 
-def _gpt_oss_fused_format(config: Mapping[str, Any], infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
+def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
+                          infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
                           stored: tuple[str, ...]) -> SourceFormat:
-    """The gpt-oss-fused format, each fused tensor checked against num_local_experts and its partner's shape."""
-    experts = config.get("num_local_experts")
+    """The fused-experts format, each fused tensor checked against num_local_experts."""
+    model_type = str(config.get("model_type"))
+    layout = FUSED_EXPERTS[model_type]
+    experts = text.get("num_local_experts")
     if not _positive_int(experts):
-        raise SourceFormatError(f"{source}: gpt-oss experts are fused but num_local_experts is {experts!r}; fix "
+        raise SourceFormatError(f"{source}: {model_type} experts are fused but num_local_experts is {experts!r}; fix "
                                 "config.json")
     for name, (dtype, shape) in infos.items():
-        suffix = next((s for s in GPT_OSS_FUSED if name.endswith(s)), None)
+        suffix = next((s for s in layout if name.endswith(s)), None)
         if suffix is None:
             continue
-        want = 2 if GPT_OSS_FUSED[suffix][1] == "bias" else 3
+        want = 2 if layout[suffix][0][1] == "bias" else 3
         if len(shape) != want or shape[0] != experts or dtype not in _FLOAT_DTYPES:
-            raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused gpt-oss expert "
-                                    f"{GPT_OSS_FUSED[suffix][1]} is a float [{experts}, ...] tensor of {want} dims "
-                                    f"(num_local_experts {experts}); check that config.json belongs to these weights")
-    return SourceFormat("gpt-oss-fused", stored_dtypes=stored, experts=int(experts))
+            raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused {model_type} expert tensor is a float "
+                                    f"[{experts}, ...] tensor of {want} dims (num_local_experts {experts}); check that "
+                                    "config.json belongs to these weights")
+    return SourceFormat("fused-experts", stored_dtypes=stored, experts=int(experts), model_type=model_type)
 
 
-def _gpt_oss_parts(fmt: SourceFormat, name: str) -> list[str]:
-    """The per-expert tensor names a fused gpt-oss tensor decodes to (none for any other tensor)."""
-    suffix = next((s for s in GPT_OSS_FUSED if name.endswith(s)), None)
+def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
+    """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
+    layout = FUSED_EXPERTS.get(fmt.model_type or "", {})
+    suffix = next((s for s in layout if name.endswith(s)), None)
     if suffix is None or fmt.experts is None:
         return []
-    module, param = GPT_OSS_FUSED[suffix]
-    container = name[: -len(suffix)] + ".mlp.experts"
-    return [f"{container}.{e}.{module}.{param}" for e in range(fmt.experts)]
+    container = name[: -len(suffix)] + suffix.rsplit(".", 1)[0]
+    return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in
+            layout[suffix]]
 
 
 def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
@@ -512,8 +539,8 @@ def decoded_tensor_names(fmt: SourceFormat, names: Iterable[str]) -> dict[str, l
     present = set(names)
     out: dict[str, list[str]] = {}
     for name in names:
-        if fmt.name == "gpt-oss-fused":
-            for decoded in _gpt_oss_parts(fmt, name) or [name]:
+        if fmt.name == "fused-experts":
+            for decoded, _ in _fused_parts(fmt, name) or [(name, "all")]:
                 out[decoded] = [name]
             continue
         parts = _parts_of(fmt, name, present.__contains__)
@@ -571,17 +598,21 @@ def decode_tensors(
     if fmt.name == "bf16":
         return dict(tensors)
     out: dict[str, torch.Tensor] = {}
-    if fmt.name == "gpt-oss-fused":
+    if fmt.name == "fused-experts":
         for name, tensor in tensors.items():
-            decoded_names = _gpt_oss_parts(fmt, name)
-            if not decoded_names:
+            decoded_parts = _fused_parts(fmt, name)
+            if not decoded_parts:
                 out[name] = tensor
-            for e, decoded in enumerate(decoded_names):
+            per_expert = len(decoded_parts) // fmt.experts if fmt.experts else 0
+            for i, (decoded, part) in enumerate(decoded_parts):
+                expert = tensor[i // per_expert]
                 if decoded.endswith(".bias"):
-                    out[decoded] = tensor[e]  # stored bytes, a view of the shard
-                else:  # [H, 2I] -> [2I, H] and [I, H] -> [H, I]: vLLM's [out, in]
-                    part = tensor[e].t().contiguous()
-                    out[decoded] = part if dtype is None else part.to(out_dtype)
+                    out[decoded] = expert  # stored bytes, a view of the shard
+                    continue
+                value = expert.t()  # [in, out] -> vLLM's [out, in]
+                half = value.shape[0] // 2
+                value = {"all": value, "first half": value[:half], "second half": value[half:]}[part].contiguous()
+                out[decoded] = value if dtype is None else value.to(out_dtype)
         return out
     for name, tensor in tensors.items():
         if fmt.name == "fp8-block":

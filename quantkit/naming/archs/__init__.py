@@ -246,5 +246,6 @@ def _wrapped_layers(config: Mapping[str, Any], names: list[str], wrapper: Wrappe
                                     f"({', '.join(encoders)}); quantkit does not know where vLLM loads it")
     for module in dict.fromkeys(n.removesuffix(".weight") for n in others if n.endswith(".weight")):
         runtime = renamed(module, renames)
-        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), True, None, (), source))
+        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), wrapper.encoders_quantizable, None,
+                                   (), source))
     return layers

@@ -33,7 +33,7 @@ SOURCE = "vllm/model_executor/models/gpt_oss.py"
 # experts are fused per layer (`mlp.experts.gate_up_proj`, `..._bias`, `down_proj`, `..._bias`, or `*_blocks` /
 # `*_scales` for OpenAI's MXFP4 release); the Quark format vLLM's `_load_weights_quark` reads is per expert
 # (`mlp.experts.<e>.gate_up_proj.weight` [2I, H] etc., "amd-quark format that each expert is separated"), which
-# quantkit.io.formats' `gpt-oss-fused` decoding writes from the BF16 layout.
+# quantkit.io.formats' `fused-experts` decoding writes from the BF16 layout.
 _GPT_OSS_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
 GPT_OSS_RENAMES = ((".self_attn.", ".attn."),)
 
@@ -57,7 +57,7 @@ def gpt_oss_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: 
 
 # Quark 0.13 has a gpt_oss LLMTemplate (quark/torch/quantization/config/template.py DEFAULT_TEMPLATES["gpt_oss"]:
 # exclude lm_head, *router*). quantkit's Quark engine cannot take the BF16 layout anyway: it is a decoded source
-# format (gpt-oss-fused), which only the native executor handles (apply/run.py plan_apply refuses in one line).
+# format (fused-experts), which only the native executor handles (apply/run.py plan_apply refuses in one line).
 FAMILY = Family(
     "gpt_oss", ("GptOssForCausalLM",), SOURCE, gpt_oss_layers,
     model_types=("gpt_oss",), quark_templates={"gpt_oss": "gpt_oss"},
