@@ -167,14 +167,15 @@ def gpt_oss_tensors(c: dict, mxfp4: bool) -> dict[str, tuple[tuple[int, ...], to
     return t
 
 
-def gpt_oss(out: Path, mxfp4: bool = False, seed: int = 0) -> Path:
+def gpt_oss(out: Path, mxfp4: bool = False, seed: int = 0, config: dict | None = None) -> Path:
     """The BF16 re-export (fused gate_up_proj [E, H, 2I]), or with `mxfp4` OpenAI's release layout (*_blocks,
     *_scales U8, E8M0 scales kept in a sane exponent range, quantization_config mxfp4)."""
-    tensors = _random(gpt_oss_tensors(GPT_OSS_CONFIG, mxfp4), seed)
+    base = config or GPT_OSS_CONFIG
+    tensors = _random(gpt_oss_tensors(base, mxfp4), seed)
     for name, t in tensors.items():
         if name.endswith("_scales"):
             tensors[name] = (t % 8 + 120).to(torch.uint8)  # 2^-7 .. 2^0
-    config = dict(GPT_OSS_CONFIG, **({"quantization_config": GPT_OSS_MXFP4} if mxfp4 else {}))
+    config = dict(base, **({"quantization_config": GPT_OSS_MXFP4} if mxfp4 else {}))
     return write_checkpoint(out, tensors, config, shard_bytes=1 << 19)
 
 
@@ -255,3 +256,38 @@ def llama4_tensors(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 
 def llama4(out: Path, seed: int = 0) -> Path:
     return write_checkpoint(out, _random(llama4_tensors(LLAMA4_CONFIG), seed), LLAMA4_CONFIG, shard_bytes=1 << 19)
+
+
+# --- EAGLE-3 drafts -----------------------------------------------------------------------------------------------
+
+
+def specforge_moe_draft(out: Path, seed: int = 0) -> Path:
+    """SpecForge's Qwen3MoEForCausalLMEagle3 (specforge/modeling/draft/qwen3_moe_eagle.py: LlamaForCausalLMEagle3
+    with `midlayer.mlp = Qwen3MoeSparseMoeBlock(config)`), as its training saves it: fc, midlayer.* with the MoE
+    block's gate and per-expert projections, lm_head, d2t/t2d, a Qwen3-MoE config."""
+    bf = torch.bfloat16
+    h, e, m = 64, 4, 64
+    config = {"architectures": ["Qwen3MoEForCausalLMEagle3"], "model_type": "qwen3_moe", "hidden_size": h,
+              "intermediate_size": 128, "moe_intermediate_size": m, "num_experts": e, "num_experts_per_tok": 2,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+              "vocab_size": 2048, "draft_vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+              "torch_dtype": "bfloat16", "tie_word_embeddings": False}  # fmt: skip
+    shapes = {"fc.weight": ((h, 3 * h), bf), "lm_head.weight": ((1024, h), bf), "norm.weight": ((h,), bf),
+              "midlayer.hidden_norm.weight": ((h,), bf), "midlayer.input_layernorm.weight": ((h,), bf),
+              "midlayer.post_attention_layernorm.weight": ((h,), bf),
+              "midlayer.self_attn.q_proj.weight": ((64, 2 * h), bf), "midlayer.self_attn.k_proj.weight": ((32, 2 * h), bf),
+              "midlayer.self_attn.v_proj.weight": ((32, 2 * h), bf), "midlayer.self_attn.o_proj.weight": ((h, 64), bf),
+              "midlayer.mlp.gate.weight": ((e, h), bf)}  # fmt: skip
+    for x in range(e):
+        shapes |= {f"midlayer.mlp.experts.{x}.gate_proj.weight": ((m, h), bf),
+                   f"midlayer.mlp.experts.{x}.up_proj.weight": ((m, h), bf),
+                   f"midlayer.mlp.experts.{x}.down_proj.weight": ((h, m), bf)}  # fmt: skip
+    tensors = _random(shapes, seed)
+    tensors["d2t"] = torch.zeros(1024, dtype=torch.int64)
+    tensors["t2d"] = torch.ones(2048, dtype=torch.bool)
+    return write_checkpoint(out, tensors, config)
+
+
+# A gpt-oss target sized for the bundled EAGLE-3 draft (hidden 256, vocab 2048, aux layers up to 3).
+GPT_OSS_FOR_DRAFT = dict(GPT_OSS_CONFIG, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, layer_types=["sliding_attention", "full_attention"] * 2)

@@ -24,7 +24,7 @@ from quantkit.naming.exclude import exclude_entries_for
 from quantkit.naming.layers import in_role
 
 from . import replicas
-from .conftest import require_vllm
+from .conftest import ROOT, require_vllm
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, v, vllm_outcome  # noqa: F401 (v: fixture)
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -412,3 +412,78 @@ def test_what_vllm_never_quantizes_is_marked_so(v):
         for layer in runtime_layers(config, tensors):
             never = layer.role in ("router", "vision", "lm_head", "embed_tokens")
             assert layer.quantizable is not never, (model, layer.name)
+
+
+# --- drafts -------------------------------------------------------------------------------------------------------
+
+
+def test_moe_layer_draft_is_refused_by_name_and_the_dense_draft_it_names_works(tiny, tmp_path):
+    """SpecForge's Qwen3MoEForCausalLMEagle3: before, apply said "is a moe-target; pick a recipe for moe-target" and
+    that recipe then said "not supported". vLLM's registry builds no EAGLE-3 draft with an MoE layer, so any recipe
+    is refused in one line that says so and names the dense layouts; following it (fp8-draft on a dense draft)
+    works."""
+    draft = replicas.specforge_moe_draft(tmp_path / "moe-draft")
+    for recipe in ("fp8-draft", "mxfp4-moe"):
+        line = one_line_error(cli("apply", "--recipe", recipe, "--model", str(draft), "--target", str(tiny / "target"),
+                                  "--output", str(tmp_path / recipe)))
+        assert "Qwen3MoEForCausalLMEagle3 is an EAGLE-3 draft with an MoE decoder layer" in line, line
+        assert "pick a recipe" not in line and "LlamaForCausalLMEagle3" in line and "fp8-draft" in line
+    plan = cli_json("apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"), "--target",
+                    str(tiny / "target"), "--output", str(tmp_path / "dense"), "--dry-run")
+    assert plan["model_kind"] == "eagle3-draft"
+    require_vllm()
+    from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
+
+    from quantkit.naming.archs import MOE_LAYER_DRAFTS, families
+
+    assert not set(MOE_LAYER_DRAFTS) & set(_SPECULATIVE_DECODING_MODELS)
+    assert {a for f in families() if f.draft for a in f.architectures} <= set(_SPECULATIVE_DECODING_MODELS)
+
+
+def test_draft_for_a_gpt_oss_target_applies_checks_and_deploys(tmp_path):
+    """RedHatAI-style EAGLE-3 drafts for gpt-oss: the draft (speculators layout) quantized with fp8-draft against a
+    gpt-oss target, `check --target` and `deploy --target` now that the target is a known family."""
+    from . import families
+
+    target = tmp_path / "gpt-oss-mxfp4"
+    cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(replicas.gpt_oss(tmp_path / "gpt-oss", config=replicas
+             .GPT_OSS_FOR_DRAFT)), "--output", str(target))  # fmt: skip
+    spec = families.speculators_draft(ROOT / "examples" / "tiny" / "eagle3-draft", tmp_path / "spec", target)
+    out = tmp_path / "spec-fp8"
+    applied = cli_json("apply", "--recipe", "fp8-draft", "--model", str(spec), "--target", str(target), "--output",
+                       str(out))
+    assert applied["target_num_layers"] == 4
+    kept = {d["runtime_name"] for d in applied["layers"] if d["action"] == "keep"}
+    assert {"model.fc", "lm_head"} <= kept
+    checked = cli_json("check", str(out), "--target", str(target), "--vllm", "off")
+    assert checked["ok"] is True, checked["findings"]
+    res = cli("deploy", str(out), "--target", str(target), "--platform", "gfx950", "--json")
+    assert res.exit_code == 0, res.output
+    deployed = json.loads(res.stdout)
+    assert "--speculative-config" in deployed["command"] and str(target) in deployed["command"]
+
+
+def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
+    """A draft shipped as pytorch_model.bin only: one line naming the file and the conversion command (torch's
+    weights-only loader, never full unpickling); running that command, apply goes through."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+
+    draft = tmp_path / "bin-draft"
+    shutil.copytree(tiny / "eagle3-draft", draft)
+    torch.save(read_all(draft), draft / "pytorch_model.bin")
+    (draft / "model.safetensors").unlink()
+    line = one_line_error(cli("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target",
+                              str(tiny / "target"), "--output", str(tmp_path / "out"), "--dry-run"))
+    assert "pytorch_model.bin" in line and "weights_only=True" in line, line
+    command = line.split("convert them first with ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "-c"]
+    subprocess.run([sys.executable, "-c", argv[2]], check=True, timeout=120)
+    plan = cli_json("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target", str(tiny / "target"),
+                    "--output", str(tmp_path / "out"), "--dry-run")
+    assert plan["model_kind"] == "eagle3-draft"

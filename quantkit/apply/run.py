@@ -107,7 +107,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.archs import quark_template, runtime_layers
+    from quantkit.naming.archs import architecture_of, quark_template, runtime_layers
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -150,6 +150,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                              "without calibration")
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
+    architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
     kind = model_kind(src.config)
     if chosen == "quark":
         quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported
