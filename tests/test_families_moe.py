@@ -25,7 +25,15 @@ from quantkit.naming.layers import in_role
 
 from . import replicas
 from .conftest import ROOT, require_vllm
-from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, v, vllm_outcome  # noqa: F401 (v: fixture)
+from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
+from .test_vllm_names import v as _vllm_fixture  # noqa: F401 (pytest registers it as the fixture `v`)
+
+
+@pytest.fixture(scope="module")
+def v(request):
+    """vLLM's Quark config, matcher and layer classes: tests/test_vllm_names.py's fixture `v`."""
+    return request.getfixturevalue("_vllm_fixture")
+
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -380,7 +388,7 @@ def test_written_exclude_lists_exclude_exactly_the_kept_layers_in_vllm(v, model)
     config, tensors = CASES[model]
     layers = runtime_layers(config, tensors)
     rng = random.Random(11)
-    kept_sets = [[l for l in layers if any(in_role(l, r) for r in roles)] for roles in
+    kept_sets = [[lay for lay in layers if any(in_role(lay, r) for r in roles)] for roles in
                  [("attention", "router", "lm_head"), ("experts",), ("decoder_linears",), ("shared_experts",)]]
     kept_sets += [rng.sample(layers, rng.randint(1, len(layers))) for _ in range(10)]
     for kept in kept_sets:
@@ -388,7 +396,7 @@ def test_written_exclude_lists_exclude_exactly_the_kept_layers_in_vllm(v, model)
             continue
         entries = exclude_entries_for(kept, layers)
         cfg = vllm_config_for(model, entries)
-        assert {l.name for l in layers if vllm_outcome(v, cfg, l) == "excluded"} == {l.name for l in kept}, entries
+        assert {lay.name for lay in layers if vllm_outcome(v, cfg, lay) == "excluded"} == {lay.name for lay in kept}, entries
 
 
 @pytest.mark.vllm

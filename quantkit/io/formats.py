@@ -280,7 +280,8 @@ def detect_format(
     qcfg, key = quantization_config_of(config)
     if qcfg is None:
         _check_plain(infos, source)
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        inner = config.get("text_config")
+        text: Mapping[str, Any] = inner if isinstance(inner, dict) else config
         layout = FUSED_EXPERTS.get(str(config.get("model_type")))
         if layout is not None and any(n.endswith(tuple(layout)) for n in infos):
             return _fused_experts_format(config, text, infos, source, stored)
@@ -335,7 +336,8 @@ def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
             raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused {model_type} expert tensor is a float "
                                     f"[{experts}, ...] tensor of {want} dims (num_local_experts {experts}); check that "
                                     "config.json belongs to these weights")
-    return SourceFormat("fused-experts", stored_dtypes=stored, experts=int(experts), model_type=model_type)
+    assert isinstance(experts, int)
+    return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, model_type=model_type)
 
 
 def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
