@@ -11,6 +11,8 @@ import ast
 import inspect
 import json
 import random
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -130,13 +132,18 @@ def test_kimi_k2_config_is_read_as_vllm_reads_it_without_remote_code(kimi):
     assert cfg.max_position_embeddings == 131072 and cfg.n_routed_experts == 8
     assert DeepseekV3Config.model_type == "deepseek_v3"  # transformers' own class is left as it is
     require_vllm()
-    from vllm.transformers_utils.config import _CONFIG_REGISTRY, get_config
-
-    assert VLLM_CONFIG_ALIASES["kimi_k2"] == "DeepseekV3Config" and _CONFIG_REGISTRY["kimi_k2"] is DeepseekV3Config
-    # vLLM's own config reading of the same folder (what `check --vllm auto` then loads: DeepseekV2ForCausalLM, the
-    # class tests/test_check_mxfp4.py loads for DeepSeek-V3): no remote code, the same class and values
-    theirs = get_config(str(kimi["out"]), trust_remote_code=False)
-    assert isinstance(theirs, DeepseekV3Config) and theirs.max_position_embeddings == cfg.max_position_embeddings
+    # vLLM's own reading of the same folder (what `check --vllm auto` then loads: DeepseekV2ForCausalLM, the class
+    # tests/test_check_mxfp4.py loads for DeepSeek-V3), in a subprocess: get_config registers kimi_k2 by setting
+    # transformers' DeepseekV3Config.model_type = "kimi_k2" for the whole process (_register_config_class)
+    code = ("import json, sys; from transformers import DeepseekV3Config; "
+            "from vllm.transformers_utils.config import _CONFIG_REGISTRY, get_config; "
+            "c = get_config(sys.argv[1], trust_remote_code=False); "
+            "print(json.dumps([_CONFIG_REGISTRY['kimi_k2'] is DeepseekV3Config, isinstance(c, DeepseekV3Config), "
+            "c.max_position_embeddings]))")
+    run = subprocess.run([sys.executable, "-c", code, str(kimi["out"])], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [True, True, 131072]
+    assert VLLM_CONFIG_ALIASES["kimi_k2"] == "DeepseekV3Config"
 
 
 def test_kimi_k2_remote_tokenizer_names_the_flag_and_the_flag_loads_it(kimi, tmp_path):
@@ -480,8 +487,6 @@ def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
     weights-only loader, never full unpickling); running that command, apply goes through."""
     import shlex
     import shutil
-    import subprocess
-    import sys
 
     import torch
 
@@ -499,3 +504,12 @@ def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
     plan = cli_json("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target", str(tiny / "target"),
                     "--output", str(tmp_path / "out"), "--dry-run")
     assert plan["model_kind"] == "eagle3-draft"
+    # the same command on a hostile pickle (tests/hostile.py: loading it would open a file) refuses to run it
+    from . import hostile
+
+    marker = tmp_path / "pwned"
+    evil = hostile.pickle_only_folder(tiny / "target", tmp_path / "evil", marker)
+    line = one_line_error(cli("inspect", str(evil)))
+    ran = subprocess.run([sys.executable, "-c", shlex.split(line.split("convert them first with ", 1)[1])[2]],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode != 0 and "weights_only" in ran.stderr.lower() and not marker.exists()
