@@ -476,10 +476,11 @@ def test_draft_for_a_gpt_oss_target_applies_checks_and_deploys(tmp_path):
     assert {"model.fc", "lm_head"} <= kept
     checked = cli_json("check", str(out), "--target", str(target), "--vllm", "off")
     assert checked["ok"] is True, checked["findings"]
-    res = cli("deploy", str(out), "--target", str(target), "--platform", "gfx950", "--json")
+    res = cli("deploy", str(out), "--target", str(target), "--platform", "gfx950", "--out", str(tmp_path), "--json")
     assert res.exit_code == 0, res.output
     deployed = json.loads(res.stdout)
     assert "--speculative-config" in deployed["command"] and str(target) in deployed["command"]
+    assert (tmp_path / "deploy.json").is_file()
 
 
 def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
