@@ -107,7 +107,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.archs import quark_template, runtime_layers
+    from quantkit.naming.archs import architecture_of, quark_template, runtime_layers
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -150,6 +150,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                              "without calibration")
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
+    architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
     kind = model_kind(src.config)
     if chosen == "quark":
         quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported
@@ -254,6 +255,11 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
     for name, parts in decoded_tensor_names(fmt, tensors).items():
         if parts == [name]:
             out[name] = tensors[name]
+        elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor; weights transposed to [out, in]
+            fused = tensors[parts[0]]
+            rows = fused.shape[-1] // (2 if name.endswith((".gate_proj.weight", ".up_proj.weight")) else 1)
+            shape = fused.shape[1:] if name.endswith(".bias") else (rows, fused.shape[1])
+            out[name] = TensorInfo(fused.file, fused.dtype, tuple(shape))
         elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
             out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)
         else:  # int4 pack-quantized: 8 values per int32 along the input dimension
