@@ -1,0 +1,303 @@
+"""quantkit.rules.kernels against vLLM 0.32's own selection functions, called with a stand-in platform per target.
+
+The reference is vLLM itself, no engine: for MoE, QuarkConfig.from_config + QuarkMoEMethod.get_moe_method_target +
+QuarkOCP_MX_MoEMethod(...) (which runs oracle/mxfp4.py select_mxfp4_moe_backend); for FP8 linears,
+QuarkConfig.get_scheme_cls + kernels/linear choose_scaled_mm_linear_kernel over _POSSIBLE_FP8_KERNELS; for
+padding, mxfp4_round_up_hidden_size_and_intermediate_size. The stand-in sets what vLLM consults: the gfx flags of
+vllm/platforms/rocm.py (imported with torch.cuda.get_device_properties answering a gfx name, as it has no GPU here),
+current_platform's is_rocm / is_cuda / is_cpu / capability / _enum, vllm._aiter_ops IS_AITER_FOUND and
+rocm_aiter_ops' env flags (VLLM_ROCM_USE_AITER), has_quark, flashinfer, the AITER tuned-shape lookups and AMX.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from quantkit.rules import kernels
+from quantkit.rules.kernels import Image, MoeCase, select_moe_backend
+
+PLATFORMS = ("gfx950", "gfx942", "cuda", "cpu")
+# (model_type config keys) -> routing method as vLLM names it, by hand from the model files
+ROUTERS = {
+    "qwen3_moe": ({"model_type": "qwen3_moe", "norm_topk_prob": True}, "RenormalizeNaive"),
+    "kimi_k2": ({"model_type": "deepseek_v3", "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1,
+                 "norm_topk_prob": True}, "DeepSeekV3"),
+    "minimax_m2": ({"model_type": "minimax_m2", "scoring_func": "sigmoid", "use_routing_bias": True}, "MiniMax2"),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_ref():
+    """vLLM's selection modules, imported once (~35 s cold: fused_moe pulls in most of vLLM)."""
+    from tests.conftest import require_vllm
+
+    require_vllm()
+    import torch
+
+    if "vllm.platforms.rocm" not in sys.modules:
+        props = types.SimpleNamespace(gcnArchName="gfx950")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+            import vllm.platforms.rocm  # noqa: F401
+    import vllm._aiter_ops as aiter_ops
+    import vllm.platforms.rocm as rocm
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.scaled_mm import pytorch as scaled_mm_torch
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        get_routing_method_type,
+    )
+    from vllm.model_executor.layers.fused_moe.experts import flashinfer_cutlass_moe, ocp_mx_emulation_moe
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.quantization.quark import quark_moe
+    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig
+    from vllm.platforms import PlatformEnum, current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    return types.SimpleNamespace(aiter_ops=aiter_ops, rocm=rocm, linear=linear, scaled_mm_torch=scaled_mm_torch, RoutedExperts=RoutedExperts, MoEActivation=MoEActivation, FusedMoEConfig=FusedMoEConfig, FusedMoEParallelConfig=FusedMoEParallelConfig, get_routing_method_type=get_routing_method_type, flashinfer_cutlass_moe=flashinfer_cutlass_moe, ocp_mx_emulation_moe=ocp_mx_emulation_moe, oracle=oracle, LinearBase=LinearBase, quark_moe=quark_moe, QuarkConfig=QuarkConfig, PlatformEnum=PlatformEnum, current_platform=current_platform, DeviceCapability=DeviceCapability)
+
+
+def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
+    rocm_ = platform in ("gfx950", "gfx942")
+    for flag in ("_ON_GFX9", "_ON_GFX942", "_ON_GFX950", "_ON_GFX1250", "_ON_GFX90A", "_ON_GFX1X", "_ON_GFX12X"):
+        mp.setattr(v.rocm, flag, False)
+    if rocm_:
+        mp.setattr(v.rocm, "_ON_GFX942" if platform == "gfx942" else "_ON_GFX950", True)
+        mp.setattr(v.rocm, "_ON_GFX9", True)
+    cap = {"gfx950": v.DeviceCapability(9, 5), "gfx942": v.DeviceCapability(9, 4),
+           "cuda": v.DeviceCapability(9, 0)}.get(platform)
+    p = v.current_platform
+    enum = {"cuda": v.PlatformEnum.CUDA, "cpu": v.PlatformEnum.CPU}.get(platform, v.PlatformEnum.ROCM)
+    mp.setattr(p, "_enum", enum)
+    mp.setattr(p, "is_rocm", lambda: rocm_)
+    mp.setattr(p, "is_cuda", lambda: platform == "cuda")
+    mp.setattr(p, "is_cuda_alike", lambda: platform == "cuda" or rocm_)
+    mp.setattr(p, "is_cpu", lambda: platform == "cpu")
+    mp.setattr(p, "is_xpu", lambda: False)
+    mp.setattr(p, "get_device_capability", lambda device_id=0: cap)
+    mp.setattr(p, "has_device_capability",
+               lambda c, device_id=0: cap is not None and cap.to_int() >= (c if isinstance(c, int) else c[0] * 10 + c[1]))
+    mp.setattr(p, "is_device_capability", lambda c, device_id=0: cap is not None and cap.to_int() == c)
+    mp.setattr(p, "is_device_capability_family", lambda c, device_id=0: cap is not None and cap.to_int() // 10 == c // 10)
+    mp.setattr(p, "is_fp8_fnuz", lambda: platform == "gfx942")
+    mp.setattr(v.aiter_ops, "IS_AITER_FOUND", image.aiter and rocm_)
+    ops = v.aiter_ops.rocm_aiter_ops
+    for name, value in (("_AITER_ENABLED", image.use_aiter), ("_FMOE_ENABLED", True), ("_LINEAR_ENABLED", True)):
+        mp.setattr(ops, name, value)
+    mp.setattr(ops, "is_shuffled_per_token_w8a8_gemm_tuned", classmethod(lambda cls, n, k, d: image.fp8_gemm_tuned))
+    mp.setattr(ops, "is_per_token_w8a8_gemm_tuned", classmethod(lambda cls, n, k, d: image.fp8_gemm_tuned))
+    mp.setitem(sys.modules, "aiter", types.ModuleType("aiter"))  # `import aiter` in the kernels' is_supported
+    mp.setattr(v.ocp_mx_emulation_moe, "has_quark", lambda: image.amd_quark)
+    mp.setattr(v.flashinfer_cutlass_moe, "has_flashinfer_cutlass_fused_moe", lambda: image.flashinfer)
+    mp.setattr(v.scaled_mm_torch, "_rocm_torch_fp8_scaled_mm_supported", lambda: True)
+    import torch
+
+    mp.setattr(torch.cpu, "_is_amx_tile_supported", lambda: image.cpu_amx)
+    fake = types.SimpleNamespace(model_config=types.SimpleNamespace(
+        quantization_config=None, dtype=torch.bfloat16, hf_config=types.SimpleNamespace(model_type="x")))
+    mp.setattr(v.oracle, "get_current_vllm_config", lambda: fake)
+    mp.setattr(v.quark_moe, "get_current_vllm_config", lambda: fake)
+
+
+def _moe_config(v, router: str, num_experts: int = 8, hidden: int = 256, inter: int = 128):
+    import torch
+
+    routing = {"RenormalizeNaive": v.get_routing_method_type("softmax", 2, True, None, False),
+               "DeepSeekV3": v.get_routing_method_type("sigmoid", 2, True, 1, True),
+               "MiniMax2": v.get_routing_method_type("sigmoid", 2, True, None, True)}[router]
+    return v.FusedMoEConfig(num_experts=num_experts, experts_per_token=2, hidden_dim=hidden, intermediate_size=inter,
+                            num_local_experts=num_experts, num_logical_experts=num_experts,
+                            activation=v.MoEActivation("silu"), device="cpu", routing_method=routing,
+                            moe_parallel_config=v.FusedMoEParallelConfig.make_no_parallel(), in_dtype=torch.bfloat16)
+
+
+def vllm_moe_backend(v, qc: dict, layer: str, platform: str, image: Image, router: str = "RenormalizeNaive"):
+    """vLLM's own answer: the backend QuarkOCP_MX_MoEMethod settles on, or None when vLLM raises."""
+    with pytest.MonkeyPatch.context() as mp:
+        _stand_in(mp, v, platform, image)
+        cfg = v.QuarkConfig.from_config(qc)
+        w, a, cls = v.quark_moe.QuarkMoEMethod.get_moe_method_target(cfg, v.RoutedExperts, layer)
+        assert cls is v.quark_moe.QuarkOCP_MX_MoEMethod
+        try:
+            return cls(_moe_config(v, router), w, a).mxfp4_backend.value
+        except NotImplementedError:
+            return None
+
+
+def vllm_fp8_kernel(v, qc: dict, layer: str, platform: str, image: Image, n: int, k: int) -> str | None:
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:
+        _stand_in(mp, v, platform, image)
+        cfg = v.QuarkConfig.from_config(qc)
+        w, a, _cls = cfg.get_scheme_cls(v.LinearBase, layer)
+        c = v.linear.FP8ScaledMMLinearLayerConfig(weight_quant_key=w, activation_quant_key=a, input_dtype=torch.bfloat16,
+                                                  out_dtype=torch.bfloat16, weight_shape=(n, k))
+        try:
+            return v.linear.choose_scaled_mm_linear_kernel(c, v.linear._POSSIBLE_FP8_KERNELS,
+                                                           quantization="fp8_w8a8").__name__
+        except ValueError:
+            return None
+
+
+# --- configs -------------------------------------------------------------------------------------------------
+
+
+def _mx(dynamic: bool) -> dict:
+    return {"dtype": "fp4", "is_dynamic": dynamic, "qscheme": "per_group", "ch_axis": -1, "group_size": 32,
+            "scale_format": "e8m0", "scale_calculation_mode": "even", "round_method": "half_even",
+            "mx_element_dtype": None, "observer_cls": "PerBlockMXObserver", "symmetric": None, "is_scale_quant": False}
+
+
+_FP8_STATIC = {"dtype": "fp8_e4m3", "is_dynamic": False, "qscheme": "per_tensor", "ch_axis": None, "group_size": None,
+               "symmetric": True, "round_method": "half_even", "scale_type": "float",
+               "observer_cls": "PerTensorMinMaxObserver", "is_scale_quant": False}
+
+
+def _qc(inputs) -> dict:
+    return {"quant_method": "quark", "export": {"kv_cache_group": [], "pack_method": "reorder"},
+            "global_quant_config": {"weight": _mx(False), "input_tensors": inputs, "output_tensors": None,
+                                    "bias": None},
+            "layer_quant_config": {}, "layer_type_quant_config": {}, "exclude": []}
+
+
+SCHEMES = {"w4a4": (_mx(True), kernels.W4A4), "w4a16": (None, kernels.W4A16), "w4a8": (_FP8_STATIC, kernels.W4A8)}
+IMAGES = {"default": Image(), "no-amd-quark": Image(amd_quark=False), "aiter-off": Image(use_aiter=False)}
+
+
+# --- tests ---------------------------------------------------------------------------------------------------
+
+
+def test_routing_method_matches_vllms_function(vllm_ref):
+    v = vllm_ref
+    by_hand = {"qwen3_moe": ("softmax", True, None, False), "kimi_k2": ("sigmoid", True, 1, True),
+               "minimax_m2": ("sigmoid", True, None, True)}
+    for name, (config, expected) in ROUTERS.items():
+        assert kernels.routing_method(config) == expected, name
+        assert v.get_routing_method_type(by_hand[name][0], 2, *by_hand[name][1:]).name == expected, name
+
+
+@pytest.mark.parametrize("image", list(IMAGES))
+def test_moe_backend_equals_vllms_selection_on_every_platform(vllm_ref, image):
+    """Every platform x activation scheme x router x image: quantkit's replay gives vLLM's backend (or vLLM raises
+    exactly where quantkit predicts no backend)."""
+    img = IMAGES[image]
+    seen = {}
+    for platform in PLATFORMS:
+        for scheme, (inputs, key) in SCHEMES.items():
+            for router in ("RenormalizeNaive", "DeepSeekV3", "MiniMax2"):
+                ours = select_moe_backend(MoeCase(platform, key, "silu", router), img).backend
+                theirs = vllm_moe_backend(vllm_ref, _qc(inputs), "model.layers.0.mlp.experts", platform, img, router)
+                assert ours == theirs, (platform, scheme, router, image, ours, theirs)
+                seen[(platform, scheme, router)] = ours
+    if image == "default":
+        # the facts the issue names, as vLLM 0.32 decides them
+        assert seen[("gfx950", "w4a4", "RenormalizeNaive")] == "AITER_MXFP4_MXFP4"
+        assert seen[("gfx942", "w4a4", "DeepSeekV3")] == "EMULATION"
+        assert seen[("gfx942", "w4a16", "DeepSeekV3")] == "AITER_TRITON_MXFP4_BF16"  # Kimi weight-only: a16w4
+        assert seen[("gfx942", "w4a16", "MiniMax2")] == "EMULATION"  # MiniMax-M2 weight-only: not a16w4
+        assert seen[("gfx950", "w4a8", "RenormalizeNaive")] == "EMULATION"  # static FP8 acts + SiLU
+        assert seen[("cuda", "w4a4", "RenormalizeNaive")] == "EMULATION"  # SM90 has no W4A4 MoE kernel
+    if image == "no-amd-quark":  # EMULATION skipped: W4A4 on gfx942 falls to the BF16 a16w4 kernel
+        assert seen[("gfx942", "w4a4", "RenormalizeNaive")] == "AITER_TRITON_MXFP4_BF16"
+
+
+def test_padding_equals_vllms_round_up(vllm_ref):
+    v = vllm_ref
+    cases = [("AITER_MXFP4_MXFP4", "gfx950", 3072, 192), ("AITER_MXFP4_BF16", "gfx950", 7168, 320),
+             ("AITER_TRITON_MXFP4_BF16", "gfx942", 3072, 192), ("EMULATION", "gfx942", 3072, 200),
+             ("MARLIN", "cuda", 3000, 200), ("CPU", "cpu", 250, 100)]
+    for backend, platform, h, i in cases:
+        with pytest.MonkeyPatch.context() as mp:
+            _stand_in(mp, v, platform, Image())
+            theirs = v.oracle.mxfp4_round_up_hidden_size_and_intermediate_size(v.oracle.Mxfp4MoeBackend(backend), h, i)
+        assert kernels.padded_sizes(backend, platform, h, i) == tuple(theirs), (backend, platform)
+    # MiniMax-M2.5 (H 3072, I 1536) at TP 8 on gfx950 W4A4: 192 -> 256 per rank, a third more expert work
+    assert kernels.padded_sizes("AITER_MXFP4_MXFP4", "gfx950", 3072, 192) == (3072, 256)
+    assert abs(kernels.padding_waste("AITER_MXFP4_MXFP4", "gfx950", 3072, 1536, 8) - 1 / 3) < 1e-9
+    assert kernels.padding_waste("AITER_MXFP4_MXFP4", "gfx950", 7168, 2048, 8) == 0  # Kimi-K2.5: 256 per rank
+
+
+_PTPC = {"weight": {"dtype": "fp8_e4m3", "is_dynamic": False, "qscheme": "per_channel", "ch_axis": 0,
+                    "group_size": None, "symmetric": True, "round_method": "half_even", "scale_type": "float",
+                    "observer_cls": "PerChannelMinMaxObserver", "is_scale_quant": False},
+         "input_tensors": {"dtype": "fp8_e4m3", "is_dynamic": True, "qscheme": "per_channel", "ch_axis": 1,
+                           "group_size": None, "symmetric": True, "round_method": "half_even", "scale_type": "float",
+                           "observer_cls": "PerChannelMinMaxObserver", "is_scale_quant": False},
+         "output_tensors": None, "bias": None}
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_fp8_linear_kernel_equals_vllms_choice(vllm_ref, tuned):
+    qc = {**_qc(None), "global_quant_config": _PTPC}
+    per_tensor = {**_qc(None), "global_quant_config": {**_PTPC, "weight": {**_PTPC["weight"], "qscheme": "per_tensor",
+                                                                            "ch_axis": None},
+                                                       "input_tensors": _FP8_STATIC}}
+    img = Image(fp8_gemm_tuned=tuned)
+    for platform in ("gfx950", "gfx942"):
+        for n, k in ((768, 256), (776, 256), (256, 264)):
+            for config, ptpc in ((qc, True), (per_tensor, False)):
+                ours = kernels.select_fp8_linear(platform, ptpc, n, k, "bfloat16", img)[0]
+                theirs = vllm_fp8_kernel(vllm_ref, config, "model.layers.0.self_attn.qkv_proj", platform, img, n, k)
+                assert ours == theirs, (platform, n, k, ptpc, tuned, ours, theirs)
+
+
+# --- the bundled checkpoints ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundled(tiny_outputs, tmp_path_factory) -> dict[str, Path]:
+    """The recipes' real outputs, plus a weight-only MXFP4 variant of mxfp4-moe (input_tensors null)."""
+    wo = tmp_path_factory.mktemp("wo") / "mxfp4-moe-weight-only"
+    shutil.copytree(tiny_outputs["mxfp4-moe"], wo)
+    config = json.loads((wo / "config.json").read_text())
+    qc = config["quantization_config"]
+    for entry in [qc["global_quant_config"], *qc.get("layer_quant_config", {}).values()]:
+        if isinstance(entry, dict) and entry.get("weight", {}).get("dtype") == "fp4":
+            entry["input_tensors"] = None
+    (wo / "config.json").write_text(json.dumps(config, indent=2))
+    return {**tiny_outputs, "mxfp4-weight-only": wo}
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4-moe", "mxfp4-moe-attn-fp8", "mxfp4-weight-only", "fp8-draft"])
+def test_bundled_checkpoints_prediction_equals_vllm_on_every_platform(vllm_ref, bundled, tiny, recipe):
+    from quantkit.rules.kernels import predict
+    from quantkit.rules.table import checkpoint_view
+
+    n_target = 4 if recipe == "fp8-draft" else None
+    view = checkpoint_view(bundled[recipe], n_target)
+    for platform in PLATFORMS:
+        report = predict(view.config, view.layers, view.tensors, platform)
+        assert report.paths, recipe
+        for path in report.paths:
+            layer = path.layer.replace("{0-1}", "0")
+            if path.kind == "moe" and path.scheme in ("w4a4", "w4a16", "w4a8"):
+                theirs = vllm_moe_backend(vllm_ref, view.qc, layer, platform, Image())
+                assert path.backend == (theirs or "none"), (recipe, platform, path.layer, theirs)
+            elif path.scheme.startswith("fp8") and platform in ("gfx950", "gfx942"):
+                lp = next(lp for lp in view.layers if lp.name == layer)
+                shapes = [view.tensors[f"{m}.weight"].shape for m in lp.checkpoint_modules]
+                n, k = sum(s[0] for s in shapes), shapes[0][1]  # TP 1: the fused rows, the input columns
+                theirs_fp8 = vllm_fp8_kernel(vllm_ref, view.qc, layer, platform, Image(), n, k)
+                assert path.backend == theirs_fp8, (recipe, platform, path.layer, theirs_fp8)
+    gfx942 = predict(view.config, view.layers, view.tensors, "gfx942").predicted_backends
+    gfx950 = predict(view.config, view.layers, view.tensors, "gfx950").predicted_backends
+    if recipe in ("mxfp4-moe", "mxfp4-moe-attn-fp8"):
+        assert gfx942["moe"] == "EMULATION" and gfx950["moe"] == "AITER_MXFP4_MXFP4"
+    if recipe == "mxfp4-weight-only":
+        assert gfx942["moe"] == "AITER_TRITON_MXFP4_BF16" and gfx950["moe"] == "AITER_MXFP4_BF16"
+
+
+def test_no_replace_of_image_needed():
+    assert replace(Image(), amd_quark=False).assumes()["amd_quark"] is False
