@@ -462,3 +462,73 @@ def _group(rows: list[KernelPath]) -> list[KernelPath]:
             pattern = members[0].layer
         out.append(members[0].model_copy(update={"layer": pattern, "count": len(members)}))
     return out
+
+
+# --- the rule (check and deploy): what the predicted paths cost ---------------------------------------------------------
+
+
+def report_for(view: Any, serving: Any, image: Image = Image()) -> KernelReport | None:
+    """The kernel report of one CheckpointView under ServingOptions (None: not replayed, e.g. another quant_method)."""
+    from quantkit.errors import QuantkitError
+
+    try:
+        if not view.replayed:
+            return None
+        layers = view.layers
+    except QuantkitError:
+        return None  # a checkpoint whose layers cannot be named: its own findings say why
+    return predict(view.config, layers, view.tensors, serving.platform, serving.tp,
+                   serving.vllm_version or "0.32.0", image)
+
+
+def kernel_findings(ctx: Any) -> None:
+    """kernel-paths: each MoE / FP8 layer group whose predicted path costs more than it should."""
+    views = [ctx.subject] if ctx.draft is None or ctx.target is None else [ctx.served, ctx.draft]
+    s = ctx.serving
+    for view in views:
+        report = report_for(view, s)
+        if report is None:
+            continue
+        hidden, inter, _ = _moe_dims(view.config)
+        for p in report.paths:
+            where = f"{p.layer} (x{p.count})" if p.count > 1 else p.layer
+            if p.kind == "moe" and p.perf_class == "none":
+                ctx.findings.add("error", "moe-no-backend", where,
+                                 f"no vLLM MXFP4 MoE backend takes these {p.scheme} experts on {s.platform}: {p.why}",
+                                 "serve on a platform with a kernel for this scheme (gfx950), or change the scheme")
+            elif p.kind == "moe" and p.perf_class == "emulation":
+                ctx.findings.add("warning", "moe-emulated", where,
+                                 f"{p.scheme} MXFP4 experts on {s.platform} run vLLM's EMULATION MoE backend "
+                                 f"(weights dequantized on the fly: 9-15x slower, and eager mode only per "
+                                 f"vllm-project/vllm#50682) because {p.why}",
+                                 _emulation_fix(p.scheme, s.platform))
+            elif p.kind == "moe" and p.scheme in ("w4a4", "w4a8") and p.perf_class in ("a16w4", "fallback") \
+                    and p.backend not in ("EMULATION",):
+                ctx.findings.add("warning", "moe-bf16-activations", where,
+                                 f"{p.scheme} experts run {p.backend} with BF16 activations on {s.platform} "
+                                 f"(vLLM logs 'Falling back to {p.backend!r} with BF16 activations'): {p.why}",
+                                 "expected on this platform; serve on gfx950 for the native kernel")
+            if p.kind == "moe" and p.backend not in ("none", "n/a") and hidden and inter and inter % s.tp == 0:
+                waste = padding_waste(p.backend, s.platform, hidden, inter, s.tp)
+                if waste > 1e-9:
+                    ph, pi = padded_sizes(p.backend, s.platform, hidden, inter // s.tp)
+                    ctx.findings.add("warning", "moe-padding", where,
+                                     f"{p.backend} pads each rank's expert sizes at TP {s.tp}: intermediate "
+                                     f"{inter // s.tp} -> {pi}, hidden {hidden} -> {ph}: {waste:.0%} extra expert "
+                                     "GEMM work and weight memory, nowhere else reported",
+                                     "pick a TP size whose per-rank intermediate size is already aligned "
+                                     f"({'128' if p.backend == 'AITER_MXFP4_MXFP4' else '256'} on ROCm), or accept it")
+            if p.kind != "moe" and p.scheme == "fp8-ptpc" and s.platform in ("gfx950", "gfx942") \
+                    and "must be multiples of 16" in p.why:
+                ctx.findings.add("info", "fp8-aiter-shape", where,
+                                 f"FP8 GEMM shape misses AITER's divisibility (N and K % 16): {p.why}; vLLM uses "
+                                 f"{p.backend}", "none needed: it runs, on the slower path")
+
+
+def _emulation_fix(scheme: str, platform: str) -> str:
+    if platform == "gfx942" and scheme == "w4a4":
+        return ("serve on gfx950 (MI350/MI355) for AITER's W4A4 kernel, or re-export the experts weight-only "
+                "(input_tensors null: AITER Triton a16w4 on gfx942); keep --enforce-eager meanwhile")
+    if scheme == "w4a8":
+        return "use dynamic MXFP4 (W4A4) or weight-only MXFP4 activations for the experts"
+    return "serve on gfx950, or check that the image has aiter and VLLM_ROCM_USE_AITER=1"
