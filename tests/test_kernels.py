@@ -15,7 +15,6 @@ import json
 import shutil
 import sys
 import types
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -299,5 +298,124 @@ def test_bundled_checkpoints_prediction_equals_vllm_on_every_platform(vllm_ref, 
         assert gfx942["moe"] == "AITER_TRITON_MXFP4_BF16" and gfx950["moe"] == "AITER_MXFP4_BF16"
 
 
-def test_no_replace_of_image_needed():
-    assert replace(Image(), amd_quark=False).assumes()["amd_quark"] is False
+# --- the commands: inspect --platform, check/deploy --vllm-version, deploy's manifest, quantkit rules ---------------
+
+
+def _cli(*args: str):
+    from click.testing import CliRunner
+
+    from quantkit.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_inspect_platform_says_emulated_on_gfx942_and_native_on_gfx950(bundled):
+    out = str(bundled["mxfp4-moe"])
+    by = {}
+    for platform in ("gfx942", "gfx950"):
+        r = _cli("inspect", out, "--platform", platform, "--json")
+        assert r.exit_code == 0, r.output
+        data = json.loads(r.stdout)
+        assert data["schema_version"] == 1 and data["kernels"]["platform"] == platform
+        by[platform] = next(p for p in data["kernels"]["paths"] if p["kind"] == "moe")
+    assert by["gfx942"]["backend"] == "EMULATION" and by["gfx942"]["perf_class"] == "emulation"
+    assert "gfx950 only" in by["gfx942"]["why"]  # why: the AITER W4A4 kernel needs gfx950
+    assert by["gfx950"]["backend"] == "AITER_MXFP4_MXFP4" and by["gfx950"]["perf_class"] == "native"
+    text = _cli("inspect", out, "--platform", "gfx942")
+    assert text.exit_code == 0 and "EMULATION" in text.output and "emulation" in text.output
+    assert "kernels" in json.loads(_cli("inspect", out, "--json").stdout)  # no --platform: kernels null
+
+
+def test_padding_is_a_finding_with_the_extra_work(bundled):
+    from quantkit.check.run import run as check
+
+    # tiny MoE: moe_intermediate 128; TP 2 -> 64 per rank, AITER W4A4 pads to 128: twice the expert work
+    r = check(bundled["mxfp4-moe"], tp=2, platform="gfx950", vllm="off")
+    pads = [f for f in r.findings if f.code == "moe-padding"]
+    assert len(pads) == 1 and "64 -> 128" in pads[0].message and "100% extra" in pads[0].message
+    assert not [f for f in check(bundled["mxfp4-moe"], platform="gfx950", vllm="off").findings
+                if f.code == "moe-padding"]
+
+
+@pytest.fixture
+def qkv_draft(bundled, tmp_path) -> Path:
+    """The FP8 draft with its layer-0 qkv_proj named in exclude by its vLLM >= 0.26 runtime name."""
+    d = tmp_path / "qkv-draft"
+    shutil.copytree(bundled["fp8-draft"], d)
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"]["exclude"].append("model.layers.4.self_attn.qkv_proj")
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def test_same_checkpoint_different_findings_under_two_vllm_versions(qkv_draft, tiny):
+    from quantkit.check.run import run as check
+
+    old = check(qkv_draft, target=tiny / "target", vllm="off", vllm_version="0.25.1")
+    new = check(qkv_draft, target=tiny / "target", vllm="off", vllm_version="0.32.0")
+    assert ("draft-qkv-prefix", "model.layers.4.self_attn.qkv_proj") in old.codes("error")
+    assert not [f for f in new.findings if f.code == "draft-qkv-prefix"]
+    assert {f.code for f in old.findings} - {f.code for f in new.findings} == {"draft-qkv-prefix"}
+    assert old.vllm_version == "0.25.1" and new.vllm_version == "0.32.0"
+
+
+def test_deploy_records_min_version_why_and_predicted_backends(qkv_draft, bundled, tiny, tmp_path):
+    from quantkit.deploy.run import run as deploy
+
+    m = deploy(qkv_draft, target=tiny / "target", platform="gfx950", vllm_version="0.32.0")
+    assert m.vllm_min_version == "0.26.0" and "#48068" in m.vllm_min_version_why[0].source
+    assert not [f for f in m.findings if f.code == "vllm-too-old"]
+    old = deploy(qkv_draft, target=tiny / "target", platform="gfx950", vllm_version="0.25.1")
+    assert [f.code for f in old.findings if f.code == "vllm-too-old"] == ["vllm-too-old"]
+    # an MLA target with a draft on ROCm needs 0.20 (AITER MLA + EAGLE-3 block size, PR #39616)
+    mla = tmp_path / "mla-target"
+    shutil.copytree(tiny / "target", mla)
+    config = json.loads((mla / "config.json").read_text())
+    (mla / "config.json").write_text(json.dumps({**config, "kv_lora_rank": 512}))
+    m = deploy(bundled["fp8-draft"], target=mla, platform="gfx942")
+    assert m.vllm_min_version == "0.20.0" and "#39616" in m.vllm_min_version_why[0].source
+    assert deploy(bundled["fp8-draft"], target=mla, platform="cuda").vllm_min_version is None
+    # predicted_backends: kind -> the backend vLLM logs, for the served target on the deploy platform
+    for platform, moe in (("gfx942", "EMULATION"), ("gfx950", "AITER_MXFP4_MXFP4"), ("cpu", "CPU")):
+        data = deploy(bundled["mxfp4-moe-attn-fp8"], platform=platform).to_dict()
+        assert data["predicted_backends"]["moe"] == moe, platform
+        assert data["predicted_backends"]["attention"].upper().endswith("FP8SCALEDMMLINEARKERNEL"), platform
+        assert data["vllm_version"] and "kernel_paths" in data
+
+
+def test_deploy_nodes_emits_vllms_ray_launch_checked_per_rank(bundled, tiny):
+    from quantkit.deploy.run import DeployInputError
+    from quantkit.deploy.run import run as deploy
+
+    m = deploy(bundled["mxfp4-moe"], platform="gfx950", tp=2, nodes=2)
+    argv = m.argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    mn = m.multi_node
+    assert mn is not None and mn.head[:3] == ["ray", "start", "--head"] and "--address=<head IP>:6379" in mn.worker
+    assert mn.per_rank["attention_heads"] == 2 and mn.per_rank["expert_intermediate"] == 64
+    assert mn.per_rank["mxfp4_groups_per_expert_row"] == 2 and "VLLM_ROCM_USE_AITER=1" in mn.env
+    assert deploy(bundled["mxfp4-moe"], platform="gfx950").multi_node is None
+    too_many = deploy(bundled["mxfp4-moe"], platform="gfx950", nodes=3)  # 2 decoder layers, 3 stages
+    assert [f.code for f in too_many.findings if f.severity == "error"] == ["pp-layers"]
+    with pytest.raises(DeployInputError):
+        deploy(bundled["mxfp4-moe"], nodes=0)
+
+
+def test_rules_command_lists_the_table_with_versions():
+    from quantkit.rules.table import RULES
+
+    r = _cli("rules", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["schema_version"] == 1 and [x["id"] for x in data["rules"]] == [x.id for x in RULES]
+    row = next(x for x in data["rules"] if x["id"] == "draft-qkv-prefix")
+    assert row["vllm_max"] == "0.26" and row["decided_at"] == "checkpoint" and "#48068" in row["source"]
+    gated = json.loads(_cli("rules", "--vllm-version", "0.25.1", "--platform", "cpu", "--json").stdout)
+    holds = {x["id"]: x["holds"] for x in gated["rules"]}
+    assert holds["draft-qkv-prefix"] and not holds["kernel-paths"] and not holds["platform-fp8-fnuz"]
+    listed = _cli("check", "--list-rules")
+    assert listed.exit_code == 0 and "draft-qkv-prefix" in listed.output
+    bad = _cli("rules", "--vllm-version", "banana")
+    assert bad.exit_code == 2 and "--vllm-version 'banana'" in bad.output and "Traceback" not in bad.output
