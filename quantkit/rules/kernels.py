@@ -328,11 +328,13 @@ def select_fp8_linear(platform: str, ptpc: bool, n: int, k: int, out_dtype: str 
             return ("ChannelWiseTorchFP8ScaledMMLinearKernel", "fallback",
                     "FP16 output: the rowwise hipBLASLt path needs BF16 (scaled_mm/pytorch.py)")
         return "ROCmFP8ScaledMMLinearKernel", "fallback", "per-tensor FP8: ROCm skinny GEMM / hipBLASLt"
-    if platform == "cuda":
-        return "CutlassFP8ScaledMMLinearKernel", "native", "CUTLASS FP8 scaled-mm (SM89+)"
+    if platform == "cuda":  # not compared with vLLM: the CPU build lacks the CUTLASS capability op
+        return "CutlassFP8ScaledMMLinearKernel", "native", "CUTLASS FP8 scaled-mm (SM89+; not verified against vLLM)"
     if platform == "cpu":
-        if image.cpu_amx and not ptpc and n % 32 == 0:
-            return "CPUFp8PerTensorScaledMMLinearKernel", "fallback", "CPU AMX FP8"
+        if not ptpc:
+            if image.cpu_amx and n % 32 == 0:
+                return "CPUFp8PerTensorScaledMMLinearKernel", "fallback", "CPU AMX FP8 (scaled_mm/cpu.py)"
+            return "PerTensorTorchFP8ScaledMMLinearKernel", "fallback", "torch _scaled_mm per tensor on CPU"
         return "ChannelWiseTorchFP8ScaledMMLinearKernel", "fallback", "torch _scaled_mm per channel on CPU"
     return None, "none", f"unknown platform {platform}"
 
