@@ -381,7 +381,7 @@ def test_mxfp4_platforms(tiny, tmp_path):
     assert not codes(deploy_manifest(folder, platform="gfx950"))
 
 
-def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_path, pair):
+def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_path, pair, tiny_outputs):
     """Each rule of KNOWN_BAD fires in some case above, and its source names vLLM files that exist and quotes
     messages that are in them (vLLM 0.32 as installed)."""
     fired: set[str] = set()
@@ -393,6 +393,14 @@ def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_
         fired |= {f.source for f in deploy_manifest(d, target=t, **{"platform": "gfx950", **damage((t, d))}).findings}
     folder = mxfp4_moe(tiny, tmp_path / "mx")
     fired |= {f.source for f in deploy_manifest(folder, tp=8, platform="cpu").findings}
+    # kernel-paths: W4A4 experts on gfx942 (EMULATION); draft-qkv-prefix: a self_attn exclude under vLLM 0.25.1
+    fired |= {f.source for f in deploy_manifest(tiny_outputs["mxfp4-moe"], platform="gfx942").findings}
+    d = tmp_path / "qkv-draft"
+    shutil.copytree(tiny_outputs["fp8-draft"], d)
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"]["exclude"].append("model.layers.4.self_attn.qkv_proj")
+    (d / "config.json").write_text(json.dumps(config))
+    fired |= {f.source for f in deploy_manifest(d, target=tiny / "target", vllm_version="0.25.1").findings}
     assert {r.code for r in KNOWN_BAD if r.source not in fired} == set()
     for rule in KNOWN_BAD:
         files = re.findall(r"vllm/[\w/]+\.py", rule.source)

@@ -37,6 +37,7 @@ from quantkit.results.precision import LayerPrecision
 from quantkit.rules import (
     draft,
     exclude,
+    kernels,
     kv_cache,
     model_len,
     platform,
@@ -126,6 +127,9 @@ RULES: tuple[Rule, ...] = (
          ("target-unknown", "target-layers-assumed"),
          "quantkit: without --target the draft's layer numbering, aux ids and sizes cannot be checked", _CHECK,
          check=draft.target_unknown, needs="draft"),
+    Rule("draft-qkv-prefix", "a draft's layer-0 qkv_proj exclude under vLLM < 0.26", "error", ("draft-qkv-prefix",),
+         "vllm-project/vllm PR #48068 (vllm/model_executor/models/llama_eagle3.py LlamaDecoderLayer: qkv_proj prefix "
+         "self_attn.qkv_proj from 0.26)", _BOTH, check=draft.qkv_prefix, needs="draft", vllm_max="0.26"),
     Rule("scale-values", "scales finite and positive, E8M0 bytes not NaN", "error",
          ("scale-e8m0-nan", "scale-not-finite", "scale-not-positive"),
          f"{_QUARK}schemes/quark_ocp_mx.py process_weights_after_loading; {_QUARK}schemes/quark_w8a8_fp8.py "
@@ -145,6 +149,12 @@ RULES: tuple[Rule, ...] = (
     Rule("platform-mxfp4", "MXFP4 without native kernels", "warning", ("platform-mxfp4-emulated",),
          "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend", _CHECK,
          check=platform.mxfp4_emulated, platforms=frozenset({"gfx942", "cuda", "cpu"})),
+    Rule("kernel-paths", "MoE / FP8 layers on a slow vLLM kernel path (emulation, BF16 fallback, padding, shapes)",
+         "error", ("moe-no-backend", "moe-emulated", "moe-bf16-activations", "moe-padding", "fp8-aiter-shape"),
+         "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend, "
+         "mxfp4_round_up_hidden_size_and_intermediate_size; vllm/model_executor/kernels/linear/__init__.py "
+         "choose_scaled_mm_linear_kernel (quantkit.rules.kernels replays them for vLLM 0.32)", _BOTH,
+         check=kernels.kernel_findings, vllm_min="0.32", vllm_max="0.33"),
     Rule("vllm-load", "the real vLLM load and generation (check/real_load.py)", "error",
          ("vllm-load-skipped", "vllm-load-failed", "vllm-load-timeout", "vllm-load-mismatch"),
          "vllm/entrypoints/llm.py LLM (loaded in a subprocess; each layer's quant method compared with the replay)",
