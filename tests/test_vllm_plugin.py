@@ -782,7 +782,9 @@ LOAD_WITHOUT_PLUGIN = textwrap.dedent(f"""
         except Exception as e:
             result["error"] = type(e).__name__ + ": " + " ".join(str(e).split())
         import vllm.model_executor.layers.quantization.quark.quark_moe as quark_moe
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUExpertsMxfp4
         result["select_is_vllms"] = quark_moe.select_mxfp4_moe_backend is oracle.select_mxfp4_moe_backend
+        result["cpu_backend_supported"] = bool(CPUExpertsMxfp4._supports_current_device())
         print({MARKER!r} + json.dumps(result))
 """)
 
@@ -791,11 +793,16 @@ LOAD_WITHOUT_PLUGIN = textwrap.dedent(f"""
 @pytest.mark.slow
 def test_without_the_plugin_mxfp4_moe_still_fails_on_cpu(checkpoints):
     """The same checkpoint in a process without the entry point (and with VLLM_PLUGINS naming no plugin, so this
-    holds once quantkit's own install declares the entry point): vLLM's MXFP4 MoE backend selection fails as it
-    does today. The plugin is what makes the tests above work."""
+    holds once quantkit's own install declares the entry point): on a host without AMX vLLM's MXFP4 MoE backend
+    selection fails as it does today; on an AMX host (vLLM's own CPUExpertsMxfp4._supports_current_device, the
+    reference) it loads on vLLM's CPU backend, with BF16 activations for these W4A4 experts. The plugin is what makes
+    the tests above work, and compute the same on both."""
     require_vllm()
     code = LOAD_WITHOUT_PLUGIN.replace("sys.argv[1]", repr(str(checkpoints["mxfp4-moe"])))
     r = run_python(code, env={"VLLM_PLUGINS": ""})
     assert r["select_is_vllms"] is True
+    if r["cpu_backend_supported"]:
+        assert r["error"] is None, r
+        return
     assert r["error"] and r["error"].startswith("NotImplementedError: No MXFP4 MoE backend supports the deployment")
     assert "backend: EMULATION, reason: kernel does not support current device cpu" in r["error"]

@@ -155,6 +155,28 @@ def _byte_difference(loaded, ckpt) -> dict[str, Any] | None:
             "bytes_differing": int(differ.sum()), "bytes": int(a.numel())}
 
 
+def _fused_gate_up_pairs(mod, ckpt_prefix: str, names: Any) -> list[tuple[Any, str, dict[str, Any]]] | None:
+    """gpt-oss's Quark layout: `experts.<e>.gate_up_proj.weight` [2I, H/2] (gate and up interleaved, as swigluoai
+    reads them) that vllm/model_executor/models/gpt_oss.py `_load_weights_quark` copies whole into w13[e], and
+    `experts.<e>.down_proj.weight` into w2[e]. None when the checkpoint does not store its experts so."""
+    if f"{ckpt_prefix}.0.gate_up_proj.weight" not in names:
+        return None
+    kept = getattr(mod, _SNAPSHOT_ATTR, None) or {}
+    pairs = []
+    for kind, ckpt in (("w13_", "gate_up_proj"), ("w2_", "down_proj")):
+        for leaf in ("weight", "weight_scale"):
+            param = kept.get(f"{kind}{leaf}")
+            if param is None:
+                param = getattr(mod, f"{kind}{leaf}", None)
+                if param is None:
+                    continue
+                param = param.data
+            for expert in range(param.shape[0]):
+                pairs.append((param[expert], f"{ckpt_prefix}.{expert}.{ckpt}.{leaf}",
+                              {"param": f"{kind}{leaf}", "expert": expert, "shard": ckpt}))
+    return pairs
+
+
 def _expert_pairs(mod, ckpt_prefix: str) -> list[tuple[Any, str, dict[str, Any]]]:
     """(vLLM slice, checkpoint tensor name, where) for each expert's weight and scale, by vLLM's own expert mapping.
 
@@ -271,7 +293,11 @@ def compare_mx_bytes(model, folder: str | Path, layers: dict[str, list[str]]) ->
         if reason is not None:
             out[name] = {"bytes_equal": None, "not_compared": reason}
             continue
-        pairs = _expert_pairs(mod, ckpt_modules[0]) if hasattr(mod, "w13_weight") else _linear_pairs(mod, ckpt_modules)
+        pairs: list[tuple[Any, str, dict[str, Any]]] | str
+        if hasattr(mod, "w13_weight"):
+            pairs = _fused_gate_up_pairs(mod, ckpt_modules[0], ckpt.files) or _expert_pairs(mod, ckpt_modules[0])
+        else:
+            pairs = _linear_pairs(mod, ckpt_modules)
         if isinstance(pairs, str):
             out[name] = {"bytes_equal": False, "tensors_compared": 0, "tensors_differing": 0,
                          "first_difference": {"problem": pairs}}

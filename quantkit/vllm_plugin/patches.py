@@ -13,7 +13,10 @@
    runs Triton experts). The plugin rebinds the name in quark_moe's namespace to a wrapper that calls vLLM's
    selection first and returns its answer unchanged; only when vLLM raises that NotImplementedError on CPU, and the
    CPU emulation experts support the layer, does it return (EMULATION, CpuOcpMxEmulationExperts). A native CPU
-   backend (e.g. the AMX CPUExpertsMxfp4) is therefore always kept.
+   backend (the AMX CPUExpertsMxfp4) is kept where it computes what the checkpoint says; for W4A4 experts vLLM
+   picks it with BF16 activations (its own "Falling back to 'CPU' with BF16 activations" warning), and the wrapper
+   returns the emulation instead, so that the MXFP4 activations are kept and results do not depend on the host's
+   ISA (AVX2 or AMX).
 3. `QuarkOCP_MX_MoEMethod.__init__` then re-resolves its experts class with `backend_to_kernel_cls(EMULATION)[0]`
    (Triton experts). The plugin rebinds that name in quark_moe's namespace too: on CPU, EMULATION resolves to
    `CpuOcpMxEmulationExperts`; every other backend, and every other platform, goes to vLLM's function.
@@ -65,6 +68,7 @@ def _surface() -> dict[str, Any]:
             "register_linear_kernel(kernel_class, platform, kernel_type) is gone or changed signature")
     _expect(hasattr(quark_moe, "QuarkOCP_MX_MoEMethod"), "quark_moe.QuarkOCP_MX_MoEMethod is gone")
     _expect(hasattr(oracle.Mxfp4MoeBackend, "EMULATION"), "Mxfp4MoeBackend.EMULATION is gone")
+    _expect(callable(getattr(oracle, "_backend_activation_key", None)), "oracle._backend_activation_key is gone")
     for name, params in (("select_mxfp4_moe_backend", ["config", "activation_key"]),
                          ("backend_to_kernel_cls", ["backend"])):
         current = getattr(quark_moe, name, None)
@@ -86,29 +90,46 @@ def _surface() -> dict[str, Any]:
 def _select_with_cpu_fallback(original, experts_cls):
     import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import _backend_activation_key as backend_activation_key
     from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Static
     from vllm.platforms import current_platform
 
     _fallback_logged: list[bool] = []  # log once per process, not once per MoE layer
 
+    def emulation(config, activation_key, why: str):
+        fmt = (mk.FusedMoEActivationFormat.BatchedExperts
+               if config.moe_parallel_config.use_batched_activation_format
+               else mk.FusedMoEActivationFormat.Standard)
+        supported, reason = experts_cls.is_supported_config(experts_cls, config, kMxfp4Static, activation_key, fmt)
+        if not supported:
+            logger.warning("quantkit CPU MXFP4 MoE emulation does not apply either: %s", reason)
+            return None
+        if not _fallback_logged:
+            _fallback_logged.append(True)
+            logger.info("%s: using quantkit's %s (torch emulation).", why, experts_cls.__name__)
+        return Mxfp4MoeBackend.EMULATION, experts_cls
+
     def select_mxfp4_moe_backend(config, activation_key=None):
         try:
-            return original(config, activation_key=activation_key)
+            chosen = original(config, activation_key=activation_key)
         except NotImplementedError:
             if not current_platform.is_cpu():
                 raise
-            fmt = (mk.FusedMoEActivationFormat.BatchedExperts
-                   if config.moe_parallel_config.use_batched_activation_format
-                   else mk.FusedMoEActivationFormat.Standard)
-            supported, reason = experts_cls.is_supported_config(experts_cls, config, kMxfp4Static, activation_key, fmt)
-            if not supported:
-                logger.warning("quantkit CPU MXFP4 MoE emulation does not apply either: %s", reason)
+            emulated = emulation(config, activation_key, "No native MXFP4 MoE backend on CPU")
+            if emulated is None:
                 raise
-            if not _fallback_logged:
-                _fallback_logged.append(True)
-                logger.info("No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).",
-                            experts_cls.__name__)
-            return Mxfp4MoeBackend.EMULATION, experts_cls
+            return emulated
+        # vLLM's native CPU backend (CPUExpertsMxfp4, AMX hosts) takes W4A4 experts with BF16 activations only
+        # (_warn_on_bf16_fallback: "Falling back to 'CPU' with BF16 activations"): another computation than the
+        # checkpoint's, and than the native W4A4 kernels of the deployment GPU. On CPU the emulation keeps the
+        # checkpoint's MXFP4 activations, so what quantkit measures here does not depend on the host's ISA.
+        if (current_platform.is_cpu() and activation_key is not None and chosen[0] != Mxfp4MoeBackend.EMULATION
+                and backend_activation_key(chosen[0]) is None):
+            emulated = emulation(config, activation_key, f"vLLM's {chosen[0].value} MXFP4 MoE backend would drop the "
+                                                         "checkpoint's MXFP4 activations (BF16 fallback)")
+            if emulated is not None:
+                return emulated
+        return chosen
 
     select_mxfp4_moe_backend.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(select_mxfp4_moe_backend, _MARK, True)
