@@ -325,7 +325,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     if backend not in ("auto", "reference", "vllm"):
         raise AcceptanceError(f"--backend {backend!r}: use auto, reference or vllm")
     sampling = Sampling(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                        draft_sample_method=draft_sample_method)  # type: ignore[arg-type]
+                        draft_sample_method=draft_sample_method)
     chat_kwargs = dict(chat_template_kwargs or {})
     target, draft, candidate = str(target), str(draft), str(candidate)
     cand_target = str(candidate_target) if candidate_target is not None else None
@@ -372,8 +372,8 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
 
     tokenizer = load_tokenizer(target)
     if cut is not None:  # a throughput config: N x 1000 target tokens at most, within what every target holds
-        room = min([lim.tokens - max_new_tokens - k for _, lim in limits] or [cut])
-        records = [cut_to_tokens(r, tokenizer, min(cut, max(room - 64, 16))) for r in records]
+        fit = min([lim.tokens - max_new_tokens - k for _, lim in limits] or [cut])
+        records = [cut_to_tokens(r, tokenizer, min(cut, max(fit - 64, 16))) for r in records]
     seeds = [seed + j for j in range(num_seeds)]
     reqs, req_seeds = _requests(records, seeds)
     prompt_sets: list[tuple[str, list[PromptRecord]]] = [("", reqs)]
@@ -400,22 +400,20 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         for key, recs in prompt_sets:
             progress(f"{label}: {len(recs)} requests{f' at ~{key} tokens' if key else ''}, backend {chosen}")
             t0 = time.perf_counter()
-            if chosen == "vllm":
-                from quantkit.engines.vllm_engine import run_spec_decode
+            # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
+            mml = fit_max_model_len(configs[tgt], max(1024, max(n_tokens[key]) + max_new_tokens + k + 8))
 
-                # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
-                mml = fit_max_model_len(configs[tgt], max(1024, max(n_tokens[key]) + max_new_tokens + k + 8))
+            def generate(texts: list[str], sds: list[int], tgt: str = tgt, drf: str = drf,
+                         mml: int = mml) -> list[SequenceStats]:
+                if chosen == "vllm":
+                    from quantkit.engines.vllm_engine import run_spec_decode
 
-                def generate(texts: list[str], sds: list[int], tgt: str = tgt, drf: str = drf,
-                             mml: int = mml) -> list[SequenceStats]:
                     return run_spec_decode(tgt, drf, texts, k, max_new_tokens, temperature, seed, max_model_len=mml,
                                            top_p=top_p, top_k=top_k, seeds=sds)
-            else:
                 from quantkit.engines.reference import run_reference
 
-                def generate(texts: list[str], sds: list[int], tgt: str = tgt, drf: str = drf) -> list[SequenceStats]:
-                    return run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, sampling, sds, device,
-                                         model_cache, configs[tgt])
+                return run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, sampling, sds, device,
+                                     model_cache, configs[tgt])
             stats = _conversations(recs, req_seeds, generate, tokenizer, chat_kwargs, room)
             s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0, req_seeds)
             if key:
@@ -454,6 +452,6 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         macro_ratio=_ratio(cand.macro_acceptance_length, base.macro_acceptance_length),
         expected_ratio=_ratio(cand.expected_acceptance_length, base.expected_acceptance_length)
         if have_expected else None,
-        expected_ratio_ci=bootstrap_ratio_ci(expected(base), expected(cand), seed=seed)  # type: ignore[arg-type]
+        expected_ratio_ci=bootstrap_ratio_ci(expected(base), expected(cand), seed=seed)
         if have_expected else None,
     )

@@ -78,7 +78,7 @@ class JsonObject(click.ParamType):
 
         try:
             obj = json.loads(str(value))
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             self.fail(f"{str(value)[:80]!r} is not JSON ({e.msg}); give an object such as "
                       "'{\"enable_thinking\": false}'", param, ctx)
         if not isinstance(obj, dict):
