@@ -119,17 +119,23 @@ def _render_acceptance(result: AcceptanceResult) -> None:
     b, c = result.baseline, result.candidate
     assert b is not None and c is not None
     st = result.settings
-    table = Table(title=f"Acceptance length ({result.backend}, K={st.num_speculative_tokens}, T={st.temperature})",
+    sampled = f", top_p={st.top_p}, top_k={st.top_k}, {st.draft_sample_method} draft, {st.num_seeds} seed(s)" \
+        if st.temperature else ""
+    table = Table(title=f"Acceptance length ({result.backend}, K={st.num_speculative_tokens}, T={st.temperature}"
+                        f"{sampled}; pooled = 1 + sum accepted / sum drafts, macro = mean of per-request AL)",
                   title_justify="left")
     pair = result.candidate_kind == "pair"
     base_name, cand_name = ("BF16 pair", "quantized pair") if pair else ("BF16 draft", "candidate")
-    for col in ("domain", "prompts", f"{base_name} AL", f"{cand_name} AL", "ratio"):
+    for col in ("domain", "prompts", f"{base_name} AL pooled", f"{cand_name} AL pooled", "ratio",
+                f"{base_name} AL macro", f"{cand_name} AL macro"):
         table.add_column(col, justify="left" if col == "domain" else "right")
     for d, v in b.per_domain.items():
+        cd = c.per_domain.get(d)
         table.add_row(d, str(v.prompts), _f(v.mean_acceptance_length), _f(c.domain_al(d)),
-                      _f(result.per_domain_ratio.get(d)))
+                      _f(result.per_domain_ratio.get(d)), _f(v.macro_acceptance_length),
+                      _f(cd.macro_acceptance_length if cd else None))
     table.add_row("all", str(st.num_prompts), _f(b.mean_acceptance_length), _f(c.mean_acceptance_length),
-                  _f(result.ratio), style="bold")
+                  _f(result.ratio), _f(b.macro_acceptance_length), _f(c.macro_acceptance_length), style="bold")
     console = make_console()
     console.print(table)
     pos = Table(title="Acceptance rate per position", title_justify="left")
@@ -139,7 +145,20 @@ def _render_acceptance(result: AcceptanceResult) -> None:
     pos.add_column("tokens/target fwd", justify="right")
     for name, run in ((base_name, b), (cand_name, c)):
         pos.add_row(name, *(_f(x) for x in run.acceptance_rate_per_pos or []), _f(run.tokens_per_target_forward, "{:.2f}"))
+        pos.add_row("  conditional", *(_f(x) for x in run.conditional_acceptance_per_pos), "")
     console.print(pos)
+    for name, run in ((base_name, b), (cand_name, c)):
+        console.print(f"{name}: drafts by accepted tokens 0..K {run.accepted_length_histogram}; AL by output "
+                      f"position {run.al_by_output_position or '-'}"
+                      + (f"; expected AL {_f(run.expected_acceptance_length)}" if st.temperature else ""))
+    if result.expected_ratio is not None and st.temperature:
+        lo_e, hi_e = result.expected_ratio_ci or [None, None]
+        console.print(f"expected AL ratio {_f(result.expected_ratio, '{:.4f}')} (95% bootstrap CI over (prompt, seed) "
+                      f"{_f(lo_e, '{:.4f}')}-{_f(hi_e, '{:.4f}')})")
+    src = st.prompt_source
+    if src is not None and src.kind == "speed-bench":
+        console.print(f"prompts {src.name} from {src.repo or 'a local folder'}"
+                      + (f"@{src.revision}" if src.revision else "") + f", files sha256 {src.content_sha256}")
     if result.context_length_ratio:
         ctx = Table(title="AL against prompt length", title_justify="left")
         for col in ("tokens", f"{base_name} AL", f"{cand_name} AL", "ratio"):

@@ -22,25 +22,6 @@ from quantkit.engines.rejection import draft_probs, target_probs, verify_round
 from quantkit.engines.stats import Sampling, SequenceStats
 
 
-def speculative_accept(p: torch.Tensor, q: torch.Tensor, draft_tokens: list[int],
-                       generator: torch.Generator) -> tuple[int, int]:
-    """Standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
-
-    p [K+1, V]: target probabilities at each draft position and the bonus position; q [K, V]: draft probabilities.
-    Returns (number of accepted draft tokens, the token the target adds: a resample at the first rejection, or a
-    sample from p[K] when all K were accepted). The output is distributed exactly as sampling from p.
-    """
-    for j, tok in enumerate(draft_tokens):
-        ratio = (p[j, tok] / q[j, tok]).item() if q[j, tok] > 0 else float("inf")
-        if torch.rand((), generator=generator).item() < min(1.0, ratio):
-            continue
-        residual = (p[j] - q[j]).clamp(min=0)
-        total = residual.sum()
-        dist = residual / total if total > 0 else p[j]
-        return j, int(torch.multinomial(dist, 1, generator=generator))
-    return len(draft_tokens), int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))
-
-
 class ReferenceEngine:
     """A transformers target plus an EAGLE-3 draft, run round by round on one prompt at a time."""
 
