@@ -50,6 +50,8 @@ ROLES: dict[str, RoleInfo] = {
     "lm_head": RoleInfo("output projection to the vocabulary"),
     "embed_tokens": RoleInfo("token embedding"),
     "attention": RoleInfo("attention projections, incl. MLA q_a/q_b/kv_a/kv_b/o"),
+    "linear_attention": RoleInfo("linear-attention projections of hybrid models (Qwen3-Next / Qwen3.5 Gated DeltaNet)"),
+    "indexer": RoleInfo("sparse-attention indexer projections (DeepSeek-V3.2 lightning indexer)"),
     "router": RoleInfo("MoE gate and e_score_correction_bias", (MOE_TARGET,)),
     "experts": RoleInfo("routed MoE experts", (MOE_TARGET,)),
     "shared_experts": RoleInfo("MoE shared experts", (MOE_TARGET,)),

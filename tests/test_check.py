@@ -78,7 +78,11 @@ def test_clean_fp8_draft_with_target_passes(tiny, tiny_outputs):
 @pytest.mark.parametrize("recipe", ["mxfp4-moe", "mxfp4-moe-attn-fp8", "fp8-target"])
 def test_clean_targets_pass(tiny_outputs, recipe):
     r = check(tiny_outputs[recipe], tp=4)
-    assert r.findings == [], [f.to_dict() for f in r.findings]
+    # the tiny experts' 128-wide intermediate is 32 per rank at TP 4, which AITER W4A4 pads to 128 (kernel-paths):
+    # a cost finding, not a load problem
+    pads = [f for f in r.findings if f.code == "moe-padding"]
+    assert len(pads) == (recipe != "fp8-target") and r.ok
+    assert [f for f in r.findings if f.code != "moe-padding"] == [], [f.to_dict() for f in r.findings]
 
 
 def test_draft_without_target_is_info_only(tiny_outputs):
@@ -322,7 +326,8 @@ def test_not_quark_and_unmatched_entries(tiny_outputs, tmp_path):
 def test_platform_notes(tiny_outputs):
     assert check(tiny_outputs["fp8-target"], platform="gfx942").codes() == {("platform-fp8-fnuz", "platform")}
     r = check(tiny_outputs["mxfp4-moe"], platform="gfx942")
-    assert r.ok and r.codes("warning") == {("platform-mxfp4-emulated", "platform")}
+    # W4A4 experts on gfx942: vLLM 0.32's EMULATION backend (quantkit.rules.kernels, tests/test_kernels.py)
+    assert r.ok and r.codes("warning") == {("moe-emulated", "model.layers.{0-1}.mlp.experts (x2)")}
     assert check(tiny_outputs["mxfp4-moe"], platform="gfx950").findings == []
 
 

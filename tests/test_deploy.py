@@ -115,7 +115,9 @@ def test_pair_manifest_serves_target_with_draft_as_eagle3(tiny, tmp_path):
     assert m.argv[:3] == ["vllm", "serve", str(tiny / "target")]
     assert shlex.split(m.command) == m.argv
     spec = json.loads(m.argv[m.argv.index("--speculative-config") + 1])
-    assert spec == {"method": "eagle3", "model": str(tiny / "eagle3-draft"), "num_speculative_tokens": 3}
+    # on ROCm the drafter gets AITER unified attention (vllm PR #47854's workaround, quantkit.rules.serving)
+    assert spec == {"method": "eagle3", "model": str(tiny / "eagle3-draft"), "num_speculative_tokens": 3,
+                    "attention_backend": "ROCM_AITER_UNIFIED_ATTN"}
     assert m.argv[m.argv.index("--max-model-len") + 1] == "4096"  # the target's max_position_embeddings
     assert "--kv-cache-dtype" not in m.argv  # auto is vLLM's default
     env = {e.name: e for e in m.env}
@@ -250,6 +252,61 @@ def _max_model_len_beyond(pair):
     return {"max_model_len": 4097}  # the tiny target holds 4096 positions (max_position_embeddings)
 
 
+def _fp8_down_proj(draft, scale_shape):
+    """The draft's down_proj as Quark's ptpc FP8 writes it (F8_E4M3 weight, F32 per-channel scale), scale shaped
+    `scale_shape` with `out` for the output rows."""
+    tensors = read_safetensors(draft / "model.safetensors")
+    out, cols = tensors["midlayer.mlp.down_proj.weight"][1]
+    tensors["midlayer.mlp.down_proj.weight"] = ("F8_E4M3", [out, cols], None)
+    tensors["midlayer.mlp.down_proj.weight_scale"] = ("F32", [out if d == "out" else d for d in scale_shape], None)
+    write_safetensors(draft / "model.safetensors", tensors)
+    ptpc = {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0, "is_dynamic": False,
+                       "symmetric": True},
+            "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1, "is_dynamic": True,
+                              "symmetric": True}, "output_tensors": None, "bias": None}
+    qc = _quark_config()
+    qc["exclude"] += ["re:.*(q|k|v|o|gate|up)_proj"]  # every other linear stays BF16
+    qc["layer_quant_config"] = {"*down_proj": ptpc}
+    edit_config(draft, quantization_config=qc)
+
+
+def _fp8_scale_2d(pair):
+    _fp8_down_proj(pair[1], ["out", 1])
+    return {}
+
+
+def _fp8_fp16_target(pair):
+    _fp8_down_proj(pair[1], ["out"])
+    edit_config(pair[0], torch_dtype="float16")
+    return {}
+
+
+def _fp8_draft_gfx942(pair):
+    _fp8_down_proj(pair[1], ["out"])
+    return {"platform": "gfx942"}
+
+
+def _draft_rocm_attn(pair):
+    return {"draft_attention_backend": "ROCM_ATTN"}
+
+
+def _block_size_1(pair):
+    return {"block_size": 1}
+
+
+def _kv_group_unmatched(pair):
+    edit_config(pair[1], quantization_config=_quark_config(kv_cache_group=["*k_proj", "*v_proj"]))
+    return {}
+
+
+def _mla_quark_target_fp8_kv(pair):
+    kv = {"output_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}}
+    qc = _quark_config(kv_cache_group=["*k_proj", "*v_proj"])
+    qc["layer_quant_config"] = {"*k_proj": kv, "*v_proj": kv}
+    edit_config(pair[0], quantization_config=qc, kv_lora_rank=64)  # an MLA config under Quark
+    return {"kv_cache_dtype": "fp8"}
+
+
 def _vocab_mismatch(pair):
     edit_config(pair[0], vocab_size=4096)
     return {}
@@ -267,6 +324,13 @@ CASES = {  # name: (damage, expected (severity, code))
     "num_speculative_tokens 12": (_k_large, ("warning", "num-speculative-tokens-range")),
     "draft/target vocab mismatch": (_vocab_mismatch, ("error", "draft-vocab-mismatch")),
     "max_model_len beyond the target's positions": (_max_model_len_beyond, ("error", "max-model-len-beyond-positions")),
+    "per-channel FP8 scale [out, 1]": (_fp8_scale_2d, ("error", "fp8-channel-scale-1d")),
+    "FP8 per-channel draft in an FP16 target on ROCm": (_fp8_fp16_target, ("warning", "fp8-rowwise-bf16-output")),
+    "FP8 draft on gfx942 (fnuz, noted)": (_fp8_draft_gfx942, ("info", "platform-fp8-fnuz")),
+    "drafter on ROCM_ATTN": (_draft_rocm_attn, ("warning", "draft-attention-backend-rocm")),
+    "--block-size 1 with a draft": (_block_size_1, ("error", "draft-block-size-1")),
+    "kv_cache_group matching no layer_quant_config key": (_kv_group_unmatched, ("error", "kv-quark-spec")),
+    "MLA target under Quark with FP8 KV": (_mla_quark_target_fp8_kv, ("warning", "kv-scales-mla-quark")),
 }
 
 
@@ -317,7 +381,7 @@ def test_mxfp4_platforms(tiny, tmp_path):
     assert not codes(deploy_manifest(folder, platform="gfx950"))
 
 
-def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_path, pair):
+def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_path, pair, tiny_outputs):
     """Each rule of KNOWN_BAD fires in some case above, and its source names vLLM files that exist and quotes
     messages that are in them (vLLM 0.32 as installed)."""
     fired: set[str] = set()
@@ -329,6 +393,14 @@ def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_
         fired |= {f.source for f in deploy_manifest(d, target=t, **{"platform": "gfx950", **damage((t, d))}).findings}
     folder = mxfp4_moe(tiny, tmp_path / "mx")
     fired |= {f.source for f in deploy_manifest(folder, tp=8, platform="cpu").findings}
+    # kernel-paths: W4A4 experts on gfx942 (EMULATION); draft-qkv-prefix: a self_attn exclude under vLLM 0.25.1
+    fired |= {f.source for f in deploy_manifest(tiny_outputs["mxfp4-moe"], platform="gfx942").findings}
+    d = tmp_path / "qkv-draft"
+    shutil.copytree(tiny_outputs["fp8-draft"], d)
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"]["exclude"].append("model.layers.4.self_attn.qkv_proj")
+    (d / "config.json").write_text(json.dumps(config))
+    fired |= {f.source for f in deploy_manifest(d, target=tiny / "target", vllm_version="0.25.1").findings}
     assert {r.code for r in KNOWN_BAD if r.source not in fired} == set()
     for rule in KNOWN_BAD:
         files = re.findall(r"vllm/[\w/]+\.py", rule.source)

@@ -47,7 +47,8 @@ def test_table_invariants():
         assert r.commands and r.commands <= set(COMMANDS), r.id
         assert r.source and "\n" not in r.source, r.id
         assert not (r.check is not None and r.check_layer is not None), r.id
-        assert r.runs or r.when in ("load", "numeric"), r.id  # a rule no command runs is an observation
+        # a rule no command runs is an observation: of the real load, the numeric step, or the served step's log
+        assert r.runs or r.when in ("load", "numeric", "serve"), r.id
     # deploy reads headers only: no rule it runs reads tensor data
     assert all(r.reads == "headers" for r in table.rules_for("deploy", reads=("headers",)))
 
@@ -95,3 +96,27 @@ def test_a_rule_added_to_the_table_appears_in_check_and_deploy(pair, monkeypatch
     monkeypatch.setattr(table, "RULES", table.RULES[:-1] + (replace(rule, commands=frozenset({"deploy"})),))
     assert not [f for f in _findings(pair, "check") if f.code == "toy-finding"]
     assert [f for f in _findings(pair, "deploy") if f.code == "toy-finding"]
+
+
+def test_rule_schema_platforms_versions_and_decided_at():
+    """The record's platforms, vLLM version range (min inclusive, max exclusive, packaging.version) and decided_at:
+    a version gate holds on its range only, and malformed records fail when the table is built."""
+    from quantkit.rules.rule import ServingOptions
+
+    gated = Rule("toy-gated", "a gated rule", "warning", ("toy",), "tests", frozenset({"check"}),
+                 platforms=frozenset({"gfx942"}), vllm_min="0.20", vllm_max="0.26")
+    assert gated.vllm_spec == ">=0.20,<0.26" and gated.decided_at == "checkpoint"
+    on = {v: gated.holds_for(ServingOptions(platform="gfx942", vllm_version=v))
+          for v in ("0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.26.0rc1", "0.32.0+cpu")}
+    assert on == {"0.19.1": False, "0.20.0": True, "0.25.1": True, "0.26.0": False, "0.26.0rc1": False,
+                  "0.32.0+cpu": False}
+    assert not gated.holds_for(ServingOptions(platform="gfx950", vllm_version="0.21"))
+    assert gated.holds_for(ServingOptions(platform="gfx942"))  # no version given: every version
+    for bad in ({"vllm_min": "0.26", "vllm_max": "0.20"}, {"vllm_min": "not-a-version"},
+                {"platforms": frozenset({"gfx999"})}, {"decided_at": "serve"}, {"when": "serve"}):
+        with pytest.raises(ValueError):
+            replace(gated, **bad)
+    assert replace(gated, decided_at="serve", when="serve").decided_at == "serve"
+    for r in table.RULES:
+        assert r.decided_at in ("checkpoint", "serve") and r.source, r.id
+        assert r.platforms is None or r.platforms <= {"gfx950", "gfx942", "cuda", "cpu"}, r.id

@@ -328,9 +328,9 @@ def test_minimax_m2_runtime_moe_prefix_is_mlp_not_block_sparse_moe():
 
 def test_unsupported_architecture_names_it_and_the_supported_ones():
     with pytest.raises(UnsupportedArchitectureError) as e:
-        runtime_layers({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1}, [])
+        runtime_layers({"architectures": ["JambaForCausalLM"], "num_hidden_layers": 1}, [])
     msg = str(e.value)
-    assert "GptOssForCausalLM" in msg and "Qwen3MoeForCausalLM" in msg and "DeepseekV3ForCausalLM" in msg
+    assert "JambaForCausalLM" in msg and "Qwen3MoeForCausalLM" in msg and "DeepseekV3ForCausalLM" in msg
     assert isinstance(e.value, QuantkitError) and "\n" not in msg
     with pytest.raises(UnsupportedArchitectureError, match="peagle"):
         architecture_of({**SPECULATORS_CONFIG, "speculators_model_type": "peagle"})

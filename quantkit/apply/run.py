@@ -107,7 +107,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.archs import quark_template, runtime_layers
+    from quantkit.naming.archs import architecture_of, quark_template, runtime_layers
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -150,6 +150,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                              "without calibration")
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
+    architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
     kind = model_kind(src.config)
     if chosen == "quark":
         quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported
@@ -187,6 +188,18 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
+    # Experts stored fused (transformers 5's `experts.gate_up_proj` [E, 2I, H], as Qwen3.5-MoE ships them) are one 3-D
+    # tensor per layer without a `.weight` suffix: neither engine writes them as vLLM's per-expert Quark layout (the
+    # native executor quantizes `.weight` tensors only; Quark 0.13's qwen3_5_moe template splits them into
+    # experts.<e>.*, which the plan does not name), so refuse before any work instead of failing in verification.
+    present = set(names)
+    fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
+                  for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present), None)
+    if fused is not None:
+        raise ApplyError(f"{model}: routed experts are stored fused ({fused}, one 3-D tensor for all experts); quantkit "
+                         "quantizes per-expert experts.<e>.*_proj.weight tensors only and cannot quantize this "
+                         "checkpoint's experts yet; re-save the experts per expert (experts.<e>.gate_proj / up_proj / down_proj.weight, "
+                         "[out, in] each) and apply again")
     quark_exclude, layer_config = quark_exclusions(rec, decisions)
     # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
     # loads them into the target (quantkit.io.formats.mtp_tensor_names), only its MTP draft does; kept BF16 so that
@@ -242,6 +255,11 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
     for name, parts in decoded_tensor_names(fmt, tensors).items():
         if parts == [name]:
             out[name] = tensors[name]
+        elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor; weights transposed to [out, in]
+            fused = tensors[parts[0]]
+            rows = fused.shape[-1] // (2 if name.endswith((".gate_proj.weight", ".up_proj.weight")) else 1)
+            shape = fused.shape[1:] if name.endswith(".bias") else (rows, fused.shape[1])
+            out[name] = TensorInfo(fused.file, fused.dtype, tuple(shape))
         elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
             out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)
         else:  # int4 pack-quantized: 8 values per int32 along the input dimension

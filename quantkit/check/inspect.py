@@ -22,6 +22,7 @@ from quantkit.naming.precision import (
     tensor_bytes,
 )
 from quantkit.results.check import InspectResult
+from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
 
 _LAYER_NUM = re.compile(r"(?<=\.layers\.)(\d+)(?=\.)")
@@ -65,11 +66,14 @@ def group_layers(layers: Sequence[LayerPrecision]) -> list[PrecisionGroup]:
 
 # --- entry point -----------------------------------------------------------------------------------------------
 
-def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None) -> InspectResult:
+def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None, platform: str | None = None,
+                       tp: int = 1, vllm_version: str | None = None) -> InspectResult:
     """Every runtime layer of the checkpoint in `folder` with the precision vLLM will give it, and why.
 
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
     names; without it they are shown as `model.layers.{N}.*` (exclude entries naming a number will not match them).
+    With `platform`, `kernels` says which vLLM kernel every MoE and linear layer takes there at TP `tp`
+    (quantkit.rules.kernels, replaying vLLM 0.32's selection).
     """
     t0 = time.perf_counter()
     ck = load_checkpoint(folder, target_num_layers)
@@ -92,8 +96,19 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None)
         target_num_layers=ck.target_num_layers, quantization=quant, layers=resolved, groups=group_layers(resolved),
         bytes_by_precision=by_precision, other_bytes=total - in_layers, total_bytes=total,
         num_tensors=len(ck.tensors), config_problems=problems, seconds=time.perf_counter() - t0,
-        source_format=_source_format(ck),
+        source_format=_source_format(ck), kernels=_kernels(ck, platform, tp, vllm_version),
     )  # fmt: skip
+
+
+def _kernels(ck: LoadedCheckpoint, platform: str | None, tp: int, vllm_version: str | None) -> KernelReport | None:
+    if platform is None:
+        return None
+    from quantkit.rules.kernels import report_for
+    from quantkit.rules.rule import CheckpointView, ServingOptions
+    from quantkit.rules.vllm_versions import resolve_vllm_version
+
+    serving = ServingOptions(platform=platform, tp=tp, vllm_version=resolve_vllm_version(vllm_version))
+    return report_for(CheckpointView.of(ck), serving)
 
 
 def _source_format(ck: LoadedCheckpoint) -> str:

@@ -32,17 +32,22 @@ class CheckInputError(QuantkitError):
 def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platform: str = "gfx950",
                      vllm: str = "auto", numeric: bool = False, source: str | Path | None = None,
                      load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
-                     progress: Progress | None = None) -> CheckResult:
+                     progress: Progress | None = None, vllm_version: str | None = None) -> CheckResult:
     """Check the Quark checkpoint in `folder` against what vLLM's Quark loader does with it.
 
     `target` is the target checkpoint of an EAGLE-3 draft (its layer count names the draft's layers; needed for the
     aux-layer, hidden-size and real-load checks). `tp` is the tensor-parallel size to check divisibility for,
     `platform` the GPU the checkpoint is meant for, `vllm` whether to load it in vLLM (auto: when vLLM is installed),
-    `numeric` with `source` compares the dequantized weights with the source checkpoint's.
+    `numeric` with `source` compares the dequantized weights with the source checkpoint's. `vllm_version` is the vLLM
+    the rules hold for (default: the installed one, else the newest the table knows; quantkit.rules.vllm_versions).
     Raises QuantkitError (CLI exit 2) for input that is not a readable checkpoint.
     """
+    from quantkit.rules.kernels import report_for
+    from quantkit.rules.vllm_versions import resolve_vllm_version
+
     t0 = time.perf_counter()
     progress = or_silent(progress)
+    version = resolve_vllm_version(vllm_version)
     if platform not in PLATFORMS:
         raise CheckInputError(f"--platform {platform!r}: use one of {', '.join(PLATFORMS)}")
     if vllm not in VLLM_MODES:
@@ -67,7 +72,8 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
         findings[-1].source = source_of("draft-target-unknown")  # the rule that lists target-layers-assumed
     view = CheckpointView.of(ck)
     target_view = CheckpointView(target, target_config) if target is not None and target_config is not None else None
-    ctx = RuleContext(subject=view, serving=ServingOptions(platform=platform, tp=tp), target=target_view,
+    ctx = RuleContext(subject=view, serving=ServingOptions(platform=platform, tp=tp, vllm_version=version),
+                      target=target_view,
                       draft=view if ck.model_kind == EAGLE3_DRAFT else None, target_num_layers=n_target,
                       findings=findings, progress=progress)
     progress("static contract")
@@ -83,7 +89,7 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
         target=str(target) if target is not None else None, target_num_layers=n_target, tp=tp, platform=platform,
         findings=_ordered(findings), layers=layers, vllm_load=VllmLoad.model_validate(load),
         numeric=NumericResult.model_validate(numeric_result) if numeric_result is not None else None,
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - t0, vllm_version=version, kernels=report_for(view, ctx.serving),
     )  # fmt: skip
 
 

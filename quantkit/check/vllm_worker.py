@@ -25,9 +25,17 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     from vllm import SamplingParams
 
     from quantkit.engines.vllm_engine import make_llm
-    from quantkit.engines.vllm_inspect import loaded_draft_layers, loaded_mx_bytes, loaded_target_layers
+    from quantkit.engines.vllm_inspect import (
+        keep_loaded_mx_bytes,
+        loaded_draft_layers,
+        loaded_mx_bytes,
+        loaded_target_layers,
+    )
     from quantkit.io.checkpoint import resolve_config
     from quantkit.io.config import fit_max_model_len
+
+    if compare_bytes and compare_bytes.get("layers"):
+        keep_loaded_mx_bytes()  # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
 
     # 512 positions are plenty for one short prompt; a model that holds fewer gets its own (vLLM refuses more)
     llm = make_llm(model, draft, num_speculative_tokens=3, max_model_len=fit_max_model_len(resolve_config(model), 512))

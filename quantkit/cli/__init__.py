@@ -15,6 +15,7 @@ from quantkit.cli import (  # noqa: F401
     inspect,
     publish,
     recipes,
+    rules,
 )
 from quantkit.cli.app import main
 

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 import click
 
 from quantkit.cli.app import exit_failed, main
-from quantkit.cli.options import json_option, make_console, print_json, trust_option
+from quantkit.cli.options import (
+    json_option,
+    make_console,
+    print_json,
+    render_kernels,
+    trust_option,
+    vllm_version_option,
+)
 from quantkit.progress import stderr_progress
 from quantkit.vocab import PLATFORMS, VLLM_MODES
 
@@ -34,10 +41,15 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--numeric", is_flag=True, help="Also compare dequantized weights with --source (reads all weights).")
 @click.option("--source", "source", default=None, type=click.Path(path_type=Path),
               help="The unquantized checkpoint this one was made from (for --numeric).")
+@vllm_version_option()
+@click.option("--list-rules", "list_rules", is_flag=True, is_eager=True, expose_value=False,
+              callback=lambda ctx, _p, v: _list_rules(ctx) if v else None,
+              help="Print the rule table (as `quantkit rules`) and exit.")
 @trust_option()
 @json_option("Print the findings, per-layer precisions and the vLLM load as JSON.")
 def check_command(folder: Path, target: Path | None, tp: int, platform: str, vllm_mode: str, load_timeout: float,
-                  numeric: bool, source: Path | None, trust_remote_code: bool, as_json: bool) -> None:
+                  numeric: bool, source: Path | None, vllm_version: str | None, trust_remote_code: bool,
+                  as_json: bool) -> None:
     """Check that vLLM will load a Quark checkpoint as intended, before any GPU time is spent.
 
     \b
@@ -58,7 +70,8 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     progress = stderr_progress("check") if not as_json else None
     with remote_code_allowed(trust_remote_code):
         result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,
-                                  source=source, load_timeout_s=load_timeout, progress=progress)
+                                  source=source, load_timeout_s=load_timeout, progress=progress,
+                                  vllm_version=vllm_version)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -66,6 +79,13 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     sys.stdout.flush()
     if not result.ok:
         exit_failed()
+
+
+def _list_rules(ctx: click.Context) -> None:
+    from quantkit.cli.rules import render_rules
+
+    render_rules(None, None, as_json=False)  # JSON: `quantkit rules --json`
+    ctx.exit(0)
 
 
 def _render_check(result: CheckResult) -> None:
@@ -97,6 +117,8 @@ def _render_check(result: CheckResult) -> None:
         worst = max((v.relative_error or 0.0 for v in result.numeric.layers.values()), default=0.0)
         console.print(f"numeric: {len(result.numeric.layers)} layers vs {result.numeric.source}, worst "
                       f"relative error {worst:.4g}")
+    if result.kernels is not None and result.kernels.paths:
+        render_kernels(console, result.kernels)
     counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "info")}
     verdict = "OK" if result.ok else "FAILED"
     console.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info; "

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from quantkit.cli.app import exit_failed, main
-from quantkit.cli.options import check_writable_folder, json_option, make_console, print_json
+from quantkit.cli.options import check_writable_folder, json_option, make_console, print_json, vllm_version_option
 from quantkit.vocab import PLATFORMS
 
 
@@ -22,14 +22,28 @@ from quantkit.vocab import PLATFORMS
                    "scaling); a longer one is an error finding, as vLLM refuses it.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM --kv-cache-dtype.")
 @click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--block-size", type=click.IntRange(1, 4096), default=None,
+              help="vLLM --block-size (default: vLLM's). Never 1 with a draft.")
+@click.option("--dtype", default=None,
+              help="vLLM --dtype: auto, half, float16, bfloat16, float, float32 (default: the config's).")
+@click.option("--draft-attention-backend", default=None,
+              help="The drafter's attention backend in --speculative-config (default on ROCm: "
+                   "ROCM_AITER_UNIFIED_ATTN; 'auto': vLLM's pick).")
+@click.option("--pin-backends", is_flag=True, default=False,
+              help="Pin the MXFP4 MoE backend (--moe-backend aiter on ROCm): vLLM then raises instead of emulating.")
 @click.option("--model-ref", default=None, help="What the command names for the model (e.g. its Hub id once published).")
 @click.option("--draft-ref", default=None, help="Likewise for the draft.")
+@click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Nodes to serve on: > 1 emits vLLM's multi-node launch over Ray (--tp GPUs per node, "
+                   "--pipeline-parallel-size = nodes), checked per rank.")
+@vllm_version_option()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="Folder to write deploy.json into (created when missing).")
 @json_option("Print the manifest as JSON.")
 def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max_model_len: int | None,
-                   kv_cache_dtype: str, k: int, model_ref: str | None, draft_ref: str | None, out_dir: Path,
-                   as_json: bool) -> None:
+                   kv_cache_dtype: str, k: int, block_size: int | None, dtype: str | None,
+                   draft_attention_backend: str | None, pin_backends: bool, model_ref: str | None,
+                   draft_ref: str | None, nodes: int, vllm_version: str | None, out_dir: Path, as_json: bool) -> None:
     """Write deploy.json and print the `vllm serve` command line and its environment.
 
     \b
@@ -46,7 +60,9 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
     check_writable_folder(out_dir, "--out")
     manifest = deploy_manifest(folder, target=target, platform=platform, tp=tp, max_model_len=max_model_len,
                                kv_cache_dtype=kv_cache_dtype, num_speculative_tokens=k, model_ref=model_ref,
-                               draft_ref=draft_ref)
+                               draft_ref=draft_ref, block_size=block_size, dtype=dtype,
+                               draft_attention_backend=draft_attention_backend, pin_backends=pin_backends,
+                               nodes=nodes, vllm_version=vllm_version)
     path = manifest.write(out_dir)
     if as_json:
         print_json(manifest.to_dict())
@@ -55,8 +71,21 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
         console.print("environment:")
         for e in manifest.env:
             console.print(f"  {e.name}={e.value}    # {e.why} ({e.source})")
-        console.print("command:")
+        if manifest.multi_node is not None:
+            import shlex
+
+            m = manifest.multi_node
+            console.print(f"multi-node ({m.nodes} nodes, TP {m.tensor_parallel_size} x PP {m.pipeline_parallel_size}, "
+                          "Ray): on every node set " + " ".join(m.env))
+            console.print(f"  head:    {shlex.join(m.head)}")
+            console.print(f"  workers: {shlex.join(m.worker)}")
+            console.print(f"  per rank: {m.per_rank}")
+        console.print("command:" + (" (on the head, once every worker has joined)" if manifest.multi_node else ""))
         console.print(f"  {manifest.command}")
+        console.print(f"vLLM {manifest.vllm_version}; needs >= {manifest.vllm_min_version or 'any'}"
+                      + "".join(f"\n  >= {n.version}: {n.why} ({n.source})" for n in manifest.vllm_min_version_why))
+        if manifest.predicted_backends:
+            console.print("predicted backends: " + ", ".join(f"{k}={v}" for k, v in manifest.predicted_backends.items()))
         for f in manifest.findings:
             console.print(f"{f.severity}: {f.code} {f.layer_or_tensor}: {f.message}" + (f" Fix: {f.fix}" if f.fix else "")
                           + (f" [{f.source}]" if f.source else ""))

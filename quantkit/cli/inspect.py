@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from quantkit.cli.app import main
-from quantkit.cli.options import json_option, make_console, print_json
+from quantkit.cli.options import json_option, make_console, print_json, render_kernels, vllm_version_option
+from quantkit.vocab import PLATFORMS
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
     from quantkit.results.check import InspectResult
@@ -20,13 +21,21 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               help="For an EAGLE-3 draft: the target checkpoint folder (only its config.json is read). Its layer "
                    "count gives the draft's vLLM layer names; without it they show as model.layers.{N}.*.")
 @click.option("--layers", "show_layers", is_flag=True, help="One row per layer instead of groups of layers.")
+@click.option("--platform", "platform", type=click.Choice(PLATFORMS), default=None,
+              help="Also say which vLLM kernel every MoE and linear layer takes there (gfx950 = MI355X, gfx942 = "
+                   "MI300X, cuda = SM90, cpu), with its performance class and why.")
+@click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel size for --platform (per-rank shapes and padding).")
+@vllm_version_option()
 @json_option("Print every layer and group with precision, reason and bytes as JSON.")
-def inspect_command(folder: Path, target: Path | None, show_layers: bool, as_json: bool) -> None:
+def inspect_command(folder: Path, target: Path | None, show_layers: bool, platform: str | None, tp: int,
+                    vllm_version: str | None, as_json: bool) -> None:
     """Show the precision vLLM will give every layer of a checkpoint, and why.
 
     \b
     quantkit inspect MODEL-MXFP4
     quantkit inspect DRAFT-FP8 --target TARGET
+    quantkit inspect MODEL-MXFP4 --platform gfx942 --tp 8
 
     Layers are named as vLLM names them at run time (`model.fc`, `model.layers.4.self_attn.qkv_proj`); the reason
     is the exclude entry, layer_quant_config key or global_quant_config that decided, replaying vLLM's Quark loader.
@@ -37,7 +46,7 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, as_jso
     from quantkit.io.checkpoint import target_layer_count
 
     n = target_layer_count(target) if target is not None else None
-    result = inspect_checkpoint(folder, n)
+    result = inspect_checkpoint(folder, n, platform=platform, tp=tp, vllm_version=vllm_version)
     if as_json:
         print_json(result.to_dict())
         return
@@ -82,4 +91,6 @@ def _render_inspect(result: InspectResult, show_layers: bool) -> None:
         console.print(f"note: {problem}")
     if result.source_format:
         console.print(f"source format: {result.source_format}")
+    if result.kernels is not None:
+        render_kernels(console, result.kernels)
     console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")

@@ -19,6 +19,25 @@ def trust_option() -> Any:
                              "Off by default: quantkit never runs a folder's code unless you pass this.")
 
 
+def vllm_version_option() -> Any:
+    return click.option("--vllm-version", "vllm_version", default=None, metavar="X.Y.Z",
+                        help="The vLLM version the rules hold for (rules carry a version range). Default: the "
+                             "installed vLLM, else the newest version the rule table knows.")
+
+
+def render_kernels(console: Any, report: Any) -> None:
+    """The kernel-path table of a KernelReport (inspect --platform, check)."""
+    from rich.table import Table
+
+    table = Table(title=f"vLLM {report.vllm_version} kernel path on {report.platform} (assumes "
+                        + ", ".join(f"{k}={v}" for k, v in report.assumes.items()) + ")", title_justify="left")
+    for col in ("layer", "x", "kind", "scheme", "backend", "class", "why"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("x", "class"))
+    for p in report.paths:
+        table.add_row(p.layer, str(p.count), p.kind, p.scheme, p.backend, p.perf_class, p.why)
+    console.print(table)
+
+
 def json_option(help_text: str = "Print JSON on stdout instead of a table.") -> Any:
     return click.option("--json", "as_json", is_flag=True, help=help_text)
 

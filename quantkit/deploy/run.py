@@ -17,15 +17,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from quantkit.deploy.env import platform_env
 from quantkit.errors import QuantkitError
 from quantkit.io.config import config_int, text_config
 from quantkit.io.config import max_model_len as derived_max_model_len
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.archs import is_draft as is_eagle3_draft
-from quantkit.results.deploy import DeployManifest
+from quantkit.results.check import Finding
+from quantkit.results.deploy import DeployManifest, EnvVar, MultiNode, VersionNeed
+from quantkit.results.kernels import KernelPath
 from quantkit.rules.kv_cache import KV_CACHE_DTYPES
 from quantkit.rules.rule import CheckpointView, RuleContext, ServingOptions
+from quantkit.rules.serving import VLLM_DTYPES, draft_has_experts, drafter_attention, moe_backend_pin
 from quantkit.rules.table import run_rules
 from quantkit.vocab import PLATFORMS
 
@@ -39,14 +44,30 @@ class DeployInputError(QuantkitError):
 
 def run(folder: str | Path, target: str | Path | None = None, platform: str = "gfx950", tp: int = 1,
                     max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int = 3,
-                    *, model_ref: str | None = None, draft_ref: str | None = None) -> DeployManifest:
+                    *, model_ref: str | None = None, draft_ref: str | None = None, block_size: int | None = None,
+                    draft_attention_backend: str | None = None, dtype: str | None = None,
+                    pin_backends: bool = False, vllm_version: str | None = None, nodes: int = 1) -> DeployManifest:
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
     paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.io.config.max_model_len); a
     longer one is a finding, as vLLM refuses it. Known-bad combinations become `findings`; bad arguments (not a folder,
-    unknown platform or KV dtype, a draft without its target) raise DeployInputError.
+    unknown platform or KV dtype, a draft without its target) raise DeployInputError. `vllm_version` is the vLLM the
+    rules hold for (default: installed, else the newest the table knows); the manifest records the minimum version
+    the deployment needs and why, and the kernel each layer kind is predicted to take (`predicted_backends`).
+    `nodes` > 1 emits vLLM's multi-node launch over Ray (TP `tp` per node, PP = nodes).
+
+    With a draft on ROCm the speculative config names the drafter's attention backend (`draft_attention_backend`,
+    default ROCM_AITER_UNIFIED_ATTN: quantkit.rules.serving; "auto" leaves vLLM's pick). `pin_backends` pins the
+    MXFP4 MoE backend family (`--moe-backend aiter` on ROCm, quantkit.rules.serving.moe_backend_pin) so that vLLM
+    raises when no AITER kernel takes the experts instead of falling back to EMULATION; the served step's log check
+    (quantkit.engines.backend_check) catches the fallbacks a pin does not forbid.
     """
+    from quantkit.rules.vllm_versions import resolve_vllm_version
+
+    version = resolve_vllm_version(vllm_version)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise DeployInputError(f"--nodes {nodes!r}: must be a positive integer")
     if platform not in PLATFORMS:
         raise DeployInputError(f"platform {platform!r}: unknown; use one of {', '.join(PLATFORMS)}")
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
@@ -54,6 +75,10 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise DeployInputError(f"kv_cache_dtype {kv_cache_dtype!r}: vLLM 0.32 does not know it; use auto, fp8, "
                                "fp8_e4m3, bfloat16, ... (vllm/config/cache.py CacheDType)")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise DeployInputError(f"block_size {block_size!r}: must be a positive integer (or leave it to vLLM)")
+    if dtype is not None and dtype not in VLLM_DTYPES:
+        raise DeployInputError(f"dtype {dtype!r}: vLLM takes {', '.join(VLLM_DTYPES)} (vllm/config/model.py ModelDType)")
     if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
                                       or max_model_len < 1):
         raise DeployInputError(f"max_model_len {max_model_len!r}: must be a positive integer")
@@ -77,7 +102,10 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         limit = derived_max_model_len(target_config)
         max_model_len = limit.tokens if limit is not None else None
     serving = ServingOptions(platform=platform, tp=tp, tp_option="--tensor-parallel-size", kv_cache_dtype=kv_cache_dtype,
-                             num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len)
+                             num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len,
+                             block_size=block_size, dtype=dtype, vllm_version=version,
+                             draft_attention_backend=drafter_attention(platform, draft_attention_backend)
+                             if draft_config is not None else None)
     served = CheckpointView(target_path, target_config, tensors=target_tensors)
     if draft_config is not None:
         # the draft's decoder layers are named after the target's layer count, as vLLM names them
@@ -95,13 +123,114 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         argv += ["--max-model-len", str(max_model_len)]
     if kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", kv_cache_dtype]
-    spec = None
+    if block_size is not None:
+        argv += ["--block-size", str(block_size)]
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    pin = moe_backend_pin(platform, target_tensors) if pin_backends else None
+    if pin is not None:
+        argv += ["--moe-backend", pin]
+    spec: dict[str, Any] | None = None
     if draft_path is not None:
         spec = {"method": "eagle3", "model": draft_ref or draft_path, "num_speculative_tokens": num_speculative_tokens}
+        if serving.draft_attention_backend not in (None, "auto"):
+            spec["attention_backend"] = serving.draft_attention_backend
+        if pin is not None and draft_has_experts(draft_config or {}):
+            spec["moe_backend"] = "auto"  # the draft would inherit the target's pin (config/speculative.py)
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    findings = run_rules(rules, "deploy", reads=("headers",))
+    needs = min_version_needs(rules)
+    minimum = max(needs, key=lambda n: Version(n.version)).version if needs else None
+    if minimum is not None and Version(version) < Version(minimum):
+        for n in needs:
+            if Version(version) < Version(n.version):
+                findings.append(Finding(severity="error", code="vllm-too-old", layer_or_tensor="--vllm-version",
+                                        message=f"vLLM {version} is older than {n.version}, which this deployment "
+                                                f"needs: {n.why}",
+                                        fix=f"serve with vLLM >= {n.version}", source=n.source))
+    paths, predicted = _kernel_paths(rules)
+    multi = None
+    if nodes > 1:
+        argv += ["--pipeline-parallel-size", str(nodes), "--distributed-executor-backend", "ray"]
+        multi, node_findings = multi_node(ctx, nodes, tp, platform_env(ctx))
+        findings += node_findings
     return DeployManifest(model=model, draft=(draft_ref or draft_path) if draft_path else None, platform=platform,
                           tensor_parallel_size=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
                           num_speculative_tokens=num_speculative_tokens if draft_path else None,
-                          speculative_config=spec, argv=argv, env=platform_env(ctx),
-                          findings=run_rules(rules, "deploy", reads=("headers",)))
+                          speculative_config=spec, argv=argv, env=platform_env(ctx), findings=findings,
+                          vllm_version=version, vllm_min_version=minimum, vllm_min_version_why=needs,
+                          predicted_backends=predicted, kernel_paths=paths, multi_node=multi)
+
+
+def min_version_needs(rules: RuleContext) -> list[VersionNeed]:
+    """What in this deployment needs a newer vLLM (quantkit.rules.vllm_versions), each with why and its source."""
+    from quantkit.naming.exclude import is_excluded
+    from quantkit.rules.vllm_versions import DRAFT_QKV_NAME, MLA_EAGLE3
+
+    needs = []
+    served, draft = rules.served, rules.draft
+    if draft is not None and rules.serving.platform in ("gfx950", "gfx942") \
+            and text_config(served.config).get("kv_lora_rank") is not None:
+        needs.append(VersionNeed(version=MLA_EAGLE3[0], why=MLA_EAGLE3[1], source=MLA_EAGLE3[2]))
+    if draft is not None and draft.is_quark and isinstance(draft.qc, dict) and isinstance(draft.qc.get("exclude"), list):
+        exclude = [e for e in draft.qc["exclude"] if isinstance(e, str)]
+        qkv = [layer for layer in draft.loaded.layers if layer.name.endswith(".self_attn.qkv_proj")]
+        if qkv:
+            from dataclasses import replace
+
+            first = qkv[0]
+            old = replace(first, name=first.name.replace(".self_attn.qkv_proj", ".qkv_proj"),
+                          shards=tuple(x.replace(".self_attn.", ".") for x in first.shards))
+            try:
+                differs = is_excluded(first, exclude) and not is_excluded(old, exclude)
+            except Exception:  # noqa: BLE001 - an invalid exclude list is its own finding
+                differs = False
+            if differs:
+                needs.append(VersionNeed(version=DRAFT_QKV_NAME[0], why=DRAFT_QKV_NAME[1], source=DRAFT_QKV_NAME[2]))
+    return needs
+
+
+def _kernel_paths(rules: RuleContext) -> tuple[list[KernelPath], dict[str, str]]:
+    """The predicted kernel paths of the served target (then the draft's), and the target's backend per layer kind."""
+    from quantkit.rules.kernels import report_for
+
+    target = report_for(rules.served, rules.serving)
+    draft = report_for(rules.draft, rules.serving) if rules.draft is not None else None
+    paths = (target.paths if target else []) + (draft.paths if draft else [])
+    return paths, (target.predicted_backends if target else {})
+
+
+def multi_node(ctx: Any, nodes: int, tp: int, env: list[EnvVar]) -> tuple[MultiNode, list[Finding]]:
+    """vLLM's multi-node launch over Ray (docs/serving/parallelism_scaling.md; examples/online_serving/
+    multi-node-serving.sh): TP `tp` within a node, PP = `nodes`; checked statically per rank."""
+    from quantkit.rules.deploy_context import finding
+
+    text = ctx.target_text
+    layers = config_int(text.get("num_hidden_layers")) or 0
+    heads = config_int(text.get("num_attention_heads")) or 0
+    kv = config_int(text.get("num_key_value_heads")) or heads
+    experts = config_int(text.get("num_experts") or text.get("n_routed_experts") or text.get("num_local_experts")) or 0
+    inter = config_int(text.get("moe_intermediate_size") or text.get("intermediate_size")) or 0
+    per_rank: dict[str, int | str] = {"layers_per_stage": f"{layers // nodes}-{-(-layers // nodes)}" if layers else "?"}
+    if heads:
+        per_rank["attention_heads"] = heads // tp if heads % tp == 0 else f"{heads}/{tp} (indivisible)"
+        per_rank["kv_heads"] = max(1, kv // tp) if kv else "?"
+    if experts:
+        per_rank["experts"] = experts  # TP (no EP): every rank holds every expert's 1/tp slice
+        per_rank["expert_intermediate"] = inter // tp if inter and inter % tp == 0 else f"{inter}/{tp}"
+        per_rank["mxfp4_groups_per_expert_row"] = inter // tp // 32 if inter and inter % (tp * 32) == 0 else "split"
+    findings = []
+    if layers and layers < nodes:
+        findings.append(finding("multi-node", "error", "pp-layers", "--nodes",
+                                f"{layers} decoder layers cannot fill {nodes} pipeline stages "
+                                "(vllm/distributed/utils.py get_pp_indices gives each stage at least one layer)",
+                                f"use at most {layers} nodes"))
+    port = 6379
+    env_lines = [f"{e.name}={e.value}" for e in env] + ["VLLM_HOST_IP=<this node's IP>",
+                                                       "NCCL_SOCKET_IFNAME=<the inter-node interface>",
+                                                       "GLOO_SOCKET_IFNAME=<the inter-node interface>"]
+    head = ["ray", "start", "--head", f"--port={port}", "--node-ip-address=<head IP>"]
+    worker = ["ray", "start", "--block", f"--address=<head IP>:{port}", "--node-ip-address=<this node's IP>"]
+    return MultiNode(nodes=nodes, tensor_parallel_size=tp, pipeline_parallel_size=nodes, ray_port=port, head=head,
+                     worker=worker, env=env_lines, per_rank=per_rank), findings
 

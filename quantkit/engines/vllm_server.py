@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from quantkit.engines.platform import is_vllm_cpu
+from quantkit.engines.server_log import ServerBackends, read_server_log
 from quantkit.errors import QuantkitError
 from quantkit.results.serve import SpecDecodeCounters
 
@@ -218,6 +219,14 @@ class VllmServer:
         text = self.log_path.read_bytes()[-64_000:].decode("utf-8", "replace")
         lines = [ln.strip() for ln in re.split(r"[\r\n]+", text) if ln.strip()]
         return [ln if len(ln) <= 300 else ln[:297] + "..." for ln in lines[-n:]]
+
+    def backends(self) -> ServerBackends:
+        """The backends vLLM logged choosing so far (quantkit.engines.server_log): MoE, attention, linear and KV scales
+        are chosen while the model loads, so after start() they are all there. Read the log before stop(), which
+        deletes it."""
+        if self.log_path is None or not self.log_path.exists():
+            return ServerBackends()
+        return read_server_log(self.log_path)
 
     def _tail_text(self) -> str:
         tail = " | ".join(self.log_tail())

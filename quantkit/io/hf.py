@@ -75,10 +75,36 @@ def _needs_remote_code(e: Exception) -> bool:
     return "trust_remote_code" in str(e)
 
 
+# model_type -> the transformers config class vLLM reads it with, without remote code: vLLM's _CONFIG_REGISTRY
+# (vllm/transformers_utils/config.py: `kimi_k2="DeepseekV3Config",  # Kimi K2 uses same architecture as DeepSeek V3`),
+# which get_config registers with AutoConfig before AutoTokenizer runs. transformers 5 does not know `kimi_k2`, so
+# without this AutoTokenizer / AutoModel build a bare PreTrainedConfig, whose RoPE check (Kimi-K2's yarn
+# rope_scaling) dies with "AttributeError: 'PreTrainedConfig' object has no attribute 'max_position_embeddings'".
+VLLM_CONFIG_ALIASES: dict[str, str] = {"kimi_k2": "DeepseekV3Config"}
+
+
+def register_vllm_config_aliases() -> None:
+    """Register every VLLM_CONFIG_ALIASES model_type with transformers' AutoConfig as vLLM does, through a subclass
+    per model_type (vLLM's _register_config_class sets `model_type` on transformers' own class; a subclass leaves
+    DeepseekV3Config as it is). Once registered, a config.json whose auto_map names remote config code loads with the
+    local class and trust_remote_code=False, as in vLLM ("it is not considered remote code anymore")."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for model_type, class_name in VLLM_CONFIG_ALIASES.items():
+        if model_type in CONFIG_MAPPING:
+            continue
+        base = getattr(transformers, class_name)
+        alias = type(f"Quantkit_{model_type}_{class_name}", (base,), {"model_type": model_type})
+        AutoConfig.register(model_type, alias, exist_ok=True)
+
+
 def load_tokenizer(folder: str | Path, **kwargs: Any) -> Any:
     """AutoTokenizer.from_pretrained with an explicit trust_remote_code; custom code refused in one line."""
     from transformers import AutoTokenizer
 
+    register_vllm_config_aliases()
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code(), **kwargs)
     except (ValueError, OSError, TypeError) as e:
@@ -93,6 +119,7 @@ def load_causal_lm(folder: str | Path, **kwargs: Any) -> Any:
     """AutoModelForCausalLM.from_pretrained with an explicit trust_remote_code; custom code refused in one line."""
     from transformers import AutoModelForCausalLM
 
+    register_vllm_config_aliases()
     try:
         return AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=trust_remote_code(), **kwargs)
     except (ValueError, OSError) as e:

@@ -43,6 +43,8 @@ class Wrapper:
     # the text architecture for a text_config that names none, by its model_type
     text_architecture_by_model_type: Mapping[str, str] | None = None
     text_config_key: str = "text_config"
+    # False where vLLM builds the encoders with quant_config=None (Llama-4): never quantized, excluded or not
+    encoders_quantizable: bool = True
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ UNKNOWN_TARGET_LAYERS = 987654
 
 KINDS = ("linear", "fused_linear", "moe", "router", "lm_head", "embedding")
 ROLES = (
-    "fc", "lm_head", "embed_tokens", "attention", "router", "experts", "shared_experts", "dense_mlp", "decoder_linears",
+    "fc", "lm_head", "embed_tokens", "attention", "linear_attention", "indexer", "router", "experts", "shared_experts",
+    "dense_mlp", "decoder_linears",
 )  # fmt: skip
 # Roles whose layers are LinearBase modules inside a decoder layer (recipes' "every linear in the decoder layers").
 # Routed experts are a FusedMoE, not a linear, so they are not decoder linears.
-_DECODER_LINEAR_ROLES = frozenset({"attention", "router", "shared_experts", "dense_mlp"})
+_DECODER_LINEAR_ROLES = frozenset({"attention", "linear_attention", "indexer", "router", "shared_experts", "dense_mlp"})
 # The role of a multimodal wrapper's encoder linears (vision tower, projector): kept BF16.
 VISION_ROLE = "vision"
 

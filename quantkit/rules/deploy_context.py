@@ -59,6 +59,8 @@ def finding(rule: str, severity: str, code: str, where: str, message: str, fix: 
 
 
 SOURCES: dict[str, str] = {
+    "multi-node": "vllm/distributed/utils.py get_pp_indices; docs/serving/parallelism_scaling.md (TP = GPUs per node, "
+                  "PP = nodes, --distributed-executor-backend ray); examples/online_serving/multi-node-serving.sh",
     "tp-mxfp4-group": "vllm/model_executor/layers/quantization/quark/schemes/quark_ocp_mx.py create_weights (input "
                       "per partition % 32); vllm/model_executor/layers/quantization/quark/quark_moe.py "
                       "QuarkOCP_MX_MoEMethod.create_weights (intermediate_size_per_partition // 32 scales); "

@@ -216,3 +216,34 @@ def check_draft_vocab(ctx: DeployContext) -> list[Finding]:
                             f"the draft expects target hidden size {d_target_hidden}, the target has {t_hidden}",
                             f"is {ctx.target_path} the draft's target?"))
     return out
+
+
+def qkv_prefix(ctx: RuleContext) -> None:
+    """draft-qkv-prefix (vLLM < 0.26): the first draft layer's qkv_proj is built as `...layers.N.qkv_proj`
+    (models/llama_eagle3.py before PR #48068), so an exclude entry that matches its 0.26+ name
+    `...layers.N.self_attn.qkv_proj` but not the old one leaves it quantized: the 2*hidden qkv then fails
+    load_qkv_weight."""
+    from dataclasses import replace
+
+    from quantkit.naming.exclude import is_excluded
+
+    view = ctx.subject
+    if not view.is_quark or not isinstance(view.qc, dict) or not isinstance(view.qc.get("exclude"), list):
+        return
+    exclude = [e for e in view.qc["exclude"] if isinstance(e, str)]
+    qkv = [layer for layer in view.loaded.layers if layer.name.endswith(".self_attn.qkv_proj")]
+    if not qkv:
+        return
+    first = min(qkv, key=lambda layer: layer.layer_index if layer.layer_index is not None else 0)
+    old = replace(first, name=first.name.replace(".self_attn.qkv_proj", ".qkv_proj"),
+                  shards=tuple(s.replace(".self_attn.", ".") for s in first.shards))
+    try:
+        now, then = is_excluded(first, exclude), is_excluded(old, exclude)
+    except Exception:  # noqa: BLE001 - an invalid exclude list is exclude-matching's finding
+        return
+    if now and not then:
+        ctx.findings.add("error", "draft-qkv-prefix", first.name,
+                         f"vLLM {ctx.serving.vllm_version} names this layer {old.name} (the self_attn segment came "
+                         "with vLLM 0.26, PR #48068): the exclude entry that keeps it BF16 does not match there, so "
+                         "vLLM quantizes the 2*hidden qkv and fails to load it",
+                         f"serve with vLLM >= 0.26, or add the exclude entry {old.name!r}")

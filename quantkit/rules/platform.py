@@ -24,16 +24,20 @@ def fp8_fnuz(ctx: RuleContext) -> None:
     if fp8 and ctx.serving.platform == "gfx942":
         ctx.findings.add("info", "platform-fp8-fnuz", "platform",
                          f"gfx942 (MI300) uses FP8 E4M3FNUZ: vLLM converts these OCP E4M3FN weights and doubles their "
-                         f"scales at load (normalize_e4m3fn_to_e4m3fnuz; {len(fp8)} layer(s)); nothing to do")
+                         f"scales at load (normalize_e4m3fn_to_e4m3fnuz; {len(fp8)} layer(s)); nothing to do",
+                         "none needed: keep the checkpoint OCP E4M3FN (vLLM converts it at load; do not ship "
+                         "pre-converted FNUZ weights)")
 
 
 def mxfp4_emulated(ctx: RuleContext) -> None:
-    """platform-mxfp4: MXFP4 runs natively only on gfx950."""
-    mx = _quantized(ctx, "mxfp4")
+    """platform-mxfp4: MXFP4 linears run natively only on gfx950 (MXFP4 MoE layers: the kernel-paths rule names the
+    backend each gets, quantkit.rules.kernels)."""
+    mx = [lp.name for lp in ctx.subject.layers if lp.quantized and lp.scheme is not None
+          and lp.scheme.family == "mxfp4" and lp.kind != "moe"]
     platform = ctx.serving.platform
     if mx and platform != "gfx950":
         ctx.findings.add("warning", "platform-mxfp4-emulated", "platform",
-                         f"{len(mx)} MXFP4 layer(s): MXFP4 has hardware support only on gfx950 (MI350/MI355); on "
+                         f"{len(mx)} MXFP4 linear layer(s): MXFP4 has hardware support only on gfx950 (MI350/MI355); on "
                          f"{platform} vLLM picks a fallback backend or emulation (layers/fused_moe/oracle/mxfp4.py), "
                          "which is slower", "serve on gfx950, or pick an FP8 recipe for this platform")
 

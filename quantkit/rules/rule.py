@@ -4,8 +4,11 @@ list the rules add to. The table of every rule is quantkit.rules.table.
 A rule is data plus one check function: its id, every finding code it may emit, its worst severity, the vLLM source
 it replays, which commands run it (check, inspect, deploy), what it needs (one checkpoint, a draft, a draft with its
 target, a deployment's serving options), whether it is decided from the checkpoint alone ("static") or only when a
-model is loaded, compared or served, whether it reads tensor data or headers only, and the platforms and vLLM
-versions it holds for (issue 22 fills the last two; empty means every one).
+model is loaded, compared or served, whether it reads tensor data or headers only, the platforms it holds for
+(None: every one) and the vLLM versions it holds for (`vllm_min` inclusive, `vllm_max` exclusive, compared with
+packaging.version; None: unbounded), and whether it is decided from the checkpoint (and serving options) alone or only
+once the model is served (`decided_at`: "checkpoint" | "serve"; a "serve" rule's findings come from the served step's
+log, never from check, inspect or deploy).
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from packaging.version import Version
+
 from quantkit.io.headers import TensorInfo, checkpoint_tensors
 from quantkit.naming.precision import LoadedCheckpoint, load_checkpoint, modules_of, resolve_layers
 from quantkit.progress import Progress, or_silent
 from quantkit.results.check import Finding
 from quantkit.results.precision import LayerPrecision
 from quantkit.rules.deploy_context import DeployContext
-from quantkit.vocab import SEVERITIES, Severity
+from quantkit.vocab import PLATFORMS, SEVERITIES, Severity
 
 Command = Literal["check", "inspect", "deploy"]
 # When a rule is decided: from the checkpoint (and serving options) alone, or only once vLLM loads, compares or serves.
@@ -32,6 +37,16 @@ Needs = Literal["checkpoint", "draft", "pair", "deployment"]
 # "data": the rule reads tensor data (numpy); deploy, which reads headers only, skips such rules.
 Reads = Literal["headers", "data"]
 COMMANDS: tuple[Command, ...] = get_args(Command)
+# Whether a rule can be decided before serving (from the checkpoint, the serving options, a load at check time) or only
+# from what the server does (its log: the backends vLLM actually chose).
+DecidedAt = Literal["checkpoint", "serve"]
+DECIDED_AT: tuple[DecidedAt, ...] = get_args(DecidedAt)
+
+
+def parse_vllm_version(v: str) -> Version:
+    """A vLLM version as the rules compare it: the release with pre/dev/local parts dropped (0.32.0+cpu and 0.32.0rc1
+    both count as 0.32.0); InvalidVersion for a string that is not one."""
+    return Version(Version(v).base_version)
 
 
 class Findings(list[Finding]):
@@ -52,6 +67,9 @@ class ServingOptions:
     num_speculative_tokens: int | None = None
     max_model_len: int | None = None
     vllm_version: str | None = None  # issue 22 (--vllm-version); None: every version the table knows
+    block_size: int | None = None  # vLLM --block-size; None: vLLM's default
+    draft_attention_backend: str | None = None  # speculative_config.attention_backend; None: not set ("auto")
+    dtype: str | None = None  # vLLM --dtype; None: the target config's
 
 
 class CheckpointView:
@@ -180,18 +198,44 @@ class Rule:
     deploy_needs: Needs | None = None
     when: When = "static"
     reads: Reads = "headers"
-    platforms: frozenset[str] | None = None  # None: every platform
-    vllm: str = ""  # PEP 440 specifier of the vLLM versions it holds for ("" = every version the table knows)
+    platforms: frozenset[str] | None = None  # the quantkit.vocab.Platform values it holds on; None: every platform
+    vllm_min: str | None = None  # the first vLLM version it holds for (inclusive); None: every earlier one
+    vllm_max: str | None = None  # the first vLLM version it no longer holds for (exclusive: the fix); None: unbounded
+    decided_at: DecidedAt = "checkpoint"  # "serve": only the served step's log decides it (when="serve")
 
     def __post_init__(self) -> None:
         if self.check is not None and self.check_layer is not None:
             raise ValueError(f"rule {self.id}: give check or check_layer, not both")
         if self.severity not in SEVERITIES or not self.codes or not self.commands <= set(COMMANDS):
             raise ValueError(f"rule {self.id}: severity, codes or commands out of range")
-        if self.vllm:
-            from packaging.specifiers import SpecifierSet
+        if self.platforms is not None and (not self.platforms or not self.platforms <= set(PLATFORMS)):
+            raise ValueError(f"rule {self.id}: platforms {sorted(self.platforms)} not in {PLATFORMS}")
+        if self.decided_at not in DECIDED_AT or (self.decided_at == "serve") != (self.when == "serve"):
+            raise ValueError(f"rule {self.id}: decided_at {self.decided_at!r} with when {self.when!r} "
+                             "(a serve-time rule has both 'serve')")
+        lo, hi = self.vllm_range  # InvalidVersion for a malformed version: the table fails at import
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError(f"rule {self.id}: vllm_min {self.vllm_min} is not below vllm_max {self.vllm_max}")
 
-            SpecifierSet(self.vllm)  # InvalidSpecifier for a malformed range: the table fails at import
+    @property
+    def vllm_range(self) -> tuple[Version | None, Version | None]:
+        """(first version it holds for, first it no longer holds for), as packaging Versions (None: unbounded)."""
+        return (parse_vllm_version(self.vllm_min) if self.vllm_min else None,
+                parse_vllm_version(self.vllm_max) if self.vllm_max else None)
+
+    @property
+    def vllm_spec(self) -> str:
+        """The version range as a PEP 440 specifier (">=0.20,<0.26"; "" for every version)."""
+        return ",".join(p for p in (f">={self.vllm_min}" if self.vllm_min else "",
+                                    f"<{self.vllm_max}" if self.vllm_max else "") if p)
+
+    def holds_for_version(self, vllm_version: str | None) -> bool:
+        """Whether the rule holds for `vllm_version` (None: every version)."""
+        if vllm_version is None:
+            return True
+        v = parse_vllm_version(vllm_version)
+        lo, hi = self.vllm_range
+        return (lo is None or v >= lo) and (hi is None or v < hi)
 
     @property
     def runs(self) -> bool:
@@ -202,11 +246,7 @@ class Rule:
         """Whether the rule holds on `serving`'s platform and vLLM version (no version given: every version)."""
         if self.platforms is not None and serving.platform not in self.platforms:
             return False
-        if self.vllm and serving.vllm_version is not None:
-            from packaging.specifiers import SpecifierSet
-
-            return SpecifierSet(self.vllm).contains(serving.vllm_version, prereleases=True)
-        return True
+        return self.holds_for_version(serving.vllm_version)
 
     def applies(self, command: Command, ctx: RuleContext) -> bool:
         """Whether `command` runs this rule on `ctx`: the command, the platform, the vLLM version and what it needs."""

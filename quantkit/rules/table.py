@@ -34,7 +34,20 @@ from pathlib import Path
 
 from quantkit.results.check import Finding
 from quantkit.results.precision import LayerPrecision
-from quantkit.rules import draft, exclude, kv_cache, model_len, platform, quark_config, scales, speculative, tensors, tp
+from quantkit.rules import (
+    draft,
+    exclude,
+    kernels,
+    kv_cache,
+    model_len,
+    platform,
+    quark_config,
+    scales,
+    serving,
+    speculative,
+    tensors,
+    tp,
+)
 from quantkit.rules.deploy_context import SOURCES, DeployContext
 from quantkit.rules.rule import CheckpointView, Command, Rule, RuleContext, ServingOptions
 from quantkit.vocab import EAGLE3_DRAFT
@@ -92,6 +105,9 @@ RULES: tuple[Rule, ...] = (
          "QuarkOCP_MX_MoEMethod.create_weights (intermediate_size_per_partition // 32 scales); "
          "vllm/model_executor/layers/linear.py RowParallelLinear, ColumnParallelLinear, QKVParallelLinear",
          _CHECK, check_layer=tp.tp_split),
+    Rule("fp8-channel-scale-1d", "per-channel FP8 weight scales 1-D [out]", "error", ("fp8-channel-scale-1d",),
+         serving.SOURCES["fp8-channel-scale-1d"], _BOTH, check_layer=serving.fp8_channel_scale_1d,
+         deploy_needs="draft"),
     Rule("draft-vocab-maps", "the draft's lm_head rows and vocabulary maps (d2t, t2d)", "error",
          ("draft-vocab-size", "d2t-missing", "t2d-missing", "d2t-invalid", "t2d-invalid", "d2t-t2d-mismatch"),
          "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM (lm_head has draft_vocab_size rows; "
@@ -111,16 +127,34 @@ RULES: tuple[Rule, ...] = (
          ("target-unknown", "target-layers-assumed"),
          "quantkit: without --target the draft's layer numbering, aux ids and sizes cannot be checked", _CHECK,
          check=draft.target_unknown, needs="draft"),
+    Rule("draft-qkv-prefix", "a draft's layer-0 qkv_proj exclude under vLLM < 0.26", "error", ("draft-qkv-prefix",),
+         "vllm-project/vllm PR #48068 (vllm/model_executor/models/llama_eagle3.py LlamaDecoderLayer: qkv_proj prefix "
+         "self_attn.qkv_proj from 0.26)", _BOTH, check=draft.qkv_prefix, needs="draft", vllm_max="0.26"),
     Rule("scale-values", "scales finite and positive, E8M0 bytes not NaN", "error",
          ("scale-e8m0-nan", "scale-not-finite", "scale-not-positive"),
          f"{_QUARK}schemes/quark_ocp_mx.py process_weights_after_loading; {_QUARK}schemes/quark_w8a8_fp8.py "
          "process_weights_after_loading (scales used as stored)", _CHECK, check=scales.scale_values, reads="data"),
     Rule("platform-fp8-fnuz", "OCP FP8 converted to E4M3FNUZ on gfx942", "info", ("platform-fp8-fnuz",),
-         f"{_QUARK}quark_moe.py QuarkW8A8Fp8MoEMethod.process_weights_after_loading (normalize_e4m3fn_to_e4m3fnuz)",
-         _CHECK, check=platform.fp8_fnuz),
+         f"{_QUARK}quark_moe.py QuarkW8A8Fp8MoEMethod.process_weights_after_loading (normalize_e4m3fn_to_e4m3fnuz); "
+         f"{_QUARK}schemes/quark_w8a8_fp8.py process_weights_after_loading (normalize_e4m3fn_to_e4m3fnuz: weights "
+         "reinterpreted, weight and input scales doubled)",
+         _BOTH, check=platform.fp8_fnuz, platforms=frozenset({"gfx942"}), deploy_needs="draft"),
+    Rule("fp8-rowwise-bf16-output", "FP8 per-channel layers in an FP16 model on ROCm", "warning",
+         ("fp8-rowwise-bf16-output",), serving.SOURCES["fp8-rowwise-bf16-output"], _BOTH,
+         check=serving.fp8_rowwise_output_dtype, platforms=serving.ROCM, deploy_needs="draft"),
+    Rule("kv-quark-spec", "the Quark KV-cache spec as vLLM validates it", "error", ("kv-quark-spec",),
+         kv_cache.KV_SPEC_SOURCE, _BOTH, check=kv_cache.kv_spec),
+    Rule("kv-scales-mla-quark", "an MLA target under Quark cannot carry KV-cache scales", "warning",
+         ("kv-scales-mla-quark",), kv_cache.KV_MLA_SOURCE, _BOTH, check=kv_cache.kv_scales_mla),
     Rule("platform-mxfp4", "MXFP4 without native kernels", "warning", ("platform-mxfp4-emulated",),
          "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend", _CHECK,
-         check=platform.mxfp4_emulated),
+         check=platform.mxfp4_emulated, platforms=frozenset({"gfx942", "cuda", "cpu"})),
+    Rule("kernel-paths", "MoE / FP8 layers on a slow vLLM kernel path (emulation, BF16 fallback, padding, shapes)",
+         "error", ("moe-no-backend", "moe-emulated", "moe-bf16-activations", "moe-padding", "fp8-aiter-shape"),
+         "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend, "
+         "mxfp4_round_up_hidden_size_and_intermediate_size; vllm/model_executor/kernels/linear/__init__.py "
+         "choose_scaled_mm_linear_kernel (quantkit.rules.kernels replays them for vLLM 0.32)", _BOTH,
+         check=kernels.kernel_findings, vllm_min="0.32", vllm_max="0.33"),
     Rule("vllm-load", "the real vLLM load and generation (check/real_load.py)", "error",
          ("vllm-load-skipped", "vllm-load-failed", "vllm-load-timeout", "vllm-load-mismatch"),
          "vllm/entrypoints/llm.py LLM (loaded in a subprocess; each layer's quant method compared with the replay)",
@@ -130,6 +164,12 @@ RULES: tuple[Rule, ...] = (
           "numeric-logits-disagreement"),
          "quantkit: dequantized weights against the source's; logits of the draft against the BF16 draft's", _CHECK,
          when="numeric", reads="data"),
+    Rule("served-backends", "the backends vLLM chose, against deploy.json's predicted_backends (gate serve step)",
+         "error", ("unpredicted-fallback",),
+         "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py _make_log_backend, _warn_on_bf16_fallback; "
+         "vllm/platforms/rocm.py get_attn_backend_cls; vllm/model_executor/kernels/linear/__init__.py (the log lines "
+         "quantkit/engines/server_log.py reads; judged by quantkit/engines/backend_check.py)", _DEPLOY,
+         when="serve", decided_at="serve"),
     # --- deploy (in the order deploy.json lists their findings) ------------------------------------------------
     Rule("deploy-tp-mxfp4-group", "TP size that splits an MXFP4 scale group", "error",
          ("tp-indivisible", "tp-mxfp4-group"), SOURCES["tp-mxfp4-group"], _DEPLOY,
@@ -141,18 +181,23 @@ RULES: tuple[Rule, ...] = (
          SOURCES["kv-fp8-draft-unscaled"], _DEPLOY, check=DeployCheck(kv_cache.check_kv_draft_unscaled), needs="pair"),
     Rule("kv-fp8-cpu-head-size", "FP8 KV cache on CPU", "error", ("kv-fp8-cpu-head-size", "kv-fp8-cpu-isa"),
          SOURCES["kv-fp8-cpu-head-size"], _DEPLOY, check=DeployCheck(kv_cache.check_kv_cpu_head_size),
-         needs="deployment"),
+         needs="deployment", platforms=frozenset({"cpu"})),
     Rule("tp-heads", "TP size not dividing attention heads / KV heads", "error", ("tp-attention-heads", "tp-kv-heads"),
          SOURCES["tp-heads"], _DEPLOY, check=DeployCheck(tp.check_tp_heads), needs="deployment"),
     Rule("num-speculative-tokens-range", "num_speculative_tokens out of range", "error",
          ("num-speculative-tokens-range",), SOURCES["num-speculative-tokens-range"], _DEPLOY,
          check=DeployCheck(speculative.check_num_speculative_tokens), needs="pair"),
+    Rule("draft-attention-backend-rocm", "the EAGLE-3 drafter's attention backend on ROCm", "warning",
+         ("draft-attention-backend-rocm",), serving.SOURCES["draft-attention-backend-rocm"], _DEPLOY,
+         check=serving.draft_attention_backend, needs="pair", platforms=serving.ROCM),
+    Rule("draft-block-size-1", "--block-size 1 with an EAGLE-3 draft", "error", ("draft-block-size-1",),
+         serving.SOURCES["draft-block-size-1"], _DEPLOY, check=serving.draft_block_size, needs="pair"),
     Rule("deploy-draft-vocab-mismatch", "draft and target vocabulary (or hidden size) mismatch", "error",
          ("draft-vocab-mismatch", "draft-d2t-missing", "draft-d2t-shape", "draft-hidden-mismatch"),
          SOURCES["draft-vocab-mismatch"], _DEPLOY, check=DeployCheck(draft.check_draft_vocab), needs="pair"),
     Rule("deploy-platform-mxfp4", "MXFP4 weights on a platform without FP4 kernels", "error",
          ("platform-mxfp4-emulated", "platform-mxfp4-cpu"), SOURCES["platform-mxfp4"], _DEPLOY,
-         check=DeployCheck(platform.check_platform_mxfp4), needs="deployment"),
+         check=DeployCheck(platform.check_platform_mxfp4), needs="deployment", platforms=frozenset({"gfx942", "cpu"})),
     Rule("max-model-len-beyond-positions", "a max_model_len longer than the target holds", "error",
          ("max-model-len-beyond-positions",), SOURCES["max-model-len-beyond-positions"], _DEPLOY,
          check=DeployCheck(model_len.check_max_model_len), needs="deployment"),

@@ -33,7 +33,7 @@ def tp_split(ctx: RuleContext, lp: LayerPrecision) -> None:
         _tp_contract(view.loaded, lp, view.modules, ctx.serving.tp, ctx.findings)
 
 
-def _parallel_style(layer: LayerPrecision) -> str:
+def parallel_style(layer: LayerPrecision) -> str:
     if layer.kind == "moe":
         return "moe"
     last = layer.name.rsplit(".", 1)[-1]
@@ -58,7 +58,7 @@ def _tp_contract(ck: LoadedCheckpoint, lp: LayerPrecision, modules: dict[str, li
     scheme = lp.scheme
     assert scheme is not None
     family = scheme.family
-    style = _parallel_style(lp)
+    style = parallel_style(lp)
     weights = {m: dict(modules.get(m, [])).get(f"{m}.weight") for m in lp.checkpoint_modules}
     all_dims = {m: weight_dims(w, family) for m, w in weights.items() if w is not None}
     dims = {m: d for m, d in all_dims.items() if d is not None}

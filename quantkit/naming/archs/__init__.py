@@ -37,6 +37,17 @@ class FamilyModuleError(QuantkitError):
     """A module named in QUANTKIT_FAMILY_MODULES cannot be imported or defines no FAMILY."""
 
 
+# EAGLE-3 drafts whose decoder layer is an MoE block (SpecForge specforge/modeling/draft/qwen3_moe_eagle.py and
+# gpt_oss_eagle.py: LlamaForCausalLMEagle3 with midlayer.mlp replaced by a Qwen3-MoE / gpt-oss sparse block). vLLM
+# 0.32's registry (vllm/model_executor/models/registry.py _SPECULATIVE_DECODING_MODELS) maps no such architecture
+# (its EAGLE-3 drafts are llama_eagle3, qwen3_eagle3 and deepseek_eagle3, all with a dense MLP), so vLLM cannot load
+# them: refused by name, with the dense layouts that work, instead of "not supported" after a wrong recipe hint.
+MOE_LAYER_DRAFTS = {
+    "Qwen3MoEForCausalLMEagle3": "SpecForge, a Qwen3-MoE sparse block as midlayer.mlp",
+    "Qwen3MoeForCausalLMEagle3": "SpecForge, a Qwen3-MoE sparse block as midlayer.mlp",
+    "GptOssForCausalLMEagle3": "SpecForge, a gpt-oss MoE block as midlayer.mlp",
+}
+
 _BY_ARCH: dict[str, Family] = {}
 _BY_NAME: dict[str, Family] = {}
 
@@ -144,6 +155,15 @@ def architecture_of(config: Mapping[str, Any]) -> str:
     for arch in archs:
         if arch in _BY_ARCH:
             return arch
+    for arch in archs:
+        if arch in MOE_LAYER_DRAFTS:
+            drafts = ", ".join(a for f in families() if f.draft for a in f.architectures)
+            raise UnsupportedArchitectureError(
+                f"config.json architecture {arch} is an EAGLE-3 draft with an MoE decoder layer ({MOE_LAYER_DRAFTS[arch]}"
+                f"); vLLM builds no such draft (vllm/model_executor/models/registry.py has no {arch}), so a quantized "
+                f"copy could be neither checked nor served in vLLM; for vLLM use a dense EAGLE-3 draft ({drafts}), "
+                "which `quantkit apply --recipe fp8-draft` quantizes"
+            )
     named = ", ".join(archs) if archs else "no architectures"
     raise UnsupportedArchitectureError(
         f"config.json architecture {named} is not supported; supported: {', '.join(supported_architectures())} "
@@ -246,5 +266,6 @@ def _wrapped_layers(config: Mapping[str, Any], names: list[str], wrapper: Wrappe
                                     f"({', '.join(encoders)}); quantkit does not know where vLLM loads it")
     for module in dict.fromkeys(n.removesuffix(".weight") for n in others if n.endswith(".weight")):
         runtime = renamed(module, renames)
-        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), True, None, (), source))
+        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), wrapper.encoders_quantizable, None,
+                                   (), source))
     return layers

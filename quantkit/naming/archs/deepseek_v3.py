@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from quantkit.naming.builder import (
@@ -32,8 +32,10 @@ SOURCE = "vllm/model_executor/models/deepseek_v2.py"
 # Modelled without ROCm AITER fused shared experts; with them enabled (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS) the
 # shared experts are folded into mlp.experts and follow its exclusion.
 def deepseek_v3_layers(
-    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str
+    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str,
+    attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
 ) -> list[RuntimeLayer]:
+    """`attn_extra(i)`: more attention slots of layer i (DeepSeek-V3.2's indexer, quantkit.naming.archs.deepseek_v32)."""
     n = num_layers(config, "model")
     if config.get("qk_nope_head_dim", 0) == 0 and config.get("qk_rope_head_dim", 0) == 0:
         raise UnsupportedArchitectureError(
@@ -74,7 +76,8 @@ def deepseek_v3_layers(
     out = [embed]
     for i in range(n):
         is_moe = routed and i >= first_dense and i % freq == 0
-        slots = tuple(attn) + tuple(moe if is_moe else DENSE_MLP_SLOTS)
+        extra = attn_extra(i) if attn_extra is not None else ()
+        slots = tuple(attn) + extra + tuple(moe if is_moe else DENSE_MLP_SLOTS)
         out += decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, mapping, source)
     check_layer_range(ckpt, "model.layers", n, source, extra=config.get("num_nextn_predict_layers", 0) or 0)
     skip_layers(ckpt, "model.layers", n)

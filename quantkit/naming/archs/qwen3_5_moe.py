@@ -1,0 +1,79 @@
+"""Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration): Qwen3-Next's hybrid MoE language model (quantkit.naming.archs.
+qwen3_next) with split linear-attention projections under `model.language_model.`, a vision tower kept BF16, and MTP
+weights under `mtp.` dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from quantkit.naming.archs.qwen3_next import drop_prefix, hybrid_layers
+from quantkit.naming.builder import CheckpointModules, Slot
+from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.layers import VISION_ROLE, CheckpointLayoutError, RuntimeLayer
+
+SOURCE = "vllm/model_executor/models/qwen3_5.py"
+
+# vllm/model_executor/models/qwen3_5.py (Qwen3_5MoeForConditionalGeneration -> Qwen3_5MoeForCausalLM ->
+# Qwen3_5Model(Qwen3NextModel), Qwen3_5DecoderLayer(Qwen3NextDecoderLayer)); vision tower qwen3_vl.py
+# Qwen3_VisionTransformer:
+# - the language model is built with prefix "language_model": runtime names language_model.model.layers.N.* and
+#   language_model.lm_head; the vision tower with prefix "visual", WITH the quant config (so it must be excluded);
+# - Qwen3VLForConditionalGeneration.hf_to_vllm_mapper (inherited) renames model.language_model. ->
+#   language_model.model., model.visual. -> visual., lm_head. -> language_model.lm_head., and Qwen3_5's adds
+#   mtp. -> None (MTP weights, loaded by qwen3_5_mtp.py); the class is not SupportsQuant, so configure_quant_config
+#   applies these renames to `exclude` too;
+# - Qwen3.5's Gated DeltaNet is built with gqa_interleaved_layout=False: in_proj_qkvz is loaded from the checkpoint's
+#   in_proj_qkv + in_proj_z, in_proj_ba from in_proj_b + in_proj_a (Qwen3_5Model.hf_to_vllm_mapper), and the
+#   packed_modules_mapping (Qwen3_5ForConditionalGeneration) names those shards; everything else as Qwen3-Next
+#   (routers without quant_config, conv1d never quantized, shared_expert + shared_expert_gate);
+# - routed experts ship fused (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]; Quark 0.13's qwen3_5_moe
+#   template splits them per expert in its file-to-file path).
+QWEN3_5_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
+               "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}  # fmt: skip
+QWEN3_5_LINEAR_ATTN = (
+    Slot("linear_attn.in_proj_qkvz", "fused_linear", "linear_attention",
+         ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z")),
+    Slot("linear_attn.in_proj_ba", "fused_linear", "linear_attention", ("linear_attn.in_proj_b", "linear_attn.in_proj_a")),
+    Slot("linear_attn.conv1d", "linear", "linear_attention", ("linear_attn.conv1d",), quantizable=False),
+    Slot("linear_attn.out_proj", "linear", "linear_attention", ("linear_attn.out_proj",)),
+)  # fmt: skip
+TEXT_CKPT, TEXT_RUNTIME, VISION_CKPT, VISION_RUNTIME = "model.language_model", "language_model.model", "model.visual.", "visual."
+# the mapper's prefix renames that configure_quant_config applies to `exclude` entries (replayed as substrings: an
+# entry naming a checkpoint module starts with them)
+RENAMES = (("model.language_model.", "language_model.model."), ("model.visual.", "visual."))
+
+
+def qwen3_5_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None) -> list[RuntimeLayer]:
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointLayoutError(f"{SOURCE}: a Qwen3_5MoeForConditionalGeneration config needs a text_config")
+    embed = RuntimeLayer(f"{TEXT_RUNTIME}.embed_tokens", "embedding", "embed_tokens",
+                         checkpoint_modules=ckpt.take([f"{TEXT_CKPT}.embed_tokens"]), quantizable=False, source=SOURCE)
+    layers = hybrid_layers(text, ckpt, runtime_prefix=f"{TEXT_RUNTIME}.layers", ckpt_prefix=f"{TEXT_CKPT}.layers",
+                           linear_attn=QWEN3_5_LINEAR_ATTN, fused_mapping=QWEN3_5_MAP, source=SOURCE)  # fmt: skip
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    if not ckpt.has("lm_head") and not tied:
+        raise CheckpointLayoutError(f"checkpoint has no tensors for lm_head ({SOURCE} loads it as "
+                                    "language_model.lm_head); check that config.json belongs to these weights")
+    head = RuntimeLayer("language_model.lm_head", "lm_head", "lm_head",
+                        checkpoint_modules=ckpt.take(["lm_head"] if ckpt.has("lm_head") else []), quantizable=False,
+                        source=SOURCE)  # fmt: skip
+    vision = []
+    for module in sorted(m for m in ckpt.params if m.startswith(VISION_CKPT)):
+        ckpt.used.add(module)
+        if "weight" in ckpt.params[module] and "norm" not in module.rsplit(".", 1)[-1]:
+            runtime = VISION_RUNTIME + module[len(VISION_CKPT):]
+            vision.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), True, None, (), SOURCE))
+    drop_prefix(ckpt, "mtp.")
+    return [dataclasses.replace(layer, exclude_renames=RENAMES) for layer in (embed, *layers, head, *vision)]
+
+
+FAMILY = Family(
+    "qwen3_5_moe", ("Qwen3_5MoeForConditionalGeneration",), SOURCE, qwen3_5_moe_layers,
+    model_types=("qwen3_5_moe",), quark_templates={"qwen3_5_moe": "qwen3_5_moe"},
+    moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
+                  shared_expert_gate="mlp.shared_expert_gate"),
+    exclude_renames=RENAMES,
+)  # fmt: skip

@@ -1,0 +1,112 @@
+"""Qwen3-Next targets (Qwen3NextForCausalLM): hybrid Gated DeltaNet linear attention and gated full attention, MoE
+with one shared expert behind a sigmoid shared_expert_gate, MTP weights under `mtp.` dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from quantkit.naming.builder import (
+    ATTN_SLOTS,
+    DENSE_MLP_SLOTS,
+    CheckpointModules,
+    Slot,
+    check_layer_range,
+    decoder_layer,
+    embed_and_head,
+    num_layers,
+)
+from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
+
+SOURCE = "vllm/model_executor/models/qwen3_next.py"
+
+# vllm/model_executor/models/qwen3_next.py (Qwen3NextForCausalLM, Qwen3NextModel, Qwen3NextDecoderLayer,
+# Qwen3NextAttention, Qwen3NextSparseMoeBlock, Qwen3NextMLP) and the linear attention
+# vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py (QwenGatedDeltaNetAttention):
+# - layer i is `linear_attention` or `full_attention` per config.layer_types (transformers' Qwen3NextConfig derives it
+#   from full_attention_interval when config.json has none: every interval-th layer is full attention);
+# - linear attention `linear_attn`: in_proj_qkvz and in_proj_ba (MergedColumnParallelLinear) and out_proj
+#   (RowParallelLinear) are built WITH quant_config, so vLLM quantizes them unless excluded; conv1d is a
+#   ColumnParallelLinear built without one (never quantized; its weight is [conv_dim, 1, kernel]); A_log, dt_bias
+#   and norm are parameters. Qwen3-Next stores in_proj_qkvz / in_proj_ba fused (gqa_interleaved_layout), and the
+#   class's packed_modules_mapping maps each to itself;
+# - full attention `self_attn`: qkv_proj (q_proj is twice as wide: the output gate) and o_proj, WITH quant_config;
+# - MoE iff i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0: `mlp.gate` is a
+#   GateLinear WITHOUT quant_config (unlike Qwen3-MoE's), `mlp.shared_expert_gate` a ReplicatedLinear with
+#   quant_config=None, `mlp.shared_expert` a Qwen3NextMLP WITH quant_config, `mlp.experts` the FusedMoE;
+# - Qwen3NextForCausalLM is not SupportsQuant: configure_quant_config hands the quant config its
+#   packed_modules_mapping {qkv_proj, gate_up_proj, in_proj_qkvz, in_proj_ba} and applies its hf_to_vllm_mapper
+#   ({"mtp.": None}: the MTP weights, loaded by qwen3_next_mtp.py, not by the target) to `exclude`.
+NEXT_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
+            "in_proj_qkvz": ["in_proj_qkvz"], "in_proj_ba": ["in_proj_ba"]}  # fmt: skip
+NEXT_LINEAR_ATTN = (
+    Slot("linear_attn.in_proj_qkvz", "fused_linear", "linear_attention", ("linear_attn.in_proj_qkvz",)),
+    Slot("linear_attn.in_proj_ba", "fused_linear", "linear_attention", ("linear_attn.in_proj_ba",)),
+    Slot("linear_attn.conv1d", "linear", "linear_attention", ("linear_attn.conv1d",), quantizable=False),
+    Slot("linear_attn.out_proj", "linear", "linear_attention", ("linear_attn.out_proj",)),
+)  # fmt: skip
+MOE_SLOTS = (
+    Slot("mlp.gate", "router", "router", ("mlp.gate",), quantizable=False),
+    Slot("mlp.shared_expert_gate", "router", "router", ("mlp.shared_expert_gate",), quantizable=False),
+    Slot("mlp.shared_expert.gate_up_proj", "fused_linear", "shared_experts",
+         ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj")),
+    Slot("mlp.shared_expert.down_proj", "linear", "shared_experts", ("mlp.shared_expert.down_proj",)),
+    Slot("mlp.experts", "moe", "experts", ("mlp.experts",)),
+)  # fmt: skip
+
+
+def layer_types(config: Mapping[str, Any], n: int, source: str) -> list[str]:
+    """config.layer_types as transformers' Qwen3NextConfig / Qwen3_5TextConfig build it."""
+    types = config.get("layer_types")
+    if types is None:
+        interval = config.get("full_attention_interval", 4) or 4
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) < n or any(t not in ("linear_attention", "full_attention")
+                                                            for t in types[:n]):  # fmt: skip
+        raise CheckpointLayoutError(f"config.json layer_types {types!r} is not one of linear_attention / "
+                                    f"full_attention per layer ({source} needs {n}); fix config.json")
+    return list(types[:n])
+
+
+def hybrid_layers(
+    config: Mapping[str, Any], ckpt: CheckpointModules, *, runtime_prefix: str, ckpt_prefix: str,
+    linear_attn: tuple[Slot, ...], fused_mapping: Mapping[str, list[str]], source: str,
+) -> list[RuntimeLayer]:  # fmt: skip
+    """The decoder layers of a Qwen3-Next-style hybrid model (Qwen3.5's language model too)."""
+    n = num_layers(config, "model")
+    types = layer_types(config, n, source)
+    mlp_only = set(config.get("mlp_only_layers") or [])
+    step = config.get("decoder_sparse_step", 1) or 1
+    num_experts = config.get("num_experts", 0) or 0
+    shared = (config.get("shared_expert_intermediate_size", 0) or 0) > 0
+    moe = MOE_SLOTS if shared else tuple(s for s in MOE_SLOTS if s.role != "shared_experts")
+    out = []
+    for i in range(n):
+        attn = linear_attn if types[i] == "linear_attention" else ATTN_SLOTS
+        sparse = i not in mlp_only and num_experts > 0 and (i + 1) % step == 0
+        out += decoder_layer(ckpt, attn + (moe if sparse else DENSE_MLP_SLOTS), f"{runtime_prefix}.{i}",
+                             f"{ckpt_prefix}.{i}", i, fused_mapping, source)  # fmt: skip
+    check_layer_range(ckpt, ckpt_prefix, n, source)
+    return out
+
+
+def drop_prefix(ckpt: CheckpointModules, prefix: str) -> None:
+    """Mark every module under `prefix` (MTP weights a mapper drops: {"mtp.": None}) as handled."""
+    ckpt.used.update(m for m in ckpt.params if m.startswith(prefix))
+
+
+def qwen3_next_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None) -> list[RuntimeLayer]:
+    embed, head = embed_and_head(ckpt, config, SOURCE)
+    layers = hybrid_layers(config, ckpt, runtime_prefix="model.layers", ckpt_prefix="model.layers",
+                           linear_attn=NEXT_LINEAR_ATTN, fused_mapping=NEXT_MAP, source=SOURCE)  # fmt: skip
+    drop_prefix(ckpt, "mtp.")
+    return [embed, *layers, head]
+
+
+FAMILY = Family(
+    "qwen3_next", ("Qwen3NextForCausalLM",), SOURCE, qwen3_next_layers,
+    model_types=("qwen3_next",), quark_templates={"qwen3_next": "qwen3_next"},
+    moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
+                  shared_expert_gate="mlp.shared_expert_gate"),
+)  # fmt: skip
