@@ -158,6 +158,16 @@ class HubServer:
         oid = repo.resolve(rev)
         return {} if oid is None else {p: b.data for p, b in repo.commits[oid].files.items()}
 
+    def add_dataset(self, repo_id: str, files: dict[str, bytes]) -> str:
+        """A dataset repo holding `files` (regular, non-LFS blobs) in one commit on main; returns the commit id."""
+        with self.lock:
+            repo = self.create_repo(f"datasets/{repo_id}")
+            parent = repo.commits[repo.branches["main"]]
+            commit = self._new_commit(repo, parent.oid, "add data", "",
+                                      {**parent.files, **{p: Blob(d, False) for p, d in files.items()}})
+            repo.branches["main"] = commit.oid
+            return commit.oid
+
     def history(self, repo_id: str, rev: str = "main") -> list[Commit]:
         return self.repos[repo_id].history(rev)
 
@@ -304,6 +314,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self.create_repo(json.loads(body))
         if seg == ["api", "validate-yaml"] and method == "POST":
             return self.validate_yaml(json.loads(body))
+        if seg[:2] == ["api", "datasets"] and len(seg) >= 4 and method == "GET":
+            # dataset repos (hf_api.py repo_info / list_repo_tree with repo_type="dataset"), kept as "datasets/<id>"
+            repo_id, rest = f"datasets/{seg[2]}/{seg[3]}", seg[4:]
+            if not rest or (rest[:1] == ["revision"] and len(rest) == 2):
+                return self.model_info(repo_id, rest[1] if rest else None)
+            if rest[:1] == ["tree"] and len(rest) >= 2:
+                return self.tree(repo_id, rest[1], "/".join(rest[2:]), query)
+        if seg[:1] == ["datasets"] and len(seg) >= 6 and seg[3] == "resolve" and method in ("GET", "HEAD"):
+            return self.resolve(f"datasets/{seg[1]}/{seg[2]}", seg[4], "/".join(seg[5:]), method == "HEAD")
         if seg[:2] == ["api", "models"] and len(seg) >= 4:
             repo_id, rest = f"{seg[2]}/{seg[3]}", seg[4:]
             if not rest and method == "GET":

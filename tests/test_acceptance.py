@@ -8,9 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from quantkit.engines.reference import ReferenceEngine, speculative_accept
 from quantkit.acceptance.run import bootstrap_ratio_ci, run_acceptance
 from quantkit.cli import main
+from quantkit.engines.reference import ReferenceEngine
+from quantkit.engines.rejection import verify_round
 from quantkit.io.prompts import load_prompts
 
 from .conftest import require_vllm
@@ -54,8 +55,8 @@ def test_speculative_sampling_identical_draft_always_accepted():
     p = torch.softmax(torch.randn(4, 50, generator=gen), -1)
     for _ in range(200):
         tokens = [int(torch.multinomial(p[j], 1, generator=gen)) for j in range(3)]
-        n, _ = speculative_accept(p, p[:3], tokens, gen)
-        assert n == 3
+        r = verify_round(p, tokens, p[:3], gen)
+        assert r.accepted == 3 and r.expected_accepted == 3.0
 
 
 def test_speculative_sampling_matches_theory():
@@ -68,7 +69,8 @@ def test_speculative_sampling_matches_theory():
     counts = torch.zeros(4)
     for _ in range(trials):
         d = int(torch.multinomial(q, 1, generator=gen))
-        n, extra = speculative_accept(torch.stack([p, p]), q[None], [d], gen)
+        r = verify_round(torch.stack([p, p]), [d], q[None], gen)
+        n, extra = r.accepted, r.token
         accepted += n
         counts[d if n == 1 else extra] += 1
     rate = accepted / trials

@@ -15,16 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quantkit.acceptance import figures
 from quantkit.acceptance.agreement import output_digest
 from quantkit.engines.platform import vllm_refusal
-from quantkit.engines.stats import SequenceStats
+from quantkit.engines.stats import DRAFT_SAMPLE_METHODS, Sampling, SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.io.prompts import PromptRecord, load_prompts
 from quantkit.naming.archs import model_kind
 from quantkit.progress import Progress, or_silent
-from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance
+from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance, PromptSource
 from quantkit.vocab import EAGLE3_DRAFT
 
 
@@ -42,37 +43,49 @@ def _fmt(x: float | None) -> str:
 
 
 def _summarise(label: str, target: str, draft: str, records: list[PromptRecord], stats: list[SequenceStats],
-               k: int, wall: float) -> DraftAcceptance:
+               k: int, wall: float, seeds: list[int] | None = None) -> DraftAcceptance:
+    """One run's figures (quantkit.acceptance.figures says which average each is); `records[i]` is the request of
+    `stats[i]`, seeded `seeds[i]`."""
     drafts = sum(s.num_drafts for s in stats)
     accepted = sum(s.num_accepted for s in stats)
     per_pos = [sum(s.accepted_per_pos[i] for s in stats) for i in range(k)]
     tokens = sum(len(s.output_ids) for s in stats)
     forwards = sum(s.target_forwards for s in stats)
-    domains: dict[str, list[SequenceStats]] = {}
+    domains: dict[str, list[tuple[PromptRecord, SequenceStats]]] = {}
     for r, s in zip(records, stats):
-        domains.setdefault(r.domain, []).append(s)
+        domains.setdefault(r.domain, []).append((r, s))
     per_domain = {}
-    for d, ss in sorted(domains.items()):
+    for d, rs in sorted(domains.items()):
+        ss = [s for _, s in rs]
         nd, na = sum(s.num_drafts for s in ss), sum(s.num_accepted for s in ss)
-        per_domain[d] = {"mean_acceptance_length": 1 + na / nd if nd else float("nan"), "num_drafts": nd,
-                         "num_accepted": na, "prompts": len(ss)}
+        per_domain[d] = {"mean_acceptance_length": figures.pooled_al(nd, na), "num_drafts": nd,
+                         "num_accepted": na, "prompts": len({r.id for r, _ in rs}),
+                         "macro_acceptance_length": figures.macro_al(ss)}
     return DraftAcceptance(
         label=label, target=target, draft=draft,
-        mean_acceptance_length=1 + accepted / drafts if drafts else float("nan"),
+        mean_acceptance_length=figures.pooled_al(drafts, accepted),
+        macro_acceptance_length=figures.macro_al(stats),
+        expected_acceptance_length=figures.expected_al(stats),
         num_drafts=drafts, num_draft_tokens=sum(s.num_draft_tokens for s in stats), num_accepted=accepted,
         acceptance_rate_per_pos=[p / drafts if drafts else float("nan") for p in per_pos],
+        accepted_length_histogram=figures.histogram(drafts, per_pos),
+        conditional_acceptance_per_pos=figures.conditional_rates(drafts, per_pos),
+        al_by_output_position=figures.al_by_output_position(stats),
         tokens_per_target_forward=tokens / forwards if forwards else float("nan"), generated_tokens=tokens,
         per_domain=per_domain,
         per_prompt=[{"id": r.id, "domain": r.domain, "num_drafts": s.num_drafts, "num_accepted": s.num_accepted,
-                     "generated_tokens": len(s.output_ids), "output_digest": output_digest(s.output_ids)}
-                    for r, s in zip(records, stats)],
+                     "generated_tokens": len(s.output_ids), "output_digest": output_digest(s.output_ids),
+                     "acceptance_length": figures.request_al(s), "expected_accepted": s.expected_accepted,
+                     "seed": seeds[i] if seeds else None, "turns": 1 + len(r.followups)}
+                    for i, (r, s) in enumerate(zip(records, stats))],
         wall_s=round(wall, 3),
     )
 
 
-def bootstrap_ratio_ci(base: list[tuple[int, int]], cand: list[tuple[int, int]], samples: int = 2000,
+def bootstrap_ratio_ci(base: list[tuple[int, float]], cand: list[tuple[int, float]], samples: int = 2000,
                        seed: int = 0, level: float = 0.95) -> list[float]:
-    """Paired percentile bootstrap over prompts of AL(candidate)/AL(baseline); items are (drafts, accepted)."""
+    """Paired percentile bootstrap over prompts (or (prompt, seed) requests) of AL(candidate)/AL(baseline); items are
+    (drafts, accepted), accepted being a count or an expected count."""
     rng = random.Random(seed)
     n = len(base)
     ratios = []
@@ -99,31 +112,56 @@ def _note(i: int) -> str:
     return f"Note {i}: {FILLER_NAMES[i % 10]} lives in {FILLER_CITIES[(i * 3) % 10]}."
 
 
-def with_context(record: PromptRecord, tokenizer, length: int) -> PromptRecord:
-    """The record with a deterministic reference-notes preamble so that its prompt is about `length` tokens: the most
-    notes whose preamble keeps the prompt within `length`.
+def with_context(record: PromptRecord, tokenizer, length: int, text: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> PromptRecord:
+    """The record with a preamble so that its prompt is about `length` tokens: the most of `text` (a real long text,
+    cut at a token boundary of the target's tokenizer) or, without one, of deterministic synthetic reference notes,
+    that keeps the prompt within `length`.
 
-    The token count grows with the number of notes, so the number is found by bisection: O(log length) tokenizer calls
-    of at most `length` tokens each, where adding one note at a time took O(length) calls (hours at 100k tokens)."""
-    base = len(tokenizer(record.render(tokenizer), add_special_tokens=False)["input_ids"])
+    The token count grows with the preamble, so its size is found by bisection: O(log length) tokenizer calls of at
+    most `length` tokens each, where adding one piece at a time took O(length) calls (hours at 100k tokens)."""
+    base = len(tokenizer(record.render(tokenizer, chat_template_kwargs), add_special_tokens=False)["input_ids"])
+    if text is not None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        def preamble_of(n: int) -> str:
+            return tokenizer.decode(ids[:n]) + "\n\n" if n else ""
+        cap: int | None = len(ids)
+    else:
+        def preamble_of(n: int) -> str:
+            return " ".join(_note(i) for i in range(n)) + "\n\n" if n else ""
+        cap = None
 
     def fits(n: int) -> bool:
-        preamble = " ".join(_note(i) for i in range(n)) + "\n\n"
-        return base + len(tokenizer(preamble, add_special_tokens=False)["input_ids"]) <= length
+        return base + len(tokenizer(preamble_of(n), add_special_tokens=False)["input_ids"]) <= length
 
     lo, hi = 0, 1  # fits(lo); find hi with not fits(hi), then bisect: the largest n that fits
-    while fits(hi):
-        lo, hi = hi, hi * 2
+    while fits(hi) and (cap is None or hi < cap):
+        lo, hi = hi, hi * 2 if cap is None else min(hi * 2, cap)
+    if cap is not None and hi == cap and fits(hi):
+        lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    notes = [_note(i) for i in range(lo)]
-    preamble = " ".join(notes) + "\n\n" if notes else ""
+    preamble = preamble_of(lo)
     if record.messages is not None:
         first, *rest = record.messages
         messages = ({**first, "content": preamble + first["content"]}, *rest)
-        return PromptRecord(f"{record.id}@{length}", record.domain, messages, None)
+        return PromptRecord(f"{record.id}@{length}", record.domain, messages, None, record.followups)
     return PromptRecord(f"{record.id}@{length}", record.domain, None, preamble + (record.prompt or ""))
+
+
+def cut_to_tokens(record: PromptRecord, tokenizer, tokens: int) -> PromptRecord:
+    """A single-message record whose user text is cut to at most `tokens` tokens of the target's tokenizer (SPEED-Bench
+    throughput prompts are built to N x 1000 o200k_base tokens; cutting again makes them N x 1000 target tokens at
+    most, the head kept as speed.py `_pad_or_truncate_prompt` keeps it)."""
+    assert record.messages is not None
+    first, *rest = record.messages
+    ids = tokenizer(first["content"], add_special_tokens=False)["input_ids"]
+    if len(ids) <= tokens:
+        return record
+    return PromptRecord(record.id, record.domain, ({**first, "content": tokenizer.decode(ids[:tokens])}, *rest), None,
+                        record.followups)
 
 
 # Static draft/target findings (quantkit check, headers only) that make a run meaningless or crash vLLM mid-load.
@@ -170,15 +208,100 @@ def _refuse_long_prompts(limits: list[tuple[str, MaxModelLen]], n_tokens: list[t
                                   f"but target {t} holds {limit}; shorten it or lower --max-new-tokens")
 
 
+def _load_prompt_source(prompts: str | Path, speed_bench: str | Path | None
+                        ) -> tuple[list[PromptRecord], PromptSource, int | None]:
+    """The records, where they came from (hash and revision, never the text), and the length a throughput config
+    is cut to."""
+    from quantkit.io.speed_bench import is_speed_bench, load_speed_bench, throughput_tokens
+
+    if is_speed_bench(prompts):
+        sb = load_speed_bench(str(prompts), speed_bench)
+        return sb.records, PromptSource(kind="speed-bench", name=sb.name, repo=sb.repo, revision=sb.revision,
+                                        content_sha256=sb.content_sha256, files=sb.files), throughput_tokens(sb.config)
+    if speed_bench is not None:
+        raise AcceptanceError(f"--speed-bench {speed_bench}: only with --prompts speed-bench:CONFIG[/CATEGORY]")
+    records = load_prompts(prompts)
+    if str(prompts) == "builtin":
+        return records, PromptSource(kind="builtin", name="builtin"), None
+    from quantkit.io.checkpoint import sha256_file
+
+    return records, PromptSource(kind="jsonl", name=Path(prompts).name,
+                                 content_sha256=sha256_file(Path(prompts))), None
+
+
+def _load_context_text(context_source: str, speed_bench: str | Path | None) -> tuple[list[str], PromptSource]:
+    """Long texts to cut context preambles from: a SPEED-Bench config's first turns, or a UTF-8 text file."""
+    from quantkit.io.speed_bench import is_speed_bench, load_speed_bench
+
+    if is_speed_bench(context_source):
+        sb = load_speed_bench(context_source, speed_bench)
+        texts = [r.messages[0]["content"] for r in sb.records if r.messages]
+        return texts, PromptSource(kind="speed-bench", name=sb.name, repo=sb.repo, revision=sb.revision,
+                                   content_sha256=sb.content_sha256, files=sb.files)
+    path = Path(context_source)
+    if not path.is_file():
+        raise AcceptanceError(f"--context-source {context_source}: not a file; pass a UTF-8 text file or "
+                              "speed-bench:throughput_32k (or another SPEED-Bench config)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        raise AcceptanceError(f"--context-source {context_source}: cannot read it as UTF-8 text") from None
+    if not text.strip():
+        raise AcceptanceError(f"--context-source {context_source}: the file is empty")
+    from quantkit.io.checkpoint import sha256_file
+
+    return [text], PromptSource(kind="text", name=path.name, content_sha256=sha256_file(path))
+
+
+def _requests(records: list[PromptRecord], seeds: list[int]) -> tuple[list[PromptRecord], list[int]]:
+    """Every (prompt, seed) request: prompt i with seed s is seeded s + i, as one seed always was."""
+    reqs = [(r, sd + i) for sd in seeds for i, r in enumerate(records)]
+    return [r for r, _ in reqs], [sd for _, sd in reqs]
+
+
+def _conversations(recs: list[PromptRecord], seeds: list[int], generate, tokenizer,
+                   chat_template_kwargs: dict[str, Any], room: int | None) -> list[SequenceStats]:
+    """Generate every request, turn by turn: a multi-turn record's next user turn goes after the model's own reply to
+    the previous one (ModelOpt specdec_bench run_loop); a request's counters are the sum over its turns.
+    `generate(texts, seeds)` runs one batch; `room` is the longest prompt every target still holds."""
+    stats = generate([r.render(tokenizer, chat_template_kwargs) for r in recs], seeds)
+    convs = [list(r.messages or ()) for r in recs]
+    last = [s.output_ids for s in stats]
+    turn = 1
+    while idx := [i for i, r in enumerate(recs) if len(r.followups) >= turn]:
+        texts = []
+        for i in idx:
+            convs[i] += [{"role": "assistant", "content": tokenizer.decode(last[i], skip_special_tokens=True)},
+                         {"role": "user", "content": recs[i].followups[turn - 1]}]
+            text = tokenizer.apply_chat_template(convs[i], tokenize=False, add_generation_prompt=True,
+                                                 **chat_template_kwargs)
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if room is not None and n > room:
+                raise AcceptanceError(f"prompt {recs[i].id!r}: turn {turn + 1} with the replies before it is {n} "
+                                      f"tokens, more than the {room} the target holds with --max-new-tokens; lower "
+                                      "--max-new-tokens or pick a category without long conversations")
+            texts.append(text)
+        for i, more in zip(idx, generate(texts, [seeds[i] + 7919 * turn for i in idx])):
+            last[i] = more.output_ids
+            stats[i].merge(more)
+        turn += 1
+    return stats
+
+
 def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, prompts: str | Path = "builtin",
                    num_speculative_tokens: int = 3, temperature: float = 0.0, max_new_tokens: int = 64,
                    backend: str = "auto", context_lengths: list[int] | None = None, seed: int = 0,
                    device: str = "cpu", candidate_target: str | Path | None = None,
-                   progress: Progress | None = None) -> AcceptanceResult:
+                   progress: Progress | None = None, top_p: float = 1.0, top_k: int = 0,
+                   draft_sample_method: str = "greedy", num_seeds: int = 1,
+                   chat_template_kwargs: dict[str, Any] | None = None, speed_bench: str | Path | None = None,
+                   context_source: str | None = None) -> AcceptanceResult:
     """Measure target + BF16 draft and the candidate on the same prompts and settings.
 
     The candidate is a quantized draft (run on `target`), a quantized target (run with `draft`), or, with
     `candidate_target`, a quantized draft run on that quantized target (pair mode, candidate_kind "pair").
+    Sampling follows vLLM (quantkit.engines.rejection); with temperature > 0 every prompt runs with `num_seeds`
+    seeds and the expected AL (the acceptance coin flips averaged out) gets its own paired bootstrap CI.
     """
     progress = or_silent(progress)
     k = num_speculative_tokens
@@ -186,8 +309,24 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         raise AcceptanceError(f"--num-speculative-tokens {k}: must be at least 1")
     if temperature < 0:
         raise AcceptanceError(f"--temperature {temperature}: must be >= 0")
+    if not 0 < top_p <= 1:
+        raise AcceptanceError(f"--top-p {top_p}: must be in (0, 1]")
+    if top_k < 0 and top_k != -1:
+        raise AcceptanceError(f"--top-k {top_k}: must be >= 0 (0 or -1: no top-k)")
+    if draft_sample_method not in DRAFT_SAMPLE_METHODS:
+        raise AcceptanceError(f"--draft-sample-method {draft_sample_method!r}: use greedy or probabilistic")
+    if num_seeds < 1:
+        raise AcceptanceError(f"--num-seeds {num_seeds}: must be at least 1")
+    if num_seeds > 1 and temperature == 0:
+        raise AcceptanceError(f"--num-seeds {num_seeds}: greedy decoding (--temperature 0) does not depend on the "
+                              "seed; use --num-seeds 1 or a temperature above 0")
+    if context_source is not None and not context_lengths:
+        raise AcceptanceError(f"--context-source {context_source}: give the bucket lengths with --context-lengths")
     if backend not in ("auto", "reference", "vllm"):
         raise AcceptanceError(f"--backend {backend!r}: use auto, reference or vllm")
+    sampling = Sampling(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+                        draft_sample_method=draft_sample_method)
+    chat_kwargs = dict(chat_template_kwargs or {})
     target, draft, candidate = str(target), str(draft), str(candidate)
     cand_target = str(candidate_target) if candidate_target is not None else None
     configs: dict[str, dict[str, Any]] = {}
@@ -216,23 +355,41 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     _refuse_too_long(limits, lengths, max_new_tokens, k)
     for tgt, drf in dict.fromkeys((t, d) for _, t, d in runs):  # the pair too: its draft on its own target
         _refuse_misfit(drf, tgt)
-    records = load_prompts(prompts)
+    records, source, cut = _load_prompt_source(prompts, speed_bench)
+    context_texts, context_info = (_load_context_text(context_source, speed_bench) if context_source is not None
+                                   else (None, None))
 
     # one refusal for every checkpoint the runs load; auto falls back to the reference engine on any reason
     why_not_vllm = vllm_refusal({f: f for _, t, d in runs for f in (t, d)}, temperature=temperature)
     chosen = ("vllm" if why_not_vllm is None else "reference") if backend == "auto" else backend
     if chosen == "vllm" and why_not_vllm is not None:  # fail before any engine starts
         raise AcceptanceError(f"--backend vllm: {why_not_vllm}; use --backend reference")
+    if chosen == "vllm" and draft_sample_method != "greedy":
+        raise AcceptanceError("--draft-sample-method probabilistic: quantkit starts vLLM with its default (greedy) "
+                              "draft sampling; use --backend reference")
 
     from quantkit.io.hf import load_tokenizer
 
     tokenizer = load_tokenizer(target)
-    prompt_sets: list[tuple[str, list[PromptRecord]]] = [("", records)]
-    prompt_sets += [(str(n), [with_context(r, tokenizer, n) for r in records]) for n in lengths]
-    n_tokens = {key: [len(tokenizer(r.render(tokenizer), add_special_tokens=False)["input_ids"]) for r in recs]
-                for key, recs in prompt_sets}
+    if cut is not None:  # a throughput config: N x 1000 target tokens at most, within what every target holds
+        fit = min([lim.tokens - max_new_tokens - k for _, lim in limits] or [cut])
+        records = [cut_to_tokens(r, tokenizer, min(cut, max(fit - 64, 16))) for r in records]
+    seeds = [seed + j for j in range(num_seeds)]
+    reqs, req_seeds = _requests(records, seeds)
+    prompt_sets: list[tuple[str, list[PromptRecord]]] = [("", reqs)]
+    for n in lengths:
+        if context_texts is None:
+            prompt_sets.append((str(n), [with_context(r, tokenizer, n, None, chat_kwargs) for r in reqs]))
+        else:
+            texts = context_texts
+            prompt_sets.append((str(n), [with_context(r, tokenizer, n, "\n\n".join(texts[i % len(texts):]
+                                                                                    + texts[:i % len(texts)]),
+                                                      chat_kwargs) for i, r in enumerate(reqs)]))
+    n_tokens = {key: [len(tokenizer(r.render(tokenizer, chat_kwargs), add_special_tokens=False)["input_ids"])
+                      for r in recs] for key, recs in prompt_sets}
     _refuse_long_prompts(limits, [(r.id, n) for key, recs in prompt_sets for r, n in zip(recs, n_tokens[key])],
                          prompts, max_new_tokens, k)
+    room = min((lim.tokens - max_new_tokens - k for _, lim in limits), default=None)
 
     results: dict[str, DraftAcceptance] = {}
     model_cache: dict[str, Any] = {}
@@ -241,23 +398,24 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         by_len: dict[str, float | None] = {}
         summary = None
         for key, recs in prompt_sets:
-            texts = [r.render(tokenizer) for r in recs]
-            progress(f"{label}: {len(texts)} prompts{f' at ~{key} tokens' if key else ''}, backend {chosen}")
+            progress(f"{label}: {len(recs)} requests{f' at ~{key} tokens' if key else ''}, backend {chosen}")
             t0 = time.perf_counter()
-            if chosen == "vllm":
-                from quantkit.engines.vllm_engine import run_spec_decode
+            # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
+            mml = fit_max_model_len(configs[tgt], max(1024, max(n_tokens[key]) + max_new_tokens + k + 8))
 
-                longest = max(n_tokens[key])
-                # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
-                stats = run_spec_decode(tgt, drf, texts, k, max_new_tokens, temperature, seed,
-                                        max_model_len=fit_max_model_len(configs[tgt], max(1024, longest
-                                                                                          + max_new_tokens + k + 8)))
-            else:
+            def generate(texts: list[str], sds: list[int], tgt: str = tgt, drf: str = drf,
+                         mml: int = mml) -> list[SequenceStats]:
+                if chosen == "vllm":
+                    from quantkit.engines.vllm_engine import run_spec_decode
+
+                    return run_spec_decode(tgt, drf, texts, k, max_new_tokens, temperature, seed, max_model_len=mml,
+                                           top_p=top_p, top_k=top_k, seeds=sds)
                 from quantkit.engines.reference import run_reference
 
-                stats = run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, temperature, seed, device,
-                                      model_cache, configs[tgt])
-            s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0)
+                return run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, sampling, sds, device,
+                                     model_cache, configs[tgt])
+            stats = _conversations(recs, req_seeds, generate, tokenizer, chat_kwargs, room)
+            s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0, req_seeds)
             if key:
                 by_len[key] = s.mean_acceptance_length
             else:
@@ -266,16 +424,23 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         assert summary is not None
         summary.by_context_length = by_len
         results[label] = summary
-        progress(f"{label}: AL {_fmt(summary.mean_acceptance_length)} over {summary.num_drafts} drafts")
+        progress(f"{label}: AL {_fmt(summary.mean_acceptance_length)} pooled, "
+                 f"{_fmt(summary.macro_acceptance_length)} macro, over {summary.num_drafts} drafts")
 
     base, cand = results["baseline"], results["candidate"]
     base.model = draft  # whose figures each run is: the BF16 draft, and the candidate (a draft or a target)
     cand.model = candidate
-    pairs = lambda d: [(p.num_drafts, p.num_accepted) for p in d.per_prompt]
+    pairs = lambda d: [(p.num_drafts, p.num_accepted) for p in d.per_prompt]  # noqa: E731
+    expected = lambda d: [(p.num_drafts, p.expected_accepted) for p in d.per_prompt]  # noqa: E731
+    have_expected = base.expected_acceptance_length is not None and cand.expected_acceptance_length is not None
     return AcceptanceResult(
         backend=chosen,
-        settings=AcceptanceSettings(num_speculative_tokens=k, temperature=temperature, max_new_tokens=max_new_tokens,
-                                    prompts=str(prompts), num_prompts=len(records), seed=seed, context_lengths=lengths),
+        settings=AcceptanceSettings(num_speculative_tokens=k, temperature=temperature, top_p=top_p, top_k=top_k,
+                                    draft_sample_method=draft_sample_method, chat_template_kwargs=chat_kwargs,
+                                    max_new_tokens=max_new_tokens, prompts=str(prompts), num_prompts=len(records),
+                                    seed=seed, num_seeds=num_seeds, context_lengths=lengths,
+                                    context_source=context_info.name if context_info else None,
+                                    prompt_source=source, context_text_source=context_info),
         baseline=base, candidate=cand, ratio=_ratio(cand.mean_acceptance_length, base.mean_acceptance_length),
         ratio_ci=bootstrap_ratio_ci(pairs(base), pairs(cand), seed=seed),
         per_domain_ratio={d: _ratio(cand.domain_al(d), v.mean_acceptance_length)
@@ -284,4 +449,9 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         candidate_kind=candidate_kind,
         candidate_target=cand_target,
         greedy_outputs_identical=(outputs["baseline"] == outputs["candidate"]) if temperature == 0 else None,
+        macro_ratio=_ratio(cand.macro_acceptance_length, base.macro_acceptance_length),
+        expected_ratio=_ratio(cand.expected_acceptance_length, base.expected_acceptance_length)
+        if have_expected else None,
+        expected_ratio_ci=bootstrap_ratio_ci(expected(base), expected(cand), seed=seed)
+        if have_expected else None,
     )

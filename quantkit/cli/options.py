@@ -85,6 +85,26 @@ def make_console() -> Console:
     return console
 
 
+class JsonObject(click.ParamType):
+    """A JSON object on the command line (e.g. chat template keyword arguments); anything else is a usage error."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        import json
+
+        try:
+            obj = json.loads(str(value))
+        except json.JSONDecodeError as e:
+            self.fail(f"{str(value)[:80]!r} is not JSON ({e.msg}); give an object such as "
+                      "'{\"enable_thinking\": false}'", param, ctx)
+        if not isinstance(obj, dict):
+            self.fail(f"{str(value)[:80]!r} is a JSON {type(obj).__name__}, not an object", param, ctx)
+        return obj
+
+
 class TokenCounts(click.ParamType):
     """A comma-separated list of token counts, each 1 to 1,000,000 (e.g. 256,1024); bad values are usage errors."""
 

@@ -3,9 +3,11 @@
 Each round: the draft proposes K tokens from the target's aux hidden states (quantkit.engines.eagle3), the
 target scores [last token, d1..dK] in one forward pass with its KV cache, the longest acceptable prefix is kept
 plus one token from the target, and the cache is cropped back to what was accepted. Greedy mode accepts a draft
-token iff it equals the target's argmax (so the output is exactly the target's greedy output); sampled mode uses
-standard speculative sampling (accept d with probability min(1, p(d)/q(d)), else resample from max(0, p - q)).
-Counters follow vLLM's (vllm/v1/spec_decode/metrics.py): one draft per round, accepted tokens per position.
+token iff it equals the target's argmax (so the output is exactly the target's greedy output); sampled mode is
+vLLM's rejection sampling (quantkit.engines.rejection): the draft proposes greedily by default and d is accepted with
+the target's probability p(d), or, with draft_sample_method "probabilistic", the draft samples and d is accepted with
+min(1, p(d)/q(d)). Counters follow vLLM's (vllm/v1/spec_decode/metrics.py): one draft per round, accepted tokens per
+position; each round also records where it started in the output and E[accepted] under the target's probabilities.
 """
 
 from __future__ import annotations
@@ -16,26 +18,8 @@ from typing import Any
 import torch
 
 from quantkit.engines.eagle3 import Eagle3Draft
-from quantkit.engines.stats import SequenceStats
-
-
-def speculative_accept(p: torch.Tensor, q: torch.Tensor, draft_tokens: list[int],
-                       generator: torch.Generator) -> tuple[int, int]:
-    """Standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
-
-    p [K+1, V]: target probabilities at each draft position and the bonus position; q [K, V]: draft probabilities.
-    Returns (number of accepted draft tokens, the token the target adds: a resample at the first rejection, or a
-    sample from p[K] when all K were accepted). The output is distributed exactly as sampling from p.
-    """
-    for j, tok in enumerate(draft_tokens):
-        ratio = (p[j, tok] / q[j, tok]).item() if q[j, tok] > 0 else float("inf")
-        if torch.rand((), generator=generator).item() < min(1.0, ratio):
-            continue
-        residual = (p[j] - q[j]).clamp(min=0)
-        total = residual.sum()
-        dist = residual / total if total > 0 else p[j]
-        return j, int(torch.multinomial(dist, 1, generator=generator))
-    return len(draft_tokens), int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))
+from quantkit.engines.rejection import draft_probs, target_probs, verify_round
+from quantkit.engines.stats import Sampling, SequenceStats
 
 
 class ReferenceEngine:
@@ -83,46 +67,53 @@ class ReferenceEngine:
         return out.logits[0].float().cpu(), aux, out.past_key_values
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[int], k: int, max_new_tokens: int, temperature: float = 0.0,
-                 eos_token_ids: set[int] | None = None, seed: int = 0) -> SequenceStats:
+    def generate(self, prompt_ids: list[int], k: int, max_new_tokens: int, temperature: float | Sampling = 0.0,
+                 eos_token_ids: set[int] | None = None, seed: int = 0, argmax_path: bool = True) -> SequenceStats:
+        """One prompt. `temperature` is a float (greedy drafts, no top-k/top-p) or a full `Sampling`. At temperature 0
+        the round is argmax equality; `argmax_path=False` runs it through the rejection sampler with one-hot
+        distributions instead (the same tokens and counters: what tests check)."""
         from transformers import DynamicCache
 
+        s = temperature if isinstance(temperature, Sampling) else Sampling(temperature=float(temperature))
         gen = torch.Generator().manual_seed(seed)
         eos = eos_token_ids or set()
-        stats = SequenceStats(accepted_per_pos=[0] * k)
+        stats = SequenceStats(accepted_per_pos=[0] * k, expected_accepted=0.0)
         cache = DynamicCache()
         logits, aux, cache = self._forward(prompt_ids, cache)
         stats.target_forwards += 1
         tokens = list(prompt_ids)
-        first = self._choose(logits[-1], temperature, gen)
+        first = self._choose(logits[-1:], s, gen)
         tokens.append(first)
         out = [first]
         aux_all = aux  # aux at positions 0..len(tokens)-2 (every position the target has processed)
+        probabilistic = not s.greedy and s.draft_sample_method == "probabilistic"
         while len(out) < max_new_tokens and out[-1] not in eos:
             next_tokens = torch.tensor(tokens[1:])
-            if temperature == 0:
-                drafts, _ = self.draft.propose(aux_all, next_tokens, k, pick=lambda lg: int(lg.argmax()))
-                q = None
-            else:
+            if probabilistic:
                 drafts, draft_logits = self.draft.propose(
                     aux_all, next_tokens, k, pick=lambda lg: int(torch.multinomial(
-                        torch.softmax(lg / temperature, -1), 1, generator=gen)))
-                q = torch.stack([torch.softmax(lg / temperature, -1) for lg in draft_logits])
+                        draft_probs(lg[None], s)[0], 1, generator=gen)))
+                q = draft_probs(torch.stack(draft_logits), s)
+            else:  # vLLM's default: the draft's argmax, one-hot in the rejection test
+                drafts, _ = self.draft.propose(aux_all, next_tokens, k, pick=lambda lg: int(lg.argmax()))
+                q = None
             logits, aux, cache = self._forward([tokens[-1], *drafts], cache)
             stats.target_forwards += 1
-            if temperature == 0:
+            if s.greedy and argmax_path:
                 target_choice = logits.argmax(-1).tolist()
                 n_acc = 0
                 while n_acc < k and drafts[n_acc] == target_choice[n_acc]:
                     n_acc += 1
-                extra = target_choice[n_acc]
+                extra, expected = target_choice[n_acc], float(n_acc)
             else:
-                p = torch.softmax(logits / temperature, -1)
-                assert q is not None  # set above whenever temperature > 0
-                n_acc, extra = speculative_accept(p, q, drafts, gen)
+                r = verify_round(target_probs(logits, s), drafts, q, gen)
+                n_acc, extra, expected = r.accepted, r.token, r.expected_accepted
+            stats.rounds.append((len(out), n_acc))
             stats.num_drafts += 1
             stats.num_draft_tokens += k
             stats.num_accepted += n_acc
+            assert stats.expected_accepted is not None
+            stats.expected_accepted += expected
             for j in range(n_acc):
                 stats.accepted_per_pos[j] += 1
             new = [*drafts[:n_acc], extra]
@@ -140,10 +131,10 @@ class ReferenceEngine:
         return stats
 
     @staticmethod
-    def _choose(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> int:
-        if temperature == 0:
-            return int(logits.argmax())
-        return int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen))
+    def _choose(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> int:
+        if s.greedy:
+            return int(logits[-1].argmax())
+        return int(torch.multinomial(target_probs(logits, s)[-1], 1, generator=gen))
 
 
 def load_reference_target(folder: str, config: dict[str, Any], device: str):
@@ -156,16 +147,17 @@ def load_reference_target(folder: str, config: dict[str, Any], device: str):
     return load_causal_lm(folder, dtype=torch.float32).to(device).eval()
 
 
-def run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int, temperature: float,
-                  seed: int, device: str, cache: dict[str, Any], config: dict[str, Any]) -> list[SequenceStats]:
-    """Every text through a ReferenceEngine of `draft` on `target` (loaded once into `cache`), prompt i seeded
-    `seed + i`."""
+def run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int,
+                  sampling: float | Sampling, seeds: list[int], device: str, cache: dict[str, Any],
+                  config: dict[str, Any]) -> list[SequenceStats]:
+    """Every text through a ReferenceEngine of `draft` on `target` (loaded once into `cache`), text i seeded
+    `seeds[i]`."""
     if target not in cache:
         cache[target] = load_reference_target(target, config, device)
     engine = ReferenceEngine(cache[target], draft, device=device)
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     try:
-        return [engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, temperature, eos,
-                                seed=seed + i) for i, t in enumerate(texts)]
+        return [engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, sampling, eos,
+                                seed=sd) for t, sd in zip(texts, seeds)]
     finally:
         engine.close()

@@ -66,7 +66,8 @@ class VllmRunError(QuantkitError):
 
 
 def run_spec_decode(target: str | Path, draft: str | Path, prompts: list[str], k: int, max_new_tokens: int,
-             temperature: float, seed: int = 0, max_model_len: int = 2048) -> list[SequenceStats]:
+             temperature: float, seed: int = 0, max_model_len: int = 2048, top_p: float = 1.0, top_k: int = 0,
+             seeds: list[int] | None = None) -> list[SequenceStats]:
     """Generate every prompt with vLLM speculative decoding; per-prompt counters in vLLM's definitions."""
     why = vllm_refusal({}, temperature=temperature) if temperature > 0 else None  # the checkpoints: the caller's
     if why is not None:
@@ -77,7 +78,9 @@ def run_spec_decode(target: str | Path, draft: str | Path, prompts: list[str], k
                    per_request_spec_decode_metrics="summary")
     try:
         before = read_spec_counters(llm)
-        params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+        params = [SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
+                                 max_tokens=max_new_tokens, seed=sd)
+                  for sd in (seeds if seeds is not None else [seed] * len(prompts))]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         totals = read_spec_counters(llm).minus(before)
     finally:

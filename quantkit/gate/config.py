@@ -73,6 +73,16 @@ class AcceptanceStep(_Strict):
     num_speculative_tokens: int = Field(default=3, ge=1)
     max_new_tokens: int = Field(default=64, ge=1)
     temperature: float = Field(default=0.0, ge=0)
+    # sampling as production runs it (the same keys as `quantkit acceptance`), recorded in every result
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=-1)
+    seed: int = Field(default=0, ge=0)
+    num_seeds: int = Field(default=1, ge=1)
+    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
+    chat_template_kwargs: dict[str, bool | int | float | str | None] = {}
+    speed_bench: str | None = None  # with prompts speed-bench:CONFIG[/CATEGORY]: a folder (relative to the file) or Hub id
+    # a committed golden reference (quantkit.gate.golden): AL per category and per position with tolerances
+    golden: str | None = None
 
 
 class ServeStep(_Strict):
@@ -167,7 +177,10 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
             raise GateConfigError(f"gate config {p}: {where}: {value[:200]} does not exist (paths are relative to the "
                                   "config file)")
     prompts = cfg.acceptance.prompts
-    if prompts != "builtin" and not _exists(base / prompts):
+    if cfg.acceptance.golden is not None and not _exists(base / cfg.acceptance.golden):
+        raise GateConfigError(f"gate config {p}: acceptance.golden: {cfg.acceptance.golden[:200]} does not exist "
+                              "(paths are relative to the config file)")
+    if prompts != "builtin" and not prompts.startswith("speed-bench:") and not _exists(base / prompts):
         raise GateConfigError(f"gate config {p}: acceptance.prompts: {prompts[:200]} does not exist; give 'builtin' or "
                               "a JSONL file (paths are relative to the config file)")
     return cfg, base

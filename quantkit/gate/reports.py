@@ -46,7 +46,7 @@ def _acceptance_md(name: str, acc: AcceptanceResult | None) -> list[str]:
     if acc is None or acc.baseline is None or acc.candidate is None:
         return []
     lines = ["", f"### {name}: acceptance length ({acc.backend}, K={acc.settings.num_speculative_tokens})", "",
-             "| domain | BF16 draft AL | candidate AL | ratio |", "|---|---|---|---|"]
+             "| domain | BF16 draft AL (pooled) | candidate AL (pooled) | ratio |", "|---|---|---|---|"]
     for d, r in acc.per_domain_ratio.items():
         lines.append(f"| {d} | {_f(acc.baseline.domain_al(d))} | {_f(acc.candidate.domain_al(d))} | {_f(r)} |")
     lo, hi = acc.ratio_ci or [None, None]

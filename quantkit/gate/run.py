@@ -69,7 +69,8 @@ def run(config_path: str | Path, progress: Progress | None = None) -> GateResult
     prompts = cfg.acceptance.prompts
     ctx = GateContext(config=cfg, target=str((base / cfg.target).resolve()),
                       draft=str((base / cfg.draft).resolve()) if cfg.draft is not None else None,
-                      prompts=prompts if prompts == "builtin" else str((base / prompts).resolve()), progress=progress,
+                      prompts=prompts if prompts == "builtin" or prompts.startswith("speed-bench:")
+                      else str((base / prompts).resolve()), progress=progress, base=base,
                       deploy_manifest=(str((base / cfg.serve.deploy_manifest).resolve())
                                        if cfg.serve.deploy_manifest is not None else None))
     check_sequence_lengths(cfg, config_path, [ctx.target] + [c.pair_target for c in cands if c.pair_target])

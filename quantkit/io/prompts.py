@@ -31,13 +31,18 @@ class PromptRecord:
     domain: str
     messages: tuple[dict[str, str], ...] | None
     prompt: str | None
+    # later user turns of a multi-turn conversation (SPEED-Bench `turns[1:]`): each is sent after the model's reply
+    # to the previous one, as ModelOpt specdec_bench's run_loop does
+    followups: tuple[str, ...] = ()
 
-    def render(self, tokenizer) -> str:
-        """The text to feed the model: the chat template applied to `messages`, or the raw `prompt`."""
+    def render(self, tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The text to feed the model: the chat template applied to `messages` (with the template's own keyword
+        arguments, e.g. enable_thinking), or the raw `prompt`."""
         if self.prompt is not None:
             return self.prompt
         assert self.messages is not None  # load_prompts gives every record either `prompt` or `messages`
-        return tokenizer.apply_chat_template(list(self.messages), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(list(self.messages), tokenize=False, add_generation_prompt=True,
+                                             **(chat_template_kwargs or {}))
 
 
 def _label(value: Any) -> Any:

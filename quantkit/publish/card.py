@@ -196,7 +196,8 @@ def _acceptance_section(pub: Publication) -> list[str]:
             f"prompt set {prompts.name}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
             if prompts.name else "") if x)
         pair = acc.candidate_kind == "pair"
-        body += ["Mean acceptance length (AL = 1 + accepted / drafts), "
+        body += ["Acceptance length, pooled (AL = 1 + sum of accepted draft tokens / sum of drafts over all requests, "
+                 "vLLM's average) and macro (the mean of per-request AL, ModelOpt specdec_bench's average), "
                  + ("the quantized draft on the quantized target against the BF16 draft on the BF16 target, same "
                     "prompts and settings" if pair else "same target, prompts and settings")
                  + (f" ({settings})" if settings else "") + ".", ""]
@@ -206,8 +207,22 @@ def _acceptance_section(pub: Publication) -> list[str]:
             cv = c.mean_acceptance_length if (c and domain == "all") else (c.domain_al(domain) if c else None)
             ratio = acc.ratio if domain == "all" and acc.ratio is not None else \
                 (cv / bv if bv and cv is not None else None)
-            rows.append([f"**{domain}**" if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio)])
-        body += _table(["domain", "BF16 draft AL", "quantized draft AL", "ratio"], rows)
+            cm = (c.macro_acceptance_length if domain == "all" else
+                  (c.per_domain[domain].macro_acceptance_length if domain in c.per_domain else None)) if c else None
+            rows.append([f"**{domain}**" if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio), _fmt(cm)])
+        body += _table(["domain", "BF16 draft AL (pooled)", "quantized draft AL (pooled)", "ratio (pooled)",
+                        "quantized draft AL (macro)"], rows)
+        st = acc.settings
+        if st.temperature:
+            body += ["", f"Sampled: temperature {st.temperature}, top_p {st.top_p}, top_k {st.top_k}, draft sampling "
+                         f"{st.draft_sample_method}, {st.num_seeds} seed(s)"
+                         + (f"; expected AL ratio {_fmt(acc.expected_ratio)}" if acc.expected_ratio else "") + "."]
+        src = st.prompt_source
+        if src is not None and src.kind == "speed-bench":
+            body += ["", f"Prompts: {src.name} from `{src.repo or 'a local copy'}`"
+                         + (f" at revision `{src.revision}`" if src.revision else "")
+                         + (f", files sha256 `{src.content_sha256[:16]}`" if src.content_sha256 else "")
+                         + " (not redistributed here: NVIDIA Evaluation Dataset License)."]
         if acc.ratio_ci:
             body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
         if pub.chart:

@@ -26,10 +26,21 @@ Format (schema_version 1; readers ignore unknown keys and refuse a higher schema
       "quantkit_version": "0.1.0"
     }
 
-    run = {"mean_acceptance_length": 2.61,           # AL = 1 + accepted / drafts
+    run = {"mean_acceptance_length": 2.61,           # pooled AL = 1 + sum accepted / sum drafts (vLLM's)
+           "macro_acceptance_length": 2.70,          # mean of per-request AL (ModelOpt specdec_bench's)
+           "expected_acceptance_length": 2.60,       # pooled, E[accepted] under the target's probabilities
            "acceptance_rate_per_pos": [0.8, 0.6, 0.4],  # share of drafts whose token k was accepted, k = 1..K
-           "al_per_domain": {"code": 2.91, ...},
+           "conditional_acceptance_per_pos": [0.8, 0.75, 0.67],  # P(k accepted | 1..k-1 accepted)
+           "accepted_length_histogram": [240, 240, 240, 480],     # drafts by accepted tokens 0..K
+           "al_by_output_position": {"0-32": 2.7, "32-128": 2.5},  # pooled AL of rounds starting there
+           "al_per_domain": {"code": 2.91, ...},              # pooled per domain
+           "macro_al_per_domain": {"code": 2.95, ...},        # mean of per-request AL per domain
            "num_drafts": 1200, "num_accepted": 1934, "tokens_per_target_forward": 2.61}
+
+Also: "top_p", "top_k", "draft_sample_method", "num_seeds", "chat_template_kwargs" (sampling as measured),
+"dataset" ({kind, name, repo, revision, content_sha256, files}: e.g. SPEED-Bench's Hub id, revision and the hash of
+the files read; never the prompts, whose licence forbids republishing them) and "averages" (which average each
+figure is, quantkit.results.AL_DEFINITIONS).
 
 `prompt_set.sha256` is the SHA-256 of the prompt file's bytes: quantkit/data/prompts.jsonl for `builtin`, else the
 JSONL file the report names when it can still be read at publish time (null otherwise). Figures that could not be
@@ -44,7 +55,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from quantkit.results import AcceptanceResult, DraftAcceptance, ResultFileError
+from quantkit.results import AL_DEFINITIONS, AcceptanceResult, DraftAcceptance, PromptSource, ResultFileError
 
 SIDECAR = "acceptance.json"
 SIDECAR_SCHEMA_VERSION = 1
@@ -61,6 +72,12 @@ class SidecarRun(_Model):
     mean_acceptance_length: float | None = None
     acceptance_rate_per_pos: list[float | None] | None = None
     al_per_domain: dict[str, float | None] = {}
+    macro_acceptance_length: float | None = None
+    expected_acceptance_length: float | None = None
+    conditional_acceptance_per_pos: list[float | None] = []
+    accepted_length_histogram: list[int] = []
+    al_by_output_position: dict[str, float | None] = {}
+    macro_al_per_domain: dict[str, float | None] = {}
     num_drafts: int | None = None
     num_accepted: int | None = None
     tokens_per_target_forward: float | None = None
@@ -72,6 +89,12 @@ class SidecarRun(_Model):
         return cls(mean_acceptance_length=run.mean_acceptance_length,
                    acceptance_rate_per_pos=run.acceptance_rate_per_pos,
                    al_per_domain={d: v.mean_acceptance_length for d, v in run.per_domain.items()},
+                   macro_acceptance_length=run.macro_acceptance_length,
+                   expected_acceptance_length=run.expected_acceptance_length,
+                   conditional_acceptance_per_pos=run.conditional_acceptance_per_pos,
+                   accepted_length_histogram=run.accepted_length_histogram,
+                   al_by_output_position=run.al_by_output_position,
+                   macro_al_per_domain={d: v.macro_acceptance_length for d, v in run.per_domain.items()},
                    num_drafts=run.num_drafts, num_accepted=run.num_accepted,
                    tokens_per_target_forward=run.tokens_per_target_forward)
 
@@ -105,6 +128,13 @@ class AcceptanceSidecar(_Model):
     ratio_ci95: list[float | None] | None = None
     per_domain_ratio: dict[str, float | None] = {}
     greedy_outputs_identical: bool | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    draft_sample_method: str | None = None
+    num_seeds: int | None = None
+    chat_template_kwargs: dict[str, Any] = {}
+    dataset: PromptSource | None = None
+    averages: dict[str, str] = {}
     quantkit_version: str = ""
 
     @classmethod
@@ -125,10 +155,14 @@ class AcceptanceSidecar(_Model):
             engine_version_from=source, num_speculative_tokens=settings.num_speculative_tokens,
             batch_size=_int_or_none(getattr(settings, "batch_size", None)), temperature=settings.temperature,
             max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-            prompt_set=prompt_set(settings.prompts, settings.num_prompts),
+            prompt_set=prompt_set(settings.prompts, settings.num_prompts,
+                                  settings.prompt_source.content_sha256 if settings.prompt_source else None),
             baseline=SidecarRun.from_run(acceptance.baseline), candidate=SidecarRun.from_run(acceptance.candidate),
             ratio=acceptance.ratio, ratio_ci95=acceptance.ratio_ci, per_domain_ratio=dict(acceptance.per_domain_ratio),
-            greedy_outputs_identical=acceptance.greedy_outputs_identical, quantkit_version=__version__)
+            greedy_outputs_identical=acceptance.greedy_outputs_identical, top_p=settings.top_p, top_k=settings.top_k,
+            draft_sample_method=settings.draft_sample_method, num_seeds=settings.num_seeds,
+            chat_template_kwargs=dict(settings.chat_template_kwargs), dataset=_public_source(settings.prompt_source),
+            averages=dict(AL_DEFINITIONS), quantkit_version=__version__)
 
     @classmethod
     def parse(cls, data: Any, source: str = SIDECAR) -> AcceptanceSidecar:
@@ -199,14 +233,26 @@ def prompt_file(prompts: str | None) -> Path | None:
     return path if path.is_file() else None
 
 
+def _public_source(source: PromptSource | None) -> PromptSource | None:
+    """Where the prompts came from, as published: ids, revision and hashes only (file names inside the dataset)."""
+    if source is None:
+        return None
+    return PromptSource(kind=source.kind, name=prompt_set_name(source.name), repo=source.repo,
+                        revision=source.revision, content_sha256=source.content_sha256, files=list(source.files))
+
+
 def prompt_set_name(prompts: str | None) -> str | None:
-    """The public name of a prompt set: `builtin`, or the file's base name (never its local path)."""
+    """The public name of a prompt set: `builtin`, `speed-bench:CONFIG[/CATEGORY]`, or the file's base name (never
+    its local path)."""
     if not prompts:
         return None
-    return prompts if prompts == BUILTIN_PROMPTS else Path(prompts).name
+    return prompts if prompts == BUILTIN_PROMPTS or prompts.startswith("speed-bench:") else Path(prompts).name
 
 
-def prompt_set(prompts: str | None, num_prompts: int | None) -> PromptSet:
+def prompt_set(prompts: str | None, num_prompts: int | None, recorded_sha256: str | None = None) -> PromptSet:
+    """The prompt set as published; a dataset's hash as the measurement recorded it (SPEED-Bench: its files)."""
     path = prompt_file(prompts)
     digest = hashlib.sha256(path.read_bytes()).hexdigest() if path is not None and path.is_file() else None
+    if prompts and prompts.startswith("speed-bench:"):
+        digest = recorded_sha256
     return PromptSet(name=prompt_set_name(prompts), sha256=digest, num_prompts=num_prompts)

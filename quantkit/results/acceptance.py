@@ -9,14 +9,31 @@ from pydantic import field_validator, model_validator
 
 from quantkit.results.base import CommandResult, Result, _nan_to_none
 
+# Which average each AL figure is: the card, the sidecar and the CLI print these with the figures.
+AL_DEFINITIONS: dict[str, str] = {
+    "mean_acceptance_length": "pooled (micro): 1 + sum of accepted draft tokens / sum of drafts over every request, "
+                              "as vLLM's counters give it (vllm/v1/spec_decode/metrics.py)",
+    "macro_acceptance_length": "macro: the mean over requests of each request's AL (1 + accepted / drafts), as "
+                               "ModelOpt specdec_bench reports Category_AL and Average_AL",
+    "expected_acceptance_length": "pooled expected AL: 1 + sum over rounds of E[accepted | drafted tokens] under the "
+                                  "target's sampling probabilities / drafts (equals the pooled AL when greedy)",
+    "accepted_length_histogram": "drafts (rounds) by number of accepted draft tokens, 0..K",
+    "acceptance_rate_per_pos": "share of drafts whose token k was accepted, k = 1..K (vLLM's per-position rate)",
+    "conditional_acceptance_per_pos": "P(token k accepted | tokens 1..k-1 accepted) = accepted at k / accepted at "
+                                      "k-1",
+    "al_by_output_position": "pooled AL of the rounds that started in each range of generated tokens, so runs that "
+                             "stop at different points compare over the same range",
+}
+
 
 class DomainAcceptance(Result):
-    mean_acceptance_length: float | None = None
+    mean_acceptance_length: float | None = None  # pooled
+    macro_acceptance_length: float | None = None  # mean of per-request AL
     num_drafts: int | None = None
     num_accepted: int | None = None
     prompts: int | None = None
 
-    _nan = field_validator("mean_acceptance_length", mode="before")(_nan_to_none)
+    _nan = field_validator("mean_acceptance_length", "macro_acceptance_length", mode="before")(_nan_to_none)
 
 
 class PromptAcceptance(Result):
@@ -26,6 +43,12 @@ class PromptAcceptance(Result):
     num_accepted: int
     generated_tokens: int
     output_digest: str | None = None  # fingerprint of the generated token ids (quantkit.acceptance.agreement)
+    acceptance_length: float | None = None  # this request's AL, 1 + accepted / drafts
+    expected_accepted: float | None = None  # sum over its rounds of E[accepted | drafted tokens]
+    seed: int | None = None
+    turns: int = 1  # user turns sent one after the other (multi-turn rows), the model's replies in between
+
+    _nan = field_validator("acceptance_length", mode="before")(_nan_to_none)
 
 
 class AlAgreement(Result):
@@ -60,6 +83,11 @@ class DraftAcceptance(Result):
     per_domain: dict[str, DomainAcceptance] = {}
     per_prompt: list[PromptAcceptance] = []
     by_context_length: dict[str, float | None] = {}
+    macro_acceptance_length: float | None = None
+    expected_acceptance_length: float | None = None
+    accepted_length_histogram: list[int] = []
+    conditional_acceptance_per_pos: list[float | None] = []
+    al_by_output_position: dict[str, float | None] = {}
     wall_s: float = 0.0
 
     @model_validator(mode="before")
@@ -78,21 +106,42 @@ class DraftAcceptance(Result):
             return {k: {"mean_acceptance_length": x} if isinstance(x, (int, float)) else x for k, x in v.items()}
         return v
 
-    _nan = field_validator("mean_acceptance_length", "tokens_per_target_forward", mode="before")(_nan_to_none)
+    _nan = field_validator("mean_acceptance_length", "tokens_per_target_forward", "macro_acceptance_length",
+                           "expected_acceptance_length", mode="before")(_nan_to_none)
 
     def domain_al(self, domain: str) -> float | None:
         d = self.per_domain.get(domain)
         return d.mean_acceptance_length if d is not None else None
 
 
+class PromptSource(Result):
+    """Where the prompts came from, without the prompts: a dataset's id, revision and content hash (SPEED-Bench's
+    licence does not allow republishing its text)."""
+
+    kind: str = "builtin"  # builtin, jsonl, speed-bench, text
+    name: str | None = None  # e.g. speed-bench:qualitative/coding
+    repo: str | None = None  # Hub dataset id, when fetched from a Hub
+    revision: str | None = None  # the commit the files came from (None: a local folder)
+    content_sha256: str | None = None  # of the files read, in path order
+    files: list[str] = []  # paths inside the dataset
+
+
 class AcceptanceSettings(Result):
     num_speculative_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    draft_sample_method: str | None = None
+    chat_template_kwargs: dict[str, Any] = {}
     max_new_tokens: int | None = None
     prompts: str | None = None
     num_prompts: int | None = None
     seed: int | None = None
+    num_seeds: int = 1
     context_lengths: list[int] = []
+    context_source: str | None = None  # the long text context prompts are cut from (None: synthetic notes)
+    prompt_source: PromptSource | None = None
+    context_text_source: PromptSource | None = None
 
 
 class AcceptanceResult(CommandResult):
@@ -109,6 +158,10 @@ class AcceptanceResult(CommandResult):
     candidate_kind: str | None = None  # "draft", "target", or "pair" (candidate draft on candidate target)
     candidate_target: str | None = None  # pair mode: the quantized target the candidate draft runs on
     greedy_outputs_identical: bool | None = None
+    macro_ratio: float | None = None  # macro AL(candidate) / macro AL(baseline)
+    expected_ratio: float | None = None  # expected AL(candidate) / expected AL(baseline)
+    expected_ratio_ci: list[float | None] | None = None  # paired bootstrap over (prompt, seed)
+    definitions: dict[str, str] = dict(AL_DEFINITIONS)
 
     @model_validator(mode="before")
     @classmethod
@@ -130,7 +183,9 @@ class AcceptanceResult(CommandResult):
 
 
 __all__ = [
+    "AL_DEFINITIONS",
     "AcceptanceResult",
+    "PromptSource",
     "AlAgreement",
     "AcceptanceSettings",
     "DomainAcceptance",

@@ -3,6 +3,7 @@ acceptance), as figures."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from quantkit.gate.steps.base import GateCandidate, GateContext
@@ -13,7 +14,8 @@ from quantkit.vocab import EAGLE3_DRAFT, StepName
 
 class Acceptance:
     """`acceptance.ratio` (anomalous when its bootstrap CI lies wholly above 1), `.ratio_ci_low`,
-    `.per_domain_ratio.<d>`, `.candidate_al`. Drafts and pairs run against `draft` with `target`; a quantized target
+    `.per_domain_ratio.<d>`, `.candidate_al`, and with a golden file `.golden.al`, `.golden.category.<c>`,
+    `.golden.pos<k>` (quantkit.gate.golden). Drafts and pairs run against `draft` with `target`; a quantized target
     whose baseline is `target` runs as the verifier of `draft`."""
 
     name: ClassVar[StepName] = "acceptance"
@@ -26,10 +28,16 @@ class Acceptance:
 
         a = ctx.config.acceptance
         assert ctx.draft is not None  # load_gate_config requires `draft` when acceptance is a step
+        base = ctx.base or Path(".")
+        speed_bench = a.speed_bench
+        if speed_bench is not None and (base / speed_bench).exists():  # a folder next to the config, else a Hub id
+            speed_bench = str((base / speed_bench).resolve())
         acc = run_acceptance(ctx.target, ctx.draft, cand.path, prompts=ctx.prompts,
                              num_speculative_tokens=a.num_speculative_tokens, temperature=a.temperature,
                              max_new_tokens=a.max_new_tokens, backend=a.backend, candidate_target=cand.pair_target,
-                             progress=None)
+                             progress=None, top_p=a.top_p, top_k=a.top_k, seed=a.seed, num_seeds=a.num_seeds,
+                             draft_sample_method=a.draft_sample_method, chat_template_kwargs=a.chat_template_kwargs,
+                             speed_bench=speed_bench)
         report.acceptance = acc
         figures = [acceptance_ratio_check(acc.ratio, ci_pair(acc.ratio_ci), a.min_ratio, candidate=cand.name)]
         if a.use_ci_lower_bound:
@@ -41,4 +49,8 @@ class Acceptance:
         if a.min_al is not None:
             figures.append(threshold(cand.name, "acceptance", "acceptance.candidate_al",
                                      acc.candidate.mean_acceptance_length if acc.candidate else None, ">=", a.min_al))
+        if a.golden is not None:
+            from quantkit.gate.golden import golden_checks, load_golden
+
+            figures += golden_checks(acc, load_golden(base / a.golden), candidate=cand.name)
         return figures

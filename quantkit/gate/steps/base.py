@@ -31,8 +31,9 @@ class GateContext:
     config: GateConfig
     target: str  # the BF16 target (absolute)
     draft: str | None  # the BF16 draft (absolute)
-    prompts: str  # the acceptance prompts: "builtin" or an absolute path
+    prompts: str  # the acceptance prompts: "builtin", speed-bench:..., or an absolute path
     progress: Progress
+    base: Path | None = None  # the gate config's folder: what relative paths in it are relative to
     deploy_manifest: str | None = None  # serve.deploy_manifest (absolute): the served step's backend prediction
 
 
