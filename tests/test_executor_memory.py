@@ -43,10 +43,11 @@ def _one_large_shard(src: Path, kept_mib: int, tensor_mib: int) -> None:
 
 
 def test_peak_rss_stays_within_the_budget_for_one_large_shard(tmp_path):
-    """A 256 MiB shard quantized with a 40 MiB budget: the run's peak RSS growth must stay far below the shard (it
-    was slots x the shard before), and the output must equal the one written with a budget above the shard."""
+    """A 128 MiB shard quantized with a 24 MiB budget: the run's peak RSS growth must stay within twice the budget,
+    below half the shard (it was slots x the shard before; the bytes are checked against other budgets in
+    test_modules_split_across_shards_give_the_unsplit_bytes)."""
     src = tmp_path / "src"
-    _one_large_shard(src, kept_mib=256, tensor_mib=4)
+    _one_large_shard(src, kept_mib=128, tensor_mib=2)
     size = (src / "model.safetensors").stat().st_size
     script = textwrap.dedent(f"""
         import json, threading, time, torch
@@ -64,13 +65,13 @@ def test_peak_rss_stays_within_the_budget_for_one_large_shard(tmp_path):
         def sample():
             while running[0]:
                 peak[0] = max(peak[0], rss())
-                time.sleep(0.002)
+                time.sleep(0.005)
 
         sampler = threading.Thread(target=sample)
         sampler.start()
         report = shards.quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
                                             exclude=["*.mlp.gate"], layer_config=None, devices=["cpu"],
-                                            max_memory=40 * 2**20)
+                                            max_memory=24 * 2**20)
         running[0] = False
         sampler.join()
         print(json.dumps({{"base": base, "peak": max(peak[0], rss()), "slots": report.slots}}))
@@ -80,11 +81,8 @@ def test_peak_rss_stays_within_the_budget_for_one_large_shard(tmp_path):
     assert proc.returncode == 0, proc.stderr
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     growth = m["peak"] - m["base"]
-    print(f"peak RSS growth {growth / MIB:.0f} MiB for a {size / MIB:.0f} MiB shard, budget 40 MiB")
-    assert growth < 100 * MIB < size / 2, growth / MIB
-    quantize_checkpoint(src, tmp_path / "big", scheme="mxfp4", exclude=["*.mlp.gate"], layer_config=None,
-                        devices=["cpu"], max_memory=4 * size)
-    assert ec.tree_bytes(tmp_path / "out") == ec.tree_bytes(tmp_path / "big")
+    print(f"peak RSS growth {growth / MIB:.0f} MiB for a {size / MIB:.0f} MiB shard, budget 24 MiB")
+    assert growth < 48 * MIB < size / 2, growth / MIB
 
 
 def test_max_memory_below_one_tensor_is_refused_before_any_work(tmp_path):
@@ -104,10 +102,13 @@ def test_max_memory_below_one_tensor_is_refused_before_any_work(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "--max-memory 0.0 MiB" in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "cli").exists()
-    proc = subprocess.run([sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model", str(src),
-                           "--output", str(tmp_path / "cli2"), "--max-memory", "lots"], cwd=ROOT,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert proc.returncode == 2 and "--max-memory" in proc.stderr and "Traceback" not in proc.stderr
+    from click.testing import CliRunner
+
+    from quantkit.cli.app import main
+
+    result = CliRunner().invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
+                                       str(tmp_path / "cli2"), "--max-memory", "lots"])
+    assert result.exit_code == 2 and "--max-memory 'lots': not a size" in result.output, result.output
 
 
 def _reshard(src: Path, dst: Path, move) -> int:
@@ -134,21 +135,56 @@ def _reshard(src: Path, dst: Path, move) -> int:
     return moved
 
 
-@pytest.mark.parametrize("make,move", [
-    (sc.deepseek_v3_fp8, lambda n: n.endswith("_scale_inv") and len(n) % 2 == 0),
-    (sc.kimi_k25_int4, lambda n: n.endswith((".weight_scale", ".weight_shape")) and ".experts.1." not in n),
-], ids=["fp8-block", "int4"])
-def test_modules_split_across_shards_give_the_unsplit_bytes(tmp_path, make, move):
-    whole = make(tmp_path / "whole")
+_INT4_CONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": [],
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                    "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}}}
+
+
+def _int4_parts(rows: int, cols: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """weight_packed / weight_scale / weight_shape of random INT4 values in compressed-tensors' layout (8 values per
+    int32, lowest nibble first, stored as value + 8; quantkit.io.formats)."""
+    nibbles = torch.randint(0, 16, (rows, cols // 8, 8), generator=g, dtype=torch.int64)
+    packed = (nibbles << torch.arange(0, 32, 4)).sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    scale = (torch.rand(rows, cols // 32, generator=g) * 0.01 + 1e-3).to(torch.bfloat16)
+    return {"weight_packed": packed, "weight_scale": scale, "weight_shape": torch.tensor([rows, cols])}
+
+
+def _quantized_source(out: Path, fmt: str) -> Path:
+    """A small Qwen3-MoE whose experts are FP8-block (DeepSeek's layout) or INT4 pack-quantized, in shards that keep
+    each module whole."""
+    fam = ec.qwen3_moe(layers=2, experts=6, hidden=256, inter=128)
+    config = dict(fam.config)
+    g = torch.Generator().manual_seed(3)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in fam.tensors.items():
+        if ".experts." not in name:
+            tensors[name] = t
+        elif fmt == "fp8-block":
+            tensors[name], tensors[name + "_scale_inv"] = sc.fp8_block_quantize(t)
+        else:
+            for part, value in _int4_parts(*t.shape, g).items():
+                tensors[f"{name.removesuffix('.weight')}.{part}"] = value
+    config["quantization_config"] = dict(sc.FP8_CONFIG) if fmt == "fp8-block" else _INT4_CONFIG
+    return sc.write_checkpoint(out, tensors, config, shard_bytes=200_000)
+
+
+@pytest.mark.parametrize("fmt,move", [
+    ("fp8-block", lambda n: n.endswith("_scale_inv") and ".gate_proj." not in n),
+    ("int4", lambda n: n.endswith((".weight_scale", ".weight_shape")) and ".experts.1." not in n),
+])
+def test_modules_split_across_shards_give_the_unsplit_bytes(tmp_path, fmt, move):
+    whole = _quantized_source(tmp_path / "whole", fmt)
     split = tmp_path / "split"
     assert _reshard(whole, split, move) >= 4
     outs = []
-    for src in (whole, split):
-        fmt = detect_format(read_config(src), checkpoint_tensors(src))
-        out = tmp_path / f"out-{src.name}"
+    for src, budget in ((whole, None), (split, 12 * MIB), (whole, 12 * MIB)):
+        source_format = detect_format(read_config(src), checkpoint_tensors(src))
+        out = tmp_path / f"out-{src.name}-{budget}"
         # A small budget: several batches per shard, so parts are fetched from other batches and other shards.
         report = quantize_checkpoint(src, out, scheme="mxfp4", exclude=_EXCLUDE, layer_config=None, devices=["cpu"],
-                                     decode=fmt, max_memory=6 * MIB)
+                                     decode=source_format, max_memory=budget)
+        assert report.slots >= 2 and len(report.shards) >= 2
         assert sum(r.quantized for r in report.shards) > 0
         outs.append(ec.tree_bytes(out))
     assert outs[0] == outs[1]
@@ -169,21 +205,21 @@ def test_gpu_decode_is_bit_exact_with_the_cpu_decode(tmp_path):
         cpu = decode_module(fp8, "x.weight", [w, s])
         gpu = decode_module(fp8, "x.weight", [w.cuda(), s.cuda()]).cpu()
         assert torch.equal(cpu.view(torch.int16), gpu.view(torch.int16))
-        parts = sc.int4_compress(torch.randn(rows, cols, generator=g).to(torch.bfloat16) * 0.05)
+        parts = _int4_parts(rows, cols, g)
         p = [parts["weight_packed"], parts["weight_scale"], parts["weight_shape"]]
         cpu = decode_module(int4, "x.weight", p)
         gpu = decode_module(int4, "x.weight", [p[0].cuda(), p[1].cuda(), p[2]]).cpu()
         assert torch.equal(cpu.view(torch.int16), gpu.view(torch.int16))
         checked += 2
-    for make in (sc.deepseek_v3_fp8, sc.kimi_k25_int4):
-        src = make(tmp_path / make.__name__)
+    for name in ("fp8-block", "int4"):
+        src = _quantized_source(tmp_path / name, name)
         fmt = detect_format(read_config(src), checkpoint_tensors(src))
         trees = []
         for device in ("cpu", "cuda:0"):
-            out = tmp_path / f"{make.__name__}-{device.replace(':', '')}"
+            out = tmp_path / f"{name}-{device.replace(':', '')}"
             quantize_checkpoint(src, out, scheme="mxfp4", exclude=_EXCLUDE, layer_config=None, devices=[device],
                                 decode=fmt)
             trees.append(ec.tree_bytes(out))
-        assert trees[0] == trees[1], make.__name__
+        assert trees[0] == trees[1], name
         checked += 1
     print(f"GPU decode bit-exact: {checked} checks")
