@@ -280,6 +280,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=4, help="streams for the parallel floor")
     ap.add_argument("--skip-quark", action="store_true")
     ap.add_argument("--skip-floor1", action="store_true", help="skip the one-stream floor")
+    ap.add_argument("--quark-once", action="store_true", help="run Quark for the first --devices set only")
     ap.add_argument("--max-memory", default=None, help="quantkit's --max-memory (e.g. 3GiB); default: its own")
     ap.add_argument("--cli", action="store_true",
                     help="also time `quantkit apply` end to end (CLI, first device set) against the same floor")
@@ -323,7 +324,8 @@ def main() -> None:
             child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices,
                           "max_memory": parse_size(args.max_memory) if args.max_memory else None}
             quark_dst, native_dst = root / f"quark-{k}", root / f"native-{k}"
-            if not args.skip_quark:
+            quark_here = not args.skip_quark and not (args.quark_once and k > 0)
+            if quark_here:
                 prepare()
                 log(f"running Quark direct_quantize_checkpoint on {','.join(devices)}")
                 rows["quark f2f" + tag] = run_child(QUARK_SCRIPT, {**child_args, "dst": str(quark_dst)})
@@ -331,7 +333,7 @@ def main() -> None:
             log(f"running quantkit's executor on {','.join(devices)}")
             rows["quantkit native" + tag] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(native_dst)})
             check: dict[str, dict] = {}
-            if not args.skip_quark:
+            if quark_here:
                 mapping = len(devices) > 1
                 same, files, differ = same_tree(quark_dst, native_dst, index_as_mapping=mapping)
                 check["vs_quark_same_devices"] = {"identical": same, "files": files, "differ": differ,
@@ -340,7 +342,7 @@ def main() -> None:
             if single_quark is not None:
                 same, files, differ = same_tree(single_quark, native_dst)
                 check["vs_quark_single_device_bytes"] = {"identical": same, "files": files, "differ": differ}
-            if not args.skip_quark:
+            if quark_here:
                 if len(devices) == 1 and single_quark is None:
                     single_quark = quark_dst
                 else:

@@ -420,7 +420,7 @@ def _memory_plan(layouts: dict[str, ShardLayout], max_memory: int | None, reader
     ratio = ratio_out(layouts, decode_on_host)
     reserve = 0
     if uses_cpu:
-        biggest_q = max((u.shape and u.source_bytes for u in units if u.kind == "quantize"), default=0)
+        biggest_q = max((u.source_bytes for u in units if u.kind == "quantize"), default=0)
         reserve = min(cpu_threads, 8) * biggest_q * 2
     budget = max_memory if max_memory is not None else default_max_memory(devices)
     mem = plan_memory(budget, readers, len(devices), max(largest_read, 1), ratio, uses_gpu, reserve)

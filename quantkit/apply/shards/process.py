@@ -194,7 +194,7 @@ def _bad_scale(scale: torch.Tensor, scheme: str) -> torch.Tensor:
 def _model_dtype(s: Settings) -> torch.dtype:
     import torch
 
-    return getattr(torch, s.plan.model_dtype)  # type: ignore[no-any-return]
+    return getattr(torch, s.plan.model_dtype)
 
 
 def _decode(s: Settings, u: Unit, loaded: Loaded, device: Any = None, check_finite: bool = True) -> torch.Tensor:
@@ -344,7 +344,7 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
             except NonFiniteWeight:
                 for i in batch:
                     u = units[i]
-                    w = _decode(s, u, _on_cpu(loaded)) if u.decoded else loaded.tensors[u.parts[0].entry.name]
+                    w = _decode(s, u, loaded) if u.decoded else loaded.tensors[u.parts[0].entry.name]
                     if _first_non_finite(w)[0]:
                         raise _non_finite_error(u.name, w, shard) from None
                 raise
@@ -388,7 +388,7 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
             torch.cuda.synchronize(dev)
         raise
     if bad_decoded:  # the CPU decode names the tensor and its first NaN/Inf
-        _decode(s, units[bad_decoded[0]], _on_cpu(loaded))
+        _decode(s, units[bad_decoded[0]], loaded)
         raise ShardVerificationError(f"{units[bad_decoded[0]].name}: the GPU decode gave NaN/Inf, the CPU decode "
                                      "did not (internal error)")
     if bad:
@@ -396,6 +396,3 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
     tensors = [t for r in results for t in r]
     return Output(loaded, tensors, sum(u.kind == "quantize" for u in units), device, time.perf_counter() - t0)
 
-
-def _on_cpu(loaded: Loaded) -> Loaded:
-    return loaded  # the parts are views of the host slot already
