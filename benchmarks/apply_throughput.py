@@ -242,7 +242,13 @@ def run_cli(src: Path, dst: Path, devices: list[str], max_memory: str | None) ->
     if max_memory:
         cmd += ["--max-memory", max_memory]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+                              timeout=float(os.environ.get("APPLY_CLI_TIMEOUT", "1e9")))
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
+        return {"wall_s": time.perf_counter() - t0, "work_s": time.perf_counter() - t0,
+                "failed": "timed out; last progress: " + err[-800:]}
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         print(f"quantkit apply failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -317,8 +323,14 @@ def main() -> None:
         shutil.rmtree(root / "floorN")
         for r in rows.values():
             r["work_s"] = r["wall_s"]
-        several = len(device_sets) > 1
         identity: dict[str, dict] = {}
+
+        def dump() -> None:  # rows so far, for a run cut short
+            if os.environ.get("APPLY_PARTIAL"):
+                Path(os.environ["APPLY_PARTIAL"]).write_text(json.dumps({"rows": rows, "identity": identity}, default=str))
+
+        dump()
+        several = len(device_sets) > 1
         single_quark: Path | None = None  # a single-device Quark folder: deterministic, compared byte for byte
         for k, devices in enumerate(device_sets):
             tag = f" [{','.join(devices)}]" if several else ""
@@ -330,9 +342,11 @@ def main() -> None:
                 prepare()
                 log(f"running Quark direct_quantize_checkpoint on {','.join(devices)}")
                 rows["quark f2f" + tag] = run_child(QUARK_SCRIPT, {**child_args, "dst": str(quark_dst)})
+                dump()
             prepare()
             log(f"running quantkit's executor on {','.join(devices)}")
             rows["quantkit native" + tag] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(native_dst)})
+            dump()
             check: dict[str, dict] = {}
             if quark_here:
                 mapping = len(devices) > 1
@@ -353,6 +367,7 @@ def main() -> None:
                 log(f"{','.join(devices)} {name}: identical {c['identical']} ({c['files']} files)"
                     f"{'' if c['identical'] else ' differ: ' + str(c['differ'])}")
             identity[",".join(devices)] = check
+            dump()
         if args.cli:
             prepare()
             log(f"running quantkit apply (CLI) on {','.join(device_sets[0])}")
