@@ -14,7 +14,6 @@ can. Per shard is the default path for every recipe without static activation sc
 from __future__ import annotations
 
 import re
-import resource
 import shlex
 import sys
 import time
@@ -406,6 +405,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         decoded = decoded_infos(plan) if plan.source_format.name != "bf16" or plan.dropped else None
         if decoded is not None and plan.dropped:
             decoded = {n: t for n, t in decoded.items() if n not in plan.dropped}
+        from quantkit.apply.shards.memory import peak_rss_mb
+
         verified = verify_output(src, tmp, decisions, kept_checked_by_hash=native, source_tensors=decoded)
         verified["restored_source_dtype"] = restored
         timings["verify"] = time.perf_counter() - t2
@@ -413,7 +414,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         out_size = sum(p.stat().st_size for p in tmp.glob("*.safetensors"))
         result = ApplyResult(
             **base, size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
-            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            peak_rss_mb=peak_rss_mb(),
             source_files=hashes, verified=verified, shards=shards, resumed_shards=resumed,
             throughput_mb_s=throughput, device_plan={},
             output_files=sorted({*written_files(tmp), "quantkit.json"}),

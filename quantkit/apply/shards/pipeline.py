@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import queue
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from typing import Any, Literal
 from quantkit.apply.shards.errors import ExecutorError
 from quantkit.apply.shards.f2f import check_aux_quark, copy_aux_quark, plan_shards, write_quark_config
 from quantkit.apply.shards.journal import JOURNAL_NAME, open_journal, run_key
-from quantkit.apply.shards.memory import MB, HostBuffers, MemoryPlan, default_max_memory, plan_memory
+from quantkit.apply.shards.memory import MB, HostBuffers, MemoryPlan, default_max_memory, peak_rss_mb, plan_memory
 from quantkit.apply.shards.process import Loaded, Output, Settings, SourceFiles, process_cpu, process_device, read_batch
 from quantkit.apply.shards.units import Batch, ShardLayout, cut_batches, ratio_out, shard_layouts
 from quantkit.apply.shards.writer import OutputShard
@@ -403,7 +402,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     report.total_seconds = round(time.perf_counter() - t_start, 3)
     done_bytes = sum(r.bytes_in for r in report.shards if not r.resumed)
     report.mb_per_s = round(done_bytes / MB / max(report.total_seconds, 1e-9), 1)
-    report.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    report.peak_rss_mb = peak_rss_mb()
     report.readers, report.page_locked = n_readers, page_locked
     report.max_memory_mb = round(mem.budget / MB, 1)
     report.slots, report.slot_mb = mem.slots, round(mem.slot_bytes / MB, 1)
