@@ -22,6 +22,7 @@ Needs only torch, safetensors and amd-quark (no vLLM); run from the repository r
     python benchmarks/apply_throughput.py --devices cuda:0,cuda:1 --size-mb 6900 --json
     python benchmarks/apply_throughput.py --devices cuda:0 --devices cuda:0,cuda:1 --size-mb 6900 --shard-mb 180
     python benchmarks/apply_throughput.py --skip-quark --scheme ptpc_fp8
+    python benchmarks/apply_throughput.py --devices cuda:0 --size-mb 24000 --shard-mb 4000 --cli   # + the CLI row
 """
 
 from __future__ import annotations
@@ -93,13 +94,14 @@ def main():
     t1 = time.perf_counter()
     cpu0 = cpu_seconds()
     report = quantize_checkpoint(Path(args["src"]), Path(args["dst"]), scheme=args["scheme"], exclude=args["exclude"],
-                                 layer_config=None, devices=args["devices"])
+                                 layer_config=None, devices=args["devices"], max_memory=args.get("max_memory"))
     t2 = time.perf_counter()
     print("RESULT " + json.dumps({"import_s": t1 - t0, "work_s": t2 - t1, "peak_rss_mb": peak_rss_mb(),
                                   "cpu_s": cpu_seconds() - cpu0,
                                   "quark_loaded": any(m == "quark" or m.startswith("quark.") for m in sys.modules),
                                   "shards": len(report.shards), "readers": report.readers,
-                                  "page_locked": report.page_locked}))
+                                  "page_locked": report.page_locked, "max_memory_mb": report.max_memory_mb,
+                                  "slots": report.slots, "slot_mb": report.slot_mb}))
 
 if __name__ == "__main__":
     main()
@@ -179,6 +181,13 @@ def build_checkpoint(out: Path, size_mb: float, shard_mb: float) -> tuple[list[s
     return sorted(kept), written
 
 
+def parse_size(text: str) -> int:
+    sys.path.insert(0, str(ROOT))
+    from quantkit.apply.run import parse_size as parse
+
+    return parse(text, "--max-memory")
+
+
 def evict(folder: Path) -> None:
     """Flush earlier stages' writes (so no stage pays for another's writeback) and drop the folder's pages from the
     page cache, so the next reader starts from disk."""
@@ -224,6 +233,31 @@ def run_child(script: str, args: dict) -> dict:
     return {**json.loads(lines[-1][len("RESULT "):]), "wall_s": wall}
 
 
+def run_cli(src: Path, dst: Path, devices: list[str], max_memory: str | None) -> dict:
+    """`quantkit apply --recipe mxfp4-moe` as a user runs it, in a fresh process: wall time (process start, plan,
+    quantize, verify, final files), its own timings, and the process's peak RSS (as apply reports it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
+           str(dst), "--devices", ",".join(devices), "--json"]
+    if max_memory:
+        cmd += ["--max-memory", max_memory]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+                              timeout=float(os.environ.get("APPLY_CLI_TIMEOUT", "1e9")))
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
+        return {"wall_s": time.perf_counter() - t0, "work_s": time.perf_counter() - t0,
+                "failed": "timed out; last progress: " + err[-800:]}
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(f"quantkit apply failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return {"wall_s": wall, "work_s": wall, "failed": proc.stderr[-500:]}
+    result = json.loads(proc.stdout)
+    return {"wall_s": wall, "work_s": wall, "timings_s": result.get("timings_s"),
+            "peak_rss_mb": result.get("peak_rss_mb")}
+
+
 INDEX = "model.safetensors.index.json"
 
 
@@ -252,6 +286,11 @@ def main() -> None:
     ap.add_argument("--scheme", default="mxfp4", choices=["mxfp4", "ptpc_fp8"])
     ap.add_argument("--threads", type=int, default=4, help="streams for the parallel floor")
     ap.add_argument("--skip-quark", action="store_true")
+    ap.add_argument("--skip-floor1", action="store_true", help="skip the one-stream floor")
+    ap.add_argument("--quark-once", action="store_true", help="run Quark for the first --devices set only")
+    ap.add_argument("--max-memory", default=None, help="quantkit's --max-memory (e.g. 3GiB); default: its own")
+    ap.add_argument("--cli", action="store_true",
+                    help="also time `quantkit apply` end to end (CLI, first device set) against the same floor")
     ap.add_argument("--hot", action="store_true", help="keep the source in the page cache between stages")
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
@@ -274,31 +313,42 @@ def main() -> None:
             if not args.hot:
                 evict(src)
 
-        prepare()
-        rows["floor, 1 stream"] = {"wall_s": floor(src, root / "floor1", 1)}
-        shutil.rmtree(root / "floor1")
+        if not args.skip_floor1:
+            prepare()
+            rows["floor, 1 stream"] = {"wall_s": floor(src, root / "floor1", 1)}
+            shutil.rmtree(root / "floor1")
         prepare()
         parallel = f"floor, {args.threads} streams"
         rows[parallel] = {"wall_s": floor(src, root / "floorN", args.threads)}
         shutil.rmtree(root / "floorN")
         for r in rows.values():
             r["work_s"] = r["wall_s"]
-        several = len(device_sets) > 1
         identity: dict[str, dict] = {}
+
+        def dump() -> None:  # rows so far, for a run cut short
+            if os.environ.get("APPLY_PARTIAL"):
+                Path(os.environ["APPLY_PARTIAL"]).write_text(json.dumps({"rows": rows, "identity": identity}, default=str))
+
+        dump()
+        several = len(device_sets) > 1
         single_quark: Path | None = None  # a single-device Quark folder: deterministic, compared byte for byte
         for k, devices in enumerate(device_sets):
             tag = f" [{','.join(devices)}]" if several else ""
-            child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices}
+            child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices,
+                          "max_memory": parse_size(args.max_memory) if args.max_memory else None}
             quark_dst, native_dst = root / f"quark-{k}", root / f"native-{k}"
-            if not args.skip_quark:
+            quark_here = not args.skip_quark and not (args.quark_once and k > 0)
+            if quark_here:
                 prepare()
                 log(f"running Quark direct_quantize_checkpoint on {','.join(devices)}")
                 rows["quark f2f" + tag] = run_child(QUARK_SCRIPT, {**child_args, "dst": str(quark_dst)})
+                dump()
             prepare()
             log(f"running quantkit's executor on {','.join(devices)}")
             rows["quantkit native" + tag] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(native_dst)})
+            dump()
             check: dict[str, dict] = {}
-            if not args.skip_quark:
+            if quark_here:
                 mapping = len(devices) > 1
                 same, files, differ = same_tree(quark_dst, native_dst, index_as_mapping=mapping)
                 check["vs_quark_same_devices"] = {"identical": same, "files": files, "differ": differ,
@@ -307,7 +357,7 @@ def main() -> None:
             if single_quark is not None:
                 same, files, differ = same_tree(single_quark, native_dst)
                 check["vs_quark_single_device_bytes"] = {"identical": same, "files": files, "differ": differ}
-            if not args.skip_quark:
+            if quark_here:
                 if len(devices) == 1 and single_quark is None:
                     single_quark = quark_dst
                 else:
@@ -317,6 +367,13 @@ def main() -> None:
                 log(f"{','.join(devices)} {name}: identical {c['identical']} ({c['files']} files)"
                     f"{'' if c['identical'] else ' differ: ' + str(c['differ'])}")
             identity[",".join(devices)] = check
+            dump()
+        if args.cli:
+            prepare()
+            log(f"running quantkit apply (CLI) on {','.join(device_sets[0])}")
+            rows[f"quantkit apply CLI, end to end [{','.join(device_sets[0])}]"] = run_cli(
+                src, root / "cli", device_sets[0], args.max_memory)
+            shutil.rmtree(root / "cli", ignore_errors=True)
         for r in rows.values():
             r["mb_per_s"] = size / MB / r["work_s"]
         floor_mb_s = rows[parallel]["mb_per_s"]

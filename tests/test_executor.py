@@ -150,20 +150,34 @@ def test_serializer_matches_safetensors(tmp_path):
 # --- the batched (GPU) path and the read pipeline, on CPU ---------------------------------------------------------------
 
 
-def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, batched: bool) -> list[tuple]:
-    """Every shard through the per-tensor path (proven equal to Quark above) or the batched one `_process_device`
-    runs on a GPU, here on CPU: (tensor names in order, {name: (dtype, shape, bytes)}, kept-tensor digests)."""
-    from quantkit.apply.shards import f2f, process
+def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, batched: bool,
+                   batch_bytes: int = 1 << 40) -> list[tuple]:
+    """Every shard through the per-tensor path (proven equal to Quark above) or the batched one `process_device`
+    runs on a GPU, here on CPU, in batches of at most `batch_bytes` read: (tensor names in order, {name: (dtype,
+    shape, bytes)}, tensors quantized)."""
+    from quantkit.apply.shards import f2f, process, units
 
     plan = f2f.plan_shards(src, scheme, exclude, layer_config)
     settings = process.Settings(src, src, scheme, exclude, layer_config, plan)
+    layouts = units.shard_layouts(src, plan, scheme=scheme, exclude=exclude, layer_config=layer_config,
+                                  drop=frozenset(), decode=None)
+    files = process.SourceFiles(src, plan.sizes)
     outs = []
-    for i, name in enumerate(plan.shards):
-        loaded = process.load_shard(src, name, i, torch.empty(plan.sizes[name], dtype=torch.uint8))
-        out = process.process_device(loaded, settings, "cpu") if batched else process.process_cpu(loaded, settings, "cpu", None)
-        outs.append((list(out.tensors), {k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8)
-                                              .numpy().tobytes()) for k, t in out.tensors.items()},
-                     out.expected, out.quantized))
+    for name in plan.shards:
+        layout = layouts[name]
+        units.cut_batches(layout, batch_bytes, False)
+        tensors: dict = {}
+        quantized = 0
+        for batch in layout.batches:
+            host = torch.empty(batch.read_bytes * 3 + (1 << 20), dtype=torch.uint8)
+            loaded = process.read_batch(files, batch, host, layout.data_start, layout.entries)
+            out = process.process_device(loaded, settings, "cpu") if batched else \
+                process.process_cpu(loaded, settings, "cpu", None)
+            tensors.update({k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                            for k, t in out.tensors})
+            quantized += out.quantized
+        outs.append((list(tensors), tensors, quantized))
+    files.close()
     return outs
 
 
@@ -199,7 +213,7 @@ def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, 
     exclude = [m for m in ec.exclude_modules(fam) if not (layer_config and "self_attn" in m)]
     monkeypatch.setattr(process, "_DEVICE_BATCH_BYTES", batch_bytes)
     per_tensor = _shard_outputs(src, scheme, exclude, layer_config, batched=False)
-    batched = _shard_outputs(src, scheme, exclude, layer_config, batched=True)
+    batched = _shard_outputs(src, scheme, exclude, layer_config, batched=True, batch_bytes=batch_bytes * 2)
     assert sum(q for *_, q in per_tensor) > 10
     assert batched == per_tensor
 

@@ -14,7 +14,6 @@ can. Per shard is the default path for every recipe without static activation sc
 from __future__ import annotations
 
 import re
-import resource
 import shlex
 import sys
 import time
@@ -65,6 +64,16 @@ PATHS = ("auto", "in-memory", "per-shard")
 
 
 DEVICE = re.compile(r"cuda:[0-9]{1,4}")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+
+
+def parse_size(text: str, option: str) -> int:
+    """Bytes from `8GiB`, `8G`, `500MiB`, `500MB` (binary units) or a plain number of bytes."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ApplyError(f"{option} {text[:40]!r}: not a size; give e.g. 8GiB, 500MiB or a number of bytes")
+    scale = 1024 ** " KMGT".index((m.group(2) or " ").upper())
+    return max(1, int(float(m.group(1)) * scale))
 
 
 def device_spec(devices: str | list[str] | None) -> list[str]:
@@ -325,10 +334,11 @@ def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], Non
 def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *, device: str | None = None,
           devices: str | list[str] | None = "auto", path: str | None = None, engine: str = "auto",
           overwrite: bool = False, resume: bool = False, dry_run: bool = False, target: str | Path | None = None,
-          progress: Progress | None = None) -> ApplyResult:
+          max_memory: int | None = None, progress: Progress | None = None) -> ApplyResult:
     """Quantize `model` with `recipe` into `output` (written to a temporary folder, renamed when complete).
 
-    `devices`: auto | cpu | cuda | "cuda:0,cuda:1" (`device` is the older single-device spelling). `resume`
+    `devices`: auto | cpu | cuda | "cuda:0,cuda:1" (`device` is the older single-device spelling). `max_memory`:
+    the native executor's host-memory budget in bytes (None: from the machine). `resume`
     continues an interrupted native run from its temporary folder. `dry_run` returns the plan (layers, exclude,
     predicted size, device plan) without reading tensor data or writing anything.
     """
@@ -389,7 +399,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
                                          resume=continuing, progress=_shard_progress(progress, src.size_bytes),
                                          decode=plan.source_format if plan.source_format.name != "bf16" else None,
-                                         drop=plan.dropped,
+                                         drop=plan.dropped, max_memory=max_memory,
                                          finish=lambda _src, dst, qc: write_final_files(plan, dst, qc))
             shards = report.shards
             hashes = {r.name: r.sha256_in for r in report.shards}
@@ -413,6 +423,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         decoded = decoded_infos(plan) if plan.source_format.name != "bf16" or plan.dropped else None
         if decoded is not None and plan.dropped:
             decoded = {n: t for n, t in decoded.items() if n not in plan.dropped}
+        from quantkit.apply.shards.memory import peak_rss_mb
+
         verified = verify_output(src, tmp, decisions, kept_checked_by_hash=native, source_tensors=decoded)
         verified["restored_source_dtype"] = restored
         timings["verify"] = time.perf_counter() - t2
@@ -420,7 +432,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         out_size = sum(p.stat().st_size for p in tmp.glob("*.safetensors"))
         result = ApplyResult(
             **base, size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
-            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            peak_rss_mb=peak_rss_mb(),
             source_files=hashes, verified=verified, shards=shards, resumed_shards=resumed,
             throughput_mb_s=throughput, device_plan={},
             output_files=sorted({*written_files(tmp), "quantkit.json"}),

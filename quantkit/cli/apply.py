@@ -44,11 +44,15 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--overwrite", is_flag=True,
               help="Replace the output folder if a previous `quantkit apply` wrote it (never a source, never a folder "
                    "holding files quantkit did not write); also discards an interrupted run's temporary folder.")
+@click.option("--max-memory", "max_memory", default=None, envvar="QUANTKIT_MAX_MEMORY",
+              help="Host memory the native executor may hold, e.g. 8GiB or 500MiB (default: from the machine's "
+                   "memory and the device count). Memory does not grow with shard size; a budget below one "
+                   "tensor's work is refused before anything is read.")
 @trust_option()
 @json_option("Print the result (what was quantized, what was kept and why, timings) as JSON.")
 def apply_command(recipe: str, model: str, output: Path, target: str | None, devices: str, device: str | None,
                   run_path: str | None, engine: str, resume: bool, dry_run: bool, overwrite: bool,
-                  trust_remote_code: bool, as_json: bool) -> None:
+                  max_memory: str | None, trust_remote_code: bool, as_json: bool) -> None:
     """Quantize a checkpoint with a recipe, so that vLLM loads it exactly as the recipe intends.
 
     \b
@@ -62,12 +66,13 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     (recipe, source hashes, versions, per-layer decisions with reasons, sizes, timings). Kept tensors are checked
     to be byte-identical to the source before the folder is put in place.
     """
-    from quantkit.apply.run import apply
+    from quantkit.apply.run import apply, parse_size
     from quantkit.io.hf import remote_code_allowed
 
+    budget = parse_size(max_memory, "--max-memory") if max_memory is not None else None
     with remote_code_allowed(trust_remote_code):
         result = apply(recipe, model, output, devices=device or devices, path=run_path, engine=engine,
-                       overwrite=overwrite, resume=resume, dry_run=dry_run, target=target,
+                       overwrite=overwrite, resume=resume, dry_run=dry_run, target=target, max_memory=budget,
                        progress=stderr_progress("apply"))
     if as_json:
         print_json(result.to_dict())

@@ -647,6 +647,29 @@ def decode_tensors(
     return out
 
 
+def decode_module(fmt: SourceFormat, name: str, parts: list[torch.Tensor], *, dtype: torch.dtype | None = None,
+                  check_finite: bool = True) -> torch.Tensor:
+    """One quantized module's decoded weight `name` from its parts in `decoded_tensor_names` order (FP8-block:
+    weight, weight_scale_inv; INT4: weight_packed, weight_scale, weight_shape), on the parts' device: the very
+    arithmetic of `decode_tensors`, so a GPU decode is bit-exact with the CPU one (elementwise IEEE products, one
+    rounding). `check_finite=False` leaves the NaN/Inf test to the caller (a GPU caller batches it)."""
+    import torch
+
+    out_dtype = torch.bfloat16 if dtype is None else dtype
+    if fmt.name == "fp8-block":
+        result = _decode_fp8_block(name, parts[0], parts[1], fmt, out_dtype)
+        sources = [name, name + "_scale_inv"]
+    elif fmt.name == "int4-pack-quantized":
+        result = _decode_int4(name, parts[0], parts[1], parts[2], fmt, out_dtype)
+        module = name.removesuffix(".weight")
+        sources = [module + p for p in INT4_PARTS]
+    else:
+        raise SourceFormatError(f"{name}: format {fmt.name} has no quantized modules to decode")
+    if check_finite:
+        _check_finite(name, result, sources)
+    return result
+
+
 def _fetch(part: str, decoded: str, lookup: Callable[[str], torch.Tensor] | None) -> torch.Tensor:
     if lookup is None:
         raise SplitModuleError(f"{decoded}: {part} is not in this shard; decode with a lookup over the whole "

@@ -53,7 +53,10 @@ class ExecutorReport(Result):
     source_changed: list[str] = []  # finished before an interrupt, redone: its source changed
     ignored_files: list[str] = []  # *.safetensors the index does not name: not read
     readers: int = 0
-    page_locked: bool = False  # the source buffers were page-locked for asynchronous GPU copies
+    page_locked: bool = False  # the slot buffers were page-locked for asynchronous GPU copies
+    max_memory_mb: float = 0.0  # the host-memory budget the run was held to
+    slots: int = 0  # batches in flight at once (each in one slot buffer)
+    slot_mb: float = 0.0
     quantization_config: dict[str, Any] = {}  # as Quark's file-to-file path writes it (checkpoint names)
 
 

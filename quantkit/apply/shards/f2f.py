@@ -50,7 +50,7 @@ from quantkit.io.headers import (
     safetensors_files,
     unindexed_weight_files,
 )
-from quantkit.io.safetensors import DTYPES, HeaderEntry, parse_header, read_header_entries
+from quantkit.io.safetensors import DTYPES, HeaderEntry, parse_header, read_parsed_header
 from quantkit.schemes import native_schemes
 from quantkit.schemes.quark_config import quark_quantization_config
 
@@ -73,9 +73,11 @@ def parse_shard_header(raw: bytes | bytearray | memoryview, size: int, where: st
     return parsed.data_start, _native_dtypes(parsed.entries, where)
 
 
-def read_shard_header(path: Path) -> list[HeaderEntry]:
-    """The tensors of shard `path` in file order, from its header alone (the rules of `parse_shard_header`)."""
-    return _native_dtypes(read_header_entries(path, CorruptShardError), str(path))
+def read_shard_header(path: Path) -> tuple[int, list[HeaderEntry]]:
+    """(data start, the tensors of shard `path` in file order), from its header alone (the rules of
+    `parse_shard_header`)."""
+    parsed = read_parsed_header(path, CorruptShardError)
+    return parsed.data_start, _native_dtypes(parsed.entries, str(path))
 
 
 def is_linear_weight_name(name: str) -> bool:
@@ -151,6 +153,7 @@ class ShardPlan:
     model_dtype: str
     sizes: dict[str, int]
     ignored: list[str] = field(default_factory=list)  # *.safetensors the index does not name
+    headers: dict[str, tuple[int, list[HeaderEntry]]] = field(default_factory=dict)  # data start, entries
 
 
 def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
@@ -173,15 +176,18 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
     excluded: set[str] = set()
     floating: set[str] = set()
     sizes = {}
+    headers: dict[str, tuple[int, list[HeaderEntry]]] = {}
+    exclude_match = matcher(tuple(exclude))
     for shard in shards:
         path = src / shard
         sizes[shard] = path.stat().st_size
-        for e in read_shard_header(path):
+        headers[shard] = read_shard_header(path)
+        for e in headers[shard][1]:
             place_tensor(src, weight_map, placed, e.name, shard)
             if decode is None and e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
                 raise ExecutorError(f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
                                     "checkpoint, or use Quark's path, which dequantizes first")
-            if is_linear_weight_name(e.name) and len(e.shape) >= 2 and matcher(tuple(exclude))(module_of(e.name)):
+            if is_linear_weight_name(e.name) and len(e.shape) >= 2 and exclude_match(module_of(e.name)):
                 excluded.add(module_of(e.name))
                 if e.dtype in _FLOAT_ST:
                     floating.add(e.name)
@@ -192,7 +198,7 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ExecutorError(f"{cfg_path}: dtype {dtype!r} is not a torch dtype; set torch_dtype to bfloat16, "
                             "float16 or float32")
-    return ShardPlan(shards, sorted(excluded), floating, dtype, sizes, unindexed_weight_files(src))
+    return ShardPlan(shards, sorted(excluded), floating, dtype, sizes, unindexed_weight_files(src), headers)
 
 
 def copy_aux_quark(src: Path, dst: Path) -> None:

@@ -51,6 +51,7 @@ class _JournalShard(BaseModel):
     device: str
     resumed: bool = False
     weight_map: list[str]
+    depends_on: list[str] = []  # other source shards it took parts from (a module split across shards)
 
 
 class _Journal(BaseModel):
@@ -137,12 +138,15 @@ class Journal:
     def shards(self) -> dict[str, dict[str, Any]]:
         return self.data["shards"]
 
-    def kept_shards(self, src: Path, dst: Path, shards: list[str], *, streams: int
+    def kept_shards(self, src: Path, dst: Path, shards: list[str], *, streams: int,
+                    depends_on: dict[str, list[str]] | None = None,
                     ) -> tuple[dict[str, ShardSummary], dict[str, list[str]], list[tuple[int, str]], list[str]]:
         """Which finished shards a resume keeps: (their summaries, their weight maps, the (index, name) of the shards
         still to do, the finished shards whose source changed since). A shard is kept only if its output and its
         source still hash as recorded (both re-hashed in full, `streams` files at a time: see
-        finished_shard_verdict); every other one is forgotten and its output removed. The journal is saved."""
+        finished_shard_verdict), and, when it took parts of a module from other shards (`depends_on`), only if each of
+        those is kept too (its source bytes proven unchanged); every other one is forgotten and its output removed.
+        The journal is saved."""
         self.data["shards"] = {k: v for k, v in self.shards.items() if k in shards}
         finished = [(name, self.shards[name]) for name in shards if name in self.shards]
         with ThreadPoolExecutor(max_workers=max(1, min(streams, len(finished))),
@@ -150,6 +154,13 @@ class Journal:
             verdicts = dict(zip((name for name, _ in finished),
                                 hashers.map(lambda f: finished_shard_verdict(src, dst, f[0], f[1]), finished),
                                 strict=True))
+        deps = depends_on or {}
+        kept = {name for name, v in verdicts.items() if v == "kept"}
+        while True:  # a shard whose parts came from a shard that is redone is redone too
+            drop = {name for name in kept if any(d not in kept for d in deps.get(name, []))}
+            if not drop:
+                break
+            kept -= drop
         records: dict[str, ShardSummary] = {}
         weight_maps: dict[str, list[str]] = {}
         todo: list[tuple[int, str]] = []
@@ -157,7 +168,7 @@ class Journal:
         for i, name in enumerate(shards):
             entry = self.shards.get(name)
             verdict = verdicts.get(name)
-            if entry is not None and verdict == "kept":
+            if entry is not None and verdict == "kept" and name in kept:
                 records[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
                                              sha256_in=entry["sha256_in"], sha256_out=entry["sha256_out"],
                                              tensors=entry["tensors"], quantized=entry["quantized"], seconds=0.0,
@@ -172,9 +183,10 @@ class Journal:
         self.save()
         return records, weight_maps, todo, changed
 
-    def record(self, summary: ShardSummary, weight_map: list[str]) -> None:
+    def record(self, summary: ShardSummary, weight_map: list[str], depends_on: list[str] | None = None) -> None:
         """One more finished shard, saved at once (a crash after this keeps it for a resume)."""
-        self.shards[summary.name] = {**summary.model_dump(), "weight_map": weight_map}
+        self.shards[summary.name] = {**summary.model_dump(), "weight_map": weight_map,
+                                     "depends_on": list(depends_on or [])}
         self.save()
 
     def save(self) -> None:

@@ -1,5 +1,9 @@
-"""Host memory of the per-shard executor: the machine's memory, and the reused (optionally page-locked)
-source buffers, one per slot, that bound what a run holds."""
+"""Host memory of the per-shard executor: the machine's memory, the byte budget (`--max-memory`) and how it is
+cut into slots, and the reused (optionally page-locked) slot buffers that bound what a run holds.
+
+A slot holds one batch from its read until its output is written: the batch's source bytes, the parts fetched by
+offset, and room for its outputs (and, when the CPU decodes, the decoded values). Everything a run holds besides
+torch itself lives in `slots x slot bytes`, which stays within the budget whatever the size of a shard."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import contextlib
 import os
 import queue
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,8 +37,8 @@ def _cuda_host_register(t: torch.Tensor, register: bool) -> bool:
 
 
 class HostBuffers:
-    """The memory budget: one source buffer per slot, allocated on first use at the largest shard's size and reused
-    (no fresh page faults per shard), optionally page-locked so that a GPU copies from it asynchronously."""
+    """The slots: one buffer each, allocated on first use at the slot size and reused (no fresh page faults per
+    batch), optionally page-locked so that a GPU copies from and to it asynchronously."""
 
     def __init__(self, slots: int, capacity: int, pin: bool) -> None:
         self.free: queue.Queue[torch.Tensor | None] = queue.Queue()
@@ -104,6 +109,16 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB: VmHWM, which, unlike ru_maxrss, does not start from the
+    parent's peak when the process was forked (a 24 GB parent made a small child report 38 GB)."""
+    import resource
+
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
+        return round(int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def total_memory() -> int:
     total = _meminfo("MemTotal")
     return total if total is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -113,6 +128,67 @@ def available_memory() -> int:
     """MemAvailable (free plus reclaimable page cache), not MemFree: the source's own pages fill the cache."""
     available = _meminfo("MemAvailable")
     return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+GIB = 1024 * MB
+_GPU_BATCH_CAP = 512 * MB  # source bytes per batch on a GPU run: large enough for batched kernels
+_CPU_BATCH_CAP = 128 * MB  # on CPU, one tensor per core: a batch only needs to keep the cores busy
+
+
+def default_max_memory(devices: list[str]) -> int:
+    """The budget without --max-memory: 1 GiB plus 1 GiB per CPU worker and 1.5 GiB per GPU, at most half of the
+    available memory (at least 256 MiB)."""
+    gpus = sum(d != "cpu" for d in devices)
+    want = GIB + GIB * (len(devices) - gpus) + int(1.5 * GIB) * gpus
+    return max(256 * MB, min(want, available_memory() // 2))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How the budget is cut: `slots` buffers of `slot_bytes`, batches of at most `batch_bytes` read, `readers`
+    read streams, buffers page-locked or not."""
+
+    budget: int
+    slots: int
+    slot_bytes: int
+    batch_bytes: int
+    readers: int
+    pin: bool
+
+
+def plan_memory(budget: int, readers: int, devices: int, largest_read: int, out_ratio: float, uses_gpu: bool,
+                reserve: int = 0) -> MemoryPlan | None:
+    """Slots for `readers` streams and `devices` workers within `budget` bytes (less `reserve`, what quantizing
+    temporaries take), each slot one batch of at most `batch_bytes` read plus `out_ratio` times that for its
+    outputs. None when not even one slot for the largest unit (`largest_read` bytes) fits. Fewer readers (down to
+    1), then fewer slots (down to 1), are used before a batch is made smaller than the largest unit."""
+    import torch
+
+    usable = budget - reserve
+
+    def slot_bytes(batch: int) -> int:  # 1% + 1 MiB: room for the 64-byte alignment of every piece
+        return -(-int(batch * (1.0 + out_ratio) * 1.01 + MB) // 64) * 64
+
+    if slot_bytes(largest_read) > usable:
+        return None
+    cap = max(_GPU_BATCH_CAP if uses_gpu else _CPU_BATCH_CAP, largest_read)
+    n_readers = max(1, readers)
+    slots = n_readers + devices + 1
+    while slots > 1 and slot_bytes(largest_read) * slots > usable:
+        if n_readers > 1:
+            n_readers -= 1
+        slots -= 1
+    batch = largest_read
+    while batch < cap and slot_bytes(min(cap, batch * 2)) * slots <= usable:
+        batch = min(cap, batch * 2)
+    lo, hi = batch, cap  # the largest batch that still fits, to within 1 MiB
+    while hi - lo > MB:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if slot_bytes(mid) * slots <= usable else (lo, mid)
+    batch = lo
+    size = slot_bytes(batch)
+    pin = uses_gpu and torch.cuda.is_available() and slots * size <= PIN_FRACTION * total_memory()
+    return MemoryPlan(budget, slots, size, batch, min(n_readers, slots), pin)
 
 
 def reader_budget(readers: int, devices: int, largest: int, uses_gpu: bool) -> tuple[int, bool]:

@@ -1,19 +1,22 @@
-"""Streaming per-shard executor: quantize a safetensors checkpoint shard by shard, without Quark, into exactly the
-files AMD Quark 0.13's `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` writes.
+"""Streaming per-shard executor: quantize a safetensors checkpoint without Quark, into exactly the files AMD Quark
+0.13's `ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device=...)` writes, in memory bounded by a byte
+budget (`max_memory`) rather than by the shard.
 
-Pipeline: reader threads (1 on CPU, where quantizing is the bottleneck; 4 when a GPU quantizes, because one read
-stream is slower than a GPU) read each source shard once into a reused host buffer (hashing those bytes: sha256_in)
-and expose its tensors as zero-copy views; one worker thread per device quantizes (on CPU a small pool runs one
-tensor per core; on a GPU the shard's weights are batched by shape, see `process_device`); one writer thread
-serialises each output shard the way safetensors does, hashing the bytes as it writes (sha256_out), verifies it,
-renames it into place and records it in a journal.
+Work is tensor-granular (quantkit.apply.shards.units): each source shard is cut, from its header, into batches of
+consecutive bytes in file order; a batch's modules whose parts live elsewhere (a scale in the shard's F32 region, or
+in another shard) fetch those parts by offset. Reader threads (1 on CPU, where quantizing is the bottleneck; 4 when
+a GPU quantizes) take batches in order, read each into a reused slot buffer (page-locked on a GPU run) and hash the
+shard's bytes in file order as they arrive (sha256_in); one worker thread per device decodes and quantizes a batch
+(on CPU a small pool runs one tensor per core; on a GPU the batch's weights are decoded there and quantized in
+groups of one shape, see `process_device`); one writer thread writes each output shard as a stream
+(quantkit.apply.shards.writer: header first, from the plan, then each tensor at its planned offset, hashed as
+written: sha256_out), renames it into place when its last tensor is in, and records it in the journal.
 
-Memory bound: there are `readers + workers + 1` source buffers (slots), each the size of the largest shard, and a
-shard holds its buffer from its read until its output is written, so host memory stays near slots x (largest shard
-+ its output; the output is at most ~0.3x the shard for MXFP4 from bf16 and ~0.5x for FP8) whatever the model's
-size. Readers are dropped (down to 1) until the slots fit in half of the available memory. When a GPU is used the
-buffers are page-locked (cudaHostRegister, so host-to-device copies are asynchronous DMA) while they fit in a
-quarter of the machine's memory; GPU memory per worker is bounded by batches of at most 1 GiB of source bytes.
+Memory bound: `slots` buffers of one batch each (its source bytes, fetched parts and outputs; quantkit.apply.shards
+.memory.plan_memory), a batch holding its slot from its read until its output is written, so host memory stays
+within the budget whatever the size of a shard: a few large shards feed every reader and device as many small
+ones do. The budget defaults from the machine's memory and the device count (memory.default_max_memory); one
+smaller than the largest tensor's work is refused before any work.
 
 The Quark 0.13 rules it replays, and where it differs on purpose: quantkit.apply.shards.f2f.
 """
@@ -24,7 +27,6 @@ import contextlib
 import json
 import os
 import queue
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -33,13 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from quantkit.apply.shards.errors import ExecutorError, ShardVerificationError
+from quantkit.apply.shards.errors import ExecutorError
 from quantkit.apply.shards.f2f import check_aux_quark, copy_aux_quark, plan_shards, write_quark_config
 from quantkit.apply.shards.journal import JOURNAL_NAME, open_journal, run_key
-from quantkit.apply.shards.memory import MB, HostBuffers, reader_budget
-from quantkit.apply.shards.process import Loaded, Output, Settings, decoded, load_shard, process_cpu, process_device
+from quantkit.apply.shards.memory import MB, HostBuffers, MemoryPlan, default_max_memory, peak_rss_mb, plan_memory
+from quantkit.apply.shards.process import Loaded, Output, Settings, SourceFiles, process_cpu, process_device, read_batch
+from quantkit.apply.shards.units import Batch, ShardLayout, cut_batches, ratio_out, shard_layouts
+from quantkit.apply.shards.writer import OutputShard
 from quantkit.errors import QuantkitError
-from quantkit.io.safetensors import serialize_safetensors
 from quantkit.results.apply import ExecutorReport, ShardSummary
 from quantkit.schemes.quark_config import quark_quantization_config
 
@@ -52,9 +55,9 @@ _GPU_READERS = 4  # read streams when a GPU quantizes: one stream reads ~0.8 GB/
 
 @dataclass
 class ShardEvent:
-    """Progress of one shard: `kind` is "start" (a worker took it), "done" (written and journaled), "resumed" (a
-    previous run's output was kept: its output and source hash as the journal recorded) or "source-changed" (a
-    previous run finished it, but its source bytes changed since: it is quantized again)."""
+    """Progress of one shard: `kind` is "start" (its first batch was taken), "done" (written and journaled),
+    "resumed" (a previous run's output was kept: its output and source hash as the journal recorded) or
+    "source-changed" (a previous run finished it, but its source bytes changed since: it is quantized again)."""
 
     kind: Literal["start", "done", "resumed", "source-changed"]
     shard: str
@@ -66,11 +69,59 @@ class ShardEvent:
     seconds: float = 0.0
 
 
+def _wait(event: threading.Event, stop: threading.Event) -> bool:
+    """Wait for `event` unless the run stops first (then False)."""
+    while not event.wait(0.05):
+        if stop.is_set():
+            return False
+    return True
+
+
+def _mib(n: int) -> str:
+    return f"{n / MB:.0f} MiB" if n >= 10 * MB else f"{n / MB:.1f} MiB"
+
+
+class _SourceHash:
+    """sha256 of one source shard, fed by its batches in file order whichever reader finishes first."""
+
+    def __init__(self, batches: int) -> None:
+        import hashlib
+
+        self.hasher = hashlib.sha256()
+        self.lock = threading.Lock()
+        self.next = 0
+        self.ready: dict[int, tuple[Loaded, threading.Event]] = {}
+        self.busy = False
+        self.batches = batches
+        self.done = threading.Event()
+
+    def add(self, loaded: Loaded, hashed: threading.Event) -> None:
+        with self.lock:
+            self.ready[loaded.batch.index] = (loaded, hashed)
+            if self.busy:
+                return
+            self.busy = True
+        while True:
+            with self.lock:
+                item = self.ready.pop(self.next, None)
+                if item is None:
+                    self.busy = False
+                    return
+            if len(item[0].view):
+                self.hasher.update(item[0].view)
+            item[1].set()
+            with self.lock:
+                self.next += 1
+                if self.next == self.batches:
+                    self.done.set()
+
+
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
                         layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
                         progress: Callable[[ShardEvent], None] | None = None,
                         readers: int | None = None, decode: Any = None,
-                        drop: set[str] | None = None, finish: Finish | None = None) -> ExecutorReport:
+                        drop: set[str] | None = None, finish: Finish | None = None,
+                        max_memory: int | None = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -81,7 +132,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     still hash as recorded) are kept; all others are redone. Only one process may write `dst` at a time: `apply`
     holds the output's lock (quantkit.io.lock); a direct caller must do the same. `progress` is called in the
     caller's thread. `readers`: read streams (default 1 for CPU-only runs, 4 when a GPU quantizes); fewer are used
-    when their buffers would not fit in half of the available memory (see the module's memory bound).
+    when their slots would not fit the budget. `max_memory`: the host-memory budget in bytes (default: from the
+    machine's memory and the device count); below the largest tensor's work it is refused before any work.
     `finish(src, dst, quantization_config)` writes the files beside the shards and the index once every shard is
     in place, given the `quantization_config` Quark's file-to-file path would write (quantkit apply writes its final
     config.json and its own allow-list of files, quantkit.io.files.AUX_FILES, there). None: Quark's own files
@@ -104,10 +156,22 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             raise ExecutorError(f"device {d}: no CUDA/ROCm GPU visible to torch; use cpu")
     if src.resolve() == dst.resolve():
         raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
+    if max_memory is not None and max_memory < 1:
+        raise ExecutorError(f"max_memory={max_memory}: give a budget in bytes, e.g. 4 GiB")
     if finish is None:
         check_aux_quark(src)
     plan = plan_shards(src, scheme, exclude, layer_config, decode)
-    settings = Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()))
+    settings = Settings(src, dst, scheme, list(exclude), layer_config, plan, frozenset(drop or ()), decode)
+    layouts = shard_layouts(src, plan, scheme=scheme, exclude=list(exclude), layer_config=layer_config,
+                            drop=settings.drop, decode=decode)
+
+    cpu_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    uses_cpu = any(torch.device(d).type == "cpu" for d in devices)
+    uses_gpu = not all(torch.device(d).type == "cpu" for d in devices)
+    decode_on_host = decode is not None and uses_cpu
+    mem = _memory_plan(layouts, max_memory, readers or (_GPU_READERS if uses_gpu else 1), devices, uses_cpu,
+                       uses_gpu, decode_on_host, cpu_threads)
+
     key = run_key(src, scheme, exclude, layer_config, settings.drop, decode, plan.model_dtype)
     journal = open_journal(dst, key, resume=resume)
     for stale in [*dst.glob("*" + _PARTIAL_SUFFIX), dst / (JOURNAL_NAME + ".tmp")]:
@@ -121,7 +185,9 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     emit_queue: queue.Queue[ShardEvent] = queue.Queue()
     report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
                             exclude=plan.exclude_modules, ignored_files=plan.ignored)
-    records, weight_maps, todo, changed = journal.kept_shards(src, dst, plan.shards, streams=_GPU_READERS)
+    depends = {name: layouts[name].depends_on for name in plan.shards}
+    records, weight_maps, todo, changed = journal.kept_shards(src, dst, plan.shards, streams=_GPU_READERS,
+                                                              depends_on=depends)
     report.source_changed = changed
     for i, name in enumerate(plan.shards):  # in shard order, as a resume found them
         if name in records:
@@ -130,60 +196,57 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         elif name in changed:
             emit_queue.put(ShardEvent("source-changed", name, i, total))
 
-    cpu_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for _, name in todo:
+        cut_batches(layouts[name], mem.batch_bytes, decode_on_host)
+    index_of = {name: i for i, name in enumerate(plan.shards)}
+    pending: list[Batch] = [b for _, name in todo for b in layouts[name].batches]
+    hashes = {name: _SourceHash(len(layouts[name].batches)) for _, name in todo}
+    files = SourceFiles(src, plan.sizes)
     saved_threads = torch.get_num_threads()
-    uses_cpu = any(torch.device(d).type == "cpu" for d in devices)
-    uses_gpu = not all(torch.device(d).type == "cpu" for d in devices)
     pool = ThreadPoolExecutor(max_workers=cpu_threads, thread_name_prefix="quantkit-cpu") if uses_cpu else None
     stop = threading.Event()
     errors: list[BaseException] = []
-    # Memory budget (see the module docstring): one buffer per shard alive at once (being read, queued, quantized
-    # or written).
-    largest = max((plan.sizes[name] for _, name in todo), default=1)
-    n_readers, pin = reader_budget(min(readers or (_GPU_READERS if uses_gpu else 1), len(todo)), len(devices),
-                                   largest, uses_gpu)
-    buffers = HostBuffers(n_readers + len(devices) + 1, largest, pin)
-    work: queue.Queue[Loaded | None] = queue.Queue()
-    results: queue.Queue[Output | None] = queue.Queue()
+    n_readers = max(1, min(mem.readers, len(pending)))
+    buffers = HostBuffers(mem.slots, mem.slot_bytes, mem.pin)
+    work: queue.Queue[tuple[Loaded, threading.Event] | None] = queue.Queue()
+    results: queue.Queue[tuple[Output, threading.Event] | None] = queue.Queue()
 
     def fail(e: BaseException) -> None:
         errors.append(e)
         stop.set()
 
-    pending: queue.Queue[tuple[int, str]] = queue.Queue()
-    for item in todo:
-        pending.put(item)
+    take_lock = threading.Lock()
+    next_batch = [0]
     readers_left = [n_readers]
-    readers_lock = threading.Lock()
+    started: set[str] = set()
+    started_lock = threading.Lock()
 
     def reader() -> None:
         try:
             while True:
-                host = buffers.acquire(stop)
-                if host is None:
-                    return
+                with take_lock:  # batches take slots in order, so the one the hash waits for always has one
+                    if next_batch[0] >= len(pending) or stop.is_set():
+                        return
+                    host = buffers.acquire(stop)
+                    if host is None:
+                        return
+                    batch = pending[next_batch[0]]
+                    next_batch[0] += 1
+                layout = layouts[batch.shard]
                 try:
-                    i, name = pending.get_nowait()
-                except queue.Empty:
-                    buffers.release(host)
-                    return
-                if stop.is_set():
-                    buffers.release(host)
-                    return
-                try:
-                    loaded = load_shard(src, name, i, host)
-                    if decode is not None:
-                        loaded = decoded(loaded, decode)
-                    buffers.pin_once(host)
-                    work.put(loaded)
-                    del loaded
+                    loaded = read_batch(files, batch, host, layout.data_start, layout.entries)
                 except BaseException:
                     buffers.release(host)
                     raise
+                buffers.pin_once(host)
+                hashed = threading.Event()
+                work.put((loaded, hashed))
+                hashes[batch.shard].add(loaded, hashed)
+                del loaded
         except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
             fail(e)
         finally:
-            with readers_lock:
+            with take_lock:
                 readers_left[0] -= 1
                 if readers_left[0] == 0:  # the last reader out tells every worker to finish
                     for _ in devices:
@@ -194,60 +257,89 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             if torch.device(device).type == "cuda" and torch.device(device).index is not None:
                 torch.cuda.set_device(torch.device(device))
             while True:
-                loaded = work.get()
-                if loaded is None:
+                item = work.get()
+                if item is None:
                     return
+                loaded, hashed = item
                 if stop.is_set():
+                    hashed.wait(1.0)
                     buffers.release(loaded.host)
                     continue
-                emit_queue.put(ShardEvent("start", loaded.name, loaded.index, total, device, loaded.size))
+                shard = loaded.batch.shard
+                with started_lock:
+                    first = shard not in started
+                    started.add(shard)
+                if first:
+                    emit_queue.put(ShardEvent("start", shard, index_of[shard], total, device,
+                                              layouts[shard].size))
                 try:
                     if torch.device(device).type == "cpu":
                         out = process_cpu(loaded, settings, device, pool)
                     else:
                         out = process_device(loaded, settings, device)
                 except BaseException:
+                    hashed.wait(1.0)
                     buffers.release(loaded.host)
                     raise
-                results.put(out)
-                del loaded, out  # the writer owns them now: holding them here would keep the shard in memory
+                results.put((out, hashed))
+                del loaded, out, item  # the writer owns them now
         except BaseException as e:  # noqa: BLE001
             fail(e)
         finally:
             results.put(None)
 
+    open_outputs: dict[str, OutputShard] = {}
+    progress_of: dict[str, dict[str, Any]] = {}
+
     def writer() -> None:
         finished_workers = 0
         while finished_workers < len(devices):
-            out = results.get()
-            if out is None:
+            item = results.get()
+            if item is None:
                 finished_workers += 1
+                continue
+            out, hashed = item
+            if stop.is_set():
+                host = out.loaded.host
+                del out, item
+                hashed.wait(1.0)
+                buffers.release(host)
                 continue
             try:
                 t0 = time.perf_counter()
-                final = dst / out.name
-                partial = dst / (out.name + _PARTIAL_SUFFIX)
-                try:
-                    nbytes, sha_out = serialize_safetensors(out.tensors, partial, out.expected, error=ExecutorError,
-                                                          mismatch=ShardVerificationError)
-                except BaseException:
-                    partial.unlink(missing_ok=True)
-                    raise
-                os.replace(partial, final)
-                loaded = out.loaded
-                seconds = loaded.seconds + out.seconds + time.perf_counter() - t0
-                rec = ShardSummary(name=out.name, bytes_in=loaded.size, bytes_out=nbytes, sha256_in=loaded.sha256,
-                                   sha256_out=sha_out, tensors=len(out.tensors), quantized=out.quantized,
-                                   seconds=round(seconds, 3), device=out.device)
-                names = list(out.tensors)
-                host = loaded.host
-                del out, loaded  # no view of the buffer may outlive this: the next shard is read into it
+                batch = out.loaded.batch
+                name = batch.shard
+                layout = layouts[name]
+                shard = open_outputs.get(name)
+                if shard is None:
+                    shard = open_outputs[name] = OutputShard(layout, dst / (name + _PARTIAL_SUFFIX))
+                    progress_of[name] = {"seconds": 0.0, "quantized": 0, "device": out.device}
+                for tensor_name, t in out.tensors:
+                    shard.write(tensor_name, t)
+                info = progress_of[name]
+                info["seconds"] += out.loaded.seconds + out.seconds + time.perf_counter() - t0
+                info["quantized"] += out.quantized
+                host = out.loaded.host
+                del out, item  # no view of the slot may outlive this: the next batch is read into it
+                if not _wait(hashed, stop):
+                    continue
                 buffers.release(host)
-                journal.record(rec, names)
-                records[rec.name] = rec
-                weight_maps[rec.name] = names
-                emit_queue.put(ShardEvent("done", rec.name, plan.shards.index(rec.name), total, rec.device,
-                                          rec.bytes_in, rec.bytes_out, rec.seconds))
+                if not shard.complete:
+                    continue
+                if not _wait(hashes[name].done, stop):
+                    continue
+                nbytes, sha_out = shard.close()
+                os.replace(dst / (name + _PARTIAL_SUFFIX), dst / name)
+                del open_outputs[name]
+                rec = ShardSummary(name=name, bytes_in=layout.size, bytes_out=nbytes,
+                                   sha256_in=hashes[name].hasher.hexdigest(), sha256_out=sha_out,
+                                   tensors=len(layout.names), quantized=info["quantized"],
+                                   seconds=round(info["seconds"], 3), device=info["device"])
+                journal.record(rec, layout.names, layout.depends_on)
+                records[name] = rec
+                weight_maps[name] = layout.names
+                emit_queue.put(ShardEvent("done", name, index_of[name], total, rec.device, rec.bytes_in,
+                                          rec.bytes_out, rec.seconds))
             except BaseException as e:  # noqa: BLE001
                 fail(e)
 
@@ -258,8 +350,9 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         # CPU: parallel across tensors instead, cheaper than intra-op threads per step. GPU only: the CPU does no
         # tensor math but rare casts; many idle intra-op threads only spin after each small CPU op.
         torch.set_num_threads(1 if uses_cpu else min(4, cpu_threads))
-        for t in threads:
-            t.start()
+        if pending:
+            for t in threads:
+                t.start()
         while any(t.is_alive() for t in threads) or not emit_queue.empty():
             with contextlib.suppress(queue.Empty):
                 event = emit_queue.get(timeout=0.05)
@@ -268,7 +361,11 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     finally:
         stop.set()  # no-op after a clean run; after an error or an interrupt it winds the threads down
         for t in threads:
-            t.join()
+            if t.is_alive() or t.ident is not None:
+                t.join()
+        for shard in open_outputs.values():
+            shard.abandon()
+        files.close()
         if pool is not None:
             pool.shutdown(wait=True)
         page_locked = bool(buffers.pinned)
@@ -276,7 +373,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         torch.set_num_threads(saved_threads)
         host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
         if uses_gpu and host_empty_cache is not None:
-            host_empty_cache()  # the output shards' page-locked memory, cached by torch
+            host_empty_cache()  # page-locked staging memory, cached by torch
     if errors:
         first = errors[0]
         if isinstance(first, QuantkitError):
@@ -305,6 +402,36 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     report.total_seconds = round(time.perf_counter() - t_start, 3)
     done_bytes = sum(r.bytes_in for r in report.shards if not r.resumed)
     report.mb_per_s = round(done_bytes / MB / max(report.total_seconds, 1e-9), 1)
-    report.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    report.peak_rss_mb = peak_rss_mb()
     report.readers, report.page_locked = n_readers, page_locked
+    report.max_memory_mb = round(mem.budget / MB, 1)
+    report.slots, report.slot_mb = mem.slots, round(mem.slot_bytes / MB, 1)
     return report
+
+
+def _memory_plan(layouts: dict[str, ShardLayout], max_memory: int | None, readers: int, devices: list[str],
+                 uses_cpu: bool, uses_gpu: bool, decode_on_host: bool, cpu_threads: int) -> MemoryPlan:
+    """The budget cut into slots; a `max_memory` below the largest tensor's work is refused (ExecutorError, one
+    line) before any work. Quantizing on CPU keeps up to one float32 temporary per core beside the slots."""
+    units = [u for layout in layouts.values() for u in layout.units]
+    largest = max(units, key=lambda u: u.source_bytes + u.host_bytes(decode_on_host), default=None)
+    largest_read = max((u.source_bytes for u in units), default=1)
+    ratio = ratio_out(layouts, decode_on_host)
+    reserve = 0
+    if uses_cpu:
+        biggest_q = max((u.source_bytes for u in units if u.kind == "quantize"), default=0)
+        reserve = min(cpu_threads, 8) * biggest_q * 2
+    budget = max_memory if max_memory is not None else default_max_memory(devices)
+    mem = plan_memory(budget, readers, len(devices), max(largest_read, 1), ratio, uses_gpu, reserve)
+    if mem is None and max_memory is None:  # the default is too small for this model's largest tensor: grow it
+        need = int((max(largest_read, 1) * (1 + ratio) * 1.01 + MB + reserve) * 1.05) + MB
+        mem = plan_memory(need, readers, len(devices), max(largest_read, 1), ratio, uses_gpu, reserve)
+    if mem is None:
+        assert largest is not None
+        work = largest.source_bytes + largest.host_bytes(decode_on_host)
+        need = int(max(largest_read, 1) * (1 + ratio) * 1.01) + MB + reserve
+        raise ExecutorError(f"--max-memory {_mib(budget)} is smaller than the work on one tensor: {largest.name} "
+                            f"takes {_mib(work)} ({_mib(largest.source_bytes)} read"
+                            f"{', decoded and quantized' if largest.decoded else ''}); give --max-memory "
+                            f"{-(-need // MB)}MiB or more")
+    return mem
