@@ -340,6 +340,38 @@ def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
     return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, model_type=model_type)
 
 
+def fused_expert_parts(fmt: SourceFormat, name: str, shape: tuple[int, ...]) -> list[tuple[str, int, str,
+                                                                                             tuple[int, ...]]]:
+    """(per-expert tensor name, expert, part, its shape) for each tensor a fused expert tensor of `shape` decodes to
+    (none for other tensors): the plan of `decode_tensors`' fused-experts path, from a header alone."""
+    decoded_parts = _fused_parts(fmt, name)
+    if not decoded_parts or not fmt.experts:
+        return []
+    per_expert = len(decoded_parts) // fmt.experts
+    out = []
+    for i, (decoded, part) in enumerate(decoded_parts):
+        if decoded.endswith(".bias"):
+            out_shape = tuple(shape[1:])
+        else:  # [E, in, out] -> vLLM's [out, in], halves along out
+            rows = shape[-1] // (1 if part == "all" else 2)
+            out_shape = (rows, shape[1])
+        out.append((decoded, i // per_expert, part, out_shape))
+    return out
+
+
+def fused_expert_tensor(fused: torch.Tensor, expert: int, decoded: str, part: str,
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One per-expert tensor of a fused expert tensor (`fused_expert_parts`): a bias as stored (a view), a weight
+    transposed from [in, out] to vLLM's [out, in] and cut to its half; no arithmetic."""
+    expert_t = fused[expert]
+    if decoded.endswith(".bias"):
+        return expert_t
+    value = expert_t.t()
+    half = value.shape[0] // 2
+    value = {"all": value, "first half": value[:half], "second half": value[half:]}[part].contiguous()
+    return value if dtype is None else value.to(dtype)
+
+
 def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
     layout = FUSED_EXPERTS.get(fmt.model_type or "", {})
@@ -605,16 +637,8 @@ def decode_tensors(
             decoded_parts = _fused_parts(fmt, name)
             if not decoded_parts:
                 out[name] = tensor
-            per_expert = len(decoded_parts) // fmt.experts if fmt.experts else 0
-            for i, (decoded, part) in enumerate(decoded_parts):
-                expert = tensor[i // per_expert]
-                if decoded.endswith(".bias"):
-                    out[decoded] = expert  # stored bytes, a view of the shard
-                    continue
-                value = expert.t()  # [in, out] -> vLLM's [out, in]
-                half = value.shape[0] // 2
-                value = {"all": value, "first half": value[:half], "second half": value[half:]}[part].contiguous()
-                out[decoded] = value if dtype is None else value.to(out_dtype)
+            for decoded, expert, part, _shape in fused_expert_parts(fmt, name, tuple(tensor.shape)):
+                out[decoded] = fused_expert_tensor(tensor, expert, decoded, part, None if dtype is None else out_dtype)
         return out
     for name, tensor in tensors.items():
         if fmt.name == "fp8-block":

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from quantkit.apply.shards.errors import ExecutorError
 from quantkit.apply.shards.f2f import ShardPlan, is_linear_weight_name, scheme_for
+from quantkit.io.formats import fused_expert_parts
 from quantkit.io.safetensors import ST_ORDER, HeaderEntry, header_bytes, tensor_nbytes
 from quantkit.schemes import expected_layout
 
@@ -65,6 +66,7 @@ class Unit:
     parts: list[Part]  # parts[0] is the anchor, in this unit's shard
     decoded: bool
     outputs: list[OutTensor]
+    fused: tuple[int, str] | None = None  # fused-experts: (expert, part) of parts[0] (quantkit.io.formats)
 
     @property
     def source_bytes(self) -> int:
@@ -197,6 +199,10 @@ def shard_layouts(src: Path, plan: ShardPlan, *, scheme: str, exclude: list[str]
             elif fmt == "int4-pack-quantized" and e.name.endswith((".weight_scale", ".weight_shape")) and \
                     e.name.rpartition(".")[0] + ".weight_packed" in where:
                 continue
+            elif fmt == "fused-experts" and (fused := fused_expert_parts(decode, e.name, e.shape)):
+                for decoded, expert, fpart, shape in fused:  # one fused [E, ...] tensor: a unit per expert tensor
+                    units.append(Unit(decoded, e.dtype, shape, "keep", None, [anchor], True, [],
+                                      fused=(expert, fpart)))
             else:
                 units.append(Unit(e.name, e.dtype, e.shape, "keep", None, [anchor], False, []))
         for u in units:
@@ -248,13 +254,16 @@ def _output_header(layout: ShardLayout) -> None:
 def cut_batches(layout: ShardLayout, max_read: int, decode_on_host: bool) -> None:
     """Cut the shard into batches of consecutive file bytes whose reads (range + side parts) stay within `max_read`
     bytes where the tensors allow: the whole file is covered, header included, so the batches hash it in order."""
-    anchors = {u.parts[0].entry.name: u for u in layout.units if u.parts[0].shard == layout.name}
+    anchors: dict[str, list[Unit]] = {}
+    for u in layout.units:
+        if u.parts[0].shard == layout.name:
+            anchors.setdefault(u.parts[0].entry.name, []).append(u)
     start = layout.data_start
     batches: list[Batch] = []
     cur: Batch | None = None
     for e in layout.entries:
-        u = anchors.get(e.name)
-        side = u.parts[1:] if u is not None else []
+        us = anchors.get(e.name, [])
+        side = [p for u in us for p in u.parts[1:]]
         grow = e.end - e.begin + sum(p.nbytes for p in side)
         if cur is not None and cur.units and cur.read_bytes + grow > max_read:
             batches.append(cur)
@@ -263,8 +272,8 @@ def cut_batches(layout: ShardLayout, max_read: int, decode_on_host: bool) -> Non
             begin = 0 if not batches else start + e.begin
             cur = Batch(layout.name, len(batches), begin, begin, [], [])
         cur.end = start + e.end
-        if u is not None:
-            cur.units.append(u)
+        if us:
+            cur.units.extend(us)
             cur.side.extend(side)
     if cur is None:
         cur = Batch(layout.name, 0, 0, layout.size, [], [])
