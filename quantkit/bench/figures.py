@@ -146,7 +146,7 @@ def crossover(comparisons: list[BenchComparison], arm: str) -> int | None:
     return below[0] if below else None
 
 
-def k_schedule(draft: str, prefix: str, arms: list[BenchArm], max_num_seqs: int) -> KSchedule | None:
+def k_schedule(target: str, draft: str, prefix: str, arms: list[BenchArm], max_num_seqs: int) -> KSchedule | None:
     """The K with the highest median output tok/s at each concurrency among `arms` (one draft at several K; K=0
     is the no-speculation arm or the draft with nothing drafted), as vLLM's inclusive batch-size ranges: each
     measured concurrency C_i covers (C_{i-1} + 1 .. C_i), the last up to max_num_seqs; neighbours with the same K
@@ -177,7 +177,7 @@ def k_schedule(draft: str, prefix: str, arms: list[BenchArm], max_num_seqs: int)
         else:
             ranges.append((start, end, ch.k))
         start = end + 1
-    return KSchedule(draft=draft, arm_prefix=prefix, choices=choices, num_speculative_tokens_per_batch_size=ranges,
+    return KSchedule(target=target, draft=draft, arm_prefix=prefix, choices=choices, num_speculative_tokens_per_batch_size=ranges,
                      num_speculative_tokens=max(k for _, _, k in ranges))
 
 

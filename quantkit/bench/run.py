@@ -64,8 +64,10 @@ def plan_arms(target: str, draft: str | None, candidates: list[str], candidate_t
     arms: list[ArmSpec] = []
     for t, tname in [(target, "target")] + ([(candidate_target, "qtarget")] if candidate_target else []):
         arms.append(ArmSpec(tname, "no-spec", t, None, None))
-        drafts: list[tuple[str, str, ArmKind]] = ([(draft, "bf16", "bf16-draft")] if draft else []) + \
-            [(c, names.get(c, Path(c).name), "candidate") for c in candidates]
+        bf16: ArmKind = "bf16-draft"
+        cand: ArmKind = "candidate"
+        drafts: list[tuple[str, str, ArmKind]] = ([(draft, "bf16", bf16)] if draft else []) + \
+            [(c, names.get(c, Path(c).name), cand) for c in candidates]
         for d, dname, kind in drafts:
             for k in ks:
                 suffix = f"@k{k}" if len(ks) > 1 else ""
@@ -188,7 +190,7 @@ def schedules(arms: list[BenchArm], max_num_seqs: int) -> list:
         members = group + ([base] if base is not None and not any(a.num_speculative_tokens == 0 for a in group)
                            else [])
         prefix = group[0].name.split("@")[0]
-        sched = k_schedule(d, prefix, members, max_num_seqs)
+        sched = k_schedule(t, d, prefix, members, max_num_seqs)
         if sched is not None:
             out.append(sched)
     return out

@@ -39,12 +39,15 @@ class DeployInputError(QuantkitError):
 
 def run(folder: str | Path, target: str | Path | None = None, platform: str = "gfx950", tp: int = 1,
                     max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int = 3,
-                    *, model_ref: str | None = None, draft_ref: str | None = None) -> DeployManifest:
+                    *, model_ref: str | None = None, draft_ref: str | None = None,
+                    k_schedule: list[tuple[int, int, int]] | None = None) -> DeployManifest:
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
     paths. `max_model_len` defaults to the length vLLM derives for the target (quantkit.io.config.max_model_len); a
-    longer one is a finding, as vLLM refuses it. Known-bad combinations become `findings`; bad arguments (not a folder,
+    longer one is a finding, as vLLM refuses it. `k_schedule` (quantkit bench's recommendation) goes into the
+    speculative config as vLLM 0.32's `num_speculative_tokens_per_batch_size` (vllm/config/speculative.py; inclusive
+    (range_start, range_end, K) ranges), with `num_speculative_tokens` its largest K. Known-bad combinations become `findings`; bad arguments (not a folder,
     unknown platform or KV dtype, a draft without its target) raise DeployInputError.
     """
     if platform not in PLATFORMS:
@@ -98,6 +101,8 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     spec = None
     if draft_path is not None:
         spec = {"method": "eagle3", "model": draft_ref or draft_path, "num_speculative_tokens": num_speculative_tokens}
+        if k_schedule:
+            spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in k_schedule]
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     return DeployManifest(model=model, draft=(draft_ref or draft_path) if draft_path else None, platform=platform,
                           tensor_parallel_size=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,

@@ -200,6 +200,7 @@ class KSchedule(Result):
     inclusive (range_start, range_end, K) (vllm/config/speculative.py SpeculativeConfig; validated by
     vllm/v1/spec_decode/dynamic/utils.py validate_and_normalize_dynamic_sd_schedule)."""
 
+    target: str = ""
     draft: str
     arm_prefix: str
     choices: list[KChoice] = []
