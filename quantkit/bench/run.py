@@ -35,7 +35,6 @@ from quantkit.results.bench import ArmKind, BenchArm, BenchCell, BenchResult, Be
 WORKLOADS = {"prompts": None, "random-1k1k": (1024, 1024)}
 DEFAULT_GPU_CONCURRENCY = [1, 4, 8, 16, 32, 64]
 DEFAULT_CPU_CONCURRENCY = [1, 2, 4]
-SYNTHETIC_KEYS = ("rejection_sample_method",)
 
 
 class BenchError(QuantkitError):
@@ -99,6 +98,7 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
               tp: int = 1, max_num_seqs: int | None = None, fast_start: bool = False,
               startup_timeout_s: float = 600, bootstrap_samples: int = 2000, temperature: float = 0.0,
               candidate_names: dict[str, str] | None = None, extra_server_args: list[str] | None = None,
+              speculative_overrides: dict[str, Any] | None = None, arms: list[ArmSpec] | None = None,
               progress: Progress | None = None) -> BenchResult:
     """Serve every arm, measure every cell, compare. A cell with a failed request is kept, marked not ok, and left
     out of every comparison; an arm whose server does not come up is kept with its error."""
@@ -116,9 +116,11 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
     if any(k < 0 for k in ks) or len(set(ks)) != len(ks):
         raise BenchError(f"--k {ks}: distinct values of at least 0")
     target, out = str(target), Path(out_dir)
-    arms = plan_arms(target, str(draft) if draft else None, [str(c) for c in candidates],
-                     str(candidate_target) if candidate_target else None, ks, endpoints,
-                     {str(k): v for k, v in (candidate_names or {}).items()})
+    arms = arms or plan_arms(target, str(draft) if draft else None, [str(c) for c in candidates],
+                             str(candidate_target) if candidate_target else None, ks, endpoints,
+                             {str(k): v for k, v in (candidate_names or {}).items()})
+    ks = sorted({a.k for a in arms if a.k is not None}) or ks
+    overrides = dict(speculative_overrides or {})
     out.mkdir(parents=True, exist_ok=True)
     random_shape = WORKLOADS[workload]
     if random_shape is None:
@@ -143,7 +145,7 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
                                num_warmups="2 x C", ks=ks, prompts=prompts if random_shape is None else workload,
                                num_prompt_texts=len(texts), bootstrap_samples=bootstrap_samples),
         out_dir=str(out))
-    if any(flag in " ".join(server_args) for flag in SYNTHETIC_KEYS):
+    if overrides.get("rejection_sample_method") == "synthetic":
         result.identity.synthetic_acceptance = True
     if random_shape is not None:
         result.warnings.append(f"{workload}: {RANDOM_LABEL}")
@@ -154,9 +156,10 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
         progress(f"arm {spec.name}: {'endpoint ' + spec.endpoint if spec.endpoint else 'starting vllm serve'}")
         try:
             with _server(spec, max_num_seqs, max_model_len, server_args, fast_start, startup_timeout_s,
-                         progress) as (url, model_name, server):
+                         overrides, progress) as (url, model_name, server):
                 if server is not None:
                     arm.command, arm.startup_s = list(server.command), round(server.startup_s or 0.0, 2)
+                    arm.server_pid = server.pid
                     arm.speculative_config = _spec_config(server.command)
                 for conc in concurrency:
                     cell = measure_cell(spec, url, model_name, texts, conc, output_len, repeats, out, tp,
@@ -206,7 +209,7 @@ def _spec_config(command: list[str]) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def _server(spec: ArmSpec, max_num_seqs: int, max_model_len: int, server_args: list[str], fast_start: bool,
-            startup_timeout_s: float, progress: Progress):
+            startup_timeout_s: float, spec_overrides: dict[str, Any], progress: Progress):
     """(base url, served model name, the VllmServer or None) for one arm: an endpoint checked against the arm, or
     a server started here and always stopped."""
     if spec.endpoint is not None:
@@ -215,13 +218,13 @@ def _server(spec: ArmSpec, max_num_seqs: int, max_model_len: int, server_args: l
         return
     from quantkit.engines.vllm_server import SERVED_MODEL_NAME, VllmServer
 
-    overrides = {}
+    overrides = dict(spec_overrides) if spec.draft is not None else {}
     k = spec.k
     if spec.draft is not None and k == 0:
         # nothing drafted at any batch size, through the speculative path (vllm/config/speculative.py
         # num_speculative_tokens_per_batch_size; a K of 0 is allowed inside the schedule,
         # vllm/v1/spec_decode/dynamic/utils.py validate_and_normalize_dynamic_sd_schedule)
-        overrides = {"num_speculative_tokens_per_batch_size": [[1, max_num_seqs, 0]]}
+        overrides["num_speculative_tokens_per_batch_size"] = [[1, max_num_seqs, 0]]
         k = 1
     with VllmServer(spec.target, spec.draft, k or 3, max_model_len=max_model_len, extra_args=server_args,
                     fast_start=fast_start, startup_timeout_s=startup_timeout_s, speculative_overrides=overrides,

@@ -161,6 +161,7 @@ class BenchArm(Result):
     endpoint: str | None = None  # an already-running server, measured only
     command: list[str] = []
     startup_s: float | None = None
+    server_pid: int | None = None  # the started server's pid (its process group), gone once the arm is done
     backends: dict[str, str] | None = None
     backends_reason: str = ""
     cells: list[BenchCell] = []
