@@ -99,6 +99,7 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
               startup_timeout_s: float = 600, bootstrap_samples: int = 2000, temperature: float = 0.0,
               candidate_names: dict[str, str] | None = None, extra_server_args: list[str] | None = None,
               speculative_overrides: dict[str, Any] | None = None, arms: list[ArmSpec] | None = None,
+              max_prompt_texts: int | None = None,
               progress: Progress | None = None) -> BenchResult:
     """Serve every arm, measure every cell, compare. A cell with a failed request is kept, marked not ok, and left
     out of every comparison; an arm whose server does not come up is kept with its error."""
@@ -125,6 +126,7 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
     random_shape = WORKLOADS[workload]
     if random_shape is None:
         texts, longest = prompt_texts(target, prompts)
+        texts = texts[:max_prompt_texts] if max_prompt_texts else texts
         dataset = f"quantkit prompts: {prompts}"
     else:
         texts, longest = [], random_shape[0]

@@ -104,6 +104,7 @@ class BenchStep(_Strict):
     repeats: int = Field(default=3, ge=1)
     num_speculative_tokens: int | None = Field(default=None, ge=1)  # default: acceptance.num_speculative_tokens
     prompts: str | None = None  # default: acceptance.prompts
+    max_prompt_texts: int | None = Field(default=None, ge=1)  # the first N prompts of the set (a quicker bench)
     min_speedup: float | None = Field(default=None, gt=0)  # bench.c<C>.speedup >= this, at every concurrency
     vs_bf16_draft_tolerance: float | None = Field(default=None, ge=0, lt=1)  # bench.c<C>.vs_bf16_draft >= 1 - tol
     min_crossover: int | None = Field(default=None, ge=1)  # bench.crossover >= this

@@ -46,7 +46,7 @@ class Bench:
                 res = run_bench(served_target, ctx.draft, [cand.path], concurrency=b.concurrency,
                                 output_len=b.output_len, repeats=b.repeats,
                                 ks=[b.num_speculative_tokens or a.num_speculative_tokens],
-                                prompts=b.prompts or ctx.prompts, endpoints=b.endpoints, out_dir=tmp,
+                                prompts=b.prompts or ctx.prompts, max_prompt_texts=b.max_prompt_texts, endpoints=b.endpoints, out_dir=tmp,
                                 fast_start=b.fast_start, startup_timeout_s=b.startup_timeout_s,
                                 candidate_names={cand.path: cand.name},
                                 progress=lambda m: ctx.progress(f"{cand.name}: bench: {m}"))
