@@ -8,7 +8,7 @@ from pathlib import Path
 from quantkit.results.bench import BenchIdentity
 
 RANDOM_LABEL = "random data: AL not representative"
-NOT_PARSED = "not parsed: quantkit does not read the server's log for its backends yet"
+NOT_PARSED = "not parsed: no server log was read"
 
 
 def cpu_model() -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.bench.figures import compare, crossover, fill_cell, k_schedule
-from quantkit.bench.identity import RANDOM_LABEL, identity
+from quantkit.bench.identity import NOT_PARSED, RANDOM_LABEL, identity
 from quantkit.bench.load import bench_argv, bench_run, run_vllm_bench, write_prompts
 from quantkit.errors import QuantkitError
 from quantkit.progress import Progress, or_silent
@@ -168,9 +168,17 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
                                         random_input_len=random_shape[0] if random_shape else None,
                                         temperature=temperature, progress=progress)
                     arm.cells.append(cell)
+                if server is not None and server.log_path is not None:
+                    arm.backends, arm.backends_reason = backends_of(server.log_path)
+                else:
+                    arm.backends_reason = "an endpoint: its log is not quantkit's to read"
         except QuantkitError as e:
             arm.error = str(e).splitlines()[0]
             progress(f"arm {spec.name}: {arm.error}")
+    chosen = {k: v for a in result.arms if a.backends for k, v in a.backends.items()}
+    result.identity.backends = chosen or None
+    result.identity.backends_reason = "" if chosen else next(
+        (a.backends_reason for a in result.arms if a.backends_reason), NOT_PARSED)
     result.comparisons = compare(result.arms, samples=bootstrap_samples)
     for arm in result.arms:
         if arm.kind != "no-spec":
@@ -199,6 +207,19 @@ def schedules(arms: list[BenchArm], max_num_seqs: int) -> list:
         if sched is not None:
             out.append(sched)
     return out
+
+
+def backends_of(log_path: Path) -> tuple[dict[str, str] | None, str]:
+    """The backends a started server chose, from its log (quantkit.engines.server_log): kind -> names."""
+    from quantkit.engines.server_log import read_server_log
+
+    try:
+        found = read_server_log(log_path)
+    except OSError as e:
+        return None, f"log unreadable ({e.strerror or e})"
+    out = {kind: ", ".join(names) for kind in ("moe", "attention", "linear", "kv_cache")
+           if (names := getattr(found, kind))}
+    return (out, "") if out else (None, "no backend line in the server's log")
 
 
 def _spec_config(command: list[str]) -> dict[str, Any] | None:
