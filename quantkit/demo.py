@@ -38,7 +38,8 @@ def _vllm_mode() -> tuple[str, str]:
     return "auto", "reference"
 
 
-def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int) -> dict[str, Any]:
+def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int,
+                bench: bool = False) -> dict[str, Any]:
     check_vllm, backend = _vllm_mode()
     served = check_vllm == "required"  # `vllm serve` of the pair needs what the real loads need
     return {
@@ -52,7 +53,8 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
             # which splits the pair's AL change into the target's part and the draft's
             {"name": "moe-mxfp4", "path": str(workdir / "moe-mxfp4"), "baseline": str(tiny / "moe-target")},
         ],
-        "steps": ["check", "acceptance", "eval"] + (["serve"] if served else []),
+        "steps": ["check", "acceptance", "eval"] + (["serve"] if served else []) + (["bench"] if served and bench
+                                                                                    else []),
         "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm, "max_size_ratio": 1.0, "size_tolerance": 0.05},
         # per domain: 6 prompts of short answers (~27 drafts); the MXFP4 target rewrites a few of them (its greedy text
         # differs from BF16's), which moves a domain's AL by up to ~10% with no draft at fault
@@ -64,10 +66,14 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
         # the pair behind a real `vllm serve`, on the acceptance prompts: its AL must agree, prompt by prompt, with
         # the acceptance step's in-process vLLM AL (quantkit.acceptance.agreement) and reach min_al at batch 1 and 8
         "serve": {"agreement_level": 0.99, "batch_sizes": [1, 8], "require_batch_sizes": [1, 8]},
+        # a small bench (opt-in: three more server starts): the MXFP4 target alone, with the BF16 draft and with the
+        # FP8 draft; on CPU its speed figures are hardware_dependent (reported, not gated), failed requests gated
+        "bench": {"concurrency": [1, 2], "output_len": 16, "repeats": 3, "fast_start": True, "max_prompt_texts": 7,
+                  "min_speedup": 1.0, "vs_bf16_draft_tolerance": 0.05, "runner_is_deployment_hardware": False},
     }
 
 
-def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResult:
+def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool = False) -> DemoResult:
     import yaml
 
     progress = or_silent(progress)
@@ -111,7 +117,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None) -> DemoResul
     step("apply mxfp4-moe", apply_moe)
 
     config_path = work / "gate.yaml"
-    config = gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT)
+    config = gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT, bench=bench)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
     from quantkit.gate.reports import write_reports

@@ -27,7 +27,7 @@ VllmMode = Literal["auto", "off", "required"]
 VLLM_MODES: tuple[VllmMode, ...] = get_args(VllmMode)
 
 # The steps a gate config may list, in the order the gate runs them on each candidate.
-StepName = Literal["check", "acceptance", "eval", "serve"]
+StepName = Literal["check", "acceptance", "eval", "serve", "bench"]
 
 __all__ = [
     "DENSE_TARGET",

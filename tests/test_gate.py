@@ -116,6 +116,9 @@ def test_gate_fails_closed_on_a_missing_step_result(tiny, fp8_draft, tmp_path):
     (lambda c: c.update(serve={"batch_sizes": [0]}), "serve.batch_sizes: distinct sizes of at least 1"),
     (lambda c: c.update(steps=["check", "serve", "serve"]), "steps: each step at most once"),
     (lambda c: c.update(check={"max_size_ratio": 0}), "check.max_size_ratio: input should be greater than 0"),
+    (lambda c: (c.pop("draft"), c.update(steps=["bench"])), "draft: the bench step needs the BF16 draft"),
+    (lambda c: c.update(bench={"concurrency": [1, 1]}), "bench.concurrency: distinct values of at least 1"),
+    (lambda c: c.update(bench={"min_speedup": 0}), "bench.min_speedup: input should be greater than 0"),
 ])
 def test_bad_gate_config(tiny, tmp_path, mutate, needle):
     cfg = {"name": "t", "target": str(tiny / "target"), "draft": str(tiny / "eagle3-draft"),

@@ -131,7 +131,8 @@ def test_check_and_acceptance_do_not_import_each_other(a, b):
 
 def test_engines_stand_below_the_stages():
     # engines/ runs models for check, acceptance, eval and the gate; it imports none of them
-    for stage in ("quantkit.check", "quantkit.acceptance", "quantkit.evaluate", "quantkit.gate", "quantkit.apply"):
+    for stage in ("quantkit.check", "quantkit.acceptance", "quantkit.evaluate", "quantkit.gate", "quantkit.apply",
+                  "quantkit.bench"):
         assert _package_edges("quantkit.engines", stage) == []
 
 

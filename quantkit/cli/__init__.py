@@ -7,6 +7,7 @@ options.py what every command shares.
 from quantkit.cli import (  # noqa: F401
     acceptance,
     apply,
+    bench,
     check,
     demo,
     deploy,

@@ -24,8 +24,11 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
     envvar="QUANTKIT_DEMO_WORKDIR",
     help="Where the demo writes its quantized models, gate report and model card preview.",
 )
+@click.option("--bench", "with_bench", is_flag=True,
+              help="Also run the gate's bench step: the pair served without speculation, with the BF16 draft and "
+                   "with the FP8 draft, at concurrency 1 and 2 (three more server starts: ~3-4 min more on 2 cores).")
 @json_option()
-def demo(workdir: Path, as_json: bool) -> None:
+def demo(workdir: Path, with_bench: bool, as_json: bool) -> None:
     """Run the whole pipeline on the bundled tiny models (a few minutes on 2 CPU cores).
 
     \b
@@ -39,7 +42,7 @@ def demo(workdir: Path, as_json: bool) -> None:
     """
     from quantkit.demo import run_demo
 
-    result = run_demo(workdir, progress=stderr_progress("demo"))
+    result = run_demo(workdir, progress=stderr_progress("demo"), bench=with_bench)
     if as_json:
         print_json(result.to_dict())
         return

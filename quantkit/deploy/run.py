@@ -46,7 +46,8 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
                     max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int = 3,
                     *, model_ref: str | None = None, draft_ref: str | None = None, block_size: int | None = None,
                     draft_attention_backend: str | None = None, dtype: str | None = None,
-                    pin_backends: bool = False, vllm_version: str | None = None, nodes: int = 1) -> DeployManifest:
+                    pin_backends: bool = False, vllm_version: str | None = None, nodes: int = 1,
+                    k_schedule: list[tuple[int, int, int]] | None = None) -> DeployManifest:
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
@@ -55,7 +56,9 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     unknown platform or KV dtype, a draft without its target) raise DeployInputError. `vllm_version` is the vLLM the
     rules hold for (default: installed, else the newest the table knows); the manifest records the minimum version
     the deployment needs and why, and the kernel each layer kind is predicted to take (`predicted_backends`).
-    `nodes` > 1 emits vLLM's multi-node launch over Ray (TP `tp` per node, PP = nodes).
+    `k_schedule` (quantkit bench's recommendation) goes into the speculative config as
+    vLLM 0.32's `num_speculative_tokens_per_batch_size` (vllm/config/speculative.py; inclusive (range_start,
+    range_end, K) ranges), with `num_speculative_tokens` its largest K. `nodes` > 1 emits vLLM's multi-node launch over Ray (TP `tp` per node, PP = nodes).
 
     With a draft on ROCm the speculative config names the drafter's attention backend (`draft_attention_backend`,
     default ROCM_AITER_UNIFIED_ATTN: quantkit.rules.serving; "auto" leaves vLLM's pick). `pin_backends` pins the
@@ -137,6 +140,8 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
             spec["attention_backend"] = serving.draft_attention_backend
         if pin is not None and draft_has_experts(draft_config or {}):
             spec["moe_backend"] = "auto"  # the draft would inherit the target's pin (config/speculative.py)
+        if k_schedule:
+            spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in k_schedule]
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     findings = run_rules(rules, "deploy", reads=("headers",))
     needs = min_version_needs(rules)

@@ -181,7 +181,9 @@ class VllmServer:
     def __init__(self, target: str | Path, draft: str | Path | None = None, num_speculative_tokens: int = 3, *,
                  port: int | None = None, max_model_len: int | None = None, startup_timeout_s: float = 600,
                  extra_env: dict[str, str] | None = None, extra_args: Iterable[str] = (),
-                 fast_start: bool = False, progress: Progress | None = None) -> None:
+                 fast_start: bool = False, progress: Progress | None = None,
+                 speculative_overrides: dict[str, Any] | None = None) -> None:
+        self.speculative_overrides = dict(speculative_overrides or {})  # more keys of --speculative-config
         self.target, self.draft = str(target), (str(draft) if draft is not None else None)
         self.num_speculative_tokens = num_speculative_tokens
         self.port = port
@@ -257,7 +259,8 @@ class VllmServer:
         if max_len is not None:
             cmd += ["--max-model-len", str(max_len)]
         if self.draft is not None:
-            spec = {"method": "eagle3", "model": self.draft, "num_speculative_tokens": self.num_speculative_tokens}
+            spec = {"method": "eagle3", "model": self.draft, "num_speculative_tokens": self.num_speculative_tokens,
+                    **self.speculative_overrides}
             cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
         return cmd + self.extra_args
 

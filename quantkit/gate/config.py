@@ -106,6 +106,27 @@ class ServeStep(_Strict):
     deploy_manifest: str | None = None
 
 
+class BenchStep(_Strict):
+    """The bench step: each draft candidate served next to its target alone and the BF16 draft (quantkit bench),
+    with throughput thresholds. Speed figures depend on the hardware: they are gated only when
+    `runner_is_deployment_hardware` says this runner is the hardware the release is for; otherwise they are reported
+    as hardware_dependent. Failed requests and a refused synthetic acceptance are judged everywhere."""
+
+    concurrency: list[int] = Field(default=[1, 2], min_length=1)
+    output_len: int = Field(default=32, ge=2)
+    repeats: int = Field(default=3, ge=1)
+    num_speculative_tokens: int | None = Field(default=None, ge=1)  # default: acceptance.num_speculative_tokens
+    prompts: str | None = None  # default: acceptance.prompts
+    max_prompt_texts: int | None = Field(default=None, ge=1)  # the first N prompts of the set (a quicker bench)
+    min_speedup: float | None = Field(default=None, gt=0)  # bench.c<C>.speedup >= this, at every concurrency
+    vs_bf16_draft_tolerance: float | None = Field(default=None, ge=0, lt=1)  # bench.c<C>.vs_bf16_draft >= 1 - tol
+    min_crossover: int | None = Field(default=None, ge=1)  # bench.crossover >= this
+    runner_is_deployment_hardware: bool = False
+    fast_start: bool = False
+    startup_timeout_s: float = Field(default=600, gt=0)
+    endpoints: dict[str, str] = {}  # arm -> URL of an already-running server (quantkit bench --endpoint)
+
+
 class EvalStep(_Strict):
     tasks: list[str] = Field(min_length=1)
     min_recovery: float = Field(default=0.98, gt=0)
@@ -125,6 +146,7 @@ class GateConfig(_Strict):
     acceptance: AcceptanceStep = AcceptanceStep()
     eval: EvalStep | None = None
     serve: ServeStep = ServeStep()
+    bench: BenchStep = BenchStep()
 
 
 def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
@@ -161,6 +183,11 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     if extra:
         raise GateConfigError(f"gate config {p}: serve.require_batch_sizes: {extra} not in serve.batch_sizes "
                               f"{sizes}; add them there or drop them here")
+    if "bench" in cfg.steps and cfg.draft is None:
+        raise GateConfigError(f"gate config {p}: draft: the bench step needs the BF16 draft to compare with")
+    conc = cfg.bench.concurrency
+    if any(c < 1 for c in conc) or len(set(conc)) != len(conc):
+        raise GateConfigError(f"gate config {p}: bench.concurrency: distinct values of at least 1, e.g. [1, 2]")
     names = [c.name for c in cfg.candidates]
     if len(set(names)) != len(names):
         raise GateConfigError(f"gate config {p}: candidates: names must be unique")

@@ -10,7 +10,15 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from quantkit.io import jsonout
-from quantkit.results import AcceptanceResult, CheckSummary, EvalResult, GateResult, ReleaseFigures, ServeReport
+from quantkit.results import (
+    AcceptanceResult,
+    BenchResult,
+    CheckSummary,
+    EvalResult,
+    GateResult,
+    ReleaseFigures,
+    ServeReport,
+)
 
 # --- report writers ----------------------------------------------------------------------------------------------
 
@@ -34,7 +42,7 @@ def render_markdown(result: GateResult, charts: dict[str, str] | None = None) ->
         lines += _acceptance_md(name, rep.acceptance) + _eval_md(name, rep.eval)
         if charts and name in charts:
             lines += ["", f"![acceptance chart of {name}]({charts[name]})"]
-        lines += _serve_md(name, rep.serve) + _release_md(name, rep.release) + _check_md(name, rep.check)
+        lines += _serve_md(name, rep.serve) + _bench_md(name, rep.bench) + _release_md(name, rep.release) + _check_md(name, rep.check)
     return "\n".join(lines) + "\n"
 
 
@@ -68,6 +76,29 @@ def _eval_md(name: str, ev: EvalResult | None) -> list[str]:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{1000 * v:.1f}"
+
+
+def _bench_md(name: str, res: BenchResult | None) -> list[str]:
+    if res is None:
+        return []
+    ident = res.identity
+    lines = ["", f"### {name}: served speedup (quantkit bench; {ident.hardware}, TP {ident.tensor_parallel_size}, "
+                 f"{ident.vllm_version}{', ' + ident.workload_label if ident.workload_label else ''})", "",
+             "| arm | C | output tok/s (median) | TPOT p50 ms | AL | speedup (95% CI) | vs BF16 draft | c_step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in res.arms:
+        for c in arm.cells:
+            comp = res.comparison(arm.name, c.concurrency)
+
+            def f(v: float | None, fmt: str = "{:.2f}") -> str:
+                return "-" if v is None else fmt.format(v)
+
+            ci = comp.speedup_ci if comp and comp.speedup_ci else None
+            lines.append(f"| {arm.name} | {c.concurrency} | {f(c.output_throughput.median, '{:.1f}')} | "
+                         f"{f(c.latency_ms['p50_tpot'].median, '{:.1f}')} | {f(c.acceptance_length, '{:.3f}')} | "
+                         f"{f(comp.speedup if comp else None)}{f' ({f(ci[0])}-{f(ci[1])})' if ci else ''} | "
+                         f"{f(comp.vs_bf16_draft if comp else None)} | {f(comp.c_step if comp else None)} |")
+    return lines
 
 
 def _serve_md(name: str, sr: ServeReport | None) -> list[str]:

@@ -39,6 +39,9 @@ Figures (GateCheck, one per judged figure; see README's gate section):
   prompts whose counters differ explain, quantkit.acceptance.agreement at agreement_level; beyond it the same
   figure measured two ways disagrees: anomalous; al_tolerance, if set, is a floor under it),
   `serve.bs<b>.acceptance_length` (>= min_al, for the required batch sizes), `serve.bs<b>.malformed_responses` (0).
+- bench, per concurrency C (quantkit.gate.steps.bench): `bench.c<C>.<arm>.failed_requests` (0), `bench.c<C>.speedup`
+  (>= min_speedup), `bench.c<C>.vs_bf16_draft` (>= 1 - vs_bf16_draft_tolerance), `bench.crossover` (>= min_crossover);
+  the speed figures are hardware_dependent (reported, not gated) unless runner_is_deployment_hardware.
 
 Each step is a small object in quantkit.gate.steps (`STEPS`); this module runs them, candidate by candidate, in
 the registry's order, and judges their figures. Verdict (quantkit.gate.verdict.judge over the figures, each judged

@@ -117,6 +117,16 @@ def agreement(candidate: str, step: str, name: str, value: float | None, referen
     return _figure(candidate, step, name, shown, "<=", shown_threshold, found, message)
 
 
+def reported(candidate: str, step: str, name: str, value: float | None, op: Op, limit: float | None, *,
+             why: str) -> GateCheck:
+    """A figure shown and not judged (`why`: e.g. hardware_dependent, measured on other hardware than the
+    deployment's): it always passes, and its message says what the threshold would have said."""
+    would = threshold(candidate, step, name, value, op, limit, required=False)
+    verdict_text = "would pass" if would.verdict == "pass" else f"would be {would.verdict}"
+    return GateCheck(candidate=candidate, step=step, name=name, value=value, threshold=limit, op=op, passed=True,
+                     message=f"{why}; reported, not gated ({verdict_text})", verdict="pass", reasons=[])
+
+
 def infeasible(candidate: str, step: str, name: str, message: str) -> GateCheck:
     """A step (or figure) that could not run. Its op reads ">=" in the report, as it always has."""
     return threshold(candidate, step, name, None, ">=", None, message=message, error=message)

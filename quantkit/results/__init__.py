@@ -22,6 +22,7 @@ module and that module's `__all__`.
 from quantkit.results.acceptance import *  # noqa: F403
 from quantkit.results.apply import *  # noqa: F403
 from quantkit.results.base import *  # noqa: F403
+from quantkit.results.bench import *  # noqa: F403
 from quantkit.results.check import *  # noqa: F403
 from quantkit.results.demo import *  # noqa: F403
 from quantkit.results.deploy import *  # noqa: F403

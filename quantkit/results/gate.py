@@ -9,6 +9,7 @@ from pydantic import Field
 from quantkit import __version__
 from quantkit.results.acceptance import AcceptanceResult
 from quantkit.results.base import CommandResult, Result
+from quantkit.results.bench import BenchResult
 from quantkit.results.check import CheckSummary
 from quantkit.results.evaluate import EvalResult
 from quantkit.results.serve import ServeReport
@@ -65,6 +66,7 @@ class CandidateReport(CommandResult):
     acceptance: AcceptanceResult | None = None
     eval: EvalResult | None = None
     serve: ServeReport | None = None
+    bench: BenchResult | None = None
     release: ReleaseFigures | None = None
     gate: Verdict | None = None
     verdict: ReleaseVerdict | None = None  # quantkit.gate.verdict.judge over this candidate's figures

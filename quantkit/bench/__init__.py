@@ -1,0 +1,1 @@
+"""`quantkit bench`: served speedup of no speculation, the BF16 draft and quantized drafts, across concurrency (run.py: the arms and cells; load.py: vLLM's own benchmark client in-process; figures.py: speedups, c_step, crossover, K schedule; identity.py; charts.py)."""

