@@ -93,13 +93,26 @@ def test_a_copied_scheme_batches_as_the_original(tmp_path):
     exclude = ec.exclude_modules(fam)
 
     def batched(name: str) -> list[dict[str, bytes]]:
+        from quantkit.apply.shards import units
+
         plan = f2f.plan_shards(src, name, exclude, None)
         settings = process.Settings(src, src, name, exclude, None, plan)
+        layouts = units.shard_layouts(src, plan, scheme=name, exclude=exclude, layer_config=None, drop=frozenset(),
+                                      decode=None)
+        files = process.SourceFiles(src, plan.sizes)
         outs = []
-        for i, shard in enumerate(plan.shards):
-            loaded = process.load_shard(src, shard, i, torch.empty(plan.sizes[shard], dtype=torch.uint8))
-            out = process.process_device(loaded, settings, "cpu")
-            outs.append({k: t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() for k, t in out.tensors.items()})
+        try:
+            for shard in plan.shards:
+                layout = layouts[shard]
+                units.cut_batches(layout, 1 << 40, False)
+                for batch in layout.batches:
+                    host = torch.empty(batch.read_bytes * 3 + (1 << 20), dtype=torch.uint8)
+                    loaded = process.read_batch(files, batch, host, layout.data_start, layout.entries)
+                    out = process.process_device(loaded, settings, "cpu")
+                    outs.append({k: t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                                 for k, t in out.tensors})
+        finally:
+            files.close()
         return outs
 
     register_scheme(replace(SCHEMES["ptpc_fp8"], name="ptpc_fp8_copy"))
