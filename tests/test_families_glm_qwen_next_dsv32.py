@@ -384,7 +384,9 @@ def test_check_vllm_auto_loads_and_generates(runs, family):
     from quantkit.check.run import run as check_checkpoint
 
     r = check_checkpoint(runs[family]["out"], vllm="auto")
-    assert r.findings == [], [f.to_dict() for f in r.findings]
+    # beside the cost the replicas' tiny experts pay on gfx950 (AITER pads intermediate 64 -> 128, hidden 128 -> 256;
+    # quantkit.rules.kernels, tested in tests/test_kernels.py), nothing
+    assert [f for f in r.findings if f.code != "moe-padding"] == [], [f.to_dict() for f in r.findings]
     assert r.vllm_load.status == "loaded" and r.vllm_load.generated_token_ids
     layers = r.vllm_load.layers or {}
     assert layers and all(info.get("as_predicted") for info in layers.values()), layers
