@@ -155,22 +155,28 @@ def _byte_difference(loaded, ckpt) -> dict[str, Any] | None:
             "bytes_differing": int(differ.sum()), "bytes": int(a.numel())}
 
 
+def _loaded_expert_param(mod, name: str):
+    """An experts parameter's data as vLLM's loader wrote it: the copy `keep_loaded_mx_bytes` kept before the
+    backend's re-layout where there is one, else the parameter itself; None when the layer has no such parameter."""
+    kept = (getattr(mod, _SNAPSHOT_ATTR, None) or {}).get(name)
+    if kept is not None:
+        return kept
+    param = getattr(mod, name, None)
+    return None if param is None else param.data
+
+
 def _fused_gate_up_pairs(mod, ckpt_prefix: str, names: Any) -> list[tuple[Any, str, dict[str, Any]]] | None:
     """gpt-oss's Quark layout: `experts.<e>.gate_up_proj.weight` [2I, H/2] (gate and up interleaved, as swigluoai
     reads them) that vllm/model_executor/models/gpt_oss.py `_load_weights_quark` copies whole into w13[e], and
     `experts.<e>.down_proj.weight` into w2[e]. None when the checkpoint does not store its experts so."""
     if f"{ckpt_prefix}.0.gate_up_proj.weight" not in names:
         return None
-    kept = getattr(mod, _SNAPSHOT_ATTR, None) or {}
     pairs = []
     for kind, ckpt in (("w13_", "gate_up_proj"), ("w2_", "down_proj")):
         for leaf in ("weight", "weight_scale"):
-            param = kept.get(f"{kind}{leaf}")
+            param = _loaded_expert_param(mod, f"{kind}{leaf}")
             if param is None:
-                param = getattr(mod, f"{kind}{leaf}", None)
-                if param is None:
-                    continue
-                param = param.data
+                continue
             for expert in range(param.shape[0]):
                 pairs.append((param[expert], f"{ckpt_prefix}.{expert}.{ckpt}.{leaf}",
                               {"param": f"{kind}{leaf}", "expert": expert, "shard": ckpt}))
@@ -190,13 +196,9 @@ def _expert_pairs(mod, ckpt_prefix: str) -> list[tuple[Any, str, dict[str, Any]]
     for param_prefix, weight_name, expert, shard in mod.get_expert_mapping():
         kind = param_prefix.rsplit(".", 1)[-1]  # "w13_" | "w2_" (after any LoRA "base_layer." prefix)
         for leaf in ("weight", "weight_scale"):
-            kept = getattr(mod, _SNAPSHOT_ATTR, None) or {}
-            param = kept.get(f"{kind}{leaf}")
+            param = _loaded_expert_param(mod, f"{kind}{leaf}")
             if param is None:
-                param = getattr(mod, f"{kind}{leaf}", None)
-                if param is None:
-                    continue
-                param = param.data
+                continue
             slot = param[expert]
             if kind == "w13_" and gated:
                 half = slot.shape[0] // 2
