@@ -137,6 +137,9 @@ CASES = [
     (ORACLE + "w4a8", "Using %s W4A8 MoE backend.", ("CUTLASS",), "moe", "CUTLASS", False, False),
     ("quantkit.vllm_plugin.patches", "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).",
      ("CpuOcpMxEmulationExperts",), "moe", EMULATION, False, True),
+    ("quantkit.vllm_plugin.patches", "vLLM's %s MXFP4 MoE backend would drop the checkpoint's MXFP4 activations (BF16 "
+     "fallback): using quantkit's %s (torch emulation).", ("CPU", "CpuOcpMxEmulationExperts"), "moe", EMULATION, False,
+     True),
     ("vllm.platforms.rocm", "Using %s backend (selected via --attention-backend).", ("ROCM_AITER_UNIFIED_ATTN",),
      "attention", "ROCM_AITER_UNIFIED_ATTN", False, False),
     ("vllm.platforms.rocm", "Using %s backend out of potential backends: %s.",
@@ -259,3 +262,23 @@ def test_a_server_log_deduplicated_in_log_order(tmp_path):
     assert got.fallbacks == []
     assert parse_server_log("").lines == [] and not parse_server_log("").cpu_plugin
     assert got.to_dict()["moe"] == [EMULATION]
+
+
+def test_the_plugins_override_supersedes_vllms_cpu_pick_in_its_process():
+    """On an AMX host vLLM picks its CPU backend for W4A4 experts with BF16 activations and logs so; quantkit's plugin
+    then returns its emulation in the same process (patches.py _select_with_cpu_fallback). The backends read from
+    the log are the plugin's: vLLM's superseded lines of that process are dropped, and a later repeat of vLLM's
+    pick from another process counts as the same choice, already superseded (lines are kept once)."""
+    mxfp4 = ORACLE + "mxfp4"
+    vllm_pick = render(template(mxfp4, "Using '{}' Mxfp4 MoE backend."), ("CPU",))
+    bf16 = render(template(mxfp4, "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. "
+                                  "Falling back to '%s' with BF16 activations."), ("QuantKey(u8)", "CPU"))
+    plugin = render(template("quantkit.vllm_plugin.patches", "vLLM's %s MXFP4 MoE backend would drop the checkpoint's "
+                             "MXFP4 activations (BF16 fallback): using quantkit's %s (torch emulation)."),
+                    ("CPU", "CpuOcpMxEmulationExperts"))
+    got = parse_server_log("\n".join([vllm_line(mxfp4, bf16, logging.WARNING), vllm_line(mxfp4, vllm_pick),
+                                      vllm_line("quantkit.vllm_plugin.patches", plugin),
+                                      vllm_line(mxfp4, vllm_pick, process="Worker_TP1")]))
+    assert got.moe == [EMULATION]
+    assert [(ln.chosen_by, ln.backend) for ln in got.of("moe")] == [("quantkit-cpu-plugin", EMULATION)]
+    assert got.fallbacks == [] and [ln.detail for ln in got.emulated] == ["CpuOcpMxEmulationExperts"]

@@ -153,8 +153,8 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("moe", "WNA16 MoE", rf"^Using {_B} WNA16 MoE backend\.", _ORACLE + "int_wna16.py", ("int_wna16.py",)),
     _p("moe", "MxFp8 MoE", rf"^Using {_B} MxFp8 MoE backend", _ORACLE + "mxfp8.py", ("mxfp8.py",)),
     _p("moe", "W4A8 MoE", rf"^Using {_B} W4A8 MoE backend\.", _ORACLE + "w4a8.py", ("w4a8.py",)),
-    _p("moe", "Mxfp4 MoE", r"^No native MXFP4 MoE backend on CPU: using quantkit's (?P<detail>\w+) \(torch "
-       r"emulation\)\.", "quantkit/vllm_plugin/patches.py _select_with_cpu_fallback", ("patches.py",),
+    _p("moe", "Mxfp4 MoE", r"^(?:No native MXFP4 MoE backend on CPU|vLLM's \w+ MXFP4 MoE backend would drop the "
+       r"checkpoint's MXFP4 activations \(BF16 fallback\)): using quantkit's (?P<detail>\w+) \(torch emulation\)\.", "quantkit/vllm_plugin/patches.py _select_with_cpu_fallback", ("patches.py",),
        emulated=True, chosen_by="quantkit-cpu-plugin", backend=EMULATION),
     # --- attention
     _p("attention", "attention", rf"^Using {_B} backend \(selected via --attention-backend\)\.",
@@ -245,6 +245,12 @@ def parse_server_log(text: str) -> ServerBackends:
         key = (parsed.kind, parsed.backend, parsed.what, parsed.layer, parsed.fallback)
         if key in seen:
             continue
+        if parsed.kind == "moe" and parsed.chosen_by == "quantkit-cpu-plugin":
+            # the plugin overrides vLLM's pick in its process (patches.py _select_with_cpu_fallback): vLLM's own
+            # MoE lines logged there before it ("Using 'CPU' ...", its BF16-activation fallback) no longer hold
+            out.lines = [ln for ln in out.lines if not (ln.kind == "moe" and ln.chosen_by == "vllm"
+                                                        and ln.process == parsed.process)]
+            out.moe = list(dict.fromkeys(ln.backend for ln in out.lines if ln.kind == "moe"))
         seen.add(key)
         out.lines.append(parsed)
         names: list[str] = getattr(out, parsed.kind)

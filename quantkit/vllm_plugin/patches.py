@@ -96,7 +96,7 @@ def _select_with_cpu_fallback(original, experts_cls):
 
     _fallback_logged: list[bool] = []  # log once per process, not once per MoE layer
 
-    def emulation(config, activation_key, why: str):
+    def emulation(config, activation_key, dropped: Any = None):
         fmt = (mk.FusedMoEActivationFormat.BatchedExperts
                if config.moe_parallel_config.use_batched_activation_format
                else mk.FusedMoEActivationFormat.Standard)
@@ -106,7 +106,12 @@ def _select_with_cpu_fallback(original, experts_cls):
             return None
         if not _fallback_logged:
             _fallback_logged.append(True)
-            logger.info("%s: using quantkit's %s (torch emulation).", why, experts_cls.__name__)
+            if dropped is None:
+                logger.info("No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).",
+                            experts_cls.__name__)
+            else:
+                logger.info("vLLM's %s MXFP4 MoE backend would drop the checkpoint's MXFP4 activations (BF16 "
+                            "fallback): using quantkit's %s (torch emulation).", dropped, experts_cls.__name__)
         return Mxfp4MoeBackend.EMULATION, experts_cls
 
     def select_mxfp4_moe_backend(config, activation_key=None):
@@ -115,7 +120,7 @@ def _select_with_cpu_fallback(original, experts_cls):
         except NotImplementedError:
             if not current_platform.is_cpu():
                 raise
-            emulated = emulation(config, activation_key, "No native MXFP4 MoE backend on CPU")
+            emulated = emulation(config, activation_key)
             if emulated is None:
                 raise
             return emulated
@@ -125,8 +130,7 @@ def _select_with_cpu_fallback(original, experts_cls):
         # checkpoint's MXFP4 activations, so what quantkit measures here does not depend on the host's ISA.
         if (current_platform.is_cpu() and activation_key is not None and chosen[0] != Mxfp4MoeBackend.EMULATION
                 and backend_activation_key(chosen[0]) is None):
-            emulated = emulation(config, activation_key, f"vLLM's {chosen[0].value} MXFP4 MoE backend would drop the "
-                                                         "checkpoint's MXFP4 activations (BF16 fallback)")
+            emulated = emulation(config, activation_key, chosen[0].value)
             if emulated is not None:
                 return emulated
         return chosen
