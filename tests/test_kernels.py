@@ -68,6 +68,11 @@ def vllm_ref():
 
 
 def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
+    # vLLM's own selection, not quantkit's CPU plugin's wrappers around it (loaded into this process by any earlier
+    # engine of the session; they keep the W4A4 emulation on CPU, which the prediction labels separately)
+    for name in ("select_mxfp4_moe_backend", "backend_to_kernel_cls"):
+        fn = getattr(v.quark_moe, name)
+        mp.setattr(v.quark_moe, name, getattr(fn, "__wrapped__", fn))
     rocm_ = platform in ("gfx950", "gfx942")
     for flag in ("_ON_GFX9", "_ON_GFX942", "_ON_GFX950", "_ON_GFX1250", "_ON_GFX90A", "_ON_GFX1X", "_ON_GFX12X"):
         mp.setattr(v.rocm, flag, False)
