@@ -188,3 +188,48 @@ def exclude_modules(family: Family) -> list[str]:
 def tree_bytes(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` by relative path, with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+_PEAK_RSS = """
+import json, sys, threading, time, torch
+from pathlib import Path
+from quantkit.apply import shards
+from quantkit.schemes import mxfp4
+
+def rss():  # resident memory now, in bytes
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+mxfp4.quantize_mxfp4(torch.zeros(64, 64, dtype=torch.bfloat16))  # warm up torch's allocator and kernels
+base, peak, running = rss(), [0], [True]
+
+def sample():
+    while running[0]:
+        peak[0] = max(peak[0], rss())
+        time.sleep(0.002)
+
+sampler = threading.Thread(target=sample)
+sampler.start()
+src, out, exclude, max_memory = json.loads(sys.argv[1])
+shards.quantize_checkpoint(Path(src), Path(out), scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"],
+                           max_memory=max_memory)
+running[0] = False
+sampler.join()
+print(json.dumps({"base": base, "peak": max(peak[0], rss())}))
+"""
+
+
+def peak_rss_growth(src: Path, out: Path, exclude: list[str], max_memory: int | None = None) -> int:
+    """Peak RSS growth in bytes of `quantize_checkpoint(src, out, scheme="mxfp4", devices=["cpu"])` in a fresh
+    process, sampled every 2 ms from /proc/self/statm, over the process's resident memory after torch warmed up."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    args = json.dumps([str(src), str(out), exclude, max_memory])
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, args], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          check=False, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads(proc.stdout.strip().splitlines()[-1])
+    return int(m["peak"] - m["base"])

@@ -15,10 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.apply.shards import JOURNAL_NAME, CorruptShardError, ExecutorError, NonFiniteWeightError, ShardEvent, quantize_checkpoint
-from quantkit.io.safetensors import serialize_safetensors
+from quantkit.apply.shards import (
+    JOURNAL_NAME,
+    CorruptShardError,
+    ExecutorError,
+    NonFiniteWeightError,
+    ShardEvent,
+    quantize_checkpoint,
+)
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import checkpoint_tensors
+from quantkit.io.safetensors import serialize_safetensors
 from tests import executor_checkpoints as ec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -455,37 +462,7 @@ def test_peak_memory_is_a_few_shards_not_the_model(tmp_path):
         save_file(tensors, str(src / f"model-{i + 1:05d}-of-00008.safetensors"), metadata={"format": "pt"})
     (src / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "torch_dtype": "bfloat16"}))
     largest = max(p.stat().st_size for p in src.glob("*.safetensors"))
-    script = textwrap.dedent(f"""
-        import json, threading, time, torch
-        from pathlib import Path
-        from quantkit.apply import shards
-        from quantkit.schemes import mxfp4
-
-        def rss():  # resident memory now, in bytes
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * 4096
-
-        mxfp4.quantize_mxfp4(torch.zeros(64, 64, dtype=torch.bfloat16))  # warm up torch's allocator and kernels
-        base, peak, running = rss(), [0], [True]
-
-        def sample():
-            while running[0]:
-                peak[0] = max(peak[0], rss())
-                time.sleep(0.002)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        shards.quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
-                                     exclude=[], layer_config=None, devices=["cpu"])
-        running[0] = False
-        sampler.join()
-        print(json.dumps({{"base": base, "peak": max(peak[0], rss())}}))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          check=False, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
-    growth = m["peak"] - m["base"]
+    growth = ec.peak_rss_growth(src, tmp_path / "out", [])
     total = sum(p.stat().st_size for p in src.glob("*.safetensors"))
     print(f"peak RSS growth {growth / 2**20:.0f} MiB, largest shard {largest / 2**20:.0f} MiB, model {total / 2**20:.0f} MiB")
     assert growth < 3 * largest + 60 * 2**20 < total, (growth / 2**20, largest / 2**20)

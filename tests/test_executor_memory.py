@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -49,38 +48,7 @@ def test_peak_rss_stays_within_the_budget_for_one_large_shard(tmp_path):
     src = tmp_path / "src"
     _one_large_shard(src, kept_mib=128, tensor_mib=2)
     size = (src / "model.safetensors").stat().st_size
-    script = textwrap.dedent(f"""
-        import json, threading, time, torch
-        from pathlib import Path
-        from quantkit.apply import shards
-        from quantkit.schemes import mxfp4
-
-        def rss():  # resident memory now, in bytes
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * 4096
-
-        mxfp4.quantize_mxfp4(torch.zeros(64, 64, dtype=torch.bfloat16))  # warm up torch's allocator and kernels
-        base, peak, running = rss(), [0], [True]
-
-        def sample():
-            while running[0]:
-                peak[0] = max(peak[0], rss())
-                time.sleep(0.005)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        report = shards.quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
-                                            exclude=["*.mlp.gate"], layer_config=None, devices=["cpu"],
-                                            max_memory=24 * 2**20)
-        running[0] = False
-        sampler.join()
-        print(json.dumps({{"base": base, "peak": max(peak[0], rss()), "slots": report.slots}}))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          check=False, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
-    growth = m["peak"] - m["base"]
+    growth = ec.peak_rss_growth(src, tmp_path / "out", ["*.mlp.gate"], max_memory=24 * 2**20)
     print(f"peak RSS growth {growth / MIB:.0f} MiB for a {size / MIB:.0f} MiB shard, budget 24 MiB")
     assert growth < 48 * MIB < size / 2, growth / MIB
 
