@@ -188,8 +188,11 @@ def test_crossover_and_schedule_from_the_measured_sweep(bench):
 
     res, _ = bench
     for arm, cross in res.crossover.items():
-        below = [c.concurrency for c in res.comparisons if c.arm == arm and c.speedup is not None and c.speedup < 1]
-        assert cross == (min(below) if below else None)
+        sp = {c.concurrency: c.speedup for c in res.comparisons if c.arm == arm and c.speedup is not None}
+        below = sorted(c for c, v in sp.items() if v < 1)
+        assert res.not_paying[arm] == below
+        # the lowest C from which it never pays again
+        assert cross == next((c for c in sorted(sp) if all(sp[d] < 1 for d in sp if d >= c)), None)
     sched = schedules([res.arm("target"), res.arm("target+bf16"), res.arm("target+bf16@k0")], max(CONC))
     assert len(sched) == 1
     ranges = sched[0].num_speculative_tokens_per_batch_size
@@ -276,6 +279,36 @@ def test_c_step_and_speedup_by_hand():
     lo, hi = comps["t+d"].speedup_ci
     assert 190 / 110 <= lo <= 2.0 <= hi <= 210 / 90
     assert comps["t+q"].cost_named == "keeps its AL but costs more per step"
+    assert comps["t+d"].c_step_from == "tpot"
+
+
+def test_c_step_without_a_measured_tpot_comes_from_throughput():
+    """A TPOT p50 of 0 (the server sent the stream in one chunk) is no TPOT: c_step = AL x tok/s_base / tok/s_spec."""
+    from quantkit.bench.figures import compare
+    from quantkit.results.bench import BenchArm
+
+    base = BenchArm(name="t", kind="no-spec", target="T", cells=[_cell(1, [100, 100, 100], 0.0)])
+    spec = BenchArm(name="t+d", kind="bf16-draft", target="T", draft="D", num_speculative_tokens=3,
+                    cells=[_cell(1, [150, 150, 150], 6.0, al=3.0)])
+    (comp,) = compare([base, spec], samples=200)
+    assert comp.c_step_from == "throughput"
+    assert comp.c_step == pytest.approx(3.0 * 100 / 150)
+    assert comp.c_step == pytest.approx(comp.acceptance_length / comp.speedup)
+
+
+def test_crossover_is_where_speculation_stops_paying_for_good():
+    from quantkit.bench.figures import crossover, not_paying
+    from quantkit.results.bench import BenchComparison
+
+    def comps(sp):
+        return [BenchComparison(arm="a", concurrency=c, speedup=v) for c, v in sp.items()]
+
+    gpu_like = comps({1: 1.9, 4: 1.6, 16: 1.1, 32: 0.95, 64: 0.8})  # gains shrink with batch, then lose
+    assert crossover(gpu_like, "a") == 32 and not_paying(gpu_like, "a") == [32, 64]
+    low_only = comps({1: 0.98, 2: 1.4, 4: 2.5})  # loses at C=1 only: no crossover, but listed
+    assert crossover(low_only, "a") is None and not_paying(low_only, "a") == [1]
+    dip = comps({1: 1.5, 4: 0.9, 8: 1.2, 16: 0.7})
+    assert crossover(dip, "a") == 16 and not_paying(dip, "a") == [4, 16]
 
 
 def test_k_schedule_ranges_are_vllm_valid():

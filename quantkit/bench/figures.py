@@ -13,6 +13,8 @@ c_step (an emulated FP8 path, say) is the one named "costs more per step".
 
 from __future__ import annotations
 
+from typing import Literal
+
 from quantkit.engines.stats import bootstrap_median_ratio_ci, median, scaled_mad
 from quantkit.results.bench import (
     LATENCY_METRICS,
@@ -26,6 +28,8 @@ from quantkit.results.bench import (
     Spread,
 )
 from quantkit.results.serve import SpecDecodeCounters
+
+CStepFrom = Literal["tpot", "throughput"]
 
 AL_KEPT = 0.98  # a candidate whose AL is at least this fraction of the BF16 draft's keeps its AL
 COST_TOLERANCE = 0.05  # a c_step more than 5% above the BF16 draft's costs more per step
@@ -87,12 +91,28 @@ def _ratio(a: BenchCell, b: BenchCell, samples: int) -> tuple[float | None, list
 
 
 def c_step(spec: BenchCell, base: BenchCell) -> float | None:
-    """TPOT_spec x AL / TPOT_base, from the median TPOTs (p50 over requests, median over repeats)."""
-    ts, tb, al = spec.latency_ms.get("p50_tpot", Spread()).median, base.latency_ms.get("p50_tpot", Spread()).median, \
-        spec.acceptance_length
-    if ts is None or not tb or al is None:
-        return None
-    return ts * al / tb
+    """TPOT_spec x AL / TPOT_base (see the module docstring); quantkit.bench.figures.c_step_measured says how."""
+    return c_step_measured(spec, base)[0]
+
+
+def c_step_measured(spec: BenchCell, base: BenchCell) -> tuple[float | None, CStepFrom | None]:
+    """c_step and where its TPOTs came from: "tpot", TPOT_spec x AL / TPOT_base from the median TPOTs (p50 over
+    requests, median over repeats); or "throughput", AL x tok/s_base / tok/s_spec, when a TPOT was not measured:
+    a TPOT p50 of 0 in some repeat means the median request's tokens reached the client in one chunk (vLLM merges
+    a stream's pending deltas when the API server falls behind the engine, vllm/v1/engine/output_processor.py
+    RequestOutputCollector; seen on 2 shared cores), so (E2EL - TTFT) / (n - 1) is 0 and says nothing. In a closed
+    loop at the same concurrency tok/s is n / E2EL per stream, so the throughput form is the same step cost with the
+    prefill folded in, and speedup = AL / c_step exactly."""
+    al = spec.acceptance_length
+    if al is None:
+        return None, None
+    ts, tb = spec.latency_ms.get("p50_tpot", Spread()), base.latency_ms.get("p50_tpot", Spread())
+    if ts.median and tb.median and (ts.min or 0) > 0 and (tb.min or 0) > 0:
+        return ts.median * al / tb.median, "tpot"
+    ns, nb = spec.output_throughput.median, base.output_throughput.median
+    if ns and nb:
+        return al * nb / ns, "throughput"
+    return None, None
 
 
 def compare(arms: list[BenchArm], samples: int = 2000) -> list[BenchComparison]:
@@ -111,7 +131,8 @@ def compare(arms: list[BenchArm], samples: int = 2000) -> list[BenchComparison]:
             bc = b.cell(cell.concurrency) if b else None
             if bc is not None and bc.ok and cell.ok:
                 comp.speedup, comp.speedup_ci = _ratio(cell, bc, samples)
-                comp.c_step = c_step(cell, bc) if arm.num_speculative_tokens else None
+                if arm.num_speculative_tokens:
+                    comp.c_step, comp.c_step_from = c_step_measured(cell, bc)
             ref = bf16.get((arm.target, arm.num_speculative_tokens)) if arm.kind == "candidate" else None
             rc = ref.cell(cell.concurrency) if ref else None
             if rc is not None and rc.ok and cell.ok:
@@ -140,10 +161,21 @@ def name_cost(cand: BenchCell, bf16: BenchCell, base: BenchCell) -> str:
 
 
 def crossover(comparisons: list[BenchComparison], arm: str) -> int | None:
-    """The lowest measured concurrency at which `arm`'s median speedup is below 1 (speculation stops paying);
-    None when it pays at every measured concurrency."""
-    below = sorted(c.concurrency for c in comparisons if c.arm == arm and c.speedup is not None and c.speedup < 1)
-    return below[0] if below else None
+    """The concurrency from which speculation stops paying: the lowest measured C at which `arm`'s median speedup
+    is below 1 and stays below 1 at every higher measured C. None when it pays at the largest measured C (a loss
+    only at low concurrency, a CPU artefact of process overhead, is no crossover: not_paying lists it)."""
+    speedups = sorted((c.concurrency, c.speedup) for c in comparisons if c.arm == arm and c.speedup is not None)
+    cross = None
+    for conc, sp in reversed(speedups):
+        if sp >= 1:
+            break
+        cross = conc
+    return cross
+
+
+def not_paying(comparisons: list[BenchComparison], arm: str) -> list[int]:
+    """Every measured concurrency at which `arm`'s median speedup is below 1."""
+    return sorted(c.concurrency for c in comparisons if c.arm == arm and c.speedup is not None and c.speedup < 1)
 
 
 def k_schedule(target: str, draft: str, prefix: str, arms: list[BenchArm], max_num_seqs: int) -> KSchedule | None:

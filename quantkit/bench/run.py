@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit.bench.figures import compare, crossover, fill_cell, k_schedule
+from quantkit.bench.figures import compare, crossover, fill_cell, k_schedule, not_paying
 from quantkit.bench.identity import NOT_PARSED, RANDOM_LABEL, identity
 from quantkit.bench.load import bench_argv, bench_run, run_vllm_bench, write_prompts
 from quantkit.errors import QuantkitError
@@ -183,6 +183,7 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
     for arm in result.arms:
         if arm.kind != "no-spec":
             result.crossover[arm.name] = crossover(result.comparisons, arm.name)
+            result.not_paying[arm.name] = not_paying(result.comparisons, arm.name)
     result.k_schedules = schedules(result.arms, max_num_seqs)
     result.seconds = round(time.perf_counter() - t0, 1)
     return result

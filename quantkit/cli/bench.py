@@ -168,11 +168,16 @@ def render(result: BenchResult) -> None:
                           + ("" if c.ok else " FAILED"),
                           _f(c.latency_ms["p50_tpot"].median, "{:.1f}"), _f(c.latency_ms["p50_ttft"].median, "{:.0f}"),
                           _f(c.acceptance_length, "{:.3f}"), sp, vs,
-                          "" if comp is None else _f(comp.c_step))
+                          "" if comp is None else _f(comp.c_step) + ("*" if comp.c_step_from == "throughput" else ""))
     console.print(table)
+    if any(c.c_step_from == "throughput" for c in result.comparisons):
+        console.print("c_step*: AL x tok/s_base / tok/s_spec, where a TPOT p50 was 0 (the server sent a stream's "
+                      "tokens in one chunk)")
     for arm_name, cross in result.crossover.items():
-        console.print(f"crossover {arm_name}: " + (f"speculation stops paying at C={cross}" if cross is not None else
-                                             "pays at every measured concurrency"))
+        low = [c for c in result.not_paying.get(arm_name, []) if cross is None or c < cross]
+        console.print(f"crossover {arm_name}: " + (f"speculation stops paying from C={cross}" if cross is not None
+                                                   else "pays at the largest measured concurrency")
+                      + (f"; does not pay at C={','.join(map(str, low))}" if low else ""))
     for s in result.k_schedules:
         console.print(f"K schedule {s.arm_prefix}: num_speculative_tokens_per_batch_size="
                       f"{[list(r) for r in s.num_speculative_tokens_per_batch_size]}")

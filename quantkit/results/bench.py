@@ -181,6 +181,7 @@ class BenchComparison(Result):
     vs_bf16_draft: float | None = None  # a candidate's median output tok/s over the BF16 draft's (same target, K)
     vs_bf16_draft_ci: list[float | None] | None = None
     c_step: float | None = None  # TPOT_spec x AL / TPOT_base: a speculative step's cost in plain decode steps
+    c_step_from: Literal["tpot", "throughput"] | None = None  # how (quantkit.bench.figures.c_step_measured)
     acceptance_length: float | None = None
     cost_named: str = ""  # e.g. "keeps its AL but costs more per step" (against the BF16 draft)
 
@@ -232,7 +233,8 @@ class BenchResult(CommandResult):
     settings: BenchSettings = BenchSettings()
     arms: list[BenchArm] = []
     comparisons: list[BenchComparison] = []
-    crossover: dict[str, int | None] = {}  # arm -> lowest concurrency where its speedup < 1 (None: it pays everywhere)
+    crossover: dict[str, int | None] = {}  # arm -> lowest C from which its speedup stays < 1 (None: pays at the top C)
+    not_paying: dict[str, list[int]] = {}  # arm -> every measured C where its speedup < 1
     k_schedules: list[KSchedule] = []
     charts: dict[str, str] = {}
     out_dir: str | None = None
