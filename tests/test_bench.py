@@ -254,7 +254,9 @@ def test_charts_and_table(bench, tmp_path):
 def _cell(conc, tputs, tpot, al=None, k=3):
     from quantkit.results.bench import BenchCell, BenchRun
 
-    runs = [BenchRun(completed=1, output_throughput=t, p50_tpot_ms=tpot, output_lens=[4],
+    # E2EL as a streamed request's: TTFT 1 ms + 3 more tokens at the TPOT (a TPOT of 0: one chunk, E2EL 10 ms)
+    runs = [BenchRun(completed=1, output_throughput=t, p50_tpot_ms=tpot, p50_e2el_ms=1.0 + 3 * tpot if tpot else 10.0,
+                     output_lens=[4],
                      spec_decode_num_drafts=100 if al else None, spec_decode_draft_tokens=100 * k if al else None,
                      spec_decode_accepted_tokens=round((al - 1) * 100) if al else None,
                      spec_decode_per_position_acceptance_rates=[0.5] * k if al else []) for t in tputs]

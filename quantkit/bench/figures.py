@@ -32,6 +32,7 @@ from quantkit.results.serve import SpecDecodeCounters
 CStepFrom = Literal["tpot", "throughput"]
 
 AL_KEPT = 0.98  # a candidate whose AL is at least this fraction of the BF16 draft's keeps its AL
+MERGED_TPOT = 0.2  # a TPOT below this fraction of E2EL / output tokens: the stream arrived merged, not measured
 COST_TOLERANCE = 0.05  # a c_step more than 5% above the BF16 draft's costs more per step
 
 
@@ -98,7 +99,8 @@ def c_step(spec: BenchCell, base: BenchCell) -> float | None:
 def c_step_measured(spec: BenchCell, base: BenchCell) -> tuple[float | None, CStepFrom | None]:
     """c_step and where its TPOTs came from: "tpot", TPOT_spec x AL / TPOT_base from the median TPOTs (p50 over
     requests, median over repeats); or "throughput", AL x tok/s_base / tok/s_spec, when a TPOT was not measured:
-    a TPOT p50 of 0 in some repeat means the median request's tokens reached the client in one chunk (vLLM merges
+    a TPOT p50 near 0 in some repeat (below MERGED_TPOT x E2EL p50 / output_len) means the median request's tokens
+    reached the client in one or two chunks (vLLM merges
     a stream's pending deltas when the API server falls behind the engine, vllm/v1/engine/output_processor.py
     RequestOutputCollector; seen on 2 shared cores), so (E2EL - TTFT) / (n - 1) is 0 and says nothing. In a closed
     loop at the same concurrency tok/s is n / E2EL per stream, so the throughput form is the same step cost with the
@@ -106,13 +108,19 @@ def c_step_measured(spec: BenchCell, base: BenchCell) -> tuple[float | None, CSt
     al = spec.acceptance_length
     if al is None:
         return None, None
-    ts, tb = spec.latency_ms.get("p50_tpot", Spread()), base.latency_ms.get("p50_tpot", Spread())
-    if ts.median and tb.median and (ts.min or 0) > 0 and (tb.min or 0) > 0:
-        return ts.median * al / tb.median, "tpot"
+    if _tpot_measured(spec) and _tpot_measured(base):
+        return spec.latency_ms["p50_tpot"].median * al / base.latency_ms["p50_tpot"].median, "tpot"  # type: ignore[operator]
     ns, nb = spec.output_throughput.median, base.output_throughput.median
     if ns and nb:
         return al * nb / ns, "throughput"
     return None, None
+
+
+def _tpot_measured(cell: BenchCell) -> bool:
+    tpot, e2el = cell.latency_ms.get("p50_tpot", Spread()), cell.latency_ms.get("p50_e2el", Spread())
+    if not tpot.median or not e2el.median or not cell.output_len:
+        return False
+    return (tpot.min or 0.0) >= MERGED_TPOT * e2el.median / cell.output_len
 
 
 def compare(arms: list[BenchArm], samples: int = 2000) -> list[BenchComparison]:
