@@ -183,3 +183,19 @@ def test_an_interrupted_resharded_run_resumes_to_the_same_bytes(larger, tmp_path
     assert json.loads((out / "quantkit.json").read_text())["source_files"] == \
         json.loads((clean / "quantkit.json").read_text())["source_files"]
     _assert_consistent(out, limit)
+
+
+def test_two_workers_finishing_out_of_order_write_the_same_resharded_tensors(larger, tmp_path):
+    """Two workers and a small budget: batches reach the writer out of source order, and output shards fill from
+    several batches at once."""
+    from quantkit.apply.shards import quantize_checkpoint
+
+    exclude = ec.exclude_modules(ec.qwen3_moe(layers=4, experts=16, hidden=256, inter=256, vocab=1024))
+    one = quantize_checkpoint(larger, tmp_path / "one", scheme="mxfp4", exclude=exclude, layer_config=None,
+                              devices=["cpu"])
+    two = quantize_checkpoint(larger, tmp_path / "two", scheme="mxfp4", exclude=exclude, layer_config=None,
+                              devices=["cpu", "cpu"], max_shard_size=1_000_000, max_memory=64 << 20)
+    assert two.slots > 1 and len(two.shards) != len(one.shards)
+    assert two.source_sha256 == one.source_sha256 == {s.name: s.sha256_in for s in one.shards}
+    assert _tensors(tmp_path / "two") == _tensors(tmp_path / "one")
+    _assert_consistent(tmp_path / "two", 1_000_000)

@@ -394,7 +394,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
         exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
         target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name,
-        not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files)
+        not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files, max_shard_size=max_shard_size)
     if plan.ignored_files:
         progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
                  f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
@@ -462,7 +462,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             **base, size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
             peak_rss_mb=peak_rss_mb(),
             source_files=hashes, verified=verified, shards=shards, resumed_shards=resumed,
-            throughput_mb_s=throughput, device_plan={}, max_shard_size=max_shard_size,
+            throughput_mb_s=throughput, device_plan={},
             output_files=sorted({*written_files(tmp), "quantkit.json"}),
         )
         (tmp / "quantkit.json").write_text(jsonout.dumps(result.to_dict()) + "\n")

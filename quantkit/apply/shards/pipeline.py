@@ -117,11 +117,12 @@ class _SourceHash:
                     return
             if len(item[0].view):
                 self.hasher.update(item[0].view)
-            item[1].set()
             with self.lock:
                 self.next += 1
-                if self.next == self.batches:
-                    self.done.set()
+                last = self.next == self.batches
+            if last:  # before the last batch's event: whoever waited for that one finds the shard's hash done
+                self.done.set()
+            item[1].set()
 
 
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
@@ -319,6 +320,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             results.put(None)
 
     open_outputs: dict[str, OutputShard] = {}
+    unrecorded = set(hashes) if outs is not None else set()  # re-sharded: source hashes not journaled yet
     progress_of: dict[str, dict[str, Any]] = {}
 
     def finish_output(name: str) -> None:
@@ -334,10 +336,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         emit_queue.put(ShardEvent("done", name, index_of[name], total, rec.device, rec.bytes_in, rec.bytes_out,
                                   rec.seconds))
 
-    def write_resharded(box: list[Output], hashed: threading.Event) -> None:
-        """One batch's tensors into the output shards the plan puts them in (those a resume kept are skipped)."""
-        out = box.pop()
-        t0 = time.perf_counter()
+    def write_tensors(out: Output) -> list[str]:
+        """The batch's tensors written at their planned offsets; the output shards they went to, in order."""
         touched: list[str] = []
         for tensor_name, t in out.tensors:
             name = out_of[tensor_name]
@@ -350,9 +350,15 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             shard.write(tensor_name, t)
             if name not in touched:
                 touched.append(name)
+        return touched
+
+    def write_resharded(box: list[Output], hashed: threading.Event) -> None:
+        """One batch's tensors into the output shards the plan puts them in (those a resume kept are skipped)."""
+        out = box.pop()
+        t0 = time.perf_counter()
+        touched = write_tensors(out)
         if touched:
             progress_of[touched[0]]["seconds"] += out.loaded.seconds + out.seconds + time.perf_counter() - t0
-        source = out.loaded.batch.shard
         host = out.loaded.host
         del out  # no view of the slot may outlive this: the next batch is read into it
         if not _wait(hashed, stop):
@@ -361,9 +367,10 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         for name in touched:
             if open_outputs[name].complete:
                 finish_output(name)
-        if hashes[source].done.is_set() and source not in source_sha:
-            source_sha[source] = hashes[source].hasher.hexdigest()
-            journal.record_source(source, plan.sizes[source], source_sha[source])
+        for name in [n for n in unrecorded if hashes[n].done.is_set()]:
+            unrecorded.discard(name)
+            source_sha[name] = hashes[name].hasher.hexdigest()
+            journal.record_source(name, plan.sizes[name], source_sha[name])
 
     def writer() -> None:
         finished_workers = 0
@@ -470,6 +477,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         total_size = sum((dst / name).stat().st_size for name in plan.shards if weight_maps[name])
         source_sha = {name: records[name].sha256_in for name in plan.shards}
     else:  # transformers' index (modeling_utils save_pretrained): the tensors' bytes
+        source_sha.update({name: h.hasher.hexdigest() for name, h in hashes.items() if name in unrecorded})
         total_size = sum(o.nbytes for layout in outs for o in layout.outputs)
     with open(dst / "model.safetensors.index.json", "w") as f:
         json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False, indent=4)
