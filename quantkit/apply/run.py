@@ -76,6 +76,25 @@ def parse_size(text: str, option: str) -> int:
     return max(1, int(float(m.group(1)) * scale))
 
 
+_SHARD_SIZE = re.compile(r"([0-9]+)\s*(GiB|MiB|KiB|GB|MB|KB|Gb|Mb|Kb)?", re.IGNORECASE)
+
+
+def parse_shard_size(text: str) -> int:
+    """Bytes from a `--max-shard-size` as transformers reads `max_shard_size` (transformers/utils/hub.py
+    `convert_file_size_to_int`): GiB/MiB/KiB binary, GB/MB/KB decimal, Gb/Mb/Kb (lower-case b) bits, or a plain
+    number of bytes; case-insensitive otherwise. Written here because importing transformers costs seconds."""
+    m = _SHARD_SIZE.fullmatch(text.strip())
+    if m is None or int(m.group(1)) < 1:
+        raise ApplyError(f"--max-shard-size {text[:40]!r}: not a size; give e.g. 5GB, 500MB or 2GiB")
+    n, unit = int(m.group(1)), m.group(2) or ""
+    if unit.upper().endswith("IB"):
+        return n * 2 ** (10 * "KMG".index(unit[0].upper()) + 10)
+    if not unit:
+        return n
+    size = n * 10 ** (3 * "KMG".index(unit[0].upper()) + 3)
+    return max(1, size // 8) if unit.endswith("b") else size
+
+
 def device_spec(devices: str | list[str] | None) -> list[str]:
     """The device names asked for, checked for syntax only (no torch import): [] for auto, ["cuda"], or names."""
     spec = devices if isinstance(devices, list) else [d.strip() for d in str(devices or "auto").split(",") if d.strip()]
@@ -291,7 +310,7 @@ def device_plan(plan: ApplyPlan) -> dict[str, list[str]]:
 
 
 def _resume_command(recipe: Recipe, model: str | Path, output: Path, target: str | Path | None, path: str | None,
-                    engine: str, devices: list[str]) -> str:
+                    engine: str, devices: list[str], max_shard_size: int | None = None) -> str:
     recipe_arg = str(recipe.source) if recipe.source and recipe.source.parent.name != "recipes" else recipe.name
     parts = ["quantkit", "apply", "--recipe", recipe_arg, "--model", str(model), "--output", str(output)]
     if target is not None:
@@ -300,6 +319,8 @@ def _resume_command(recipe: Recipe, model: str | Path, output: Path, target: str
         parts += ["--path", path]
     if engine != "auto":
         parts += ["--engine", engine]
+    if max_shard_size is not None:
+        parts += ["--max-shard-size", str(max_shard_size)]
     parts += ["--devices", ",".join(devices), "--resume"]
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -334,11 +355,14 @@ def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], Non
 def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *, device: str | None = None,
           devices: str | list[str] | None = "auto", path: str | None = None, engine: str = "auto",
           overwrite: bool = False, resume: bool = False, dry_run: bool = False, target: str | Path | None = None,
-          max_memory: int | None = None, progress: Progress | None = None) -> ApplyResult:
+          max_memory: int | None = None, max_shard_size: int | None = None,
+          progress: Progress | None = None) -> ApplyResult:
     """Quantize `model` with `recipe` into `output` (written to a temporary folder, renamed when complete).
 
     `devices`: auto | cpu | cuda | "cuda:0,cuda:1" (`device` is the older single-device spelling). `max_memory`:
-    the native executor's host-memory budget in bytes (None: from the machine). `resume`
+    the native executor's host-memory budget in bytes (None: from the machine). `max_shard_size`: output shards of
+    at most that many bytes, named model-0000i-of-0000N.safetensors (None: the source's shards and names; native
+    engine only). `resume`
     continues an interrupted native run from its temporary folder. `dry_run` returns the plan (layers, exclude,
     predicted size, device plan) without reading tensor data or writing anything.
     """
@@ -352,6 +376,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     plan = plan_apply(recipe, model, target=target, path=path, engine=engine,
                       devices=device if device not in (None, "auto") else devices)
     rec, src, decisions = plan.recipe, plan.src, plan.decisions
+    if max_shard_size is not None and plan.engine != "native":
+        raise ApplyError(f"--max-shard-size: only the native executor re-shards, and this run uses the {plan.engine} "
+                         f"engine ({plan.engine_reason}); use --engine native, or leave out --max-shard-size")
     timings["plan"] = time.perf_counter() - t0
     progress(f"{src.architecture} ({plan.kind}): {sum(d.action == 'quantize' for d in decisions)} layers to quantize, "
              f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {plan.exclude}; engine {plan.engine} "
@@ -367,7 +394,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
         exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
         target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name,
-        not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files)
+        not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files, max_shard_size=max_shard_size)
     if plan.ignored_files:
         progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
                  f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
@@ -378,7 +405,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
 
     native = plan.engine == "native"
     hashes: dict[str, str] = {}
-    resume_hint = "resume with: " + _resume_command(rec, model, output, target, path, engine, plan.devices)
+    resume_hint = "resume with: " + _resume_command(rec, model, output, target, path, engine, plan.devices,
+                                                    max_shard_size)
     shards: list[ShardSummary] = []
     throughput = None
     resumed = 0
@@ -399,10 +427,10 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
                                          layer_config=plan.layer_config or None, devices=plan.devices,
                                          resume=continuing, progress=_shard_progress(progress, src.size_bytes),
                                          decode=plan.source_format if plan.source_format.name != "bf16" else None,
-                                         drop=plan.dropped, max_memory=max_memory,
+                                         drop=plan.dropped, max_memory=max_memory, max_shard_size=max_shard_size,
                                          finish=lambda _src, dst, qc: write_final_files(plan, dst, qc))
             shards = report.shards
-            hashes = {r.name: r.sha256_in for r in report.shards}
+            hashes = dict(report.source_sha256)
             throughput, resumed = report.mb_per_s, report.resumed_shards
         else:
             from quantkit.apply.quark_engine import run_in_memory, run_per_shard

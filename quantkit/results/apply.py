@@ -52,6 +52,7 @@ class ExecutorReport(Result):
     resumed_shards: int = 0
     source_changed: list[str] = []  # finished before an interrupt, redone: its source changed
     ignored_files: list[str] = []  # *.safetensors the index does not name: not read
+    source_sha256: dict[str, str] = {}  # every source shard's SHA-256 (a re-sharded run's shards are not the source's)
     readers: int = 0
     page_locked: bool = False  # the slot buffers were page-locked for asynchronous GPU copies
     max_memory_mb: float = 0.0  # the host-memory budget the run was held to
@@ -93,6 +94,7 @@ class ApplyResult(CommandResult):
     device_plan: dict[str, list[str]] = {}  # device -> source shards it quantizes
     shards: list[ShardSummary] = []
     resumed_shards: int = 0
+    max_shard_size: int | None = None  # --max-shard-size in bytes: output re-sharded (None: the source's shards)
     throughput_mb_s: float | None = None
     dry_run: bool = False
     # *.safetensors in the source that its index does not name: neither quantized nor copied (the index is the truth)

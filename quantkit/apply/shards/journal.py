@@ -21,19 +21,23 @@ JOURNAL_VERSION = 2  # 2: the run key holds drop, source format, model dtype and
 
 
 def run_key(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
-            drop: frozenset[str], decode: Any, model_dtype: str) -> dict[str, Any]:
+            drop: frozenset[str], decode: Any, model_dtype: str, max_shard_size: int | None = None) -> dict[str, Any]:
     """Everything besides the source shards' bytes that decides the output's bytes: a journal with another key is
     another run's, and resuming it would mix two runs' shards."""
     from quantkit import __version__
 
-    return {"source": str(src.resolve()), "scheme": scheme, "exclude": list(exclude),
+    key = {"source": str(src.resolve()), "scheme": scheme, "exclude": list(exclude),
             "layer_config": dict(layer_config or {}), "drop": sorted(drop),
             "source_format": getattr(decode, "name", None) if decode is not None else None,
             "model_dtype": model_dtype, "quantkit_version": __version__}
+    if max_shard_size is not None:  # absent in a default run's key, so that its journals read as before
+        key["max_shard_size"] = max_shard_size
+    return key
 
 
 _Size = Annotated[int, Field(ge=0, le=2**63 - 1)]
 _Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+_Sha256OrNone = Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")]  # "": a re-sharded output (sources apart)
 
 
 class _JournalShard(BaseModel):
@@ -43,7 +47,7 @@ class _JournalShard(BaseModel):
     name: str
     bytes_in: _Size
     bytes_out: _Size
-    sha256_in: _Sha256  # of the source bytes this shard was quantized from: resume re-hashes the source against it
+    sha256_in: _Sha256OrNone  # of the source bytes this shard was quantized from: resume re-hashes the source against it
     sha256_out: _Sha256
     tensors: _Size
     quantized: _Size
@@ -54,16 +58,25 @@ class _JournalShard(BaseModel):
     depends_on: list[str] = []  # other source shards it took parts from (a module split across shards)
 
 
+class _JournalSource(BaseModel):
+    """A source shard read in full by a re-sharded run (`--max-shard-size`): its size and SHA-256."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    bytes: _Size
+    sha256: _Sha256
+
+
 class _Journal(BaseModel):
     """The journal file as read back: the run key is compared separately, field by field."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
     quantkit_journal: int
     shards: dict[str, _JournalShard] = {}
+    sources: dict[str, _JournalSource] = {}
 
 
-def read_journal(path: Path, key: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The finished shards recorded in the journal at `path`, validated at the boundary: JournalError (one line,
+def read_journal(path: Path, key: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(The finished shards, the fully read sources of a re-sharded run) recorded in the journal at `path`, validated at the boundary: JournalError (one line,
     naming the fix) for a journal that cannot be read, is malformed, or is another run's."""
     fix = f"start over with apply --overwrite (or remove {path.parent})"
     try:
@@ -87,12 +100,13 @@ def read_journal(path: Path, key: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if shard.name != name:
             raise JournalError(f"{path}: malformed journal (shard {name[:80]!r} records name {shard.name[:80]!r}); "
                                f"{fix}")
-    differ = [k for k in key if raw.get(k) != key[k]]
+    differ = [k for k in {**key, "max_shard_size": None} if raw.get(k) != key.get(k)]
     if differ:
         raise JournalError(f"{path}: journal of a different run ({', '.join(differ)} differ"
                            f"{'s' if len(differ) == 1 else ''}: {differ[0]} {_short_json(raw.get(differ[0]))} there, "
                            f"{_short_json(key[differ[0]])} now); {fix}")
-    return {name: shard.model_dump() for name, shard in journal.shards.items()}
+    return ({name: shard.model_dump() for name, shard in journal.shards.items()},
+            {name: source.model_dump() for name, source in journal.sources.items()})
 
 
 def _short_json(value: Any) -> str:
@@ -183,6 +197,55 @@ class Journal:
         self.save()
         return records, weight_maps, todo, changed
 
+    def kept_outputs(self, src: Path, dst: Path, outputs: dict[str, tuple[list[str], list[str]]], *, streams: int,
+                     ) -> tuple[dict[str, ShardSummary], dict[str, str], list[str]]:
+        """A re-sharded run's resume: which finished output shards it keeps, (their summaries, the SHA-256 of every
+        source shard they take tensors from, the sources that changed since). `outputs` maps each planned output
+        shard to (its tensors, its sources). An output shard is kept only if it is planned with the same tensors and
+        sources as journaled, its file re-hashes as recorded, and every one of its sources re-hashes as recorded
+        (finished_shard_verdict's reasons); every other one is forgotten and its file removed. The journal is saved."""
+        recorded = {n: e for n, e in self.shards.items() if n in outputs and outputs[n] == (e["weight_map"],
+                                                                                           e["depends_on"])}
+        sources_seen = self.data.get("sources", {})
+        wanted = sorted({s for n in recorded for s in outputs[n][1] if s in sources_seen})
+
+        def source_ok(name: str) -> bool:
+            entry = sources_seen[name]
+            path = src / name
+            return path.is_file() and path.stat().st_size == entry["bytes"] and sha256_file(path) == entry["sha256"]
+
+        def output_ok(name: str) -> bool:
+            entry, path = recorded[name], dst / name
+            return path.is_file() and path.stat().st_size == entry["bytes_out"] and sha256_file(path) == \
+                entry["sha256_out"]
+
+        jobs = [("source", n) for n in wanted] + [("output", n) for n in recorded]
+        with ThreadPoolExecutor(max_workers=max(1, min(streams, len(jobs))), thread_name_prefix="quantkit-rehash") as h:
+            verdicts = dict(zip(jobs, h.map(lambda j: source_ok(j[1]) if j[0] == "source" else output_ok(j[1]), jobs),
+                                strict=True))
+        good_sources = {n for n in wanted if verdicts[("source", n)]}
+        changed = [n for n in wanted if not verdicts[("source", n)]]
+        kept: dict[str, ShardSummary] = {}
+        for name in outputs:
+            entry = recorded.get(name)
+            if entry is not None and verdicts[("output", name)] and all(s in good_sources for s in entry["depends_on"]):
+                kept[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
+                                          sha256_out=entry["sha256_out"], tensors=entry["tensors"],
+                                          quantized=entry["quantized"], seconds=0.0, device=entry["device"],
+                                          resumed=True)
+            else:
+                self.shards.pop(name, None)
+                (dst / name).unlink(missing_ok=True)
+        self.data["shards"] = {n: e for n, e in self.shards.items() if n in kept}
+        self.data["sources"] = {n: e for n, e in sources_seen.items() if n in good_sources}
+        self.save()
+        return kept, {n: e["sha256"] for n, e in self.data["sources"].items()}, changed
+
+    def record_source(self, name: str, nbytes: int, sha256: str) -> None:
+        """A source shard a re-sharded run has read and hashed in full, saved at once."""
+        self.data.setdefault("sources", {})[name] = {"bytes": nbytes, "sha256": sha256}
+        self.save()
+
     def record(self, summary: ShardSummary, weight_map: list[str], depends_on: list[str] | None = None) -> None:
         """One more finished shard, saved at once (a crash after this keeps it for a resume)."""
         self.shards[summary.name] = {**summary.model_dump(), "weight_map": weight_map,
@@ -209,6 +272,8 @@ def open_journal(dst: Path, key: dict[str, Any], *, resume: bool) -> Journal:
         if not path.is_file():
             raise ExecutorError(f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
                                 "remove it or choose another output folder")
-        data["shards"] = read_journal(path, key)
+        data["shards"], sources = read_journal(path, key)
+        if sources:
+            data["sources"] = sources
     dst.mkdir(parents=True, exist_ok=True)
     return Journal(path, data)

@@ -40,7 +40,15 @@ from quantkit.apply.shards.f2f import check_aux_quark, copy_aux_quark, plan_shar
 from quantkit.apply.shards.journal import JOURNAL_NAME, open_journal, run_key
 from quantkit.apply.shards.memory import MB, HostBuffers, MemoryPlan, default_max_memory, peak_rss_mb, plan_memory
 from quantkit.apply.shards.process import Loaded, Output, Settings, SourceFiles, process_cpu, process_device, read_batch
-from quantkit.apply.shards.units import Batch, ShardLayout, cut_batches, ratio_out, shard_layouts
+from quantkit.apply.shards.units import (
+    Batch,
+    OutputLayout,
+    ShardLayout,
+    cut_batches,
+    output_layouts,
+    ratio_out,
+    shard_layouts,
+)
 from quantkit.apply.shards.writer import OutputShard
 from quantkit.errors import QuantkitError
 from quantkit.results.apply import ExecutorReport, ShardSummary
@@ -109,11 +117,12 @@ class _SourceHash:
                     return
             if len(item[0].view):
                 self.hasher.update(item[0].view)
-            item[1].set()
             with self.lock:
                 self.next += 1
-                if self.next == self.batches:
-                    self.done.set()
+                last = self.next == self.batches
+            if last:  # before the last batch's event: whoever waited for that one finds the shard's hash done
+                self.done.set()
+            item[1].set()
 
 
 def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
@@ -121,7 +130,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                         progress: Callable[[ShardEvent], None] | None = None,
                         readers: int | None = None, decode: Any = None,
                         drop: set[str] | None = None, finish: Finish | None = None,
-                        max_memory: int | None = None) -> ExecutorReport:
+                        max_memory: int | None = None, max_shard_size: int | None = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -138,6 +147,11 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     in place, given the `quantization_config` Quark's file-to-file path would write (quantkit apply writes its final
     config.json and its own allow-list of files, quantkit.io.files.AUX_FILES, there). None: Quark's own files
     (every other file and folder of the source, and Quark's config.json), byte-identical to Quark.
+
+    `max_shard_size` (bytes): instead of one output shard per source shard under its name (Quark's layout), output
+    shards of at most that many bytes each, named as transformers names them (units.output_layouts); the journal
+    then records each output shard with the source shards it takes tensors from, and each source shard's hash once
+    it is read in full, and a resume keeps an output shard only when it and all its sources re-hash as recorded.
     """
     import torch
 
@@ -156,6 +170,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             raise ExecutorError(f"device {d}: no CUDA/ROCm GPU visible to torch; use cpu")
     if src.resolve() == dst.resolve():
         raise ExecutorError(f"output {dst} is the source folder; choose another output folder")
+    if max_shard_size is not None and max_shard_size < 1:
+        raise ExecutorError(f"max_shard_size={max_shard_size}: give a size in bytes, e.g. 5 GB")
     if max_memory is not None and max_memory < 1:
         raise ExecutorError(f"max_memory={max_memory}: give a budget in bytes, e.g. 4 GiB")
     if finish is None:
@@ -172,33 +188,48 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     mem = _memory_plan(layouts, max_memory, readers or (_GPU_READERS if uses_gpu else 1), devices, uses_cpu,
                        uses_gpu, decode_on_host, cpu_threads)
 
-    key = run_key(src, scheme, exclude, layer_config, settings.drop, decode, plan.model_dtype)
+    key = run_key(src, scheme, exclude, layer_config, settings.drop, decode, plan.model_dtype, max_shard_size)
+    outs = output_layouts(layouts, plan.shards, max_shard_size) if max_shard_size is not None else None
+    out_names = [o.name for o in outs] if outs is not None else plan.shards
     journal = open_journal(dst, key, resume=resume)
     for stale in [*dst.glob("*" + _PARTIAL_SUFFIX), dst / (JOURNAL_NAME + ".tmp")]:
         stale.unlink(missing_ok=True)
     # Shards of an earlier source layout (a shard renamed or removed since the interruption) must not survive.
     for stale in dst.glob("*.safetensors"):
-        if stale.name not in plan.shards:
+        if stale.name not in out_names:
             stale.unlink()
 
-    total = len(plan.shards)
+    total = len(out_names)
     emit_queue: queue.Queue[ShardEvent] = queue.Queue()
     report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
                             exclude=plan.exclude_modules, ignored_files=plan.ignored)
-    depends = {name: layouts[name].depends_on for name in plan.shards}
-    records, weight_maps, todo, changed = journal.kept_shards(src, dst, plan.shards, streams=_GPU_READERS,
-                                                              depends_on=depends)
+    out_by_name: dict[str, OutputLayout] = {o.name: o for o in outs or []}
+    out_of = {t: o.name for o in outs or [] for t in o.names}
+    source_sha: dict[str, str] = {}
+    if outs is None:
+        depends = {name: layouts[name].depends_on for name in plan.shards}
+        records, weight_maps, todo, changed = journal.kept_shards(src, dst, plan.shards, streams=_GPU_READERS,
+                                                                  depends_on=depends)
+    else:
+        records, source_sha, changed = journal.kept_outputs(src, dst, {o.name: (o.names, o.sources) for o in outs},
+                                                            streams=_GPU_READERS)
+        weight_maps = {o.name: o.names for o in outs}
+        need = {s for o in outs if o.name not in records for s in o.sources} | (set(plan.shards) - set(source_sha))
+        todo = [(i, name) for i, name in enumerate(plan.shards) if name in need]
     report.source_changed = changed
-    for i, name in enumerate(plan.shards):  # in shard order, as a resume found them
+    for i, name in enumerate(out_names):  # in shard order, as a resume found them
         if name in records:
             r = records[name]
             emit_queue.put(ShardEvent("resumed", name, i, total, r.device, r.bytes_in, r.bytes_out))
-        elif name in changed:
+    for i, name in enumerate(plan.shards):
+        if name in changed:
             emit_queue.put(ShardEvent("source-changed", name, i, total))
+    quantized_names = {u.outputs[0].name for lay in layouts.values() for u in lay.units if u.kind == "quantize"}
 
     for _, name in todo:
         cut_batches(layouts[name], mem.batch_bytes, decode_on_host)
-    index_of = {name: i for i, name in enumerate(plan.shards)}
+    index_of = {name: i for i, name in enumerate(out_names)}
+    index_of.update({name: i for i, name in enumerate(plan.shards) if name not in index_of})
     pending: list[Batch] = [b for _, name in todo for b in layouts[name].batches]
     hashes = {name: _SourceHash(len(layouts[name].batches)) for _, name in todo}
     files = SourceFiles(src, plan.sizes)
@@ -289,7 +320,57 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             results.put(None)
 
     open_outputs: dict[str, OutputShard] = {}
+    unrecorded = set(hashes) if outs is not None else set()  # re-sharded: source hashes not journaled yet
     progress_of: dict[str, dict[str, Any]] = {}
+
+    def finish_output(name: str) -> None:
+        """A re-sharded output shard whose last tensor is in: renamed into place and journaled."""
+        shard, layout, info = open_outputs.pop(name), out_by_name[name], progress_of[name]
+        nbytes, sha_out = shard.close()
+        os.replace(dst / (name + _PARTIAL_SUFFIX), dst / name)
+        rec = ShardSummary(name=name, bytes_in=layout.bytes_in, bytes_out=nbytes, sha256_out=sha_out,
+                           tensors=len(layout.names), quantized=sum(n in quantized_names for n in layout.names),
+                           seconds=round(info["seconds"], 3), device=info["device"])
+        journal.record(rec, layout.names, layout.sources)
+        records[name] = rec
+        emit_queue.put(ShardEvent("done", name, index_of[name], total, rec.device, rec.bytes_in, rec.bytes_out,
+                                  rec.seconds))
+
+    def write_tensors(out: Output) -> list[str]:
+        """The batch's tensors written at their planned offsets; the output shards they went to, in order."""
+        touched: list[str] = []
+        for tensor_name, t in out.tensors:
+            name = out_of[tensor_name]
+            if name in records:
+                continue
+            shard = open_outputs.get(name)
+            if shard is None:
+                shard = open_outputs[name] = OutputShard(out_by_name[name], dst / (name + _PARTIAL_SUFFIX))
+                progress_of[name] = {"seconds": 0.0, "device": out.device}
+            shard.write(tensor_name, t)
+            if name not in touched:
+                touched.append(name)
+        return touched
+
+    def write_resharded(box: list[Output], hashed: threading.Event) -> None:
+        """One batch's tensors into the output shards the plan puts them in (those a resume kept are skipped)."""
+        out = box.pop()
+        t0 = time.perf_counter()
+        touched = write_tensors(out)
+        if touched:
+            progress_of[touched[0]]["seconds"] += out.loaded.seconds + out.seconds + time.perf_counter() - t0
+        host = out.loaded.host
+        del out  # no view of the slot may outlive this: the next batch is read into it
+        if not _wait(hashed, stop):
+            return
+        buffers.release(host)
+        for name in touched:
+            if open_outputs[name].complete:
+                finish_output(name)
+        for name in [n for n in unrecorded if hashes[n].done.is_set()]:
+            unrecorded.discard(name)
+            source_sha[name] = hashes[name].hasher.hexdigest()
+            journal.record_source(name, plan.sizes[name], source_sha[name])
 
     def writer() -> None:
         finished_workers = 0
@@ -306,6 +387,11 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                 buffers.release(host)
                 continue
             try:
+                if outs is not None:
+                    box = [out]
+                    del out, item
+                    write_resharded(box, hashed)
+                    continue
                 t0 = time.perf_counter()
                 batch = out.loaded.batch
                 name = batch.shard
@@ -384,10 +470,15 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     if finish is None:
         copy_aux_quark(src, dst)
     weight_map: dict[str, str] = {}
-    for name in plan.shards:
+    for name in out_names:
         for tensor in weight_maps[name]:
             weight_map[tensor] = name
-    total_size = sum((dst / name).stat().st_size for name in plan.shards if weight_maps[name])
+    if outs is None:  # Quark's index: the sizes of the files that hold tensors
+        total_size = sum((dst / name).stat().st_size for name in plan.shards if weight_maps[name])
+        source_sha = {name: records[name].sha256_in for name in plan.shards}
+    else:  # transformers' index (modeling_utils save_pretrained): the tensors' bytes
+        source_sha.update({name: h.hasher.hexdigest() for name, h in hashes.items() if name in unrecorded})
+        total_size = sum(o.nbytes for layout in outs for o in layout.outputs)
     with open(dst / "model.safetensors.index.json", "w") as f:
         json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False, indent=4)
     report.quantization_config = quark_quantization_config(scheme, plan.exclude_modules, layer_config)
@@ -397,7 +488,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         finish(src, dst, report.quantization_config)
     journal.remove()
 
-    report.shards = [records[name] for name in plan.shards]
+    report.shards = [records[name] for name in out_names]
+    report.source_sha256 = {name: source_sha[name] for name in plan.shards}
     report.resumed_shards = sum(r.resumed for r in report.shards)
     report.total_seconds = round(time.perf_counter() - t_start, 3)
     done_bytes = sum(r.bytes_in for r in report.shards if not r.resumed)

@@ -15,6 +15,7 @@ builds.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,10 @@ class ShardLayout:
     @property
     def out_count(self) -> int:
         return len(self.offsets)
+
+    @property
+    def outputs(self) -> list[OutTensor]:
+        return [o for u in self.units for o in u.outputs]
 
 
 def _read_small(src: Path, parts: list[Part]) -> dict[str, bytes]:
@@ -306,3 +311,64 @@ def ratio_out(layouts: dict[str, ShardLayout], decode_on_host: bool) -> float:
                 r = max(r, u.host_bytes(decode_on_host) / u.source_bytes)
     return r
 
+
+
+@dataclass
+class OutputLayout:
+    """One output shard of a re-sharded run (`--max-shard-size`): its tensors in the index's order, its header, the
+    source shards whose units it takes tensors from (`sources`, with the shards those units fetch parts from)."""
+
+    name: str
+    names: list[str]
+    head: bytes
+    offsets: dict[str, int]
+    out_size: int
+    outputs: list[OutTensor]
+    sources: list[str]
+    bytes_in: int = 0  # source bytes of the units whose first output lies here (progress only)
+
+
+def _entry_bound(o: OutTensor) -> int:
+    """An upper bound on the header bytes `header_bytes` spends on `o` (offsets written with 20 digits each)."""
+    return len(json.dumps({o.name: {"dtype": o.dtype, "shape": list(o.shape), "data_offsets": [10**19, 10**19]}},
+                          separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def output_layouts(layouts: dict[str, ShardLayout], shards: list[str], max_shard_size: int) -> list[OutputLayout]:
+    """The output tensors of every source shard (in source order, Quark's insertion order within a shard) cut into
+    output shards of at most `max_shard_size` bytes each, as transformers' `split_torch_state_dict_into_shards`
+    (huggingface_hub `split_state_dict_into_shards_factory`) does: greedy, a new shard when the next tensor would
+    tip the current one over, a tensor larger than the limit alone in its own shard. Two differences, on purpose:
+    the limit holds for the whole file (header included, counted by an upper bound), not the tensor bytes only; and
+    an oversized tensor closes the current shard instead of being set aside, so every output shard holds a run of
+    consecutive tensors. Names are HF's `model-00001-of-0000N.safetensors`."""
+    groups: list[list[tuple[OutTensor, Unit, str]]] = []
+    cur: list[tuple[OutTensor, Unit, str]] = []
+    used = 8 + 2 + 7  # length prefix, braces, padding to 8
+    for shard in shards:
+        for u in layouts[shard].units:
+            for o in u.outputs:
+                size = o.nbytes + _entry_bound(o) + 1  # +1: the comma between entries
+                if cur and used + size > max_shard_size:
+                    groups.append(cur)
+                    cur, used = [], 8 + 2 + 7
+                cur.append((o, u, shard))
+                used += size
+                if used > max_shard_size:  # alone and still too large: its own shard
+                    groups.append(cur)
+                    cur, used = [], 8 + 2 + 7
+    if cur:
+        groups.append(cur)
+    out: list[OutputLayout] = []
+    n = len(groups)
+    for i, group in enumerate(groups):
+        outs = [o for o, _, _ in group]
+        order = sorted(outs, key=lambda o: (ST_ORDER.index(o.dtype), o.name))
+        head, rel = header_bytes([(o.name, o.dtype, o.shape, o.nbytes) for o in order])
+        sources = sorted({s for _, u, s in group} | {p.shard for _, u, _ in group for p in u.parts})
+        first = {id(u) for o, u, _ in group if o is u.outputs[0]}
+        bytes_in = sum(u.source_bytes for u in {id(u): u for _, u, _ in group}.values() if id(u) in first)
+        out.append(OutputLayout(f"model-{i + 1:05d}-of-{n:05d}.safetensors", [o.name for o in outs], head,
+                                {o.name: len(head) + r for o, r in zip(order, rel, strict=True)},
+                                len(head) + sum(o.nbytes for o in outs), outs, sources, bytes_in))
+    return out

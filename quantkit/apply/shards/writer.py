@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit.apply.shards.errors import ShardVerificationError
-from quantkit.apply.shards.units import ShardLayout
+from quantkit.apply.shards.units import OutputLayout, ShardLayout
 from quantkit.io.safetensors import st_dtype, tensor_bytes
 
 if TYPE_CHECKING:
@@ -21,13 +21,14 @@ _CHUNK = 16 * 1024 * 1024
 
 
 class OutputShard:
-    """One output shard being written to `path` (a partial file, renamed into place by the caller)."""
+    """One output shard being written to `path` (a partial file, renamed into place by the caller): a source shard's
+    own output (ShardLayout, the default) or one shard of a re-sharded output (OutputLayout, `--max-shard-size`)."""
 
-    def __init__(self, layout: ShardLayout, path: Path) -> None:
+    def __init__(self, layout: ShardLayout | OutputLayout, path: Path) -> None:
         self.layout = layout
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.expected = {o.name: o for u in layout.units for o in u.outputs}
+        self.expected = {o.name: o for o in layout.outputs}
         self.left = set(self.expected)
         self.hasher = hashlib.sha256()
         self.frontier = 0
