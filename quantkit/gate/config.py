@@ -116,6 +116,9 @@ class BenchStep(_Strict):
     output_len: int = Field(default=32, ge=2)
     repeats: int = Field(default=3, ge=1)
     num_speculative_tokens: int | None = Field(default=None, ge=1)  # default: acceptance.num_speculative_tokens
+    # a K sweep besides that K (quantkit bench --k): the gated figures stay at num_speculative_tokens; the sweep gives
+    # the K schedule that the published card's serve command and deploy.json carry
+    ks: list[int] = []
     prompts: str | None = None  # default: acceptance.prompts
     max_prompt_texts: int | None = Field(default=None, ge=1)  # the first N prompts of the set (a quicker bench)
     min_speedup: float | None = Field(default=None, gt=0)  # bench.c<C>.speedup >= this, at every concurrency
@@ -188,6 +191,8 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     conc = cfg.bench.concurrency
     if any(c < 1 for c in conc) or len(set(conc)) != len(conc):
         raise GateConfigError(f"gate config {p}: bench.concurrency: distinct values of at least 1, e.g. [1, 2]")
+    if any(k < 0 for k in cfg.bench.ks) or len(set(cfg.bench.ks)) != len(cfg.bench.ks):
+        raise GateConfigError(f"gate config {p}: bench.ks: distinct values of at least 0, e.g. [1, 3, 5]")
     names = [c.name for c in cfg.candidates]
     if len(set(names)) != len(names):
         raise GateConfigError(f"gate config {p}: candidates: names must be unique")

@@ -79,26 +79,13 @@ def _ms(v: float | None) -> str:
 
 
 def _bench_md(name: str, res: BenchResult | None) -> list[str]:
-    if res is None:
+    summary = res.speedup_summary() if res is not None else None
+    if summary is None:
         return []
-    ident = res.identity
-    lines = ["", f"### {name}: served speedup (quantkit bench; {ident.hardware}, TP {ident.tensor_parallel_size}, "
-                 f"{ident.vllm_version}{', ' + ident.workload_label if ident.workload_label else ''})", "",
-             "| arm | C | output tok/s (median) | TPOT p50 ms | AL | speedup (95% CI) | vs BF16 draft | c_step |",
-             "|---|---|---|---|---|---|---|---|"]
-    for arm in res.arms:
-        for c in arm.cells:
-            comp = res.comparison(arm.name, c.concurrency)
+    from quantkit.bench.tables import speedup_markdown
 
-            def f(v: float | None, fmt: str = "{:.2f}") -> str:
-                return "-" if v is None else fmt.format(v)
-
-            ci = comp.speedup_ci if comp and comp.speedup_ci else None
-            lines.append(f"| {arm.name} | {c.concurrency} | {f(c.output_throughput.median, '{:.1f}')} | "
-                         f"{f(c.latency_ms['p50_tpot'].median, '{:.1f}')} | {f(c.acceptance_length, '{:.3f}')} | "
-                         f"{f(comp.speedup if comp else None)}{f' ({f(ci[0])}-{f(ci[1])})' if ci else ''} | "
-                         f"{f(comp.vs_bf16_draft if comp else None)} | {f(comp.c_step if comp else None)} |")
-    return lines
+    return ["", f"### {name}: served speedup (quantkit bench, arm {summary.candidate_arm})", "",
+            *speedup_markdown(summary)]
 
 
 def _serve_md(name: str, sr: ServeReport | None) -> list[str]:

@@ -8,7 +8,7 @@ Generated files (they replace any file of the same name in the folder):
 |---|---|---|
 | `README.md` | the model card (card.py) | always |
 | `quantkit.json` | the folder's manifest with local paths replaced (redact.py) | always |
-| `acceptance.json` | `AcceptanceSidecar` (sidecar.py) | the report has acceptance figures |
+| `acceptance.json` | `AcceptanceSidecar` (sidecar.py) | the report has acceptance or bench figures |
 | `acceptance.png` | the chart (charts.py) | the report has acceptance or eval figures |
 | `deploy.json` | quantkit.deploy's manifest, naming the Hub ids | the checkpoint (and a draft's target) is readable |
 """
@@ -31,7 +31,7 @@ from quantkit.publish.folder import (
 )
 from quantkit.publish.redact import Redactor, hub_ref, is_local, public_manifest
 from quantkit.publish.sidecar import AcceptanceSidecar, prompt_file
-from quantkit.results import ApplyResult, CandidateReport, load_report, parse_report
+from quantkit.results import ApplyResult, CandidateReport, SpeedupSummary, load_report, parse_report
 from quantkit.vocab import EAGLE3_DRAFT
 
 DEFAULT_PLATFORM = "gfx950"
@@ -55,6 +55,10 @@ class Publication:
     deploy_missing: str  # why there is no deploy manifest ("" when there is one)
     chart: bool  # whether acceptance.png is part of the upload
     num_speculative_tokens: int
+    speedup: SpeedupSummary | None = None  # the report's bench, as published (no local paths)
+    # the bench's recommended K per batch size, which the serve command carries; [] when none
+    k_schedule: tuple[tuple[int, int, int], ...] = ()
+    k_schedule_note: str = ""  # why the bench's schedule is not in the serve command ("" when it is, or none)
 
     @property
     def redacted(self) -> list[str]:
@@ -81,7 +85,7 @@ def _hub_id_option(value: str | None, option: str) -> str | None:
 
 
 def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str | None, k: int, platform: str,
-            tp: int) -> tuple[Any, str]:
+            tp: int, k_schedule: tuple[tuple[int, int, int], ...] = ()) -> tuple[Any, str]:
     """quantkit.deploy's manifest naming the Hub ids, or None and why not (one line, no local path)."""
     from quantkit.deploy.run import run as deploy_manifest
 
@@ -96,7 +100,8 @@ def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str |
     try:
         if target_local is not None:
             return deploy_manifest(folder, target=target_local, platform=platform, tp=tp, num_speculative_tokens=k,
-                                   model_ref=target_ref or TARGET_PLACEHOLDER, draft_ref=repo_id), ""
+                                   model_ref=target_ref or TARGET_PLACEHOLDER, draft_ref=repo_id,
+                                   k_schedule=list(k_schedule) or None), ""
         return deploy_manifest(folder, platform=platform, tp=tp, num_speculative_tokens=k, model_ref=repo_id), ""
     except QuantkitError as e:
         return None, f"`quantkit deploy` could not read the checkpoint ({type(e).__name__})"
@@ -134,15 +139,38 @@ def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str,
 
     acc = rep.acceptance if rep else None
     k = (acc.settings.num_speculative_tokens if acc else None) or DEFAULT_NUM_SPECULATIVE_TOKENS
+    summary = rep.bench.speedup_summary() if rep is not None and rep.bench is not None else None
+    speedup = SpeedupSummary.model_validate(redactor.deep(summary.to_dict())) if summary is not None else None
+    schedule, note = _schedule(speedup, manifest)
+    if schedule:
+        k = max(x for _, _, x in schedule)
     sidecar = None
     if acc is not None:
         sidecar = AcceptanceSidecar.from_acceptance(acc, model=repo, base_model=base_ref, target=target_ref)
+    elif speedup is not None:
+        sidecar = AcceptanceSidecar(model=repo, base_model=base_ref, target=target_ref)
+    if sidecar is not None:
+        sidecar.speedup = speedup
         if not sidecar.has_figures():
             sidecar = None
     chart = bool(chart_panels(acc, rep.eval if rep else None))
 
-    deploy, missing = _deploy(folder, manifest, repo, target_ref, k, platform, tp)
+    deploy, missing = _deploy(folder, manifest, repo, target_ref, k, platform, tp, schedule)
     deploy_json = redactor.deep(deploy.to_dict()) if deploy is not None else None
     return Publication(folder=folder, repo_id=repo, manifest=public, manifest_json=published, report=rep,
                        base_ref=base_ref, target_ref=target_ref, redactor=redactor, sidecar=sidecar, deploy=deploy,
-                       deploy_json=deploy_json, deploy_missing=missing, chart=chart, num_speculative_tokens=k)
+                       deploy_json=deploy_json, deploy_missing=missing, chart=chart, num_speculative_tokens=k,
+                       speedup=speedup, k_schedule=schedule, k_schedule_note=note)
+
+
+def _schedule(speedup: SpeedupSummary | None,
+              manifest: ApplyResult) -> tuple[tuple[tuple[int, int, int], ...], str]:
+    """The bench's K schedule for this draft (results.KSchedule, chosen by measured tok/s) as the serve command
+    carries it, or () and why not."""
+    if speedup is None or not speedup.num_speculative_tokens_per_batch_size or manifest.model_kind != EAGLE3_DRAFT:
+        return (), ""
+    ranges = tuple((int(a), int(b), int(k)) for a, b, k in speedup.num_speculative_tokens_per_batch_size)
+    if not any(k for _, _, k in ranges):
+        return (), ("the bench found no speculation (K=0) fastest at every concurrency it measured, so the command "
+                    "keeps the fixed K")
+    return ranges, ""

@@ -166,12 +166,22 @@ def _serve_section(pub: Publication) -> list[str]:
         body += ["On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads "
                  "the Quark `quantization_config` from config.json, no extra flag is needed.", ""]
         if kind == EAGLE3_DRAFT:
-            spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": pub.num_speculative_tokens})
+            spec_config: dict[str, Any] = {"method": "eagle3", "model": repo,
+                                           "num_speculative_tokens": pub.num_speculative_tokens}
+            if pub.k_schedule:  # vllm/config/speculative.py SpeculativeConfig.num_speculative_tokens_per_batch_size
+                spec_config["num_speculative_tokens_per_batch_size"] = [list(r) for r in pub.k_schedule]
+            spec = json.dumps(spec_config)
             body += ["```bash", f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{spec}'", "```"]
         else:
             body += ["```bash", f"vllm serve {repo}", "```"]
         body += ["", f"No `deploy.json` in this repo: {pub.deploy_missing}; `quantkit deploy` with the checkpoint "
                  "folders writes the checked command and environment."]
+    if kind == EAGLE3_DRAFT and pub.k_schedule:
+        body += ["", "The speculative config carries the K per batch size that `quantkit bench` measured fastest "
+                 f"(`num_speculative_tokens_per_batch_size` {[list(r) for r in pub.k_schedule]}: inclusive batch-size "
+                 "ranges and their K; see the speedup section for where it was measured)."]
+    elif kind == EAGLE3_DRAFT and pub.k_schedule_note:
+        body += ["", f"No K schedule in the command: {pub.k_schedule_note}."]
     if kind == EAGLE3_DRAFT:
         if not target:
             n = manifest.target_num_layers
@@ -233,6 +243,21 @@ def _acceptance_section(pub: Publication) -> list[str]:
         body += ["Not measured: no gate report was given when this card was made (`quantkit publish --report`)."
                  if rep is None else "Not measured: the gate report has no acceptance figures."]
     return body
+
+
+def _speedup_section(pub: Publication) -> list[str]:
+    """The served speedup of the gate's bench step (quantkit.bench.tables: the gate report's renderer), or nothing
+    when the report has no bench."""
+    if pub.speedup is None:
+        return []
+    from quantkit.bench.tables import speedup_markdown
+
+    platform = pub.deploy_json.get("platform") if pub.deploy_json else None
+    return ["", "## Served speedup (quantkit bench)", "",
+            "Output tokens/s served by `vllm serve` under vLLM's own serving benchmark: the target alone, with the "
+            "BF16 draft, and with this draft, same server settings; medians over repeats, 95% bootstrap CIs.", "",
+            *speedup_markdown(pub.speedup, str(platform) if platform else None),
+            "", f"`{SIDECAR}` in this repo holds these figures under `speedup`."]
 
 
 def _redaction_note(pub: Publication) -> list[str]:
@@ -299,6 +324,7 @@ def render_card(pub: Publication) -> ModelCard:
 
     body += _serve_section(pub)
     body += _acceptance_section(pub)
+    body += _speedup_section(pub)
 
     body += ["", "## Quality (lm-eval)", ""]
     if rep and rep.eval and rep.eval.tasks:

@@ -1,10 +1,11 @@
 """`acceptance.json`: the acceptance measurement that ships with published weights, built from the gate report's
 `acceptance` section (quantkit.results.AcceptanceResult) with every model named by its Hub id, never a local path.
 
-Format (schema_version 1; readers ignore unknown keys and refuse a higher schema_version):
+Format (schema_version 2; readers ignore unknown keys and refuse a higher schema_version; version 1 had no
+`speedup`):
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "model": "ORG/NAME",                 # this repo: the quantized model the candidate figures are for
       "base_model": "ORG/BASE" | null,     # the BF16 model it was quantized from (the baseline's model)
       "target": "ORG/TARGET" | null,       # a draft's target model (drafts only)
@@ -23,8 +24,21 @@ Format (schema_version 1; readers ignore unknown keys and refuse a higher schema
       "ratio_ci95": [0.975, 1.004] | null, # paired bootstrap over prompts
       "per_domain_ratio": {"code": 0.99, ...},
       "greedy_outputs_identical": true | false | null,
+      "speedup": {speedup} | null,         # the gate's bench step (quantkit bench), when the report has one
       "quantkit_version": "0.1.0"
     }
+
+    speedup = quantkit.results.SpeedupSummary: {"candidate_arm", "bf16_draft_arm", "no_spec_arm",
+           "num_speculative_tokens", "rows": [{"concurrency", "no_spec_output_throughput",
+           "bf16_draft_output_throughput", "candidate_output_throughput", "speedup", "speedup_ci",
+           "bf16_draft_speedup", "bf16_draft_speedup_ci", "vs_bf16_draft", "vs_bf16_draft_ci", "c_step",
+           "bf16_draft_c_step", "acceptance_length", "bf16_draft_acceptance_length", "cost_named"}, ...],
+           "crossover", "bf16_draft_crossover", "max_concurrency_measured", "num_speculative_tokens_per_batch_size",
+           "identity": {hardware, platform, tensor_parallel_size, vllm_version, backends, kv_cache_dtype,
+                        max_num_seqs, workload, workload_label, synthetic_acceptance, ...},
+           "output_len", "repeats",
+           "deployment_hardware": true | false | null,  # the gate's bench.runner_is_deployment_hardware
+           "hardware_dependent": true | false}           # not measured on the deployment's hardware (or not said)
 
     run = {"mean_acceptance_length": 2.61,           # pooled AL = 1 + sum accepted / sum drafts (vLLM's)
            "macro_acceptance_length": 2.70,          # mean of per-request AL (ModelOpt specdec_bench's)
@@ -55,10 +69,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from quantkit.results import AL_DEFINITIONS, AcceptanceResult, DraftAcceptance, PromptSource, ResultFileError
+from quantkit.results import (
+    AL_DEFINITIONS,
+    AcceptanceResult,
+    DraftAcceptance,
+    PromptSource,
+    ResultFileError,
+    SpeedupSummary,
+)
 
 SIDECAR = "acceptance.json"
-SIDECAR_SCHEMA_VERSION = 1
+SIDECAR_SCHEMA_VERSION = 2  # 2: `speedup`
 BUILTIN_PROMPTS = "builtin"
 
 
@@ -135,6 +156,7 @@ class AcceptanceSidecar(_Model):
     chat_template_kwargs: dict[str, Any] = {}
     dataset: PromptSource | None = None
     averages: dict[str, str] = {}
+    speedup: SpeedupSummary | None = None
     quantkit_version: str = ""
 
     @classmethod
@@ -193,8 +215,9 @@ class AcceptanceSidecar(_Model):
         return dumps(self.to_dict()) + "\n"
 
     def has_figures(self) -> bool:
-        return any(r is not None and (r.mean_acceptance_length is not None or r.acceptance_rate_per_pos)
-                   for r in (self.baseline, self.candidate))
+        return self.speedup is not None or any(
+            r is not None and (r.mean_acceptance_length is not None or r.acceptance_rate_per_pos)
+            for r in (self.baseline, self.candidate))
 
 
 def _int_or_none(v: Any) -> int | None:

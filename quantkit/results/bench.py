@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import computed_field, field_validator
 
 from quantkit.results.base import CommandResult, Result, _nan_to_none
 from quantkit.results.serve import SpecDecodeCounters
@@ -225,6 +225,53 @@ class BenchSettings(Result):
     load_generator: str = "vllm.benchmarks.serve (in-process: add_cli_args + main)"
 
 
+class SpeedupRow(Result):
+    """One concurrency of a candidate's speedup: the three arms' median output tok/s side by side, and the
+    comparisons the bench made (quantkit.bench.figures.compare), as they were made."""
+
+    concurrency: int
+    no_spec_output_throughput: float | None = None  # tok/s, median over repeats
+    bf16_draft_output_throughput: float | None = None
+    candidate_output_throughput: float | None = None
+    speedup: float | None = None  # candidate / no speculation
+    speedup_ci: list[float | None] | None = None
+    bf16_draft_speedup: float | None = None  # BF16 draft / no speculation
+    bf16_draft_speedup_ci: list[float | None] | None = None
+    vs_bf16_draft: float | None = None  # candidate / BF16 draft
+    vs_bf16_draft_ci: list[float | None] | None = None
+    c_step: float | None = None  # the candidate's
+    bf16_draft_c_step: float | None = None
+    acceptance_length: float | None = None  # the candidate's, served
+    bf16_draft_acceptance_length: float | None = None
+    cost_named: str = ""
+
+
+class SpeedupSummary(Result):
+    """A candidate's served speedup, per concurrency, with what it was measured on: what the gate report, the model
+    card and the published sidecar show (BenchResult.speedup_summary)."""
+
+    candidate_arm: str
+    bf16_draft_arm: str | None = None
+    no_spec_arm: str | None = None
+    num_speculative_tokens: int | None = None
+    rows: list[SpeedupRow] = []
+    crossover: int | None = None  # the candidate's: lowest C with speedup < 1 (None: it pays at every C measured)
+    bf16_draft_crossover: int | None = None
+    max_concurrency_measured: int | None = None
+    # the bench's recommended K per batch size for the candidate (KSchedule), in vLLM's form; [] when not swept
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] = []
+    identity: BenchIdentity = BenchIdentity()
+    output_len: int = 0
+    repeats: int = 0
+    deployment_hardware: bool | None = None  # BenchResult.deployment_hardware
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hardware_dependent(self) -> bool:
+        """Whether these figures were measured elsewhere than on the deployment's hardware (or nobody said)."""
+        return self.deployment_hardware is not True
+
+
 class BenchResult(CommandResult):
     """`quantkit bench --json`: every arm's cells, the comparisons, the crossovers and the K schedules."""
 
@@ -240,6 +287,9 @@ class BenchResult(CommandResult):
     out_dir: str | None = None
     seconds: float = 0.0
     warnings: list[str] = []
+    # whether the runner was the deployment's hardware: the gate sets it from bench.runner_is_deployment_hardware;
+    # None when nobody said (quantkit bench alone), which readers treat as "not the deployment's"
+    deployment_hardware: bool | None = None
 
     def arm(self, name: str) -> BenchArm | None:
         return next((a for a in self.arms if a.name == name), None)
@@ -251,7 +301,51 @@ class BenchResult(CommandResult):
     def ok(self) -> bool:
         return all(a.error is None and all(c.ok for c in a.cells) for a in self.arms)
 
+    def candidate_arm(self, k: int | None = None) -> BenchArm | None:
+        """The (first) candidate arm, at K `k` when given, else at the largest K measured."""
+        arms = [a for a in self.arms if a.kind == "candidate" and (k is None or a.num_speculative_tokens == k)]
+        return max(arms, key=lambda a: a.num_speculative_tokens or 0, default=None)
+
+    def schedule_for(self, draft: str | None) -> KSchedule | None:
+        return next((s for s in self.k_schedules if s.draft == draft), None)
+
+    def speedup_summary(self, k: int | None = None) -> SpeedupSummary | None:
+        """The candidate's speedup (candidate_arm(k)) beside the no-speculation arm and the BF16 draft at the same
+        target and K: the comparisons and crossovers this result holds, selected, not recomputed."""
+        cand = self.candidate_arm(k)
+        if cand is None:
+            return None
+        base = next((a for a in self.arms if a.kind == "no-spec" and a.target == cand.target), None)
+        bf16 = next((a for a in self.arms if a.kind == "bf16-draft" and a.target == cand.target
+                     and a.num_speculative_tokens == cand.num_speculative_tokens), None)
+        rows = []
+        for cell in cand.cells:
+            c = cell.concurrency
+            comp, ref = self.comparison(cand.name, c), self.comparison(bf16.name, c) if bf16 else None
+            bc, rc = (base.cell(c) if base else None), (bf16.cell(c) if bf16 else None)
+            rows.append(SpeedupRow(
+                concurrency=c, no_spec_output_throughput=bc.output_throughput.median if bc else None,
+                bf16_draft_output_throughput=rc.output_throughput.median if rc else None,
+                candidate_output_throughput=cell.output_throughput.median,
+                speedup=comp.speedup if comp else None, speedup_ci=comp.speedup_ci if comp else None,
+                bf16_draft_speedup=ref.speedup if ref else None, bf16_draft_speedup_ci=ref.speedup_ci if ref else None,
+                vs_bf16_draft=comp.vs_bf16_draft if comp else None,
+                vs_bf16_draft_ci=comp.vs_bf16_draft_ci if comp else None,
+                c_step=comp.c_step if comp else None, bf16_draft_c_step=ref.c_step if ref else None,
+                acceptance_length=cell.acceptance_length,
+                bf16_draft_acceptance_length=rc.acceptance_length if rc else None,
+                cost_named=comp.cost_named if comp else ""))
+        sched = self.schedule_for(cand.draft)
+        return SpeedupSummary(
+            candidate_arm=cand.name, bf16_draft_arm=bf16.name if bf16 else None,
+            no_spec_arm=base.name if base else None, num_speculative_tokens=cand.num_speculative_tokens, rows=rows,
+            crossover=self.crossover.get(cand.name), bf16_draft_crossover=self.crossover.get(bf16.name) if bf16 else None,
+            max_concurrency_measured=max((r.concurrency for r in rows), default=None),
+            num_speculative_tokens_per_batch_size=list(sched.num_speculative_tokens_per_batch_size) if sched else [],
+            identity=self.identity, output_len=self.settings.output_len, repeats=self.settings.repeats,
+            deployment_hardware=self.deployment_hardware)
+
 
 __all__ = ["BENCH_SCHEMA_VERSION", "LATENCY_FIELDS", "VLLM_FIELDS", "ArmKind", "BenchArm", "BenchCell",
            "BenchComparison", "BenchIdentity", "BenchResult", "BenchRun", "BenchSettings", "KChoice", "KSchedule",
-           "Spread"]
+           "SpeedupRow", "SpeedupSummary", "Spread"]

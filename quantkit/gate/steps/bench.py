@@ -39,28 +39,32 @@ class Bench:
         from quantkit.bench.run import run_bench
 
         b, a = ctx.config.bench, ctx.config.acceptance
+        k = b.num_speculative_tokens or a.num_speculative_tokens
         served_target = cand.pair_target or ctx.target
         assert ctx.draft is not None
         try:
             with tempfile.TemporaryDirectory(prefix="quantkit-gate-bench-") as tmp:
                 res = run_bench(served_target, ctx.draft, [cand.path], concurrency=b.concurrency,
                                 output_len=b.output_len, repeats=b.repeats,
-                                ks=[b.num_speculative_tokens or a.num_speculative_tokens],
+                                ks=sorted({k, *b.ks}),
                                 prompts=b.prompts or ctx.prompts, max_prompt_texts=b.max_prompt_texts, endpoints=b.endpoints, out_dir=tmp,
                                 fast_start=b.fast_start, startup_timeout_s=b.startup_timeout_s,
                                 candidate_names={cand.path: cand.name},
                                 progress=lambda m: ctx.progress(f"{cand.name}: bench: {m}"))
                 res.out_dir = None  # the per-cell files went with the temporary folder
+                res.deployment_hardware = b.runner_is_deployment_hardware
         except Exception as e:
             return [infeasible(cand.name, "bench", "bench.error", f"step failed: {first_line(e)}")]
         report.bench = res
-        return bench_figures(cand.name, res, b)
+        return bench_figures(cand.name, res, b, k)
 
 
-def bench_figures(name: str, res: BenchResult, b: BenchStep) -> list[GateCheck]:
-    """The figures of a measured bench for candidate `name` (its arm is the one of kind "candidate")."""
+def bench_figures(name: str, res: BenchResult, b: BenchStep, k: int | None = None) -> list[GateCheck]:
+    """The figures of a measured bench for candidate `name` (its arm is the one of kind "candidate", at K `k` when
+    the bench swept K)."""
     figures: list[GateCheck] = []
-    arm = next((x for x in res.arms if x.kind == "candidate"), None)
+    arm = res.candidate_arm(k if len({a.num_speculative_tokens for a in res.arms if a.kind == "candidate"}) > 1
+                            else None)
     errors = [x for x in res.arms if x.error]
     if arm is None or errors:
         first = errors[0] if errors else None
