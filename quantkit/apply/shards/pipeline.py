@@ -89,6 +89,26 @@ def _mib(n: int) -> str:
     return f"{n / MB:.0f} MiB" if n >= 10 * MB else f"{n / MB:.1f} MiB"
 
 
+def interleave(per_shard: list[list[Batch]], width: int) -> list[Batch]:
+    """The read order: round robin over a window of `width` shards, each shard's batches in file order, a shard
+    joining the window when one leaves it. A source shard's sha256 is one sequential stream (_SourceHash); read
+    shard after shard, a few large shards would leave every reader waiting on that one hash (measured on one H200,
+    24 GB in 7 x 4 GB shards: 865 MB/s against 1254 MB/s for the same model in 180 MB shards). With the window,
+    `width` hashes run at once whatever the shard size."""
+    out: list[Batch] = []
+    queue_ = [list(b) for b in per_shard if b]
+    window = queue_[:max(1, width)]
+    rest = queue_[len(window):]
+    while window:
+        for batches in list(window):
+            out.append(batches.pop(0))
+            if not batches:
+                window.remove(batches)
+                if rest:
+                    window.append(rest.pop(0))
+    return out
+
+
 class _SourceHash:
     """sha256 of one source shard, fed by its batches in file order whichever reader finishes first."""
 
@@ -230,7 +250,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         cut_batches(layouts[name], mem.batch_bytes, decode_on_host)
     index_of = {name: i for i, name in enumerate(out_names)}
     index_of.update({name: i for i, name in enumerate(plan.shards) if name not in index_of})
-    pending: list[Batch] = [b for _, name in todo for b in layouts[name].batches]
+    n_streams = mem.readers if len(todo) > 1 else 1
+    pending: list[Batch] = interleave([layouts[name].batches for _, name in todo], n_streams)
     hashes = {name: _SourceHash(len(layouts[name].batches)) for _, name in todo}
     files = SourceFiles(src, plan.sizes)
     saved_threads = torch.get_num_threads()
