@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,12 +152,18 @@ _PARSED_MAX_BYTES = 256_000_000
 _parsed_bytes = 0
 
 
+_parsed_lock = threading.Lock()  # the executor's reader threads parse headers too
+
+
 def _remember(key: tuple[int, bytes], parsed: ParsedHeader) -> None:
     global _parsed_bytes
-    while _PARSED and _parsed_bytes + len(key[1]) > _PARSED_MAX_BYTES:
-        _parsed_bytes -= len(next(iter(_PARSED))[1])
-        del _PARSED[next(iter(_PARSED))]
-    if len(key[1]) <= _PARSED_MAX_BYTES:
+    with _parsed_lock:
+        if key in _PARSED or len(key[1]) > _PARSED_MAX_BYTES:
+            return
+        while _PARSED and _parsed_bytes + len(key[1]) > _PARSED_MAX_BYTES:
+            oldest = next(iter(_PARSED))
+            _parsed_bytes -= len(oldest[1])
+            del _PARSED[oldest]
         _PARSED[key] = parsed
         _parsed_bytes += len(key[1])
 
