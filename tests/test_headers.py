@@ -161,3 +161,32 @@ def test_missing_file_is_a_checkpoint_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as error:
         read_header(tmp_path / "nope.safetensors")
     _assert_one_line(error, "nope.safetensors: file not found")
+
+
+def test_a_header_damaged_after_it_was_read_is_refused(real_file: Path) -> None:
+    # Headers are validated once per process (io.safetensors caches them by file size and header bytes): a file that
+    # changes afterwards, even to the same size, must be validated afresh, never answered from the cache.
+    assert read_header(real_file)["w.f16"]["dtype"] == "F16"
+    raw = real_file.read_bytes()
+    assert raw.count(b'"F16"') == 1
+    real_file.write_bytes(raw.replace(b'"F16"', b'"Q16"'))
+    assert real_file.stat().st_size == len(raw)
+    with pytest.raises(CheckpointError) as error:
+        read_header(real_file)
+    _assert_one_line(error, str(real_file), "'w.f16'", "dtype 'Q16'")
+    real_file.write_bytes(raw)
+    assert read_header(real_file)["w.f16"]["dtype"] == "F16"
+
+
+def test_a_cached_header_is_not_changed_by_its_readers(real_file: Path) -> None:
+    from quantkit.io.safetensors import read_parsed_header
+
+    first = read_parsed_header(real_file)
+    expected = list(first.entries)
+    first.entries.clear()
+    first.listed.clear()
+    again = read_parsed_header(real_file)
+    assert again.entries == expected
+    assert [e.name for e in again.listed] == [n for n in read_header(real_file) if n != "__metadata__"]
+    with safe_open(str(real_file), framework="pt") as f:
+        assert {e.name for e in again.entries} == set(f.keys())

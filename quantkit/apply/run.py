@@ -259,9 +259,15 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
 
     quantized = {f"{m}.weight": d.scheme for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
     total = 0
+    layouts: dict[tuple[str, tuple[int, ...]], int | None] = {}  # the experts of a model share a few shapes
     for name, t in decoded_infos(plan).items():
         scheme = quantized.get(name)
-        exact = SCHEMES[scheme].output_bytes(tuple(t.shape)) if scheme in SCHEMES and len(t.shape) >= 2 else None
+        exact = None
+        if scheme in SCHEMES and len(t.shape) >= 2:
+            key = (scheme, tuple(t.shape))
+            if key not in layouts:
+                layouts[key] = SCHEMES[scheme].output_bytes(key[1])
+            exact = layouts[key]
         if exact is not None:  # a scheme whose record holds its layout (the native ones)
             total += exact
         elif scheme and "fp8" in scheme and len(t.shape) >= 2:  # Quark-only FP8 schemes: no layout in the registry yet
@@ -399,9 +405,10 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
                  f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
     if dry_run:
-        timings["total"] = time.perf_counter() - t0
-        return ApplyResult(**base, dry_run=True, size_after_bytes=predicted_output_bytes(plan),
-                           device_plan=device_plan(plan), timings_s={k: round(v, 3) for k, v in timings.items()})
+        predicted, shards_by_device = predicted_output_bytes(plan), device_plan(plan)
+        timings["total"] = time.perf_counter() - t0  # the whole plan, its size prediction and device plan included
+        return ApplyResult(**base, dry_run=True, size_after_bytes=predicted, device_plan=shards_by_device,
+                           timings_s={k: round(v, 3) for k, v in timings.items()})
 
     native = plan.engine == "native"
     hashes: dict[str, str] = {}

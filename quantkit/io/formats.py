@@ -69,6 +69,7 @@ from pydantic import BaseModel, ConfigDict
 
 from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import quantization_config
+from quantkit.io.headers import TensorInfo
 from quantkit.io.schema import validate
 
 if TYPE_CHECKING:
@@ -258,6 +259,8 @@ def quantization_config_of(config: Mapping[str, Any]) -> tuple[dict[str, Any] | 
 
 def _info(value: Any) -> tuple[str, tuple[int, ...]]:
     """(dtype, shape) from a headers.TensorInfo-like object or a (dtype, shape) pair."""
+    if type(value) is TensorInfo:  # from the headers: already a str and a tuple of ints
+        return value.dtype, value.shape
     if hasattr(value, "dtype") and hasattr(value, "shape"):
         return str(value.dtype), tuple(int(d) for d in value.shape)
     dtype, shape = value

@@ -10,7 +10,8 @@ from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
-from quantkit.io.safetensors import METADATA_KEY, json_object, read_header
+from quantkit.io.safetensors import json_object, read_parsed_header
+from quantkit.io.safetensors import read_header as read_header  # re-exported: header readers import it from here
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -66,7 +67,10 @@ def safetensors_files(folder: str | Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
-    weight_map = read_index(folder)
+    return _shard_files(folder, read_index(folder))
+
+
+def _shard_files(folder: Path, weight_map: dict[str, str] | None) -> list[str]:
     if weight_map is not None:
         files = sorted(set(weight_map.values()))
         for file in files:
@@ -150,17 +154,15 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
     read, and no tensor may be in two of them.
     """
     folder = Path(folder)
-    files = safetensors_files(folder)
-    weight_map = read_index(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
+    weight_map = read_index(folder)  # read once: the shard list and the placement check both follow it
     tensors: dict[str, TensorInfo] = {}
     placed: dict[str, str] = {}
-    for file in files:
-        header = read_header(folder / file)
-        for name, entry in header.items():
-            if name == METADATA_KEY:
-                continue
-            place_tensor(folder, weight_map, placed, name, file)
-            tensors[name] = TensorInfo(file, entry["dtype"], tuple(entry["shape"]))
+    for file in _shard_files(folder, weight_map):
+        for e in read_parsed_header(folder / file).listed:  # the header's own order, as the dict it was read as
+            place_tensor(folder, weight_map, placed, e.name, file)
+            tensors[e.name] = TensorInfo(file, e.dtype, e.shape)
     check_index_complete(folder, weight_map, placed)
     return tensors
 

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,16 +112,60 @@ def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
 
 @dataclass(frozen=True)
 class ParsedHeader:
-    """A validated header: `header` as stored (tensor name -> {dtype, shape, data_offsets}, `__metadata__` if any),
-    `entries` in file order (by data offsets)."""
+    """A validated header: `entries` in file order (by data offsets), `listed` in the header's own (JSON) order, the
+    `__metadata__` object if any; `header` is the header as stored (tensor name -> {dtype, shape, data_offsets},
+    `__metadata__` where it was), built when asked for."""
 
     header_len: int
-    header: dict[str, Any]
     entries: list[HeaderEntry]
+    listed: list[HeaderEntry]
+    metadata: Any = None
+    metadata_at: int | None = None  # how many tensors precede `__metadata__` in the header, None without one
 
     @property
     def data_start(self) -> int:
         return 8 + self.header_len
+
+    @property
+    def header(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for i, e in enumerate(self.listed):
+            if i == self.metadata_at:
+                out[METADATA_KEY] = self.metadata
+            out[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
+        if self.metadata_at is not None and self.metadata_at >= len(self.listed):
+            out[METADATA_KEY] = self.metadata
+        return out
+
+    def copy(self) -> ParsedHeader:
+        """A copy whose lists the caller may change (the cache keeps its own)."""
+        return ParsedHeader(self.header_len, list(self.entries), list(self.listed), self.metadata, self.metadata_at)
+
+
+# Headers already validated in this process, by (file size, header bytes): the one home that makes every reader of a
+# shard (inspect, the plan, the executor's shard plan, verification) parse and validate it once. Validation is a
+# pure function of those two (parse_header), so a hit is exactly what validating again would return, whatever the
+# path or the error class asked for; a changed file has other bytes or another size and is validated afresh.
+# Failures are never cached. Bounded by the bytes of the headers held.
+_PARSED: dict[tuple[int, bytes], ParsedHeader] = {}
+_PARSED_MAX_BYTES = 256_000_000
+_parsed_bytes = 0
+
+
+_parsed_lock = threading.Lock()  # the executor's reader threads parse headers too
+
+
+def _remember(key: tuple[int, bytes], parsed: ParsedHeader) -> None:
+    global _parsed_bytes
+    with _parsed_lock:
+        if key in _PARSED or len(key[1]) > _PARSED_MAX_BYTES:
+            return
+        while _PARSED and _parsed_bytes + len(key[1]) > _PARSED_MAX_BYTES:
+            oldest = next(iter(_PARSED))
+            _parsed_bytes -= len(oldest[1])
+            del _PARSED[oldest]
+        _PARSED[key] = parsed
+        _parsed_bytes += len(key[1])
 
 
 class JsonObject(dict[str, Any]):
@@ -182,6 +227,16 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
     """
     n = header_length(data, size, where, error)
     raw = bytes(data[8:8 + n])
+    key = (size, raw)
+    parsed = _PARSED.get(key)
+    if parsed is None:
+        parsed = _validate(raw, n, size, where, error)
+        _remember(key, parsed)
+    return parsed.copy()
+
+
+def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> ParsedHeader:
+    """parse_header's rules on the header bytes `raw` (N = `n`) of a file of `size` bytes."""
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=json_object, parse_constant=_constant,
                             parse_float=_float, parse_int=_int if _NEGATIVE_ZERO.search(raw) else None)
@@ -209,13 +264,16 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
         _entry_fields(name, entry, where, error)
 
     data_len = size - 8 - n
-    entries: list[HeaderEntry] = []
-    normalized: dict[str, Any] = {}
+    listed: list[HeaderEntry] = []
+    metadata_at = None
     for name, value in header.items():
         if name == METADATA_KEY:
-            normalized[name] = value
+            metadata_at = len(listed)
             continue
-        dtype, shape, begin, end = _entry_fields(name, value, where, error)
+        fields = _plain_entry(value)
+        if fields is None:  # anything but the plain form: the full rules, with their messages
+            fields = _entry_fields(name, value, where, error)
+        dtype, shape, begin, end = fields
         numel = 1
         for d in shape:
             numel *= d
@@ -235,9 +293,8 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
         if bits // 8 != end - begin:
             raise error(f"{where}: tensor {name!r} is {dtype} {_short(shape)} ({bits // 8} bytes) but spans "
                         f"{end - begin} bytes; {REFETCH}")
-        entries.append(HeaderEntry(name, dtype, shape, begin, end))
-        normalized[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, end]}
-    entries.sort(key=lambda e: (e.begin, e.end))  # as Metadata's deserializer sorts them before validate()
+        listed.append(HeaderEntry(name, dtype, shape, begin, end))
+    entries = sorted(listed, key=lambda e: (e.begin, e.end))  # as Metadata's deserializer sorts them before validate()
     pos, previous = 0, None
     for t in entries:
         if t.begin > pos:
@@ -252,7 +309,7 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
     if pos != data_len:
         raise error(f"{where}: the tensors end at data byte {pos} but the file holds {data_len}: {data_len - pos} "
                     f"trailing bytes belong to no tensor (safetensors refuses them); {REFETCH}")
-    return ParsedHeader(n, normalized, entries)
+    return ParsedHeader(n, entries, listed, header.get(METADATA_KEY), metadata_at)
 
 
 def read_parsed_header(path: str | Path, error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
@@ -358,6 +415,22 @@ def serialize_safetensors(tensors: dict[str, torch.Tensor], path: Path, expected
 
 
 # --- validation helpers ----------------------------------------------------------------------------------------------
+
+
+def _plain_entry(value: Any) -> tuple[str, tuple[int, ...], int, int] | None:
+    """(dtype, shape, begin, end) of an entry in the form every writer uses, an object of exactly `dtype`, `shape`
+    and `data_offsets`, each once and well-typed; None for anything else, which `_entry_fields` then judges (it
+    accepts the same entries and returns the same values, and names what is wrong with the others)."""
+    if type(value) is not JsonObject or len(value) != 3 or value.shadowed:
+        return None
+    dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+    if type(dtype) is not str or dtype not in DTYPE_BITS or type(shape) is not list or type(offsets) is not list \
+            or len(offsets) != 2:
+        return None
+    for v in (*shape, *offsets):
+        if type(v) is not int or not 0 <= v <= _USIZE_MAX:
+            return None
+    return dtype, tuple(shape), offsets[0], offsets[1]
 
 
 def _entry_fields(name: str, value: Any, where: str,

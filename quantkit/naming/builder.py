@@ -54,6 +54,8 @@ DENSE_MLP_SLOTS = (
 )
 # A module holding a `weight` whose name looks like a matmul; such a module that no layout slot consumes means the
 # checkpoint is not in the layout vLLM loads (e.g. a draft saved as `model.fc.weight`, which vLLM would not find).
+# A name component that is a layer or expert number (see is_index), with the name before it: `container.<N>[.rest]`.
+_NUMBERED = re.compile(r"\.([0-9]+)(?=\.|\Z)")
 LINEAR_LIKE = re.compile(r"(^|\.)(\w*_proj\w*|w[123]|fc|gate|lm_head|head)$")
 
 
@@ -67,6 +69,20 @@ class CheckpointModules:
             module, _, param = tensor.rpartition(".")
             self.params.setdefault(module, set()).add(param)
         self.used: set[str] = set()
+        self._numbered: dict[str, list[tuple[int, str]]] | None = None
+
+    def numbered(self, container: str) -> list[tuple[int, str]]:
+        """(number, module) of every module `container.<number>[.*]`, in checkpoint order (`<number>` ASCII digits).
+
+        One pass over the names builds the table for every container at once, so asking it per layer stays O(1)
+        (a scan per MoE layer cost 58 x 68k prefix tests on a Kimi-K2.5 index)."""
+        if self._numbered is None:
+            table: dict[str, list[tuple[int, str]]] = {}
+            for module in self.params:
+                for m in _NUMBERED.finditer(module):
+                    table.setdefault(module[:m.start()], []).append((int(m[1]), module))
+            self._numbered = table
+        return self._numbered.get(container, [])
 
     def has(self, module: str) -> bool:
         return module in self.params
@@ -79,27 +95,14 @@ class CheckpointModules:
     def experts_under(self, container: str) -> tuple[str, ...]:
         """Per-expert modules `container.<E>.<proj>` in expert order, plus `container` itself if it holds fused
         3-D expert tensors (transformers v5 layout `experts.gate_up_proj`), which vLLM's MoE loader also reads."""
-        head = container + "."
-        found: list[tuple[int, str]] = []
-        for module in self.params:
-            if module.startswith(head):
-                rest = module[len(head) :].split(".", 1)
-                if is_index(rest[0]):
-                    found.append((int(rest[0]), module))
+        found = self.numbered(container)
         modules = [m for _, m in sorted(found, key=lambda f: f[0])]  # stable: projections keep checkpoint order
         if container in self.params:
             modules.insert(0, container)
         return tuple(modules)
 
     def layer_indices(self, prefix: str) -> set[int]:
-        head = prefix + "."
-        out = set()
-        for module in self.params:
-            if module.startswith(head):
-                first = module[len(head) :].split(".", 1)[0]
-                if is_index(first):
-                    out.add(int(first))
-        return out
+        return {i for i, _ in self.numbered(prefix)}
 
 
 def is_index(part: str) -> bool:
@@ -190,12 +193,7 @@ def check_layer_range(ckpt: CheckpointModules, prefix: str, n: int, source: str,
 
 def skip_layers(ckpt: CheckpointModules, prefix: str, start: int) -> None:
     """Mark the tensors of layers >= start (MTP / next-token-prediction layers vLLM's target model skips) as used."""
-    head = prefix + "."
-    for module in ckpt.params:
-        if module.startswith(head):
-            first = module[len(head) :].split(".", 1)[0]
-            if is_index(first) and int(first) >= start:
-                ckpt.used.add(module)
+    ckpt.used.update(module for i, module in ckpt.numbered(prefix) if i >= start)
 
 
 def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
