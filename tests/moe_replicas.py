@@ -319,8 +319,8 @@ QWEN3_5_MOE_CONFIG: dict[str, Any] = {
 
 
 def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict[str, tuple[tuple[int, ...], str]]:
-    """As the release stores them; `fused_experts=False`: the routed experts re-saved per expert
-    (experts.<e>.{gate,up,down}_proj.weight), the layout apply's refusal of fused experts points to."""
+    """As the release stores them; `fused_experts=False`: the routed experts saved per expert
+    (experts.<e>.{gate,up,down}_proj.weight, other random values; resave_per_expert keeps the values)."""
     text = {**cfg["text_config"]}
     inner = qwen3_next_tensors(text)
     out: dict[str, tuple[tuple[int, ...], str]] = {}

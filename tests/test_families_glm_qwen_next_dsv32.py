@@ -30,7 +30,7 @@ FAMILIES = {
     "qwen3_next": lambda out: replicas.qwen3_next(out),
     "deepseek_v32": lambda out: replicas.deepseek_v32(out),
     "deepseek_v32_fp8": lambda out: replicas.deepseek_v32(out, fp8=True),
-    # Qwen3.5-MoE's experts re-saved per expert: the layout apply's refusal of the fused release points to
+    # Qwen3.5-MoE's experts saved per expert (the fused release: qwen35_fused below)
     "qwen3_5_moe": lambda out: replicas.qwen3_5_moe(out, fused_experts=False),
 }
 ARCH = {"glm4_moe": "Glm4MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
@@ -427,6 +427,27 @@ def test_qwen3_5_moe_fused_experts_mxfp4_equal_the_per_expert_path_and_the_rest_
     x = "model.language_model.layers.0.mlp.experts"
     assert not torch.equal(out[f"{x}.0.gate_proj.weight"], out[f"{x}.0.up_proj.weight"])
     assert not torch.equal(out[f"{x}.0.down_proj.weight"], out[f"{x}.1.down_proj.weight"])
+
+
+def test_fused_expert_sources_under_engine_quark_are_refused_naming_engine_native(qwen35_fused, tmp_path):
+    """Quark 0.13's file-to-file path passes gpt-oss's and Llama-4's fused 3-D experts through unquantized (their
+    templates have no f2f_weight_converters); for Qwen3.5 it has converters, but quantkit's plan is the per-expert one
+    its executor writes and verifies. So `--engine quark` on any fused-experts source is refused in one line, before
+    Quark is imported, naming `--engine native` (glm4_moe, qwen3_next and deepseek_v32 store experts per expert and
+    have Quark templates: not refused; DeepSeek-V3.2's FP8 release is, by the same line)."""
+    from . import replicas as dense_replicas
+
+    sources = {"qwen3_5_moe": qwen35_fused["src"], "llama4": dense_replicas.llama4(tmp_path / "llama4"),
+               "deepseek_v32_fp8": replicas.deepseek_v32(tmp_path / "dsv32", fp8=True)}  # fmt: skip
+    runner = CliRunner()
+    for family, src in sources.items():
+        res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
+                                   str(tmp_path / f"{family}-quark"), "--engine", "quark"])  # fmt: skip
+        line = res.stderr.strip()
+        assert res.exit_code == 2 and "\n" not in line and "Traceback" not in res.output, (family, res.output)
+        fmt = "fp8-block" if family.endswith("fp8") else "fused-experts"
+        assert f"is a {fmt} checkpoint" in line and "use --engine native" in line, (family, line)
+        assert not (tmp_path / f"{family}-quark").exists()
 
 
 @pytest.mark.vllm

@@ -37,7 +37,11 @@ Formats, as the target checkpoints ship them:
   [E, H, 2I] with gate and up as halves, `down_proj` [E, I, H], no biases) decodes likewise into
   `feed_forward.experts.<e>.gate_proj.weight` / `up_proj.weight` [I, H] and `down_proj.weight` [H, I], the
   per-expert names vLLM's llama4.py `load_moe_expert_weights` reads when a checkpoint is not fused (its fused path
-  splits `chunk(2, dim=-2)` after the same transpose: the same halves). The table is FUSED_EXPERTS.
+  splits `chunk(2, dim=-2)` after the same transpose: the same halves). Qwen3.5-MoE (model_type qwen3_5_moe,
+  `model.language_model.layers.N.mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], counted by
+  text_config.num_experts) is stored in vLLM's orientation already: split per expert without a transpose into
+  `mlp.experts.<e>.gate_proj.weight` (first half of 2I) / `up_proj.weight` / `down_proj.weight`, as vLLM's
+  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
