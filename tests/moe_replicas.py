@@ -319,8 +319,8 @@ QWEN3_5_MOE_CONFIG: dict[str, Any] = {
 
 
 def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict[str, tuple[tuple[int, ...], str]]:
-    """As the release stores them; `fused_experts=False`: the routed experts re-saved per expert
-    (experts.<e>.{gate,up,down}_proj.weight), the layout apply's refusal of fused experts points to."""
+    """As the release stores them; `fused_experts=False`: the routed experts saved per expert
+    (experts.<e>.{gate,up,down}_proj.weight, other random values; resave_per_expert keeps the values)."""
     text = {**cfg["text_config"]}
     inner = qwen3_next_tensors(text)
     out: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -373,3 +373,41 @@ def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict
 
 def qwen3_5_moe(out: Path, fused_experts: bool = True) -> Path:
     return write(out, QWEN3_5_MOE_CONFIG, qwen3_5_moe_tensors(QWEN3_5_MOE_CONFIG, fused_experts))
+
+
+def resave_per_expert(src: Path, out: Path) -> Path:
+    """A fused Qwen3.5-MoE replica re-saved per expert by hand (the layout before transformers 5 fused it): for each
+    layer and expert e, `experts.<e>.gate_proj.weight` / `up_proj.weight` = the halves of `gate_up_proj[e]` along 2I
+    (torch.chunk(2, dim=0), as Quark's SplitFusedExperts and vLLM's RoutedExperts.load_weights split it) and
+    `experts.<e>.down_proj.weight` = `down_proj[e]`; every other tensor, the shards, config and tokenizer as they are."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    weight_map: dict[str, str] = {}
+    for file in sorted(set(index["weight_map"].values())):
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(src / file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle)
+                t = f.get_tensor(name)
+                if name.endswith(".mlp.experts.gate_up_proj"):
+                    for e in range(t.shape[0]):
+                        gate, up = torch.chunk(t[e], 2, dim=0)
+                        tensors[f"{name[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = gate.contiguous()
+                        tensors[f"{name[:-len('gate_up_proj')]}{e}.up_proj.weight"] = up.contiguous()
+                elif name.endswith(".mlp.experts.down_proj"):
+                    for e in range(t.shape[0]):
+                        tensors[f"{name[:-len('down_proj')]}{e}.down_proj.weight"] = t[e].contiguous()
+                else:
+                    tensors[name] = t
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map |= {n: file for n in tensors}
+    total = sum((out / f).stat().st_size for f in set(weight_map.values()))
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                   "weight_map": weight_map}, indent=2))
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            shutil.copy(f, out / f.name)
+    return out

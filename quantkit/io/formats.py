@@ -37,7 +37,11 @@ Formats, as the target checkpoints ship them:
   [E, H, 2I] with gate and up as halves, `down_proj` [E, I, H], no biases) decodes likewise into
   `feed_forward.experts.<e>.gate_proj.weight` / `up_proj.weight` [I, H] and `down_proj.weight` [H, I], the
   per-expert names vLLM's llama4.py `load_moe_expert_weights` reads when a checkpoint is not fused (its fused path
-  splits `chunk(2, dim=-2)` after the same transpose: the same halves). The table is FUSED_EXPERTS.
+  splits `chunk(2, dim=-2)` after the same transpose: the same halves). Qwen3.5-MoE (model_type qwen3_5_moe,
+  `model.language_model.layers.N.mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], counted by
+  text_config.num_experts) is stored in vLLM's orientation already: split per expert without a transpose into
+  `mlp.experts.<e>.gate_proj.weight` (first half of 2I) / `up_proj.weight` / `down_proj.weight`, as vLLM's
+  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
@@ -80,27 +84,52 @@ FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantize
 SUPPORTED_FORMATS = (
     "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
     "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), fused-experts (BF16 "
-    "gpt-oss / Llama-4 with 3-D experts)"
+    "gpt-oss / Llama-4 / Qwen3.5-MoE with 3-D experts)"
 )
 # Fused 3-D expert tensors per model_type (see the module docstring): fused tensor suffix -> the per-expert tensors it
-# decodes to, each (module, param, part of the out dimension: "all", "first half", "second half"). Weights are stored
-# [E, in, out] and decoded transposed to [out, in]; biases [E, out] are sliced.
+# decodes to, each (module, param, part of the out dimension: "all", "first half", "second half"), plus the layout's
+# orientation: `transposed` weights are stored [E, in, out] (gpt-oss, Llama-4) and decoded transposed to vLLM's
+# [out, in]; the others are stored [E, out, in] (Qwen3.5-MoE) and decoded as they are. Biases [E, out] are sliced.
 FusedPart = tuple[str, str, str]
-FUSED_EXPERTS: dict[str, dict[str, tuple[FusedPart, ...]]] = {
+
+
+@dataclass(frozen=True)
+class FusedLayout:
+    """How one model_type stores its experts fused: the tensors, their orientation, the config key counting experts."""
+
+    parts: dict[str, tuple[FusedPart, ...]]
+    transposed: bool  # True: weights [E, in, out]; False: [E, out, in], vLLM's own per-expert orientation
+    experts_key: str  # text-config key: experts per fused tensor
+
+
+FUSED_EXPERTS: dict[str, FusedLayout] = {
     # transformers GptOssExperts; vLLM gpt_oss.py _load_weights_quark reads experts.<e>.gate_up_proj (interleaved)
-    "gpt_oss": {
+    "gpt_oss": FusedLayout({
         ".mlp.experts.gate_up_proj": (("gate_up_proj", "weight", "all"),),
         ".mlp.experts.gate_up_proj_bias": (("gate_up_proj", "bias", "all"),),
         ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
         ".mlp.experts.down_proj_bias": (("down_proj", "bias", "all"),),
-    },
+    }, transposed=True, experts_key="num_local_experts"),
     # transformers Llama4TextExperts (gate_up.chunk(2, dim=-1)); vLLM llama4.py load_moe_expert_weights reads
     # experts.<e>.gate_proj / up_proj / down_proj when the checkpoint is not fused (fused: chunk(2, dim=-2) after the
     # transpose: the same halves)
-    "llama4": {
+    "llama4": FusedLayout({
         ".feed_forward.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
         ".feed_forward.experts.down_proj": (("down_proj", "weight", "all"),),
-    },
+    }, transposed=True, experts_key="num_local_experts"),
+    # transformers 5 Qwen3_5MoeExperts: gate_up_proj [E, 2I, H], down_proj [E, H, I], not transposed. vLLM 0.32 loads
+    # the fused tensors in vllm/model_executor/layers/fused_moe/routed_experts.py RoutedExperts.load_weights: the
+    # qwen3_next.py Qwen3NextSparseMoeBlock experts are built with is_fused_checkpoint_transposed=False
+    # (_orient_fused_weight leaves them as stored), w1 (gate) = fused.chunk(2, dim=1)[0] and w3 (up) = [1] (the fused
+    # entries of build_expert_params_mapping, `expert_id doubles as the chunk index`), w2 = down_proj per expert. The
+    # same function maps per-expert `experts.<e>.gate_proj / up_proj / down_proj.weight` (ckpt names gate_proj,
+    # down_proj, up_proj) to the same w1 / w3 / w2 of expert e: the names written here. Quark 0.13's qwen3_5_moe
+    # template splits the same way (template.py f2f_weight_converters, weight_convert.py SplitFusedExperts:
+    # torch.chunk(expert, 2, dim=0) -> gate, up).
+    "qwen3_5_moe": FusedLayout({
+        ".mlp.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
+        ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
+    }, transposed=False, experts_key="num_experts"),
 }  # fmt: skip
 FUSED_EXPERTS["llama4_text"] = FUSED_EXPERTS["llama4"]
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
@@ -182,8 +211,10 @@ class SourceFormat:
             return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
                     f"quant_method fp8); decoded to BF16")  # fmt: skip
         if self.name == "fused-experts":
-            return (f"{self.model_type} with {self.experts} experts fused per layer (experts.gate_up_proj [E, H, 2I]); "
-                    "split per expert and transposed, values unchanged")
+            transposed = FUSED_EXPERTS[self.model_type or ""].transposed
+            return (f"{self.model_type} with {self.experts} experts fused per layer (experts.gate_up_proj "
+                    f"{'[E, H, 2I]' if transposed else '[E, 2I, H]'}); split per expert"
+                    f"{' and transposed' if transposed else ''}, values unchanged")
         if self.name == "int4-pack-quantized":
             return (f"INT4 symmetric, group {self.group_size}, compressed-tensors pack-quantized "
                     f"(weight_packed/weight_scale/weight_shape); decoded to BF16")  # fmt: skip
@@ -286,7 +317,7 @@ def detect_format(
         inner = config.get("text_config")
         text: Mapping[str, Any] = inner if isinstance(inner, dict) else config
         layout = FUSED_EXPERTS.get(str(config.get("model_type")))
-        if layout is not None and any(n.endswith(tuple(layout)) for n in infos):
+        if layout is not None and any(n.endswith(tuple(layout.parts)) for n in infos):
             return _fused_experts_format(config, text, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
@@ -323,22 +354,26 @@ def detect_format(
 def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
                           infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
                           stored: tuple[str, ...]) -> SourceFormat:
-    """The fused-experts format, each fused tensor checked against num_local_experts."""
+    """The fused-experts format, each fused tensor checked against the layout's expert count (num_local_experts,
+    num_experts)."""
     model_type = str(config.get("model_type"))
     layout = FUSED_EXPERTS[model_type]
-    experts = text.get("num_local_experts")
+    key = layout.experts_key
+    experts = text.get(key)
     if not _positive_int(experts):
-        raise SourceFormatError(f"{source}: {model_type} experts are fused but num_local_experts is {experts!r}; fix "
-                                "config.json")
+        raise SourceFormatError(f"{source}: {model_type} experts are fused but {key} is {experts!r}; fix config.json")
     for name, (dtype, shape) in infos.items():
-        suffix = next((s for s in layout if name.endswith(s)), None)
+        suffix = next((s for s in layout.parts if name.endswith(s)), None)
         if suffix is None:
             continue
-        want = 2 if layout[suffix][0][1] == "bias" else 3
-        if len(shape) != want or shape[0] != experts or dtype not in _FLOAT_DTYPES:
+        want = 2 if layout.parts[suffix][0][1] == "bias" else 3
+        halves = layout.parts[suffix][0][2] != "all"
+        rows = shape[-1 if layout.transposed else 1] if len(shape) == want == 3 else 0
+        if len(shape) != want or shape[0] != experts or dtype not in _FLOAT_DTYPES or (halves and rows % 2):
             raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused {model_type} expert tensor is a float "
-                                    f"[{experts}, ...] tensor of {want} dims (num_local_experts {experts}); check that "
-                                    "config.json belongs to these weights")
+                                    f"[{experts}, ...] tensor of {want} dims ({key} {experts}"
+                                    f"{', gate and up halves' if halves else ''}); check that config.json belongs to "
+                                    "these weights")
     assert isinstance(experts, int)
     return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, model_type=model_type)
 
@@ -351,25 +386,26 @@ def fused_expert_parts(fmt: SourceFormat, name: str, shape: tuple[int, ...]) -> 
     if not decoded_parts or not fmt.experts:
         return []
     per_expert = len(decoded_parts) // fmt.experts
+    transposed = FUSED_EXPERTS[fmt.model_type or ""].transposed
     out = []
     for i, (decoded, part) in enumerate(decoded_parts):
         if decoded.endswith(".bias"):
             out_shape = tuple(shape[1:])
-        else:  # [E, in, out] -> vLLM's [out, in], halves along out
-            rows = shape[-1] // (1 if part == "all" else 2)
-            out_shape = (rows, shape[1])
+        else:  # [E, in, out] (transposed) or [E, out, in] -> vLLM's [out, in], halves along out
+            out_dim, in_dim = (shape[2], shape[1]) if transposed else (shape[1], shape[2])
+            out_shape = (out_dim // (1 if part == "all" else 2), in_dim)
         out.append((decoded, i // per_expert, part, out_shape))
     return out
 
 
-def fused_expert_tensor(fused: torch.Tensor, expert: int, decoded: str, part: str,
+def fused_expert_tensor(fmt: SourceFormat, fused: torch.Tensor, expert: int, decoded: str, part: str,
                         dtype: torch.dtype | None = None) -> torch.Tensor:
-    """One per-expert tensor of a fused expert tensor (`fused_expert_parts`): a bias as stored (a view), a weight
-    transposed from [in, out] to vLLM's [out, in] and cut to its half; no arithmetic."""
+    """One per-expert tensor of a fused expert tensor (`fused_expert_parts`): a bias as stored (a view), a weight in
+    vLLM's [out, in] (transposed from [in, out] where the layout is transposed) cut to its half; no arithmetic."""
     expert_t = fused[expert]
     if decoded.endswith(".bias"):
         return expert_t
-    value = expert_t.t()
+    value = expert_t.t() if FUSED_EXPERTS[fmt.model_type or ""].transposed else expert_t
     half = value.shape[0] // 2
     value = {"all": value, "first half": value[:half], "second half": value[half:]}[part].contiguous()
     return value if dtype is None else value.to(dtype)
@@ -377,13 +413,13 @@ def fused_expert_tensor(fused: torch.Tensor, expert: int, decoded: str, part: st
 
 def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
-    layout = FUSED_EXPERTS.get(fmt.model_type or "", {})
-    suffix = next((s for s in layout if name.endswith(s)), None)
-    if suffix is None or fmt.experts is None:
+    layout = FUSED_EXPERTS.get(fmt.model_type or "")
+    suffix = next((s for s in layout.parts if name.endswith(s)), None) if layout is not None else None
+    if layout is None or suffix is None or fmt.experts is None:
         return []
     container = name[: -len(suffix)] + suffix.rsplit(".", 1)[0]
     return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in
-            layout[suffix]]
+            layout.parts[suffix]]
 
 
 def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
@@ -641,7 +677,8 @@ def decode_tensors(
             if not decoded_parts:
                 out[name] = tensor
             for decoded, expert, part, _shape in fused_expert_parts(fmt, name, tuple(tensor.shape)):
-                out[decoded] = fused_expert_tensor(tensor, expert, decoded, part, None if dtype is None else out_dtype)
+                out[decoded] = fused_expert_tensor(fmt, tensor, expert, decoded, part,
+                                                   None if dtype is None else out_dtype)
         return out
     for name, tensor in tensors.items():
         if fmt.name == "fp8-block":

@@ -207,7 +207,7 @@ def _decode(s: Settings, u: Unit, loaded: Loaded, device: Any = None, check_fini
     if u.fused is not None:  # one expert of a fused tensor, cut on the host (a transpose and a slice, no arithmetic)
         from quantkit.io.formats import fused_expert_tensor
 
-        t = fused_expert_tensor(parts[0], u.fused[0], u.name, u.fused[1])
+        t = fused_expert_tensor(s.decode, parts[0], u.fused[0], u.name, u.fused[1])
         return t.to(device, non_blocking=True) if device is not None else t
     if device is not None:  # weight_shape stays on the host: its two values are read there
         parts = [t.to(device, non_blocking=True) if i < 2 else t for i, t in enumerate(parts)]

@@ -28,8 +28,9 @@ SOURCE = "vllm/model_executor/models/qwen3_5.py"
 #   in_proj_qkv + in_proj_z, in_proj_ba from in_proj_b + in_proj_a (Qwen3_5Model.hf_to_vllm_mapper), and the
 #   packed_modules_mapping (Qwen3_5ForConditionalGeneration) names those shards; everything else as Qwen3-Next
 #   (routers without quant_config, conv1d never quantized, shared_expert + shared_expert_gate);
-# - routed experts ship fused (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]; Quark 0.13's qwen3_5_moe
-#   template splits them per expert in its file-to-file path).
+# - routed experts ship fused (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I], not transposed): the
+#   `fused-experts` source format (quantkit.io.formats FUSED_EXPERTS["qwen3_5_moe"]) splits them per expert into the
+#   experts.<e>.gate_proj / up_proj / down_proj names vLLM's RoutedExperts.load_weights maps to the same w1 / w3 / w2.
 QWEN3_5_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
                "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}  # fmt: skip
 QWEN3_5_LINEAR_ATTN = (
