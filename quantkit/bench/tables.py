@@ -65,7 +65,7 @@ def speedup_markdown(s: SpeedupSummary, deployment_platform: str | None = None) 
         return f"stops paying at C={c}" if c is not None else \
             f"pays at every concurrency measured (up to C={s.max_concurrency_measured})"
 
-    lines += ["", f"Crossover (lowest concurrency where speculation is slower than none): candidate "
+    lines += ["", f"Crossover (the concurrency from which speculation stays slower than none): candidate "
                   f"{cross(s.crossover)}; BF16 draft {cross(s.bf16_draft_crossover)}."]
     if s.num_speculative_tokens_per_batch_size:
         lines += ["", "Recommended K per batch size (vLLM's `num_speculative_tokens_per_batch_size`): "

@@ -283,8 +283,7 @@ class VllmServer:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # quantkit's in-process engines set it; not for a server
         if self.cpu and self.fast_start:
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # lets --distributed-executor-backend uni stand on CPU
-        iomp = intel_openmp()
-        if self.cpu and iomp is not None and "libiomp" not in env.get("LD_PRELOAD", ""):
+        if self.cpu and (iomp := intel_openmp()) is not None and "libiomp" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), env.get("LD_PRELOAD", "")) if x)
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen (the error quotes the last ones)
         env.update(self.extra_env)

@@ -52,10 +52,11 @@ DENSE_MLP_SLOTS = (
     Slot("mlp.gate_up_proj", "fused_linear", "dense_mlp", GATE_UP),
     Slot("mlp.down_proj", "linear", "dense_mlp", ("mlp.down_proj",)),
 )
+# A name component that is a layer or expert number (ASCII digits, as is_index), with the name before it:
+# `container.<N>[.rest]`.
+_NUMBERED = re.compile(r"\.([0-9]+)(?=\.|\Z)")
 # A module holding a `weight` whose name looks like a matmul; such a module that no layout slot consumes means the
 # checkpoint is not in the layout vLLM loads (e.g. a draft saved as `model.fc.weight`, which vLLM would not find).
-# A name component that is a layer or expert number (see is_index), with the name before it: `container.<N>[.rest]`.
-_NUMBERED = re.compile(r"\.([0-9]+)(?=\.|\Z)")
 LINEAR_LIKE = re.compile(r"(^|\.)(\w*_proj\w*|w[123]|fc|gate|lm_head|head)$")
 
 

@@ -255,7 +255,7 @@ class SpeedupSummary(Result):
     no_spec_arm: str | None = None
     num_speculative_tokens: int | None = None
     rows: list[SpeedupRow] = []
-    crossover: int | None = None  # the candidate's: lowest C with speedup < 1 (None: it pays at every C measured)
+    crossover: int | None = None  # the candidate's BenchResult.crossover (None: it pays at the largest C measured)
     bf16_draft_crossover: int | None = None
     max_concurrency_measured: int | None = None
     # the bench's recommended K per batch size for the candidate (KSchedule), in vLLM's form; [] when not swept

@@ -250,8 +250,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         cut_batches(layouts[name], mem.batch_bytes, decode_on_host)
     index_of = {name: i for i, name in enumerate(out_names)}
     index_of.update({name: i for i, name in enumerate(plan.shards) if name not in index_of})
-    n_streams = mem.readers if len(todo) > 1 else 1
-    pending: list[Batch] = interleave([layouts[name].batches for _, name in todo], n_streams)
+    pending: list[Batch] = interleave([layouts[name].batches for _, name in todo], mem.readers)
     hashes = {name: _SourceHash(len(layouts[name].batches)) for _, name in todo}
     files = SourceFiles(src, plan.sizes)
     saved_threads = torch.get_num_threads()

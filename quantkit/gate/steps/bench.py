@@ -61,10 +61,9 @@ class Bench:
 
 def bench_figures(name: str, res: BenchResult, b: BenchStep, k: int | None = None) -> list[GateCheck]:
     """The figures of a measured bench for candidate `name` (its arm is the one of kind "candidate", at K `k` when
-    the bench swept K)."""
+    given, else at the largest K measured: BenchResult.candidate_arm)."""
     figures: list[GateCheck] = []
-    arm = res.candidate_arm(k if len({a.num_speculative_tokens for a in res.arms if a.kind == "candidate"}) > 1
-                            else None)
+    arm = res.candidate_arm(k)
     errors = [x for x in res.arms if x.error]
     if arm is None or errors:
         first = errors[0] if errors else None
