@@ -70,9 +70,16 @@ def server(tiny):
     require_vllm()
     from quantkit.engines.vllm_server import VllmServer
 
-    with VllmServer(tiny / "target", tiny / "eagle3-draft", K, fast_start=True) as s:
+    # The calling process quieted vLLM as quantkit's in-process engines do (engines/platform.py set_cpu_defaults
+    # puts VLLM_LOGGING_LEVEL=WARNING into os.environ); the server must still log the INFO lines quantkit reads.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+        s = VllmServer(tiny / "target", tiny / "eagle3-draft", K, fast_start=True).start()
+    try:
         print(f"\nvllm serve startup: {s.startup_s:.1f} s")
         yield s
+    finally:
+        s.stop()
     no_process_left(s.pid, s.port)
 
 

@@ -286,6 +286,11 @@ class VllmServer:
         if self.cpu and (iomp := intel_openmp()) is not None and "libiomp" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), env.get("LD_PRELOAD", "")) if x)
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen (the error quotes the last ones)
+        # quantkit reads the server's INFO lines (model load, the MoE/attention backends, "Running: N reqs");
+        # set_cpu_defaults() quiets in-process engines to WARNING in os.environ, which a server must not inherit.
+        if env.get("VLLM_LOGGING_LEVEL", "INFO").upper() != "DEBUG":
+            env["VLLM_LOGGING_LEVEL"] = "INFO"
+        env["VLLM_CONFIGURE_LOGGING"] = "1"
         env.update(self.extra_env)
         return env
 
