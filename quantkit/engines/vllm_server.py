@@ -186,6 +186,28 @@ def intel_openmp() -> Path | None:
     return path if path.is_file() else None
 
 
+def _torch_libgomp(entry: str) -> bool:
+    """Whether `entry` is the PyTorch libgomp that vLLM's CPU platform puts into os.environ["LD_PRELOAD"] of the
+    process it runs in (vllm/platforms/cpu.py check_and_update_config: torch.libs/ or torch/lib/ libgomp*.so*)."""
+    path = Path(entry)
+    return path.name.startswith("libgomp") and path.parent.name in ("torch.libs", "lib") and \
+        (path.parent.name == "torch.libs" or path.parent.parent.name == "torch")
+
+
+def server_preload(current: str, iomp: Path) -> str:
+    """LD_PRELOAD for a CPU server, given the calling process's: Intel OpenMP first unless the user preloaded an OpenMP.
+
+    vllm/utils/ompmultiprocessing.py asserts that LD_PRELOAD does not name both libiomp and libgomp. An in-process
+    vLLM engine of quantkit's (acceptance, check) has put PyTorch's libgomp into os.environ already (vLLM's CPU
+    platform does it in the process it runs in), which a server must not inherit next to libiomp5: that entry is
+    dropped. An OpenMP runtime the user preloaded (any other libgomp, libomp, libiomp) is kept and none is added."""
+    entries = [e for e in current.replace(":", " ").split() if e]
+    entries = [e for e in entries if not _torch_libgomp(e)]
+    if any(n in Path(e).name for e in entries for n in ("libiomp", "libgomp", "libomp")):
+        return " ".join(entries)
+    return " ".join([str(iomp), *entries])
+
+
 class VllmServer:
     """One `vllm serve` process for `target` (with `draft` as its EAGLE-3 speculator). A context manager:
     `with VllmServer(...) as server:` starts it and waits for /health; leaving the block stops it."""
@@ -283,8 +305,8 @@ class VllmServer:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # quantkit's in-process engines set it; not for a server
         if self.cpu and self.fast_start:
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # lets --distributed-executor-backend uni stand on CPU
-        if self.cpu and (iomp := intel_openmp()) is not None and "libiomp" not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), env.get("LD_PRELOAD", "")) if x)
+        if self.cpu and (iomp := intel_openmp()) is not None:
+            env["LD_PRELOAD"] = server_preload(env.get("LD_PRELOAD", ""), iomp)
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen (the error quotes the last ones)
         # quantkit reads the server's INFO lines (model load, the MoE/attention backends, "Running: N reqs");
         # set_cpu_defaults() quiets in-process engines to WARNING in os.environ, which a server must not inherit.
