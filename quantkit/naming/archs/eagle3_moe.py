@@ -75,7 +75,7 @@ def moe_draft_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
     # The experts: per expert (decoded, or re-saved so), fused 3-D under mlp.experts (gpt-oss as stored), or stacked
     # `mlp.{gate,up,down}_weight` (SpecForge's Qwen3-MoE block as stored: the module `midlayer.mlp` itself)
     experts = ckpt.experts_under("midlayer.mlp.experts")
-    if not experts and _STACKED <= ckpt.params.get("midlayer.mlp", set()):
+    if not experts and ckpt.params.get("midlayer.mlp", set()) >= _STACKED:
         experts = ("midlayer.mlp",)
     if not experts:
         raise CheckpointLayoutError(
