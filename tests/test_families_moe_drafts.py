@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ TARGET = ROOT / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 
 BF = torch.bfloat16
 
 # SpecForge configs/qwen3-30B-A3B-eagle3-moe-draft.json as published, then shrunk (sizes only) to the tiny target.
-QWEN3_MOE_DRAFT_CONFIG = {
+QWEN3_MOE_DRAFT_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3MoEForCausalLMEagle3"], "attention_bias": False, "attention_dropout": 0.0,
     "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
     "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 262144,
@@ -41,7 +42,7 @@ QWEN3_MOE_DRAFT_CONFIG = {
     "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 23, 44]},
 }  # fmt: skip
 # SpecForge configs/gpt-oss-20B-eagle3-moe.json as published.
-GPT_OSS_DRAFT_CONFIG = {
+GPT_OSS_DRAFT_CONFIG: dict[str, Any] = {
     "architectures": ["GptOssForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 11, 21]},
     "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initializer_range": 0.02, "intermediate_size": 17280,
     "num_local_experts": 16, "max_position_embeddings": 4096, "model_type": "gpt_oss", "num_attention_heads": 64,
@@ -50,12 +51,12 @@ GPT_OSS_DRAFT_CONFIG = {
     "rope_theta": 150000, "vocab_size": 201088, "experts_per_token": 4, "draft_vocab_size": 32000,
 }  # fmt: skip
 # The tiny target's sizes: hidden 256, vocab 2048, 4 layers (aux ids must be below 4).
-SHRINK = {"hidden_size": 256, "vocab_size": 2048, "draft_vocab_size": 512, "num_attention_heads": 4,
+SHRINK: dict[str, Any] = {"hidden_size": 256, "vocab_size": 2048, "draft_vocab_size": 512, "num_attention_heads": 4,
           "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096,
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}  # fmt: skip
-QWEN3 = dict(QWEN3_MOE_DRAFT_CONFIG, **SHRINK, intermediate_size=512, moe_intermediate_size=64, num_experts=8,
+QWEN3: dict[str, Any] = dict(QWEN3_MOE_DRAFT_CONFIG, **SHRINK, intermediate_size=512, moe_intermediate_size=64, num_experts=8,
              num_experts_per_tok=2, bos_token_id=1, eos_token_id=2)  # fmt: skip
-GPT_OSS = dict(GPT_OSS_DRAFT_CONFIG, **SHRINK, intermediate_size=64, num_local_experts=4, experts_per_token=2)
+GPT_OSS: dict[str, Any] = dict(GPT_OSS_DRAFT_CONFIG, **SHRINK, intermediate_size=64, num_local_experts=4, experts_per_token=2)
 NO_VLLM = "vLLM 0.32 builds no EAGLE-3 draft with an MoE decoder layer (vllm/model_executor/models/registry.py"
 
 

@@ -41,7 +41,10 @@ Formats, as the target checkpoints ship them:
   `model.language_model.layers.N.mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], counted by
   text_config.num_experts) is stored in vLLM's orientation already: split per expert without a transpose into
   `mlp.experts.<e>.gate_proj.weight` (first half of 2I) / `up_proj.weight` / `down_proj.weight`, as vLLM's
-  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. The table is FUSED_EXPERTS.
+  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. SpecForge's Qwen3-MoE
+  EAGLE-3 draft (model_type qwen3_moe, `midlayer.mlp.gate_weight` / `up_weight` [E, I, H], `down_weight` [E, H, I])
+  is split the same way into `midlayer.mlp.experts.<e>.gate_proj / up_proj / down_proj.weight`, as SpecForge's
+  SGLang loader splits it (quantkit.naming.archs.eagle3_moe). The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
