@@ -5,7 +5,7 @@ training models save (specforge/modeling/draft/qwen3_moe_eagle.py: stacked `mlp.
 down_weight`, top-level `hidden_norm`; gpt_oss_eagle.py: transformers' GptOssMLP, `mlp.router` and fused
 `mlp.experts.gate_up_proj [E, H, 2I]`). inspect, apply fp8-draft (experts and attention FP8, router / fc / lm_head /
 embeddings / norms byte-identical), `check --vllm off`, the output headers decoded by hand against the source, the
-one-line refusals of `check --vllm auto|required` and `deploy` (vLLM 0.32's registry builds no such draft) and where
+one-line refusals of `check --vllm auto|required`, `deploy` and `acceptance` (vLLM 0.32's registry builds no such draft) and where
 their hint leads, and the Quark engine (refused in one line on the stacked / fused layouts, byte-identical to the
 native executor on the per-expert layout)."""
 
@@ -321,6 +321,17 @@ def test_vllm_load_and_deploy_are_refused_in_one_line_and_the_hint_works(name, d
     hint = shlex.split(lines[0].rsplit(": ", 1)[1])
     assert hint[:2] == ["quantkit", "check"] and hint[-2:] == ["--vllm", "off"], hint
     assert cli_json(*hint[1:])["ok"] is True
+
+
+@pytest.mark.parametrize("backend", ["reference", "vllm", "auto"])
+def test_acceptance_is_refused_in_one_line_before_any_engine(backend, drafts):
+    """Before: the reference engine died on `KeyError: 'midlayer.mlp.gate_proj.weight'` and vLLM on a
+    SpeculativeConfig ValidationError. Neither engine builds an MoE-layer draft: one line, naming why."""
+    d = drafts["gpt-oss"]
+    line = one_line_error(cli("acceptance", "--target", str(TARGET), "--draft", str(d["src"]), "--candidate",
+                              str(d["out"]), "--backend", backend))  # fmt: skip
+    assert "reference engine runs dense EAGLE-3 drafts only" in line and NO_VLLM in line, line
+    assert "unexpected" not in line
 
 
 def test_vllms_registry_has_no_moe_layer_eagle3_draft():

@@ -23,7 +23,7 @@ from quantkit.naming.layers import (
 )
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "QuarkTemplateError", "architecture_of", "families", "family_named",
+__all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
            "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
            "runtime_layers", "supported_architectures"]  # fmt: skip
 
