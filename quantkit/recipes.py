@@ -52,8 +52,9 @@ ROLES: dict[str, RoleInfo] = {
     "attention": RoleInfo("attention projections, incl. MLA q_a/q_b/kv_a/kv_b/o"),
     "linear_attention": RoleInfo("linear-attention projections of hybrid models (Qwen3-Next / Qwen3.5 Gated DeltaNet)"),
     "indexer": RoleInfo("sparse-attention indexer projections (DeepSeek-V3.2 lightning indexer)"),
-    "router": RoleInfo("MoE gate and e_score_correction_bias", (MOE_TARGET,)),
-    "experts": RoleInfo("routed MoE experts", (MOE_TARGET,)),
+    # an MoE-layer EAGLE-3 draft (SpecForge Qwen3MoEForCausalLMEagle3, GptOssForCausalLMEagle3) has both
+    "router": RoleInfo("MoE gate and e_score_correction_bias", (MOE_TARGET, EAGLE3_DRAFT)),
+    "experts": RoleInfo("routed MoE experts", (MOE_TARGET, EAGLE3_DRAFT)),
     "shared_experts": RoleInfo("MoE shared experts", (MOE_TARGET,)),
     "dense_mlp": RoleInfo("MLP of dense (non-MoE) layers"),
     "decoder_linears": RoleInfo("every linear layer in the decoder layers"),

@@ -261,33 +261,6 @@ def llama4(out: Path, seed: int = 0) -> Path:
 # --- EAGLE-3 drafts -----------------------------------------------------------------------------------------------
 
 
-def specforge_moe_draft(out: Path, seed: int = 0) -> Path:
-    """SpecForge's Qwen3MoEForCausalLMEagle3 (specforge/modeling/draft/qwen3_moe_eagle.py: LlamaForCausalLMEagle3
-    with `midlayer.mlp = Qwen3MoeSparseMoeBlock(config)`), as its training saves it: fc, midlayer.* with the MoE
-    block's gate and per-expert projections, lm_head, d2t/t2d, a Qwen3-MoE config."""
-    bf = torch.bfloat16
-    h, e, m = 64, 4, 64
-    config = {"architectures": ["Qwen3MoEForCausalLMEagle3"], "model_type": "qwen3_moe", "hidden_size": h,
-              "intermediate_size": 128, "moe_intermediate_size": m, "num_experts": e, "num_experts_per_tok": 2,
-              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
-              "vocab_size": 2048, "draft_vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-              "torch_dtype": "bfloat16", "tie_word_embeddings": False}  # fmt: skip
-    shapes = {"fc.weight": ((h, 3 * h), bf), "lm_head.weight": ((1024, h), bf), "norm.weight": ((h,), bf),
-              "midlayer.hidden_norm.weight": ((h,), bf), "midlayer.input_layernorm.weight": ((h,), bf),
-              "midlayer.post_attention_layernorm.weight": ((h,), bf),
-              "midlayer.self_attn.q_proj.weight": ((64, 2 * h), bf), "midlayer.self_attn.k_proj.weight": ((32, 2 * h), bf),
-              "midlayer.self_attn.v_proj.weight": ((32, 2 * h), bf), "midlayer.self_attn.o_proj.weight": ((h, 64), bf),
-              "midlayer.mlp.gate.weight": ((e, h), bf)}  # fmt: skip
-    for x in range(e):
-        shapes |= {f"midlayer.mlp.experts.{x}.gate_proj.weight": ((m, h), bf),
-                   f"midlayer.mlp.experts.{x}.up_proj.weight": ((m, h), bf),
-                   f"midlayer.mlp.experts.{x}.down_proj.weight": ((h, m), bf)}  # fmt: skip
-    tensors = _random(shapes, seed)
-    tensors["d2t"] = torch.zeros(1024, dtype=torch.int64)
-    tensors["t2d"] = torch.ones(2048, dtype=torch.bool)
-    return write_checkpoint(out, tensors, config)
-
-
 # A gpt-oss target sized for the bundled EAGLE-3 draft (hidden 256, vocab 2048, aux layers up to 3).
 GPT_OSS_FOR_DRAFT = dict(GPT_OSS_CONFIG, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=64, layer_types=["sliding_attention", "full_attention"] * 2)

@@ -88,7 +88,7 @@ def test_recipes_show_json_is_to_dict() -> None:
     data = doc["recipe"]
     assert data == load_recipe("fp8-draft").to_dict()
     assert data["scheme"] == "ptpc_fp8"
-    assert [k["role"] for k in data["keep"]] == ["fc", "lm_head"]
+    assert [k["role"] for k in data["keep"]] == ["fc", "lm_head", "router"]
     assert RecipeDocument.model_validate(doc).to_dict() == doc
 
 

@@ -436,27 +436,8 @@ def test_what_vllm_never_quantizes_is_marked_so(v):
 # --- drafts -------------------------------------------------------------------------------------------------------
 
 
-def test_moe_layer_draft_is_refused_by_name_and_the_dense_draft_it_names_works(tiny, tmp_path):
-    """SpecForge's Qwen3MoEForCausalLMEagle3: before, apply said "is a moe-target; pick a recipe for moe-target" and
-    that recipe then said "not supported". vLLM's registry builds no EAGLE-3 draft with an MoE layer, so any recipe
-    is refused in one line that says so and names the dense layouts; following it (fp8-draft on a dense draft)
-    works."""
-    draft = replicas.specforge_moe_draft(tmp_path / "moe-draft")
-    for recipe in ("fp8-draft", "mxfp4-moe"):
-        line = one_line_error(cli("apply", "--recipe", recipe, "--model", str(draft), "--target", str(tiny / "target"),
-                                  "--output", str(tmp_path / recipe)))
-        assert "Qwen3MoEForCausalLMEagle3 is an EAGLE-3 draft with an MoE decoder layer" in line, line
-        assert "pick a recipe" not in line and "LlamaForCausalLMEagle3" in line and "fp8-draft" in line
-    plan = cli_json("apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"), "--target",
-                    str(tiny / "target"), "--output", str(tmp_path / "dense"), "--dry-run")
-    assert plan["model_kind"] == "eagle3-draft"
-    require_vllm()
-    from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
-
-    from quantkit.naming.archs import MOE_LAYER_DRAFTS, families
-
-    assert not set(MOE_LAYER_DRAFTS) & set(_SPECULATIVE_DECODING_MODELS)
-    assert {a for f in families() if f.draft for a in f.architectures} <= set(_SPECULATIVE_DECODING_MODELS)
+# MoE-layer EAGLE-3 drafts (SpecForge Qwen3MoEForCausalLMEagle3, GptOssForCausalLMEagle3), once refused here by name,
+# are quantized now: tests/test_families_moe_drafts.py.
 
 
 def test_draft_for_a_gpt_oss_target_applies_checks_and_deploys(tmp_path):

@@ -83,8 +83,8 @@ def test_builtin_recipes_are_the_expected_files_and_load() -> None:
 def test_fp8_draft_keeps_fc_and_lm_head_bf16() -> None:
     recipe = load_recipe("fp8-draft")
     assert (recipe.applies_to, recipe.scheme, recipe.path) == ("eagle3-draft", "ptpc_fp8", "auto")
-    assert recipe.quantize == ["decoder_linears"]
-    assert [k.role for k in recipe.keep] == ["fc", "lm_head"]
+    assert recipe.quantize == ["decoder_linears", "experts"]  # experts: an MoE-layer draft's (eagle3_moe)
+    assert [k.role for k in recipe.keep] == ["fc", "lm_head", "router"]
     assert recipe.calibration is None and not recipe.needs_calibration
     assert recipe.to_dict()["calibration"] == "none"
 
@@ -231,8 +231,8 @@ BAD_RECIPES: list[tuple[str, dict[str, Any] | str, list[str]]] = [
     ),
     (
         "role-of-another-model-kind",
-        {**DRAFT, "quantize": ["experts"]},
-        ["quantize[0]: role 'experts' does not exist in eagle3-draft models"],
+        {**DRAFT, "quantize": ["shared_experts"]},
+        ["quantize[0]: role 'shared_experts' does not exist in eagle3-draft models"],
     ),
     (
         "role-and-pattern",

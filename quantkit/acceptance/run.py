@@ -23,7 +23,7 @@ from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.config import MaxModelLen, fit_max_model_len, max_model_len
 from quantkit.io.prompts import PromptRecord, load_prompts
-from quantkit.naming.archs import model_kind
+from quantkit.naming.archs import NoVllmModelError, model_kind, require_vllm_model
 from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance, PromptSource
 from quantkit.vocab import EAGLE3_DRAFT
@@ -343,6 +343,11 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft{pair}")
         if role in ("--target", "--candidate-target") and kind == EAGLE3_DRAFT:
             raise AcceptanceError(f"{role} {folder}: is an EAGLE-3 draft; pass the model it drafts for")
+    for folder, config in configs.items():  # an MoE-layer EAGLE-3 draft (naming/archs/eagle3_moe.py): no backend runs it
+        try:
+            require_vllm_model(config, folder)
+        except NoVllmModelError as e:
+            raise AcceptanceError(f"{folder}: quantkit's reference engine runs dense EAGLE-3 drafts only, and {e}") from None
     if cand_target is not None:
         candidate_kind = "pair"
         runs = [("baseline", target, draft), ("candidate", cand_target, candidate)]

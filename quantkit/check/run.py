@@ -12,6 +12,7 @@ from quantkit.check.real_load import real_load
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import target_layer_count
 from quantkit.io.headers import read_config
+from quantkit.naming.archs import require_vllm_model
 from quantkit.naming.precision import LoadedCheckpoint, load_checkpoint
 from quantkit.progress import Progress, or_silent
 from quantkit.results import CheckResult, Finding, NumericResult, VllmLoad
@@ -59,6 +60,8 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
     if numeric:
         assert source is not None
         read_config(source)  # a missing or unreadable --source is bad input, found before any work
+    if vllm != "off":  # a layout vLLM builds no model for (an MoE-layer EAGLE-3 draft) cannot be loaded: one line
+        require_vllm_model(read_config(folder), str(folder))
     target_config = read_config(target) if target is not None else None
     n_target = target_layer_count(target) if target is not None else None
     ck = load_checkpoint(folder, n_target)

@@ -25,6 +25,7 @@ from quantkit.io.config import config_int, text_config
 from quantkit.io.config import max_model_len as derived_max_model_len
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.archs import is_draft as is_eagle3_draft
+from quantkit.naming.archs import require_vllm_model
 from quantkit.results.check import Finding
 from quantkit.results.deploy import DeployManifest, EnvVar, MultiNode, VersionNeed
 from quantkit.results.kernels import KernelPath
@@ -86,6 +87,7 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
                                       or max_model_len < 1):
         raise DeployInputError(f"max_model_len {max_model_len!r}: must be a positive integer")
     folder_config = read_config(folder)
+    require_vllm_model(folder_config, str(folder))  # a layout vLLM builds no model for has no `vllm serve` command
     if is_eagle3_draft(folder_config):
         if target is None:
             raise DeployInputError(f"{folder} is an EAGLE-3 draft; pass target= (its target checkpoint folder)")

@@ -41,7 +41,10 @@ Formats, as the target checkpoints ship them:
   `model.language_model.layers.N.mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], counted by
   text_config.num_experts) is stored in vLLM's orientation already: split per expert without a transpose into
   `mlp.experts.<e>.gate_proj.weight` (first half of 2I) / `up_proj.weight` / `down_proj.weight`, as vLLM's
-  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. The table is FUSED_EXPERTS.
+  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. SpecForge's Qwen3-MoE
+  EAGLE-3 draft (model_type qwen3_moe, `midlayer.mlp.gate_weight` / `up_weight` [E, I, H], `down_weight` [E, H, I])
+  is split the same way into `midlayer.mlp.experts.<e>.gate_proj / up_proj / down_proj.weight`, as SpecForge's
+  SGLang loader splits it (quantkit.naming.archs.eagle3_moe). The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
@@ -84,7 +87,7 @@ FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantize
 SUPPORTED_FORMATS = (
     "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
     "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), fused-experts (BF16 "
-    "gpt-oss / Llama-4 / Qwen3.5-MoE with 3-D experts)"
+    "gpt-oss / Llama-4 / Qwen3.5-MoE with 3-D experts, SpecForge Qwen3-MoE EAGLE-3 drafts' stacked experts)"
 )
 # Fused 3-D expert tensors per model_type (see the module docstring): fused tensor suffix -> the per-expert tensors it
 # decodes to, each (module, param, part of the out dimension: "all", "first half", "second half"), plus the layout's
@@ -100,6 +103,10 @@ class FusedLayout:
     parts: dict[str, tuple[FusedPart, ...]]
     transposed: bool  # True: weights [E, in, out]; False: [E, out, in], vLLM's own per-expert orientation
     experts_key: str  # text-config key: experts per fused tensor
+    # suffix of the per-expert container the parts are written under, in place of the fused tensor's own parent
+    # (SpecForge's `mlp.gate_weight` -> `mlp.experts.<e>.gate_proj`); None: the parent (`mlp.experts.gate_up_proj` ->
+    # `mlp.experts.<e>.gate_up_proj`)
+    container: str | None = None
 
 
 FUSED_EXPERTS: dict[str, FusedLayout] = {
@@ -130,6 +137,17 @@ FUSED_EXPERTS: dict[str, FusedLayout] = {
         ".mlp.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
         ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
     }, transposed=False, experts_key="num_experts"),
+    # SpecForge's Qwen3-MoE EAGLE-3 draft (specforge/modeling/draft/qwen3_moe_eagle.py
+    # SpecForgeQwen3MoeSparseMoeBlock: `gate_weight` / `up_weight` [E, I, H] and `down_weight` [E, H, I] stacked from
+    # the per-expert Linears, its per-expert state_dict conversion commented out, so the draft saves them stacked).
+    # SpecForge's SGLang loader (qwen3_moe_eagle3_sglang_plugin.py load_weights, `hard_coded_mapping`) splits them as
+    # `loaded_weight[expert_id]` into `mlp.experts.<e>.gate_proj.weight` / `up_proj` / `down_proj`: the same split,
+    # no transpose. A Qwen3-MoE target has no `mlp.*_weight` tensor, so its checkpoints are untouched.
+    "qwen3_moe": FusedLayout({
+        ".mlp.gate_weight": (("gate_proj", "weight", "all"),),
+        ".mlp.up_weight": (("up_proj", "weight", "all"),),
+        ".mlp.down_weight": (("down_proj", "weight", "all"),),
+    }, transposed=False, experts_key="num_experts", container=".mlp.experts"),
 }  # fmt: skip
 FUSED_EXPERTS["llama4_text"] = FUSED_EXPERTS["llama4"]
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
@@ -210,6 +228,10 @@ class SourceFormat:
             assert self.block_size is not None
             return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
                     f"quant_method fp8); decoded to BF16")  # fmt: skip
+        if self.name == "fused-experts" and FUSED_EXPERTS[self.model_type or ""].container is not None:
+            stacked = ", ".join(s.lstrip(".") for s in FUSED_EXPERTS[self.model_type or ""].parts)
+            return (f"{self.model_type} with {self.experts} experts stacked per layer ({stacked} [E, out, in]); "
+                    "split per expert into mlp.experts.<e>.*, values unchanged")
         if self.name == "fused-experts":
             transposed = FUSED_EXPERTS[self.model_type or ""].transposed
             return (f"{self.model_type} with {self.experts} experts fused per layer (experts.gate_up_proj "
@@ -417,7 +439,7 @@ def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     suffix = next((s for s in layout.parts if name.endswith(s)), None) if layout is not None else None
     if layout is None or suffix is None or fmt.experts is None:
         return []
-    container = name[: -len(suffix)] + suffix.rsplit(".", 1)[0]
+    container = name[: -len(suffix)] + (layout.container or suffix.rsplit(".", 1)[0])
     return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in
             layout.parts[suffix]]
 

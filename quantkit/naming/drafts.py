@@ -45,8 +45,10 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
     if dc.format == "speculators" and not isinstance(config.get("transformer_layer_config"), dict):
         raise DraftFormatError(f"draft {where}: speculators config without 'transformer_layer_config'")
     prefix = "midlayer." if any(n.startswith("midlayer.") for n in tensors) else "layers.0."
-    required = ["fc.weight", "lm_head.weight", "norm.weight", f"{prefix}self_attn.q_proj.weight",
-                f"{prefix}mlp.down_proj.weight"]
+    # The MLP of an MoE-layer draft (quantkit.naming.archs.eagle3_moe) is its router and experts, which its layer
+    # builder requires; a dense draft's is mlp.down_proj.
+    mlp = [] if dc.format == "eagle" and _moe_layer(config) else [f"{prefix}mlp.down_proj.weight"]
+    required = ["fc.weight", "lm_head.weight", "norm.weight", f"{prefix}self_attn.q_proj.weight", *mlp]
     missing = [n for n in required if n not in tensors]
     if missing:
         raise DraftFormatError(
@@ -68,6 +70,16 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
         )
     ids = dc.aux_layer_ids
     return DraftInfo(dc.format, prefix, hidden, draft_vocab, vocab, list(ids) if ids else None, dict(dc.layer))
+
+
+def _moe_layer(config: dict[str, Any]) -> bool:
+    from quantkit.naming.archs import family_of
+    from quantkit.naming.layers import UnsupportedArchitectureError
+
+    try:
+        return family_of(config).moe is not None
+    except UnsupportedArchitectureError:
+        return False
 
 
 def draft_config_for_vllm(config: dict[str, Any], info: DraftInfo, quantization_config: dict[str, Any]) -> dict:

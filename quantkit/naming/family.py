@@ -55,6 +55,9 @@ class DraftLayout:
     # (vllm/transformers_utils/configs/speculators/algos.py update_eagle3's eagle3_arch_map)
     speculators: tuple[tuple[str, str], ...] = ()
     layer_prefixes: tuple[str, ...] = ("midlayer.", "layers.0.")
+    # why vLLM cannot build this layout at all (a message with {arch} and {folder} fields, citing vLLM's
+    # registry): check's vLLM load and deploy refuse with it in one line. None: vLLM builds it
+    vllm_refusal: str | None = None
 
 
 @dataclass(frozen=True)

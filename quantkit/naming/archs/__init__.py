@@ -23,9 +23,9 @@ from quantkit.naming.layers import (
 )
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "QuarkTemplateError", "architecture_of", "families", "family_named",
-           "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "runtime_layers",
-           "supported_architectures"]  # fmt: skip
+__all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
+           "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
+           "runtime_layers", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
 # (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
@@ -37,16 +37,9 @@ class FamilyModuleError(QuantkitError):
     """A module named in QUANTKIT_FAMILY_MODULES cannot be imported or defines no FAMILY."""
 
 
-# EAGLE-3 drafts whose decoder layer is an MoE block (SpecForge specforge/modeling/draft/qwen3_moe_eagle.py and
-# gpt_oss_eagle.py: LlamaForCausalLMEagle3 with midlayer.mlp replaced by a Qwen3-MoE / gpt-oss sparse block). vLLM
-# 0.32's registry (vllm/model_executor/models/registry.py _SPECULATIVE_DECODING_MODELS) maps no such architecture
-# (its EAGLE-3 drafts are llama_eagle3, qwen3_eagle3 and deepseek_eagle3, all with a dense MLP), so vLLM cannot load
-# them: refused by name, with the dense layouts that work, instead of "not supported" after a wrong recipe hint.
-MOE_LAYER_DRAFTS = {
-    "Qwen3MoEForCausalLMEagle3": "SpecForge, a Qwen3-MoE sparse block as midlayer.mlp",
-    "Qwen3MoeForCausalLMEagle3": "SpecForge, a Qwen3-MoE sparse block as midlayer.mlp",
-    "GptOssForCausalLMEagle3": "SpecForge, a gpt-oss MoE block as midlayer.mlp",
-}
+class NoVllmModelError(QuantkitError):
+    """The checkpoint's family is one vLLM builds no model for (DraftLayout.vllm_refusal): nothing to load or serve."""
+
 
 _BY_ARCH: dict[str, Family] = {}
 _BY_NAME: dict[str, Family] = {}
@@ -155,20 +148,22 @@ def architecture_of(config: Mapping[str, Any]) -> str:
     for arch in archs:
         if arch in _BY_ARCH:
             return arch
-    for arch in archs:
-        if arch in MOE_LAYER_DRAFTS:
-            drafts = ", ".join(a for f in families() if f.draft for a in f.architectures)
-            raise UnsupportedArchitectureError(
-                f"config.json architecture {arch} is an EAGLE-3 draft with an MoE decoder layer ({MOE_LAYER_DRAFTS[arch]}"
-                f"); vLLM builds no such draft (vllm/model_executor/models/registry.py has no {arch}), so a quantized "
-                f"copy could be neither checked nor served in vLLM; for vLLM use a dense EAGLE-3 draft ({drafts}), "
-                "which `quantkit apply --recipe fp8-draft` quantizes"
-            )
     named = ", ".join(archs) if archs else "no architectures"
     raise UnsupportedArchitectureError(
         f"config.json architecture {named} is not supported; supported: {', '.join(supported_architectures())} "
         f"(or a speculators eagle3 draft)"
     )
+
+
+def require_vllm_model(config: Mapping[str, Any], folder: str) -> None:
+    """NoVllmModelError, in one line naming the step that works, when vLLM builds no model for this config.json's
+    family (an MoE-layer EAGLE-3 draft: quantkit.naming.archs.eagle3_moe); nothing for a config no record names."""
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        return
+    if family.draft is not None and family.draft.vllm_refusal is not None:
+        raise NoVllmModelError(family.draft.vllm_refusal.format(arch=architecture_of(config), folder=folder))
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
