@@ -3,11 +3,13 @@ tensor from and writing its result into the slot buffers, which live in one shar
 
 Why processes, not threads: a BF16 MoE checkpoint is thousands of ~3 MB tensors, and `quantize_mxfp4` runs ~35 torch
 calls per 256 K elements. Run from threads of one process, every call takes the GIL to parse its arguments and
-allocates its outputs from one heap; measured on one H200 box (16 Xeon cores), 1 CPU worker quantized at 166 MB/s and
-4 at 146 MB/s, against a 985 MB/s read+write floor. Processes share no GIL and no heap.
+allocate its outputs. Measured on one H200 box (16 Xeon cores, benchmarks/cpu_quantize_scaling.py): the kernel alone
+ran 404 MB/s in 1 thread, 812 in 4, 531 in 16, and 5348 MB/s in 16 processes; the executor with threads reached
+166 MB/s with 1 CPU worker and 146 with 4, against a 985 MB/s read+write floor.
 
-Each child runs `serve(FD, SIZE, IN, OUT)`: FD the shared file (inherited), IN and OUT the ends of its two pipes; tasks and results are small pickled tuples, the tensor bytes never cross a pipe. A child
-ends at EOF on its task pipe (the parent closing it, or dying)."""
+Each child runs `serve(FD, SIZE, IN, OUT)`: FD the shared file (inherited), IN and OUT the ends of its two pipes;
+tasks and results are small pickled tuples, the tensor bytes never cross a pipe. A child ends at EOF on its task
+pipe (the parent closing it, or dying)."""
 
 from __future__ import annotations
 
@@ -87,7 +89,8 @@ class _Child:
                  f"{res_w})")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", serve],
-            pass_fds=(arena.fd, task_r, res_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+            pass_fds=(arena.fd, task_r, res_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+            start_new_session=True)  # a Ctrl-C reaches the parent alone; a child ends when its task pipe closes
         os.close(task_r)
         os.close(res_w)
         self.tasks = os.fdopen(task_w, "wb")
