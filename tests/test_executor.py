@@ -254,6 +254,7 @@ def test_cpu_processes_write_the_thread_folder(tmp_path, monkeypatch):
     procs = _run(src, tmp_path / "procs", exclude, cpu_processes=True)
     assert threads.cpu_processes == 0 and procs.cpu_processes >= 1
     assert ec.tree_bytes(tmp_path / "threads") == ec.tree_bytes(tmp_path / "procs")
+    assert _run(src, tmp_path / "auto", exclude).cpu_processes == 0  # far below 1 GiB of weights: threads
     monkeypatch.setenv("QUANTKIT_CPU_PROCESSES", "1")
     assert _run(src, tmp_path / "env", exclude).cpu_processes >= 1
     assert ec.tree_bytes(tmp_path / "env") == ec.tree_bytes(tmp_path / "threads")
