@@ -82,12 +82,14 @@ if __name__ == "__main__":
 """
 
 NATIVE_SCRIPT = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 from pathlib import Path
 """ + CPU_SECONDS + """
 
 def main():
     args = json.loads(sys.argv[1])
+    if args.get("cores"):  # before torch sizes its thread pool and quantkit counts its cores
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args["cores"]])
     t0 = time.perf_counter()
     import torch  # noqa: F401
     from quantkit.apply.shards import quantize_checkpoint
@@ -101,7 +103,8 @@ def main():
                                   "quark_loaded": any(m == "quark" or m.startswith("quark.") for m in sys.modules),
                                   "shards": len(report.shards), "readers": report.readers,
                                   "page_locked": report.page_locked, "max_memory_mb": report.max_memory_mb,
-                                  "slots": report.slots, "slot_mb": report.slot_mb}))
+                                  "slots": report.slots, "slot_mb": report.slot_mb,
+                                  "cpu_processes": report.cpu_processes}))
 
 if __name__ == "__main__":
     main()
@@ -218,10 +221,10 @@ def floor(src: Path, dst: Path, threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_child(script: str, args: dict) -> dict:
+def run_child(script: str, args: dict, env_extra: dict[str, str] | None = None) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(textwrap.dedent(script))
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, f.name, json.dumps(args)], cwd=ROOT, env=env, capture_output=True,
                           text=True, check=False)
@@ -291,6 +294,10 @@ def main() -> None:
     ap.add_argument("--max-memory", default=None, help="quantkit's --max-memory (e.g. 3GiB); default: its own")
     ap.add_argument("--cli", action="store_true",
                     help="also time `quantkit apply` end to end (CLI, first device set) against the same floor")
+    ap.add_argument("--cpu-scaling", default=None, metavar="N,N,...",
+                    help="the first device set, if CPU-only: also run quantkit quantizing in threads (QUANTKIT_CPU_PROCESSES=0, "
+                         "the pre-process path) and in processes on the first N cores only, each compared byte for "
+                         "byte with the full run, e.g. 1,4,8,16")
     ap.add_argument("--hot", action="store_true", help="keep the source in the page cache between stages")
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
@@ -362,6 +369,21 @@ def main() -> None:
                     single_quark = quark_dst
                 else:
                     shutil.rmtree(quark_dst)
+            if args.cpu_scaling and k == 0 and all(d == "cpu" for d in devices):
+                variants: list[tuple[str, dict[str, str], int | None]] = [
+                    ("threads", {"QUANTKIT_CPU_PROCESSES": "0"}, None)]
+                variants += [(f"processes, {n} cores", {"QUANTKIT_CPU_PROCESSES": "1"}, int(n))
+                             for n in args.cpu_scaling.split(",") if n.strip()]
+                for label, env_extra, cores in variants:
+                    prepare()
+                    log(f"running quantkit's executor on {','.join(devices)}, {label}")
+                    dst = root / "native-variant"
+                    rows[f"quantkit {label}{tag}"] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(dst),
+                                                                               "cores": cores}, env_extra)
+                    same, files, differ = same_tree(native_dst, dst)
+                    check[f"{label}_vs_default_bytes"] = {"identical": same, "files": files, "differ": differ}
+                    shutil.rmtree(dst)
+                    dump()
             shutil.rmtree(native_dst)
             for name, c in check.items():
                 log(f"{','.join(devices)} {name}: identical {c['identical']} ({c['files']} files)"
@@ -393,18 +415,18 @@ def main() -> None:
     print(f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices "
           f"{' and '.join(','.join(d) for d in device_sets)}, {result['cpu_cores']} CPU cores, page cache "
           f"{result['page_cache']}")
-    print(f"{'':34s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'vs floor':>9s} "
-          f"{'wall/Quark':>11s} {'MB/s / Quark':>13s} {'peak RSS MB':>12s}")
+    print(f"{'':44s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'vs floor':>9s} "
+          f"{'wall/Quark':>11s} {'MB/s / Quark':>13s} {'peak RSS MB':>12s} {'procs':>6s}")
     for name, r in rows.items():
         def f(key: str, fmt: str, r: dict = r) -> str:
             return format(r[key], fmt) if key in r else "-"
-        print(f"{name:34s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
+        print(f"{name:44s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
               f"{f('mb_per_s', '8.0f')} {f('vs_floor', '9.2f')} {f('wall_vs_quark', '11.2f')} "
-              f"{f('throughput_vs_quark', '13.2f')} {f('peak_rss_mb', '12.0f')}")
-    for devices, check in identity.items():
+              f"{f('throughput_vs_quark', '13.2f')} {f('peak_rss_mb', '12.0f')} {f('cpu_processes', '6d')}")
+    for device_set, check in identity.items():
         for name, c in check.items():
             extra = f", index {c['index']}" if "index" in c else ""
-            print(f"quantkit on {devices} {name}: {'identical' if c['identical'] else 'DIFFERENT'}{extra}")
+            print(f"quantkit on {device_set} {name}: {'identical' if c['identical'] else 'DIFFERENT'}{extra}")
 
 if __name__ == "__main__":
     main()

@@ -246,6 +246,29 @@ def test_several_readers_write_the_same_folder(tmp_path):
         _run(src, tmp_path / "zero", exclude, readers=0)
 
 
+def test_cpu_processes_write_the_thread_folder(tmp_path, monkeypatch):
+    """Weights quantized in CPU child processes (through the shared slot memory) give the folder the threads give
+    (and so Quark's, above); a NaN found in a child is named as the threads name it; a bad switch is one line."""
+    src, exclude = _checkpoint(tmp_path, shard_bytes=30_000)
+    threads = _run(src, tmp_path / "threads", exclude, cpu_processes=False)
+    procs = _run(src, tmp_path / "procs", exclude, cpu_processes=True)
+    assert threads.cpu_processes == 0 and procs.cpu_processes >= 1
+    assert ec.tree_bytes(tmp_path / "threads") == ec.tree_bytes(tmp_path / "procs")
+    assert _run(src, tmp_path / "auto", exclude).cpu_processes == 0  # far below 1 GiB of weights: threads
+    monkeypatch.setenv("QUANTKIT_CPU_PROCESSES", "1")
+    assert _run(src, tmp_path / "env", exclude).cpu_processes >= 1
+    assert ec.tree_bytes(tmp_path / "env") == ec.tree_bytes(tmp_path / "threads")
+    monkeypatch.setenv("QUANTKIT_CPU_PROCESSES", "yes")
+    with pytest.raises(ExecutorError, match="QUANTKIT_CPU_PROCESSES='yes'"):
+        _run(src, tmp_path / "bad", exclude)
+    monkeypatch.delenv("QUANTKIT_CPU_PROCESSES")
+    fam = ec.qwen3_moe(layers=1)
+    fam.tensors["model.layers.0.mlp.experts.2.gate_proj.weight"][4, 9] = float("nan")
+    bad = ec.write_checkpoint(fam, tmp_path / "nan")
+    with pytest.raises(NonFiniteWeightError, match=r"experts\.2\.gate_proj\.weight\[4, 9\] is nan"):
+        _run(bad, tmp_path / "nan-out", ec.exclude_modules(fam), cpu_processes=True)
+
+
 def test_exclusion_matcher_is_fnmatch():
     import fnmatch
     import random

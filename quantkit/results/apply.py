@@ -58,6 +58,7 @@ class ExecutorReport(Result):
     max_memory_mb: float = 0.0  # the host-memory budget the run was held to
     slots: int = 0  # batches in flight at once (each in one slot buffer)
     slot_mb: float = 0.0
+    cpu_processes: int = 0  # child processes that quantized on CPU (quantkit.apply.shards.cpu_pool); 0: threads
     quantization_config: dict[str, Any] = {}  # as Quark's file-to-file path writes it (checkpoint names)
 
 

@@ -40,11 +40,13 @@ class HostBuffers:
     """The slots: one buffer each, allocated on first use at the slot size and reused (no fresh page faults per
     batch), optionally page-locked so that a GPU copies from and to it asynchronously."""
 
-    def __init__(self, slots: int, capacity: int, pin: bool) -> None:
+    def __init__(self, slots: int, capacity: int, pin: bool, shared: torch.Tensor | None = None) -> None:
+        """`shared`: a uint8 buffer of at least slots x capacity bytes to cut the slots from (the shared memory that
+        CPU quantizer processes map: quantkit.apply.shards.cpu_pool) instead of allocating them."""
         self.free: queue.Queue[torch.Tensor | None] = queue.Queue()
-        for _ in range(slots):
-            self.free.put(None)
         self.capacity = max(capacity, 1)
+        for k in range(slots):
+            self.free.put(None if shared is None else shared[k * self.capacity:(k + 1) * self.capacity])
         # Below 1 MiB, buffers may share pages, which CUDA refuses to lock twice; such shards copy in no time.
         self.pin = pin and self.capacity >= MB
         self.pinned: list[torch.Tensor] = []

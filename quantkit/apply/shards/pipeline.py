@@ -4,10 +4,11 @@ budget (`max_memory`) rather than by the shard.
 
 Work is tensor-granular (quantkit.apply.shards.units): each source shard is cut, from its header, into batches of
 consecutive bytes in file order; a batch's modules whose parts live elsewhere (a scale in the shard's F32 region, or
-in another shard) fetch those parts by offset. Reader threads (1 on CPU, where quantizing is the bottleneck; 4 when
-a GPU quantizes) take batches in order, read each into a reused slot buffer (page-locked on a GPU run) and hash the
+in another shard) fetch those parts by offset. Reader threads (4 when a GPU quantizes, or CPU processes on 8 cores or
+more; else 1) take batches in order, read each into a reused slot buffer (page-locked on a GPU run) and hash the
 shard's bytes in file order as they arrive (sha256_in); one worker thread per device decodes and quantizes a batch
-(on CPU a small pool runs one tensor per core; on a GPU the batch's weights are decoded there and quantized in
+(on CPU one tensor per core: in child processes that map the slots, quantkit.apply.shards.cpu_pool, or in a
+thread pool for small runs; on a GPU the batch's weights are decoded there and quantized in
 groups of one shape, see `process_device`); one writer thread writes each output shard as a stream
 (quantkit.apply.shards.writer: header first, from the plan, then each tensor at its planned offset, hashed as
 written: sha256_out), renames it into place when its last tensor is in, and records it in the journal.
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from quantkit.apply.shards.cpu_pool import CpuQuantizers, SharedArena
 from quantkit.apply.shards.errors import ExecutorError
 from quantkit.apply.shards.f2f import check_aux_quark, copy_aux_quark, plan_shards, write_quark_config
 from quantkit.apply.shards.journal import JOURNAL_NAME, open_journal, run_key
@@ -150,7 +152,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                         progress: Callable[[ShardEvent], None] | None = None,
                         readers: int | None = None, decode: Any = None,
                         drop: set[str] | None = None, finish: Finish | None = None,
-                        max_memory: int | None = None, max_shard_size: int | None = None) -> ExecutorReport:
+                        max_memory: int | None = None, max_shard_size: int | None = None,
+                        cpu_processes: bool | None = None) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -172,6 +175,13 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     shards of at most that many bytes each, named as transformers names them (units.output_layouts); the journal
     then records each output shard with the source shards it takes tensors from, and each source shard's hash once
     it is read in full, and a resume keeps an output shard only when it and all its sources re-hash as recorded.
+
+    `cpu_processes`: on a CPU-only run, quantize in one child process per core (quantkit.apply.shards.cpu_pool)
+    rather than in threads of this process, whose GIL and heap every tensor shares. None (the default): the
+    environment variable QUANTKIT_CPU_PROCESSES ("1" or "0") if set, else processes when there are at least 4 cores
+    and 1 GiB of weights to quantize as stored (below that their start, a few seconds, is not paid back); chosen
+    so, the threads quantize while the children start. With processes, CPU-only runs also read with 4 streams on 8
+    cores or more, and keep 2 batches in flight.
     """
     import torch
 
@@ -205,7 +215,12 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     uses_cpu = any(torch.device(d).type == "cpu" for d in devices)
     uses_gpu = not all(torch.device(d).type == "cpu" for d in devices)
     decode_on_host = decode is not None and uses_cpu
-    mem = _memory_plan(layouts, max_memory, readers or (_GPU_READERS if uses_gpu else 1), devices, uses_cpu,
+    procs = _use_cpu_processes(cpu_processes, layouts, uses_gpu, cpu_threads)
+    # The worker threads: one per device; with CPU processes at least two on CPU, so that the next batch is handed
+    # out while the last tensors of one are still being quantized.
+    workers = list(devices) + (["cpu"] if procs and len(devices) == 1 else [])
+    default_readers = _GPU_READERS if uses_gpu or (procs and cpu_threads >= 8) else 1
+    mem = _memory_plan(layouts, max_memory, readers or default_readers, devices, len(workers), uses_cpu,
                        uses_gpu, decode_on_host, cpu_threads)
 
     key = run_key(src, scheme, exclude, layer_config, settings.drop, decode, plan.model_dtype, max_shard_size)
@@ -258,7 +273,13 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     stop = threading.Event()
     errors: list[BaseException] = []
     n_readers = max(1, min(mem.readers, len(pending)))
-    buffers = HostBuffers(mem.slots, mem.slot_bytes, mem.pin)
+    arena: SharedArena | None = None
+    quantizers: CpuQuantizers | None = None
+    n_procs = 0
+    if procs and pending:
+        arena = SharedArena(mem.slots * mem.slot_bytes)
+        quantizers = CpuQuantizers(cpu_threads, arena, wait=procs == "always")
+    buffers = HostBuffers(mem.slots, mem.slot_bytes, mem.pin, arena.tensor if arena is not None else None)
     work: queue.Queue[tuple[Loaded, threading.Event] | None] = queue.Queue()
     results: queue.Queue[tuple[Output, threading.Event] | None] = queue.Queue()
 
@@ -300,7 +321,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
             with take_lock:
                 readers_left[0] -= 1
                 if readers_left[0] == 0:  # the last reader out tells every worker to finish
-                    for _ in devices:
+                    for _ in workers:
                         work.put(None)
 
     def worker(device: str) -> None:
@@ -325,7 +346,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
                                               layouts[shard].size))
                 try:
                     if torch.device(device).type == "cpu":
-                        out = process_cpu(loaded, settings, device, pool)
+                        out = process_cpu(loaded, settings, device, pool, quantizers)
                     else:
                         out = process_device(loaded, settings, device)
                 except BaseException:
@@ -394,7 +415,7 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
 
     def writer() -> None:
         finished_workers = 0
-        while finished_workers < len(devices):
+        while finished_workers < len(workers):
             item = results.get()
             if item is None:
                 finished_workers += 1
@@ -451,7 +472,8 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
 
     threads = [threading.Thread(target=reader, name=f"quantkit-reader-{k}", daemon=True) for k in range(n_readers)]
     threads.append(threading.Thread(target=writer, name="quantkit-writer", daemon=True))
-    threads += [threading.Thread(target=worker, args=(d,), name=f"quantkit-{d}", daemon=True) for d in devices]
+    threads += [threading.Thread(target=worker, args=(d,), name=f"quantkit-{d}-{k}", daemon=True)
+                for k, d in enumerate(workers)]
     try:
         # CPU: parallel across tensors instead, cheaper than intra-op threads per step. GPU only: the CPU does no
         # tensor math but rare casts; many idle intra-op threads only spin after each small CPU op.
@@ -474,8 +496,14 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
         files.close()
         if pool is not None:
             pool.shutdown(wait=True)
+        if quantizers is not None:
+            n_procs = len(quantizers.children)
+            quantizers.close()
         page_locked = bool(buffers.pinned)
         buffers.close()
+        if arena is not None:
+            del buffers
+            arena.close()
         torch.set_num_threads(saved_threads)
         host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
         if uses_gpu and host_empty_cache is not None:
@@ -518,11 +546,39 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     report.readers, report.page_locked = n_readers, page_locked
     report.max_memory_mb = round(mem.budget / MB, 1)
     report.slots, report.slot_mb = mem.slots, round(mem.slot_bytes / MB, 1)
+    report.cpu_processes = n_procs
     return report
 
 
+# Auto: processes from 4 cores (threads of one process stop scaling between 4 and 16: 812 and 531 MB/s on the H200
+# box) and 1 GiB of weights (each child's torch import costs seconds of CPU; on 2 loaded cores, 600 MB ran at 72 MB/s
+# in threads and 36 in processes).
+_CPU_PROCESSES_MIN_CORES = 4
+_CPU_PROCESSES_MIN_BYTES = 1024 * MB
+
+
+def _use_cpu_processes(asked: bool | None, layouts: dict[str, ShardLayout], uses_gpu: bool,
+                       cpu_threads: int) -> Literal["always", "auto", ""]:
+    """Whether this run quantizes in CPU child processes (quantize_checkpoint's `cpu_processes`): "always" (asked
+    for: every weight read as stored goes to a child), "auto" (chosen: the threads quantize while the children
+    start) or "" (threads only)."""
+    if uses_gpu:
+        return ""
+    if asked is None:
+        env = os.environ.get("QUANTKIT_CPU_PROCESSES", "").strip()
+        if env in ("0", "1"):
+            asked = env == "1"
+        elif env:
+            raise ExecutorError(f"QUANTKIT_CPU_PROCESSES={env!r}: give 1 (processes) or 0 (threads), or unset it")
+    if asked is not None:
+        return "always" if asked else ""
+    weights = sum(u.source_bytes for layout in layouts.values() for u in layout.units
+                  if u.kind == "quantize" and not u.decoded)
+    return "auto" if cpu_threads >= _CPU_PROCESSES_MIN_CORES and weights >= _CPU_PROCESSES_MIN_BYTES else ""
+
+
 def _memory_plan(layouts: dict[str, ShardLayout], max_memory: int | None, readers: int, devices: list[str],
-                 uses_cpu: bool, uses_gpu: bool, decode_on_host: bool, cpu_threads: int) -> MemoryPlan:
+                 workers: int, uses_cpu: bool, uses_gpu: bool, decode_on_host: bool, cpu_threads: int) -> MemoryPlan:
     """The budget cut into slots; a `max_memory` below the largest tensor's work is refused (ExecutorError, one
     line) before any work. Quantizing on CPU keeps up to one float32 temporary per core beside the slots."""
     units = [u for layout in layouts.values() for u in layout.units]
@@ -534,10 +590,10 @@ def _memory_plan(layouts: dict[str, ShardLayout], max_memory: int | None, reader
         biggest_q = max((u.source_bytes for u in units if u.kind == "quantize"), default=0)
         reserve = min(cpu_threads, 8) * biggest_q * 2
     budget = max_memory if max_memory is not None else default_max_memory(devices)
-    mem = plan_memory(budget, readers, len(devices), max(largest_read, 1), ratio, uses_gpu, reserve)
+    mem = plan_memory(budget, readers, workers, max(largest_read, 1), ratio, uses_gpu, reserve)
     if mem is None and max_memory is None:  # the default is too small for this model's largest tensor: grow it
         need = int((max(largest_read, 1) * (1 + ratio) * 1.01 + MB + reserve) * 1.05) + MB
-        mem = plan_memory(need, readers, len(devices), max(largest_read, 1), ratio, uses_gpu, reserve)
+        mem = plan_memory(need, readers, workers, max(largest_read, 1), ratio, uses_gpu, reserve)
     if mem is None:
         assert largest is not None
         work = largest.source_bytes + largest.host_bytes(decode_on_host)

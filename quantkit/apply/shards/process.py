@@ -28,6 +28,8 @@ from quantkit.schemes import SCHEMES, NonFiniteWeight, expected_layout, quantize
 if TYPE_CHECKING:
     import torch
 
+    from quantkit.apply.shards.cpu_pool import CpuQuantizers
+
 _READ_CHUNK = 16 * 1024 * 1024
 _DEVICE_BATCH_BYTES = 1 << 30  # source bytes per batched quantize call on a GPU (its temporaries are ~3x that)
 
@@ -214,19 +216,61 @@ def _decode(s: Settings, u: Unit, loaded: Loaded, device: Any = None, check_fini
     return decode_module(s.decode, u.name, parts, check_finite=check_finite)
 
 
-def process_cpu(loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecutor | None) -> Output:
+def process_cpu(loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecutor | None,
+                quantizers: CpuQuantizers | None = None) -> Output:
     """Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) on one batch, one tensor at a time (the CPU
-    path: `pool` runs one tensor per core; a quantized source is decoded tensor by tensor there too)."""
+    path: `pool` runs one tensor per core; a quantized source is decoded tensor by tensor there too).
+
+    With `quantizers` (the slot is in their shared memory), each weight read as stored is quantized by a child
+    process (quantkit.apply.shards.cpu_pool), which writes the result into the slot after the batch's source bytes,
+    as the GPU path stages its results; `pool` then only waits on them. Decoded weights are quantized in the thread."""
     t0 = time.perf_counter()
     model_dtype = _model_dtype(s)
     shard = loaded.batch.shard
     units = [u for u in loaded.batch.units if u.kind != "drop"]
+    room: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    if quantizers is not None:
+        pos = loaded.used
+        for u in units:
+            if u.kind != "quantize" or u.decoded or u.scheme is None:
+                continue
+            layout = expected_layout(u.shape, u.scheme)
+            q_len, s_len = (tensor_nbytes(*layout[sfx]) for sfx in ("", "_scale"))
+            end = _align(_align(pos + q_len) + s_len)
+            if end > loaded.host.numel():
+                break  # no room left in the slot: the rest are quantized in the thread
+            room[u.name] = (loaded.host[pos:pos + q_len], loaded.host[_align(pos + q_len):_align(pos + q_len) + s_len])
+            pos = end
+
+    def in_child(u: Unit, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        import torch
+
+        from quantkit.apply.shards.cpu_pool import NonFiniteInChild
+
+        assert quantizers is not None and u.scheme is not None
+        q_out, s_out = room[u.name]
+        try:
+            got = quantizers.quantize(w, u.scheme, q_out, s_out)
+        except NonFiniteInChild:
+            raise _non_finite_error(u.name, w, shard) from None
+        if got is None:
+            return None
+        q = q_out.view(getattr(torch, got.weight[0])).view(got.weight[1])
+        scale = s_out.view(getattr(torch, got.scale[0])).view(got.scale[1])
+        _check_layout(u.name, tuple(w.shape), u.scheme, q, scale)
+        if got.bad_scale:
+            raise ShardVerificationError(f"{u.name}_scale: a scale is not finite and positive (internal error)")
+        return q, scale
 
     def run(u: Unit) -> list[tuple[str, torch.Tensor]]:
         w = _decode(s, u, loaded)
         if u.kind == "quantize":
             assert u.scheme is not None
             try:
+                if u.name in room and quantizers is not None and quantizers.holds(w):
+                    done = in_child(u, w)
+                    if done is not None:
+                        return [(u.name, done[0]), (u.name + "_scale", done[1])]
                 q, scale = quantize_weight(w.to(device) if device != "cpu" else w, u.scheme, finite_only=True)
             except NonFiniteWeight:
                 raise _non_finite_error(u.name, w, shard) from None
