@@ -178,9 +178,10 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
 
     `cpu_processes`: on a CPU-only run, quantize in one child process per core (quantkit.apply.shards.cpu_pool)
     rather than in threads of this process, whose GIL and heap every tensor shares. None (the default): the
-    environment variable QUANTKIT_CPU_PROCESSES ("1" or "0") if set, else processes when there are at least 4 cores
-    and 1 GiB of weights to quantize as stored (below that their start, a few seconds, is not paid back); chosen
-    so, the threads quantize while the children start. With processes, CPU-only runs also read with 4 streams on 8
+    environment variable QUANTKIT_CPU_PROCESSES: "1" or "0"; "auto", processes when there are at least 4 cores
+    and 1 GiB of weights to quantize as stored (below that their start, a few seconds, is not paid back), chosen
+    so, the threads quantize while the children start; unset, threads (processes are opt-in: the pipeline with
+    them has not been measured end to end on a many-core host, and the children's memory is outside the budget). With processes, CPU-only runs also read with 4 streams on 8
     cores or more, and keep 2 batches in flight.
     """
     import torch
@@ -564,14 +565,20 @@ def _use_cpu_processes(asked: bool | None, layouts: dict[str, ShardLayout], uses
     start) or "" (threads only)."""
     if uses_gpu:
         return ""
+    auto = False
     if asked is None:
         env = os.environ.get("QUANTKIT_CPU_PROCESSES", "").strip()
         if env in ("0", "1"):
             asked = env == "1"
+        elif env == "auto":
+            auto = True
         elif env:
-            raise ExecutorError(f"QUANTKIT_CPU_PROCESSES={env!r}: give 1 (processes) or 0 (threads), or unset it")
+            raise ExecutorError(f"QUANTKIT_CPU_PROCESSES={env!r}: give 1 (processes), 0 (threads) or auto, or unset "
+                                "it")
     if asked is not None:
         return "always" if asked else ""
+    if not auto:  # opt-in until measured end to end on a many-core host (the kernel alone is, see above)
+        return ""
     weights = sum(u.source_bytes for layout in layouts.values() for u in layout.units
                   if u.kind == "quantize" and not u.decoded)
     return "auto" if cpu_threads >= _CPU_PROCESSES_MIN_CORES and weights >= _CPU_PROCESSES_MIN_BYTES else ""
