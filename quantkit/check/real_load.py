@@ -106,7 +106,7 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     compared = _compare_loaded(layers, loaded, n_names, findings, payload.get("bytes") or {})
     return {"status": "loaded", "engine": engine, "mode": "draft+target" if draft else "model", "seconds": seconds,
             "generated_token_ids": payload.get("token_ids"), "generated_text": payload.get("text"),
-            "layers": compared}
+            "spec_decode": payload.get("spec_decode"), "layers": compared}
 
 
 def _byte_sources(lp: LayerPrecision) -> list[str]:

