@@ -15,6 +15,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
@@ -218,7 +219,7 @@ def test_gpt_oss_fused_experts_become_per_expert_mxfp4_and_everything_else_is_ke
     the transposed source (rows in the interleaved gate/up order vLLM's swigluoai reads); biases are the source's
     bytes, expert by expert; every other tensor byte-identical."""
     src, out = read_all(gpt_oss["src"]), read_all(gpt_oss["out"])
-    c = replicas.GPT_OSS_CONFIG
+    c: dict[str, Any] = replicas.GPT_OSS_CONFIG
     fused = {n for n in src if ".mlp.experts." in n}
     for i in range(c["num_hidden_layers"]):
         x = f"model.layers.{i}.mlp.experts"
@@ -306,8 +307,9 @@ def test_llama4_runtime_names_shared_expert_and_vision_kept(llama4):
 def test_llama4_fused_experts_split_into_gate_and_up_halves(llama4):
     src, out = read_all(llama4["src"]), read_all(llama4["out"])
     x = "language_model.model.layers.1.feed_forward.experts"
-    inter = replicas.LLAMA4_CONFIG["text_config"]["intermediate_size"]
-    for e in range(replicas.LLAMA4_CONFIG["text_config"]["num_local_experts"]):
+    text = cast(dict[str, Any], replicas.LLAMA4_CONFIG["text_config"])
+    inter = text["intermediate_size"]
+    for e in range(text["num_local_experts"]):
         gate_up = src[f"{x}.gate_up_proj"][e].t()  # [2I, H]: gate = first half, up = second (chunk(2, dim=-1))
         assert_mxfp4_of(out, f"{x}.{e}.gate_proj", gate_up[:inter])
         assert_mxfp4_of(out, f"{x}.{e}.up_proj", gate_up[inter:])
