@@ -41,7 +41,9 @@ Formats, as the target checkpoints ship them:
   `model.language_model.layers.N.mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], counted by
   text_config.num_experts) is stored in vLLM's orientation already: split per expert without a transpose into
   `mlp.experts.<e>.gate_proj.weight` (first half of 2I) / `up_proj.weight` / `down_proj.weight`, as vLLM's
-  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. The table is FUSED_EXPERTS.
+  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor; its MTP block's fused
+  experts (`mtp.layers.0.mlp.experts.gate_up_proj`, Qwen3.6's layout) are kept as stored (FusedLayout.stored_prefixes).
+  The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
@@ -100,6 +102,9 @@ class FusedLayout:
     parts: dict[str, tuple[FusedPart, ...]]
     transposed: bool  # True: weights [E, in, out]; False: [E, out, in], vLLM's own per-expert orientation
     experts_key: str  # text-config key: experts per fused tensor
+    # fused tensors under these prefixes are kept as stored, never split: a block no recipe quantizes whose vLLM model
+    # loads the fused tensors itself (Qwen3.5's MTP block)
+    stored_prefixes: tuple[str, ...] = ()
 
 
 FUSED_EXPERTS: dict[str, FusedLayout] = {
@@ -126,10 +131,15 @@ FUSED_EXPERTS: dict[str, FusedLayout] = {
     # down_proj, up_proj) to the same w1 / w3 / w2 of expert e: the names written here. Quark 0.13's qwen3_5_moe
     # template splits the same way (template.py f2f_weight_converters, weight_convert.py SplitFusedExperts:
     # torch.chunk(expert, 2, dim=0) -> gate, up).
+    # The MTP block's experts (mtp.layers.0.mlp.experts.*: fused in Qwen3.6 releases, per expert in Qwen3.5's) are
+    # kept as stored: the target never loads them (qwen3_5.py hf_to_vllm_mapper `"mtp.": None`), MTP tensors are
+    # kept BF16, and vLLM's MTP model loads the fused tensors with the same RoutedExperts.load_weights
+    # (qwen3_5_mtp.py Qwen3_5MultiTokenPredictor builds Qwen3_5DecoderLayer, hence Qwen3NextSparseMoeBlock experts,
+    # and load_weights renames mtp. -> model.), so splitting them would only change the bytes.
     "qwen3_5_moe": FusedLayout({
         ".mlp.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
         ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
-    }, transposed=False, experts_key="num_experts"),
+    }, transposed=False, experts_key="num_experts", stored_prefixes=("mtp.",)),
 }  # fmt: skip
 FUSED_EXPERTS["llama4_text"] = FUSED_EXPERTS["llama4"]
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
@@ -317,7 +327,8 @@ def detect_format(
         inner = config.get("text_config")
         text: Mapping[str, Any] = inner if isinstance(inner, dict) else config
         layout = FUSED_EXPERTS.get(str(config.get("model_type")))
-        if layout is not None and any(n.endswith(tuple(layout.parts)) for n in infos):
+        if layout is not None and any(n.endswith(tuple(layout.parts)) and not n.startswith(layout.stored_prefixes)
+                                      for n in infos):
             return _fused_experts_format(config, text, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
@@ -415,7 +426,7 @@ def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
     layout = FUSED_EXPERTS.get(fmt.model_type or "")
     suffix = next((s for s in layout.parts if name.endswith(s)), None) if layout is not None else None
-    if layout is None or suffix is None or fmt.experts is None:
+    if layout is None or suffix is None or fmt.experts is None or name.startswith(layout.stored_prefixes):
         return []
     container = name[: -len(suffix)] + suffix.rsplit(".", 1)[0]
     return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in

@@ -71,6 +71,10 @@ class Family:
     quark_templates: Mapping[str, str] = field(default_factory=dict)
     moe: MoeLayout | None = None  # None: dense
     mtp_layer_keys: tuple[str, ...] = ()  # config keys counting MTP layers after num_hidden_layers (vLLM skips them)
+    # vLLM `exclude` entries under which the family's MTP draft model (built with the TARGET's quant config) keeps
+    # every layer unquantized; written when the output keeps MTP tensors BF16 (recipe `mtp: keep`). Empty: none
+    # written (the family has no MTP, or its MTP model's names are not covered yet)
+    mtp_exclude: tuple[str, ...] = ()
     wrapper: Wrapper | None = None
     draft: DraftLayout | None = None  # set for EAGLE-3 draft layouts
     exclude_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper substring renames applied to `exclude`

@@ -1,5 +1,6 @@
 """Qwen3-Next targets (Qwen3NextForCausalLM): hybrid Gated DeltaNet linear attention and gated full attention, MoE
-with one shared expert behind a sigmoid shared_expert_gate, MTP weights under `mtp.` dropped."""
+with one shared expert behind a sigmoid shared_expert_gate, MTP weights under `mtp.` kept BF16
+and excluded for vLLM's MTP draft (`re:mtp\\.`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ SOURCE = "vllm/model_executor/models/qwen3_next.py"
 # - Qwen3NextForCausalLM is not SupportsQuant: configure_quant_config hands the quant config its
 #   packed_modules_mapping {qkv_proj, gate_up_proj, in_proj_qkvz, in_proj_ba} and applies its hf_to_vllm_mapper
 #   ({"mtp.": None}: the MTP weights, loaded by qwen3_next_mtp.py, not by the target) to `exclude`.
+# The MTP draft vLLM builds for `--speculative-config '{"method": "mtp"}'` (qwen3_next_mtp.py Qwen3NextMTP, qwen3_5_mtp.py
+# Qwen3_5MoeMTP) is built with the TARGET's quant config: the drafter's VllmConfig is a dataclasses.replace of the
+# target's (v1/spec_decode/llm_base_proposer.py:1266-1302 _create_draft_vllm_config), so vllm_config.quant_config is
+# the very QuarkConfig the target read (qwen3_5_mtp.py:73, qwen3_next_mtp.py:54). Its layers are named under prefix
+# "mtp" (qwen3_5_mtp.py:234, qwen3_next_mtp.py:195): mtp.fc, a ColumnParallelLinear WITH that quant config
+# (qwen3_5_mtp.py:98-106), and full-attention decoder layers mtp.layers.<k>.* (qwen3_5_mtp.py:118-125: self_attn.qkv_proj
+# / o_proj, mlp.shared_expert.gate_up_proj / down_proj, mlp.experts; routers without one). An output that keeps the
+# MTP tensors BF16 must exclude them under those names, or vLLM gives BF16 weights MXFP4 parameters. One `re:mtp\.`
+# does: vLLM matches `re:` entries from the start (should_ignore_layer, also per shard of qkv_proj / gate_up_proj); the
+# target's mapper leaves it unchanged (WeightsMapper.get_rename_mapper, models/utils.py:180, drops `"mtp.": None`, and
+# its prefix renames do not match "re:"); the MTP classes have no hf_to_vllm_mapper; no target layer starts with mtp.
+MTP_EXCLUDE = (r"re:mtp\.",)
 NEXT_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
             "in_proj_qkvz": ["in_proj_qkvz"], "in_proj_ba": ["in_proj_ba"]}  # fmt: skip
 NEXT_LINEAR_ATTN = (
@@ -109,4 +122,5 @@ FAMILY = Family(
     model_types=("qwen3_next",), quark_templates={"qwen3_next": "qwen3_next"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
                   shared_expert_gate="mlp.shared_expert_gate"),
+    mtp_exclude=MTP_EXCLUDE,
 )  # fmt: skip
