@@ -319,3 +319,52 @@ def test_vllm_cpu_loads_the_mtp_draft_bf16_and_refuses_it_without_the_entry(runs
     failed = runs_["without"]
     assert failed.returncode != 0 and "DRAFT " not in failed.stdout
     assert "drafter.load_model" in failed.stderr and "load_column_parallel_weight" in failed.stderr, failed.stderr[-3000:]
+
+
+# --- check: the MTP draft's layers, named by the family record --------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_family_names_the_mtp_draft_layers_vllm_builds(runs, layout):
+    """The record's mtp_draft_layers (what apply and check replay `exclude` on) are the six layers vLLM's MTP draft
+    builds with a quant method (the slow test reads them from vLLM's loaded draft), whatever the experts' layout."""
+    r = runs[layout]
+    names = json.loads((r["src"] / "model.safetensors.index.json").read_text())["weight_map"]
+    family = family_of(json.loads((r["src"] / "config.json").read_text()))
+    assert family.mtp_draft_layers is not None
+    layers = {layer.name: layer for layer in family.mtp_draft_layers(names)}
+    assert set(layers) == set(MTP_LAYERS)
+    assert layers["mtp.layers.0.self_attn.qkv_proj"].shards == tuple(
+        f"mtp.layers.0.self_attn.{p}_proj" for p in "qkv")
+    experts = layers["mtp.layers.0.mlp.experts"].checkpoint_modules
+    n = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    assert len(experts) == (2 if layout == "qwen3_6" else 3 * n), experts
+
+
+def _check(folder: Path):
+    res = CliRunner().invoke(main, ["check", str(folder), "--vllm", "off", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_check_sees_the_entry_as_the_mtp_drafts_and_warns_when_it_is_missing(runs, layout, tmp_path):
+    """`check --vllm off` on apply's output: `re:mtp\\.` is no "unmatched" entry (it excludes the MTP draft's layers)
+    and nothing is missing; on the same output without it: one mtp-draft-quantized warning naming the six layers and
+    the entry to add."""
+    import shutil
+
+    good = json.loads(runs[layout]["out_check"].stdout)
+    codes = {f["code"] for f in good["findings"]}
+    assert "exclude-unmatched" not in codes and "mtp-draft-quantized" not in codes, good["findings"]
+    bare = tmp_path / "without-entry"
+    shutil.copytree(runs[layout]["out"], bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    cfg["quantization_config"]["exclude"].remove(MTP_ENTRY)
+    (bare / "config.json").write_text(json.dumps(cfg, indent=2))
+    found = [f for f in _check(bare)["findings"] if f["code"] == "mtp-draft-quantized"]
+    assert len(found) == 1 and found[0]["severity"] == "warning", found
+    assert all(name in found[0]["message"] for name in MTP_LAYERS)
+    assert json.dumps([MTP_ENTRY]) in found[0]["fix"]
+    # the `mtp: drop` output has no MTP tensors: nothing to exclude, nothing reported
+    assert "mtp-draft-quantized" not in {f["code"] for f in json.loads(runs[layout]["drop_check"].stdout)["findings"]}

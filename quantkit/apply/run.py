@@ -237,7 +237,15 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     if mtp_names and rec.mtp == "keep":
         # vLLM builds the MTP draft with the target's quant config, so the kept BF16 MTP layers need `exclude` entries
         # under the MTP model's runtime names too (the family record's mtp_exclude, e.g. Qwen3.5's `re:mtp\.`)
-        exclude = exclude + [e for e in family_of(src.config).mtp_exclude if e not in exclude]
+        family = family_of(src.config)
+        exclude = exclude + [e for e in family.mtp_exclude if e not in exclude]
+        from quantkit.naming.exclude import is_excluded
+
+        draft = family.mtp_draft_layers(names) if family.mtp_draft_layers is not None else []
+        missed = [layer.name for layer in draft if not is_excluded(layer, exclude)]
+        if missed:
+            raise ApplyVerificationError(f"internal: exclude entries {exclude[-3:]} leave the MTP draft's {missed} "
+                                         "quantized in vLLM")
     if rec.mtp == "drop" and mtp_names and chosen != "native":
         raise ApplyError(f"recipe {rec.name}: mtp: drop needs quantkit's shard executor (engine native); use "
                          "mtp: keep with --engine quark")

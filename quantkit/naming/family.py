@@ -3,7 +3,7 @@ quantkit/naming/archs/ each (the registry, quantkit.naming.archs, looks records 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # (config.json, the checkpoint's modules, the target's layer count for a draft) -> the runtime layers in model order
 LayerBuilder = Callable[[Mapping[str, Any], CheckpointModules, "int | None"], list[RuntimeLayer]]
+MtpDraftLayers = Callable[[Iterable[str]], list[RuntimeLayer]]  # tensor names -> the MTP draft's quantizable layers
 
 
 class QuarkTemplateError(QuantkitError):
@@ -75,6 +76,9 @@ class Family:
     # every layer unquantized; written when the output keeps MTP tensors BF16 (recipe `mtp: keep`). Empty: none
     # written (the family has no MTP, or its MTP model's names are not covered yet)
     mtp_exclude: tuple[str, ...] = ()
+    # the layers vLLM's MTP draft builds from the checkpoint's MTP tensors, under its runtime names (what mtp_exclude
+    # must exclude: apply and check replay it)
+    mtp_draft_layers: MtpDraftLayers | None = None
     wrapper: Wrapper | None = None
     draft: DraftLayout | None = None  # set for EAGLE-3 draft layouts
     exclude_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper substring renames applied to `exclude`

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from quantkit.naming.archs.qwen3_next import MTP_EXCLUDE, drop_prefix, hybrid_layers
+from quantkit.naming.archs.qwen3_next import MTP_EXCLUDE, drop_prefix, hybrid_layers, mtp_draft_layers
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import VISION_ROLE, CheckpointLayoutError, RuntimeLayer
@@ -79,5 +79,5 @@ FAMILY = Family(
     model_types=("qwen3_5_moe",), quark_templates={"qwen3_5_moe": "qwen3_5_moe"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
                   shared_expert_gate="mlp.shared_expert_gate"),
-    exclude_renames=RENAMES, mtp_exclude=MTP_EXCLUDE,
+    exclude_renames=RENAMES, mtp_exclude=MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip
