@@ -135,7 +135,8 @@ def test_exclude_names_the_mtp_block_only_while_it_is_kept(runs, layout):
     r = runs[layout]
     kept = _exclude(r["out"])
     assert kept.count(MTP_ENTRY) == 1 and kept[-1] == MTP_ENTRY
-    assert family_of(json.loads((r["src"] / "config.json").read_text())).mtp_exclude == (MTP_ENTRY,)
+    src_cfg = json.loads((r["src"] / "config.json").read_text())
+    assert family_of(src_cfg).mtp_exclusions(src_cfg) == (MTP_ENTRY,)
     cfg = json.loads((r["out"] / "config.json").read_text())
     names = json.loads((r["out"] / "model.safetensors.index.json").read_text())["weight_map"]
     for layer in runtime_layers(cfg, names):
@@ -330,9 +331,10 @@ def test_family_names_the_mtp_draft_layers_vllm_builds(runs, layout):
     builds with a quant method (the slow test reads them from vLLM's loaded draft), whatever the experts' layout."""
     r = runs[layout]
     names = json.loads((r["src"] / "model.safetensors.index.json").read_text())["weight_map"]
-    family = family_of(json.loads((r["src"] / "config.json").read_text()))
+    cfg = json.loads((r["src"] / "config.json").read_text())
+    family = family_of(cfg)
     assert family.mtp_draft_layers is not None
-    layers = {layer.name: layer for layer in family.mtp_draft_layers(names)}
+    layers = {layer.name: layer for layer in family.mtp_draft_layers(cfg, names)}
     assert set(layers) == set(MTP_LAYERS)
     assert layers["mtp.layers.0.self_attn.qkv_proj"].shards == tuple(
         f"mtp.layers.0.self_attn.{p}_proj" for p in "qkv")

@@ -31,13 +31,14 @@ def _mtp_draft_layers(ck: LoadedCheckpoint) -> list[Any]:
     """The layers vLLM's MTP draft builds from this checkpoint's MTP tensors (none for a family without a record of
     them, or a checkpoint without MTP tensors)."""
     build = ck.family.mtp_draft_layers if ck.family is not None else None
-    return build(ck.tensors) if build is not None else []
+    return build(ck.config, ck.tensors) if build is not None else []
 
 
 def _mtp_draft_excluded(ck: LoadedCheckpoint, findings: Findings) -> None:
     """mtp-draft-quantized: vLLM builds the MTP draft (`--speculative-config '{"method": "mtp"}'`) with the target's
-    quant config (qwen3_5_mtp.py / qwen3_next_mtp.py), so MTP layers whose weights are stored as floats must be
-    excluded under the draft's runtime names too, or the draft fails to load (BF16 weight, quantized parameter)."""
+    quant config (qwen3_5_mtp.py / qwen3_next_mtp.py, deepseek_mtp.py, glm4_moe_mtp.py), so MTP layers whose weights
+    are stored as floats must be excluded under the draft's runtime names too, or the draft fails to load (BF16 weight,
+    quantized parameter)."""
     from quantkit.naming.exclude import ExcludeListError, is_excluded
 
     exclude = ck.qc.get("exclude") if ck.qc else None
@@ -53,7 +54,7 @@ def _mtp_draft_excluded(ck: LoadedCheckpoint, findings: Findings) -> None:
         except ExcludeListError:
             return  # exclude-matching reports the list itself
     if missed:
-        entries = ck.family.mtp_exclude if ck.family is not None else ()
+        entries = ck.family.mtp_exclusions(ck.config) if ck.family is not None else ()
         findings.add("warning", "mtp-draft-quantized", "quantization_config.exclude",
                      f"the MTP layers {', '.join(missed)} keep float weights, but exclude does not exclude them under "
                      "the runtime names of the MTP draft vLLM builds with this quant config (speculative method mtp): "

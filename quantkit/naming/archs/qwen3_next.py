@@ -62,7 +62,7 @@ _MTP_LINEAR = ("self_attn.o_proj", "mlp.shared_expert.down_proj", "mlp.down_proj
 _MTP_LAYER = re.compile(r"^(?P<layer>mtp\.layers\.\d+)\.(?P<tail>.+)$")
 
 
-def mtp_draft_layers(names: Iterable[str]) -> list[RuntimeLayer]:
+def mtp_draft_layers(_config: Mapping[str, Any], names: Iterable[str]) -> list[RuntimeLayer]:
     """The quantizable layers of the MTP draft vLLM builds from a checkpoint's `mtp.*` tensors, under the draft's runtime
     names: mtp.fc, and per MTP decoder layer self_attn.qkv_proj (shards q/k/v_proj) and o_proj, the shared expert's
     gate_up_proj / down_proj (a dense MTP layer's mlp.gate_up_proj / down_proj), and mlp.experts, whether its experts
@@ -162,5 +162,5 @@ FAMILY = Family(
     model_types=("qwen3_next",), quark_templates={"qwen3_next": "qwen3_next"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
                   shared_expert_gate="mlp.shared_expert_gate"),
-    mtp_exclude=MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
+    mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip
