@@ -184,6 +184,24 @@ def test_family_names_the_mtp_draft_layers_vllm_builds(runs, family):
     assert fam.mtp_draft_layers(dropped, _json(r["drop"], "model.safetensors.index.json")["weight_map"]) == []
 
 
+def test_entry_for_several_mtp_layers_and_a_release_sized_model():
+    """From the config's counts: DeepSeek-V3's 61 layers + 1 MTP layer give `re:model\\.layers\\.61\\.`, two MTP
+    layers one alternation; matched from the start (vLLM's re.match), neither reaches layer 6 / 60 / 610 or a
+    wrapper's language_model.model.layers.61; no MTP count, or a count of 0: no entry."""
+    import re
+
+    fam = family_of(DEEPSEEK_V3_CONFIG)
+    one = fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_hidden_layers": 61})
+    two = fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_hidden_layers": 61, "num_nextn_predict_layers": 2})
+    assert one == (r"re:model\.layers\.61\.",) and two == (r"re:model\.layers\.(?:61|62)\.",)
+    for name, hit in (("model.layers.61.mlp.experts", True), ("model.layers.62.self_attn.o_proj", True),
+                      ("model.layers.6.mlp.experts", False), ("model.layers.60.self_attn.o_proj", False),
+                      ("model.layers.610.mlp.experts", False), ("language_model.model.layers.61.mlp", False)):
+        assert bool(re.match(two[0][3:], name)) is hit, name
+    assert fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_nextn_predict_layers": 0}) == ()
+    assert family_of(replicas.GLM4_MOE_LITE_CONFIG).mtp_exclusions(replicas.GLM4_MOE_LITE_CONFIG) == ()
+
+
 @pytest.mark.parametrize("family", WITH_ENTRY)
 def test_check_warns_when_the_entry_is_missing(runs, family, tmp_path):
     """check on the same output without the entry: one mtp-draft-quantized warning naming the draft's layers and the
