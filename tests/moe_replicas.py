@@ -318,9 +318,21 @@ QWEN3_5_MOE_CONFIG: dict[str, Any] = {
 }  # fmt: skip
 
 
-def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict[str, tuple[tuple[int, ...], str]]:
+def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True,
+                        fused_mtp: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """As the release stores them; `fused_experts=False`: the routed experts saved per expert
-    (experts.<e>.{gate,up,down}_proj.weight, other random values; resave_per_expert keeps the values)."""
+    (experts.<e>.{gate,up,down}_proj.weight, other random values; resave_per_expert keeps the values).
+
+    The MTP block (mtp.fc, mtp.pre_fc_norm_{embedding,hidden}, mtp.norm, mtp.layers.0.{input_layernorm,
+    post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.gate, mlp.shared_expert.*,
+    mlp.shared_expert_gate, mlp.experts.*}) is named as the releases' model.safetensors.index.json name it
+    (ISEEKYAN/mbridge mbridge/models/qwen3_5/base_bridge.py:248-311 `_MTP_MAPPING`, read against those indexes). Its
+    routed experts are per expert (`mtp.layers.0.mlp.experts.<e>.gate_proj.weight`) in the Qwen3.5 releases
+    (Qwen/Qwen3.5-35B-A3B, Qwen/Qwen3.5-122B-A10B) even though the language model's are fused, and fused
+    (`mtp.layers.0.mlp.experts.gate_up_proj` / `down_proj`) in Qwen/Qwen3.6-35B-A3B (`fused_mtp=True`): ISEEKYAN/mbridge
+    PR #145 "fix: qwen3.6 moe mtp fused expert layout" (both indexes shown), base_bridge.py:313-320
+    `MTP_FUSED_EXPERTS_MAPPING` and qwen3_5_safetensor.py:54-57 (detected by that key in the index); youssofal/MTPLX
+    PR #84 (Qwen3.5-122B-A10B's per-expert MTP head)."""
     text = {**cfg["text_config"]}
     inner = qwen3_next_tensors(text)
     out: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -342,7 +354,7 @@ def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict
     # routed experts fused per layer: experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]
     fused: dict[str, tuple[tuple[int, ...], str]] = {}
     for name, value in out.items():
-        if ".mlp.experts." in name and fused_experts:
+        if ".mlp.experts." in name and fused_experts and (fused_mtp or not name.startswith("mtp.")):
             container = name.split(".mlp.experts.")[0] + ".mlp.experts"
             e = text["num_experts"]
             fused[container + ".gate_up_proj"] = ((e, 2 * MOE_I, H), "BF16")
@@ -371,8 +383,8 @@ def qwen3_5_moe_tensors(cfg: dict[str, Any], fused_experts: bool = True) -> dict
     return fused
 
 
-def qwen3_5_moe(out: Path, fused_experts: bool = True) -> Path:
-    return write(out, QWEN3_5_MOE_CONFIG, qwen3_5_moe_tensors(QWEN3_5_MOE_CONFIG, fused_experts))
+def qwen3_5_moe(out: Path, fused_experts: bool = True, fused_mtp: bool = False) -> Path:
+    return write(out, QWEN3_5_MOE_CONFIG, qwen3_5_moe_tensors(QWEN3_5_MOE_CONFIG, fused_experts, fused_mtp))
 
 
 def resave_per_expert(src: Path, out: Path) -> Path:

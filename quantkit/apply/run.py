@@ -135,7 +135,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.archs import architecture_of, quark_template, runtime_layers
+    from quantkit.naming.archs import architecture_of, family_of, quark_template, runtime_layers
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -234,6 +234,23 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     mtp_names = mtp_tensor_names(src.config, names)
     mtp = sorted({n.removesuffix(".weight") for n in mtp_names if n.endswith(".weight")})
     quark_exclude = sorted(set(quark_exclude) | set(mtp))
+    if mtp_names and rec.mtp == "keep":
+        # vLLM builds the MTP draft with the target's quant config, so the kept BF16 MTP layers need `exclude` entries
+        # under the MTP model's runtime names too (the family record's mtp_exclude, e.g. Qwen3.5's `re:mtp\.`,
+        # DeepSeek-V3's `re:model\.layers\.61\.`)
+        family = family_of(src.config)
+        exclude = exclude + [e for e in family.mtp_exclusions(src.config) if e not in exclude]
+        from quantkit.naming.exclude import is_excluded
+
+        draft = family.mtp_draft_layers(src.config, names) if family.mtp_draft_layers is not None else []
+        hit = [layer.name for layer in layers if is_excluded(layer, family.mtp_exclusions(src.config))]
+        if hit:  # the entries are for the draft alone: a target layer they matched would change the target
+            raise ApplyVerificationError(f"internal: MTP exclude entries {family.mtp_exclusions(src.config)} also "
+                                         f"exclude target layers {hit[:3]}")
+        missed = [layer.name for layer in draft if not is_excluded(layer, exclude)]
+        if missed:
+            raise ApplyVerificationError(f"internal: exclude entries {exclude[-3:]} leave the MTP draft's {missed} "
+                                         "quantized in vLLM")
     if rec.mtp == "drop" and mtp_names and chosen != "native":
         raise ApplyError(f"recipe {rec.name}: mtp: drop needs quantkit's shard executor (engine native); use "
                          "mtp: keep with --engine quark")

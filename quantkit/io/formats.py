@@ -41,10 +41,11 @@ Formats, as the target checkpoints ship them:
   `model.language_model.layers.N.mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], counted by
   text_config.num_experts) is stored in vLLM's orientation already: split per expert without a transpose into
   `mlp.experts.<e>.gate_proj.weight` (first half of 2I) / `up_proj.weight` / `down_proj.weight`, as vLLM's
-  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor. SpecForge's Qwen3-MoE
-  EAGLE-3 draft (model_type qwen3_moe, `midlayer.mlp.gate_weight` / `up_weight` [E, I, H], `down_weight` [E, H, I])
-  is split the same way into `midlayer.mlp.experts.<e>.gate_proj / up_proj / down_proj.weight`, as SpecForge's
-  SGLang loader splits it (quantkit.naming.archs.eagle3_moe). The table is FUSED_EXPERTS.
+  layers/fused_moe/routed_experts.py `RoutedExperts.load_weights` splits the fused tensor; its MTP block's fused
+  experts (`mtp.layers.0.mlp.experts.gate_up_proj`, Qwen3.6's layout) are kept as stored (FusedLayout.stored_prefixes).
+  SpecForge's Qwen3-MoE EAGLE-3 draft (model_type qwen3_moe, `midlayer.mlp.gate_weight` / `up_weight` [E, I, H],
+  `down_weight` [E, H, I]) is split the same way into `midlayer.mlp.experts.<e>.gate_proj / up_proj / down_proj.weight`,
+  as SpecForge's SGLang loader splits it (quantkit.naming.archs.eagle3_moe). The table is FUSED_EXPERTS.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
@@ -107,6 +108,9 @@ class FusedLayout:
     # (SpecForge's `mlp.gate_weight` -> `mlp.experts.<e>.gate_proj`); None: the parent (`mlp.experts.gate_up_proj` ->
     # `mlp.experts.<e>.gate_up_proj`)
     container: str | None = None
+    # fused tensors under these prefixes are kept as stored, never split: a block no recipe quantizes whose vLLM model
+    # loads the fused tensors itself (Qwen3.5's MTP block)
+    stored_prefixes: tuple[str, ...] = ()
 
 
 FUSED_EXPERTS: dict[str, FusedLayout] = {
@@ -133,10 +137,15 @@ FUSED_EXPERTS: dict[str, FusedLayout] = {
     # down_proj, up_proj) to the same w1 / w3 / w2 of expert e: the names written here. Quark 0.13's qwen3_5_moe
     # template splits the same way (template.py f2f_weight_converters, weight_convert.py SplitFusedExperts:
     # torch.chunk(expert, 2, dim=0) -> gate, up).
+    # The MTP block's experts (mtp.layers.0.mlp.experts.*: fused in Qwen3.6 releases, per expert in Qwen3.5's) are
+    # kept as stored: the target never loads them (qwen3_5.py hf_to_vllm_mapper `"mtp.": None`), MTP tensors are
+    # kept BF16, and vLLM's MTP model loads the fused tensors with the same RoutedExperts.load_weights
+    # (qwen3_5_mtp.py Qwen3_5MultiTokenPredictor builds Qwen3_5DecoderLayer, hence Qwen3NextSparseMoeBlock experts,
+    # and load_weights renames mtp. -> model.), so splitting them would only change the bytes.
     "qwen3_5_moe": FusedLayout({
         ".mlp.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
         ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
-    }, transposed=False, experts_key="num_experts"),
+    }, transposed=False, experts_key="num_experts", stored_prefixes=("mtp.",)),
     # SpecForge's Qwen3-MoE EAGLE-3 draft (specforge/modeling/draft/qwen3_moe_eagle.py
     # SpecForgeQwen3MoeSparseMoeBlock: `gate_weight` / `up_weight` [E, I, H] and `down_weight` [E, H, I] stacked from
     # the per-expert Linears, its per-expert state_dict conversion commented out, so the draft saves them stacked).
@@ -339,7 +348,8 @@ def detect_format(
         inner = config.get("text_config")
         text: Mapping[str, Any] = inner if isinstance(inner, dict) else config
         layout = FUSED_EXPERTS.get(str(config.get("model_type")))
-        if layout is not None and any(n.endswith(tuple(layout.parts)) for n in infos):
+        if layout is not None and any(n.endswith(tuple(layout.parts)) and not n.startswith(layout.stored_prefixes)
+                                      for n in infos):
             return _fused_experts_format(config, text, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
@@ -437,7 +447,7 @@ def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
     layout = FUSED_EXPERTS.get(fmt.model_type or "")
     suffix = next((s for s in layout.parts if name.endswith(s)), None) if layout is not None else None
-    if layout is None or suffix is None or fmt.experts is None:
+    if layout is None or suffix is None or fmt.experts is None or name.startswith(layout.stored_prefixes):
         return []
     container = name[: -len(suffix)] + (layout.container or suffix.rsplit(".", 1)[0])
     return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in

@@ -5,7 +5,7 @@ MTP layers vLLM skips, leftover modules vLLM would not load). Public: a test's f
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,3 +207,52 @@ def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
                 f"re-export the checkpoint with the layout that model file expects"
             )
 
+
+
+# --- MTP layers numbered after the decoder layers (DeepSeek-V3, GLM-4.5) ---------------------------------------
+
+
+def mtp_layer_indices(config: Mapping[str, Any], keys: Sequence[str]) -> range:
+    """The indices num_hidden_layers + k (k < the first of `keys` set in config.json) of the MTP layers stored as
+    model.layers.<index>.*, as vLLM's MTP models number them (deepseek_mtp.py DeepSeekMultiTokenPredictor:
+    mtp_start_layer_idx = num_hidden_layers); empty without MTP layers or a valid num_hidden_layers."""
+    n = config.get("num_hidden_layers")
+    count = next((config[k] for k in keys if config.get(k)), 0)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1 or not isinstance(count, int) or count < 1:
+        return range(0)
+    return range(n, n + count)
+
+
+def mtp_layers_exclude(config: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, ...]:
+    """One `exclude` entry for every module of the MTP layers model.layers.<L>.* (L from mtp_layer_indices):
+    `re:model\\.layers\\.61\\.` (several: `re:model\\.layers\\.(?:61|62)\\.`). vLLM matches it from the start of the
+    name, the final `\\.` keeps layer 6 from matching, and no target layer has such an index (they stop at
+    num_hidden_layers - 1)."""
+    indices = mtp_layer_indices(config, keys)
+    if not indices:
+        return ()
+    alt = str(indices[0]) if len(indices) == 1 else "(?:" + "|".join(str(i) for i in indices) + ")"
+    return (rf"re:model\.layers\.{alt}\.",)
+
+
+def mtp_decoder_layers(
+    config: Mapping[str, Any], names: Iterable[str], keys: Sequence[str],
+    layer: Callable[[int], tuple[Sequence[Slot], Mapping[str, Sequence[str]]]], source: str,
+) -> list[RuntimeLayer]:  # fmt: skip
+    """The quantizable layers of an MTP draft whose MTP block is the family's own decoder layer, built under the
+    layer's own prefix model.layers.<L> (DeepSeekMTP, Glm4MoeMTP pass `prefix` to the decoder layer unchanged, so
+    their runtime names are the checkpoint's, fused as the target's packed_modules_mapping fuses them): `layer(L)`
+    gives the slots and fused mapping of decoder layer L. A layer without stored tensors (dropped) is left out."""
+    ckpt = CheckpointModules(names)
+    present = ckpt.layer_indices("model.layers")
+    out: list[RuntimeLayer] = []
+    for i in mtp_layer_indices(config, keys):
+        if i not in present:
+            continue
+        slots, mapping = layer(i)
+        try:
+            built = decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, mapping, source)
+        except CheckpointLayoutError:
+            continue  # an incomplete MTP layer: vLLM's draft fails to load it whatever `exclude` says
+        out += [lay for lay in built if lay.quantizable]
+    return out

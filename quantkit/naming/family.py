@@ -3,7 +3,7 @@ quantkit/naming/archs/ each (the registry, quantkit.naming.archs, looks records 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,9 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 # (config.json, the checkpoint's modules, the target's layer count for a draft) -> the runtime layers in model order
 LayerBuilder = Callable[[Mapping[str, Any], CheckpointModules, "int | None"], list[RuntimeLayer]]
+# (config.json, tensor names) -> the MTP draft's quantizable layers under the names vLLM's MTP model builds them with
+MtpDraftLayers = Callable[[Mapping[str, Any], Iterable[str]], list[RuntimeLayer]]
+MtpExclude = Callable[[Mapping[str, Any]], tuple[str, ...]]  # config.json -> `exclude` entries for the MTP draft
 
 
 class QuarkTemplateError(QuantkitError):
@@ -74,9 +77,21 @@ class Family:
     quark_templates: Mapping[str, str] = field(default_factory=dict)
     moe: MoeLayout | None = None  # None: dense
     mtp_layer_keys: tuple[str, ...] = ()  # config keys counting MTP layers after num_hidden_layers (vLLM skips them)
+    # vLLM `exclude` entries under which the family's MTP draft model (built with the TARGET's quant config) keeps
+    # every layer unquantized, from config.json (Qwen3.5's `re:mtp\.`, DeepSeek-V3's `re:model\.layers\.61\.`);
+    # written when the output keeps MTP tensors BF16 (recipe `mtp: keep`). None: none written (the family has no MTP
+    # draft in vLLM, or one whose names no entry can cover without excluding target layers)
+    mtp_exclude: MtpExclude | None = None
+    # the layers vLLM's MTP draft builds from the checkpoint's MTP tensors, under its runtime names (what mtp_exclude
+    # must exclude: apply and check replay it)
+    mtp_draft_layers: MtpDraftLayers | None = None
     wrapper: Wrapper | None = None
     draft: DraftLayout | None = None  # set for EAGLE-3 draft layouts
     exclude_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper substring renames applied to `exclude`
+
+    def mtp_exclusions(self, config: Mapping[str, Any]) -> tuple[str, ...]:
+        """The `exclude` entries vLLM's MTP draft of this config needs (none without a record of them)."""
+        return self.mtp_exclude(config) if self.mtp_exclude is not None else ()
 
     @property
     def is_draft(self) -> bool:

@@ -24,6 +24,42 @@ def exclude_matching(ctx: RuleContext) -> None:
     view = ctx.subject
     if view.is_quark:
         _exclude_entries(view.loaded, view.layers, view.runtime_layers, view.modules, ctx.findings)
+        _mtp_draft_excluded(view.loaded, ctx.findings)
+
+
+def _mtp_draft_layers(ck: LoadedCheckpoint) -> list[Any]:
+    """The layers vLLM's MTP draft builds from this checkpoint's MTP tensors (none for a family without a record of
+    them, or a checkpoint without MTP tensors)."""
+    build = ck.family.mtp_draft_layers if ck.family is not None else None
+    return build(ck.config, ck.tensors) if build is not None else []
+
+
+def _mtp_draft_excluded(ck: LoadedCheckpoint, findings: Findings) -> None:
+    """mtp-draft-quantized: vLLM builds the MTP draft (`--speculative-config '{"method": "mtp"}'`) with the target's
+    quant config (qwen3_5_mtp.py / qwen3_next_mtp.py, deepseek_mtp.py, glm4_moe_mtp.py), so MTP layers whose weights
+    are stored as floats must be excluded under the draft's runtime names too, or the draft fails to load (BF16 weight,
+    quantized parameter)."""
+    from quantkit.naming.exclude import ExcludeListError, is_excluded
+
+    exclude = ck.qc.get("exclude") if ck.qc else None
+    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+        return
+    missed = []
+    for layer in _mtp_draft_layers(ck):
+        floats = all(ck.tensors[t].dtype in FLOAT_DTYPES for m in layer.checkpoint_modules
+                     for t in (m, f"{m}.weight") if t in ck.tensors)  # fmt: skip
+        try:
+            if floats and not is_excluded(layer, exclude):
+                missed.append(layer.name)
+        except ExcludeListError:
+            return  # exclude-matching reports the list itself
+    if missed:
+        entries = ck.family.mtp_exclusions(ck.config) if ck.family is not None else ()
+        findings.add("warning", "mtp-draft-quantized", "quantization_config.exclude",
+                     f"the MTP layers {', '.join(missed)} keep float weights, but exclude does not exclude them under "
+                     "the runtime names of the MTP draft vLLM builds with this quant config (speculative method mtp): "
+                     "with MTP speculation vLLM gives them quantized parameters for float weights and fails to load the draft",
+                     f"add {_quoted(list(entries))} to exclude" if entries else "exclude the MTP draft's layers")
 
 
 def _quoted(entries: Sequence[str]) -> str:
@@ -60,7 +96,7 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
         return
     used: set[str] = set()
-    for layer in ck.layers:
+    for layer in [*ck.layers, *_mtp_draft_layers(ck)]:  # an entry for the MTP draft's layers is no unmatched entry
         try:
             m = match_reason(layer, exclude)
         except ExcludeListError as e:

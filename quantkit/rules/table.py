@@ -84,7 +84,8 @@ RULES: tuple[Rule, ...] = (
          f"{_QUARK}quark.py _find_matched_config (layer_type_quant_config is looked up by the module's class)", _CHECK,
          check=quark_config.layer_type_config_ignored),
     Rule("exclude-matching", "exclude entries as vLLM matches them", "error",
-         ("exclude-invalid-regex", "exclude-unmatched", "exclude-not-applied", "partial-fused-exclusion"),
+         ("exclude-invalid-regex", "exclude-unmatched", "exclude-not-applied", "partial-fused-exclusion",
+          "mtp-draft-quantized"),
          f"{_QUARK}utils.py should_ignore_layer; vllm/model_executor/layers/quantization/utils/config_utils.py "
          "find_matching_patterns (exact runtime name or re: only; fused layers all shards or none)", _CHECK,
          check=exclude.exclude_matching),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quantkit.naming.builder import (
@@ -12,6 +12,8 @@ from quantkit.naming.builder import (
     check_layer_range,
     decoder_layer,
     embed_and_head,
+    mtp_decoder_layers,
+    mtp_layers_exclude,
     num_layers,
     skip_layers,
 )
@@ -31,17 +33,11 @@ SOURCE = "vllm/model_executor/models/deepseek_v2.py"
 # Layers >= num_hidden_layers are MTP layers that load_weights skips (get_spec_layer_idx_from_weight_name).
 # Modelled without ROCm AITER fused shared experts; with them enabled (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS) the
 # shared experts are folded into mlp.experts and follow its exclusion.
-def deepseek_v3_layers(
-    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str,
-    attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
-) -> list[RuntimeLayer]:
-    """`attn_extra(i)`: more attention slots of layer i (DeepSeek-V3.2's indexer, quantkit.naming.archs.deepseek_v32)."""
-    n = num_layers(config, "model")
-    if config.get("qk_nope_head_dim", 0) == 0 and config.get("qk_rope_head_dim", 0) == 0:
-        raise UnsupportedArchitectureError(
-            "DeepSeek config without MLA (qk_nope_head_dim = qk_rope_head_dim = 0) uses vLLM's MHA path, which "
-            "quantkit does not model; use an MLA DeepSeek-V3 checkpoint"
-        )
+def decoder_slots(
+    config: Mapping[str, Any], attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
+) -> Callable[[int], tuple[tuple[Slot, ...], dict[str, list[str]]]]:
+    """Layer i -> (its slots, the packed_modules_mapping they fuse with); `attn_extra(i)`: more attention slots of
+    layer i (DeepSeek-V3.2's indexer, quantkit.naming.archs.deepseek_v32)."""
     q_lora = config.get("q_lora_rank") is not None
     mapping: dict[str, list[str]] = {"gate_up_proj": ["gate_proj", "up_proj"]}
     attn: list[Slot] = []
@@ -72,16 +68,63 @@ def deepseek_v3_layers(
     first_dense = config.get("first_k_dense_replace", 0) or 0
     freq = config.get("moe_layer_freq", 1) or 1
     routed = config.get("n_routed_experts") is not None
+
+    def slots(i: int) -> tuple[tuple[Slot, ...], dict[str, list[str]]]:
+        is_moe = routed and i >= first_dense and i % freq == 0
+        extra = attn_extra(i) if attn_extra is not None else ()
+        return tuple(attn) + extra + tuple(moe if is_moe else DENSE_MLP_SLOTS), mapping
+
+    return slots
+
+
+def deepseek_v3_layers(
+    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str,
+    attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
+) -> list[RuntimeLayer]:
+    """`attn_extra(i)`: more attention slots of layer i (DeepSeek-V3.2's indexer, quantkit.naming.archs.deepseek_v32)."""
+    n = num_layers(config, "model")
+    if config.get("qk_nope_head_dim", 0) == 0 and config.get("qk_rope_head_dim", 0) == 0:
+        raise UnsupportedArchitectureError(
+            "DeepSeek config without MLA (qk_nope_head_dim = qk_rope_head_dim = 0) uses vLLM's MHA path, which "
+            "quantkit does not model; use an MLA DeepSeek-V3 checkpoint"
+        )
+    layer = decoder_slots(config, attn_extra)
     embed, head = embed_and_head(ckpt, config, source)
     out = [embed]
     for i in range(n):
-        is_moe = routed and i >= first_dense and i % freq == 0
-        extra = attn_extra(i) if attn_extra is not None else ()
-        slots = tuple(attn) + extra + tuple(moe if is_moe else DENSE_MLP_SLOTS)
+        slots, mapping = layer(i)
         out += decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, mapping, source)
     check_layer_range(ckpt, "model.layers", n, source, extra=config.get("num_nextn_predict_layers", 0) or 0)
     skip_layers(ckpt, "model.layers", n)
     return out + [head]
+
+
+# The MTP draft (--speculative-config '{"method": "mtp"}'): SpeculativeConfig.hf_config_override
+# (vllm/config/speculative.py) turns deepseek_v3 / deepseek_v32 (and kimi_k2, whose config class is DeepseekV3Config)
+# into DeepSeekMTPModel / DeepseekV32MTPModel with num_hidden_layers unchanged; vllm/model_executor/models/
+# deepseek_mtp.py builds it with the TARGET's quant config (the drafter's VllmConfig is a dataclasses.replace of the
+# target's, v1/spec_decode/llm_base_proposer.py _create_draft_vllm_config): DeepSeekMTP -> DeepSeekMultiTokenPredictor
+# under prefix "model", one DeepSeekMultiTokenPredictorLayer per index num_hidden_layers + k at "model.layers.<L>"
+# (deepseek_mtp.py:155-164), whose mtp_block is a DeepseekV2DecoderLayer built with that same prefix
+# (deepseek_mtp.py:106-111; no ".mtp_block" in the quant prefix: that rename is load_weights' only), so the draft's
+# quantizable layers are the decoder layer's own under model.layers.<L>: attention (fused_qkv_a_proj, q_b_proj,
+# kv_b_proj, o_proj; V3.2's indexer.wq_b) and the MoE's shared_experts / experts. eh_proj is a plain nn.Linear
+# (deepseek_mtp.py:87) and shared_head.head a ParallelLMHead (deepseek_mtp.py:65, prefix model.layers.<L>.head), which
+# Quark never quantizes. DeepSeekMTP has no packed_modules_mapping or hf_to_vllm_mapper (configure_quant_config leaves
+# the target's in place), and vllm/models/deepseek_v32 (amd/mtp.py, nvidia/mtp.py, CPU: DeepSeekMTP) builds the same
+# prefixes.
+MTP_SOURCE = "vllm/model_executor/models/deepseek_mtp.py"
+MTP_KEYS = ("num_nextn_predict_layers",)
+
+
+def deepseek_v3_mtp_draft_layers(
+    config: Mapping[str, Any], names: Iterable[str], attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
+) -> list[RuntimeLayer]:  # fmt: skip
+    return mtp_decoder_layers(config, names, MTP_KEYS, decoder_slots(config, attn_extra), MTP_SOURCE)
+
+
+def mtp_exclude(config: Mapping[str, Any]) -> tuple[str, ...]:
+    return mtp_layers_exclude(config, MTP_KEYS)
 
 
 FAMILY = Family(
@@ -89,5 +132,5 @@ FAMILY = Family(
     model_types=("deepseek_v3", "kimi_k2"), quark_templates={"deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2"},
     moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
-    mtp_layer_keys=("num_nextn_predict_layers",),
+    mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v3_mtp_draft_layers,
 )  # fmt: skip

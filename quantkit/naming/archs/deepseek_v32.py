@@ -3,10 +3,10 @@ lightning indexer of DeepSeek Sparse Attention in every layer's self_attn."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from quantkit.naming.archs.deepseek_v3 import deepseek_v3_layers
+from quantkit.naming.archs.deepseek_v3 import MTP_KEYS, deepseek_v3_layers, deepseek_v3_mtp_draft_layers, mtp_exclude
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
@@ -24,7 +24,8 @@ SOURCE = "vllm/model_executor/models/deepseek_v2.py"
 #   (load_weights' stacked_params_mapping), built with quant_config=None: never quantized; the fused name is in no
 #   packed_modules_mapping, so vLLM expands no shards for it;
 # - `indexer.k_norm` is a LayerNorm (weight and bias).
-# The MTP layer (model.layers.<num_hidden_layers>) is skipped by the target's load_weights.
+# The MTP layer (model.layers.<num_hidden_layers>) is skipped by the target's load_weights; vLLM's MTP draft
+# (DeepseekV32MTPModel) builds it under the same prefix with the indexer (quantkit.naming.archs.deepseek_v3 MTP_SOURCE).
 
 
 def _indexer_slots(config: Mapping[str, Any]):
@@ -53,10 +54,14 @@ def deepseek_v32_layers(config: Mapping[str, Any], ckpt: CheckpointModules, targ
     return deepseek_v3_layers(config, ckpt, target, source=SOURCE, attn_extra=_indexer_slots(config))
 
 
+def deepseek_v32_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str]) -> list[RuntimeLayer]:
+    return deepseek_v3_mtp_draft_layers(config, names, _indexer_slots(config))
+
+
 FAMILY = Family(
     "deepseek_v32", ("DeepseekV32ForCausalLM",), SOURCE, deepseek_v32_layers,
     model_types=("deepseek_v32",), quark_templates={"deepseek_v32": "deepseek_v32"},
     moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
-    mtp_layer_keys=("num_nextn_predict_layers",),
+    mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v32_mtp_draft_layers,
 )  # fmt: skip

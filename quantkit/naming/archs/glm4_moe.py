@@ -3,7 +3,7 @@ and shared experts behind a sigmoid router with e_score_correction_bias, dense f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from quantkit.naming.builder import (
@@ -15,6 +15,8 @@ from quantkit.naming.builder import (
     check_layer_range,
     decoder_layer,
     embed_and_head,
+    mtp_decoder_layers,
+    mtp_layers_exclude,
     num_layers,
     skip_layers,
 )
@@ -39,6 +41,13 @@ SOURCE = "vllm/model_executor/models/glm4_moe.py"
 # - the MTP layers model.layers.<num_hidden_layers + k> (k < num_nextn_predict_layers) are dropped by
 #   Glm4MoeModel.load_weights (skip_spec_layers, models/utils.py get_spec_layer_idx_from_weight_name); they are
 #   loaded by glm4_moe_mtp.py when serving with MTP speculation, not by the target.
+# The MTP draft: hf_config_override (vllm/config/speculative.py) makes Glm4MoeForCausalLM a Glm4MoeMTPModel with
+# num_hidden_layers unchanged; glm4_moe_mtp.py builds it with the TARGET's quant config (the drafter's VllmConfig is a
+# dataclasses.replace of the target's): Glm4MoeMultiTokenPredictor under prefix "model" (Glm4MoeMTP), one layer per
+# index num_hidden_layers + k at "model.layers.<L>" (glm4_moe_mtp.py:136-150) whose mtp_block is a Glm4MoeDecoderLayer
+# with that same prefix (glm4_moe_mtp.py:98-104), so its quantizable layers are the decoder layer's under
+# model.layers.<L> (qkv_proj, o_proj, shared_experts, experts); eh_proj is an nn.Linear (:92) and shared_head.head a
+# ParallelLMHead (:68-74), never quantized by Quark. Glm4MoeMTP has no packed_modules_mapping or hf_to_vllm_mapper.
 MOE_SLOTS = (
     Slot("mlp.gate", "router", "router", ("mlp.gate",), quantizable=False),
     Slot("mlp.shared_experts.gate_up_proj", "fused_linear", "shared_experts",
@@ -48,21 +57,33 @@ MOE_SLOTS = (
 )  # fmt: skip
 
 
-def glm4_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None) -> list[RuntimeLayer]:
-    n = num_layers(config, "model")
+def _slots(config: Mapping[str, Any], i: int):
     routed = config.get("n_routed_experts") is not None
     first_dense = config.get("first_k_dense_replace", 0) or 0
-    shared = config.get("n_shared_experts") is not None
-    moe = MOE_SLOTS if shared else tuple(s for s in MOE_SLOTS if s.role != "shared_experts")
+    moe = MOE_SLOTS if config.get("n_shared_experts") is not None else \
+        tuple(s for s in MOE_SLOTS if s.role != "shared_experts")
+    return ATTN_SLOTS + (moe if routed and i >= first_dense else DENSE_MLP_SLOTS), DENSE_MAP
+
+
+def glm4_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None) -> list[RuntimeLayer]:
+    n = num_layers(config, "model")
     embed, head = embed_and_head(ckpt, config, SOURCE)
     out = [embed]
     for i in range(n):
-        mlp = moe if routed and i >= first_dense else DENSE_MLP_SLOTS
-        out += decoder_layer(ckpt, ATTN_SLOTS + mlp, f"model.layers.{i}", f"model.layers.{i}", i, DENSE_MAP, SOURCE)
+        slots, mapping = _slots(config, i)
+        out += decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, mapping, SOURCE)
     mtp = config.get("num_nextn_predict_layers", 0) or 0
     check_layer_range(ckpt, "model.layers", n, SOURCE, extra=mtp)
     skip_layers(ckpt, "model.layers", n)
     return out + [head]
+
+
+MTP_SOURCE = "vllm/model_executor/models/glm4_moe_mtp.py"
+MTP_KEYS = ("num_nextn_predict_layers",)
+
+
+def glm4_moe_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str]) -> list[RuntimeLayer]:
+    return mtp_decoder_layers(config, names, MTP_KEYS, lambda i: _slots(config, i), MTP_SOURCE)
 
 
 FAMILY = Family(
@@ -70,5 +91,6 @@ FAMILY = Family(
     model_types=("glm4_moe",), quark_templates={"glm4_moe": "glm4_moe"},
     moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
-    mtp_layer_keys=("num_nextn_predict_layers",),
+    mtp_layer_keys=MTP_KEYS, mtp_exclude=lambda c: mtp_layers_exclude(c, MTP_KEYS),
+    mtp_draft_layers=glm4_moe_mtp_draft_layers,
 )  # fmt: skip

@@ -15,6 +15,11 @@ SOURCE = "vllm/model_executor/models/glm4_moe_lite.py"
 # SupportsQuant; its packed_modules_mapping {gate_up_proj} gets fused_qkv_a_proj in __init__ (the class dict the
 # quant config holds by reference), exactly as DeepseekV2ForCausalLM. load_weights skips the MTP layers
 # (get_spec_layer_idx_from_weight_name: model.layers.<num_hidden_layers + k>), which glm4_moe_lite_mtp.py loads.
+# No `exclude` entry for the MTP draft (mtp_exclude None): vLLM 0.32's hf_config_override (vllm/config/speculative.py,
+# Glm4MoeLiteForCausalLM) sets the draft config's num_hidden_layers to 0, so Glm4MoeLiteMultiTokenPredictor builds its
+# layers at model.layers.<k> (glm4_moe_lite_mtp.py:164-176) and get_spec_layer_idx_from_weight_name, numbering from 0,
+# hands it the TARGET's layer k tensors, not the MTP layer's: the draft's names are target layers' names, which an
+# MTP entry must not exclude, and its weights are the target's as quantized.
 FAMILY = Family(
     "glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), SOURCE,
     lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE),

@@ -1,5 +1,9 @@
 """MiniMax-M2 targets (MiniMaxM2ForCausalLM): Mixtral's block_sparse_moe layout under runtime prefix `mlp`, MTP
-modules dropped (the vLLM comment block is in quantkit.naming.archs.mixtral)."""
+modules dropped (the vLLM comment block is in quantkit.naming.archs.mixtral).
+
+No `exclude` entry for an MTP draft (mtp_exclude None): vLLM 0.32 has no MTP model for MiniMaxM2ForCausalLM
+(SpeculativeConfig.hf_config_override maps only MiniMax-M3 to MiniMaxM3MTP; the registry names no MiniMax-M2 MTP
+class), so nothing ever builds the kept MTP modules with this quant config."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration): Qwen3-Next's hybrid MoE language model (quantkit.naming.archs.
 qwen3_next) with split linear-attention projections under `model.language_model.`, a vision tower kept BF16, and MTP
-weights under `mtp.` dropped."""
+weights under `mtp.` kept BF16 as stored and excluded for vLLM's MTP draft (`re:mtp\\.`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from quantkit.naming.archs.qwen3_next import drop_prefix, hybrid_layers
+from quantkit.naming.archs.qwen3_next import MTP_EXCLUDE, drop_prefix, hybrid_layers, mtp_draft_layers
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import VISION_ROLE, CheckpointLayoutError, RuntimeLayer
@@ -23,7 +23,10 @@ SOURCE = "vllm/model_executor/models/qwen3_5.py"
 # - Qwen3VLForConditionalGeneration.hf_to_vllm_mapper (inherited) renames model.language_model. ->
 #   language_model.model., model.visual. -> visual., lm_head. -> language_model.lm_head., and Qwen3_5's adds
 #   mtp. -> None (MTP weights, loaded by qwen3_5_mtp.py); the class is not SupportsQuant, so configure_quant_config
-#   applies these renames to `exclude` too;
+#   applies these renames to `exclude` too (not the None: get_rename_mapper drops it);
+# - the MTP block (mtp.fc, mtp.layers.0.*, its experts per expert in Qwen3.5 releases and fused in Qwen3.6's) is no
+#   target layer; the output keeps it BF16 byte for byte (fused experts unsplit: quantkit.io.formats FUSED_EXPERTS
+#   stored_prefixes) and MTP_EXCLUDE (qwen3_next.py) excludes it for the MTP draft vLLM builds with this quant config;
 # - Qwen3.5's Gated DeltaNet is built with gqa_interleaved_layout=False: in_proj_qkvz is loaded from the checkpoint's
 #   in_proj_qkv + in_proj_z, in_proj_ba from in_proj_b + in_proj_a (Qwen3_5Model.hf_to_vllm_mapper), and the
 #   packed_modules_mapping (Qwen3_5ForConditionalGeneration) names those shards; everything else as Qwen3-Next
@@ -76,5 +79,5 @@ FAMILY = Family(
     model_types=("qwen3_5_moe",), quark_templates={"qwen3_5_moe": "qwen3_5_moe"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
                   shared_expert_gate="mlp.shared_expert_gate"),
-    exclude_renames=RENAMES,
+    exclude_renames=RENAMES, mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip

@@ -1,9 +1,11 @@
 """Qwen3-Next targets (Qwen3NextForCausalLM): hybrid Gated DeltaNet linear attention and gated full attention, MoE
-with one shared expert behind a sigmoid shared_expert_gate, MTP weights under `mtp.` dropped."""
+with one shared expert behind a sigmoid shared_expert_gate, MTP weights under `mtp.` kept BF16
+and excluded for vLLM's MTP draft (`re:mtp\\.`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from quantkit.naming.builder import (
@@ -20,6 +22,7 @@ from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/qwen3_next.py"
+MTP_SOURCE = "vllm/model_executor/models/qwen3_next_mtp.py, qwen3_5_mtp.py"
 
 # vllm/model_executor/models/qwen3_next.py (Qwen3NextForCausalLM, Qwen3NextModel, Qwen3NextDecoderLayer,
 # Qwen3NextAttention, Qwen3NextSparseMoeBlock, Qwen3NextMLP) and the linear attention
@@ -38,6 +41,56 @@ SOURCE = "vllm/model_executor/models/qwen3_next.py"
 # - Qwen3NextForCausalLM is not SupportsQuant: configure_quant_config hands the quant config its
 #   packed_modules_mapping {qkv_proj, gate_up_proj, in_proj_qkvz, in_proj_ba} and applies its hf_to_vllm_mapper
 #   ({"mtp.": None}: the MTP weights, loaded by qwen3_next_mtp.py, not by the target) to `exclude`.
+# The MTP draft vLLM builds for `--speculative-config '{"method": "mtp"}'` (qwen3_next_mtp.py Qwen3NextMTP, qwen3_5_mtp.py
+# Qwen3_5MoeMTP) is built with the TARGET's quant config: the drafter's VllmConfig is a dataclasses.replace of the
+# target's (v1/spec_decode/llm_base_proposer.py:1266-1302 _create_draft_vllm_config), so vllm_config.quant_config is
+# the very QuarkConfig the target read (qwen3_5_mtp.py:73, qwen3_next_mtp.py:54). Its layers are named under prefix
+# "mtp" (qwen3_5_mtp.py:234, qwen3_next_mtp.py:195): mtp.fc, a ColumnParallelLinear WITH that quant config
+# (qwen3_5_mtp.py:98-106), and full-attention decoder layers mtp.layers.<k>.* (qwen3_5_mtp.py:118-125: self_attn.qkv_proj
+# / o_proj, mlp.shared_expert.gate_up_proj / down_proj, mlp.experts; routers without one). An output that keeps the
+# MTP tensors BF16 must exclude them under those names, or vLLM gives BF16 weights MXFP4 parameters. One `re:mtp\.`
+# does: vLLM matches `re:` entries from the start (should_ignore_layer, also per shard of qkv_proj / gate_up_proj); the
+# target's mapper leaves it unchanged (WeightsMapper.get_rename_mapper, models/utils.py:180, drops `"mtp.": None`, and
+# its prefix renames do not match "re:"); the MTP classes have no hf_to_vllm_mapper; no target layer starts with mtp.
+MTP_EXCLUDE = (r"re:mtp\.",)
+# Qwen3_5MTP / Qwen3NextMTP packed_modules_mapping (what configure_quant_config hands the quant config for the draft)
+_MTP_FUSED = {"self_attn.q_proj": "self_attn.qkv_proj", "self_attn.k_proj": "self_attn.qkv_proj",
+              "self_attn.v_proj": "self_attn.qkv_proj", "mlp.shared_expert.gate_proj": "mlp.shared_expert.gate_up_proj",
+              "mlp.shared_expert.up_proj": "mlp.shared_expert.gate_up_proj", "mlp.gate_proj": "mlp.gate_up_proj",
+              "mlp.up_proj": "mlp.gate_up_proj"}  # fmt: skip
+_MTP_LINEAR = ("self_attn.o_proj", "mlp.shared_expert.down_proj", "mlp.down_proj")
+_MTP_LAYER = re.compile(r"^(?P<layer>mtp\.layers\.\d+)\.(?P<tail>.+)$")
+
+
+def mtp_draft_layers(_config: Mapping[str, Any], names: Iterable[str]) -> list[RuntimeLayer]:
+    """The quantizable layers of the MTP draft vLLM builds from a checkpoint's `mtp.*` tensors, under the draft's runtime
+    names: mtp.fc, and per MTP decoder layer self_attn.qkv_proj (shards q/k/v_proj) and o_proj, the shared expert's
+    gate_up_proj / down_proj (a dense MTP layer's mlp.gate_up_proj / down_proj), and mlp.experts, whether its experts
+    are stored per expert or fused. Routers (mlp.gate, mlp.shared_expert_gate) are built without a quant config and
+    norms are no linear layers: not listed."""
+    layers: dict[str, RuntimeLayer] = {}
+
+    def add(runtime: str, kind: str, module: str, shards: tuple[str, ...] = ()) -> None:
+        prev = layers.get(runtime)
+        ckpt = (*(prev.checkpoint_modules if prev else ()), module)
+        layers[runtime] = RuntimeLayer(runtime, kind, "mtp", shards, ckpt, source=MTP_SOURCE)
+
+    for name in names:
+        module = name.removesuffix(".weight")
+        m = _MTP_LAYER.match(module)
+        if module == "mtp.fc" and name.endswith(".weight"):
+            add(module, "linear", module)
+        elif m is None:
+            continue
+        elif m["tail"].startswith("mlp.experts."):
+            add(f"{m['layer']}.mlp.experts", "moe", module)
+        elif m["tail"] in _MTP_FUSED and name.endswith(".weight"):
+            fused = _MTP_FUSED[m["tail"]]
+            shards = tuple(f"{m['layer']}.{k}" for k, v in _MTP_FUSED.items() if v == fused)
+            add(f"{m['layer']}.{fused}", "fused_linear", module, shards)
+        elif m["tail"] in _MTP_LINEAR and name.endswith(".weight"):
+            add(module, "linear", module)
+    return [layers[k] for k in sorted(layers)]
 NEXT_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
             "in_proj_qkvz": ["in_proj_qkvz"], "in_proj_ba": ["in_proj_ba"]}  # fmt: skip
 NEXT_LINEAR_ATTN = (
@@ -109,4 +162,5 @@ FAMILY = Family(
     model_types=("qwen3_next",), quark_templates={"qwen3_next": "qwen3_next"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
                   shared_expert_gate="mlp.shared_expert_gate"),
+    mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip
