@@ -14,13 +14,13 @@ from quantkit.io import safetensors as st
 def _full(raw: bytes, data_len: int) -> st.ParsedHeader | str:
     """The full rules alone (the fast path switched off), or the error message."""
     fast = st._validate_plain
-    st._validate_plain = lambda *_: None  # type: ignore[assignment]
+    st._validate_plain = lambda *_: None
     try:
         return st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
     except CheckpointError as e:
         return str(e)
     finally:
-        st._validate_plain = fast  # type: ignore[assignment]
+        st._validate_plain = fast
 
 
 def _entry(dtype: str, shape: list[int], begin: int, end: int) -> str:

@@ -290,7 +290,7 @@ def quantization_config_of(config: Mapping[str, Any]) -> tuple[dict[str, Any] | 
     return dict(value), key
 
 
-_DTYPE_SHAPE = itemgetter(1, 2)  # of a TensorInfo
+_DTYPE_OF, _DTYPE_SHAPE = itemgetter(1), itemgetter(1, 2)  # of a TensorInfo
 
 
 def _info(value: Any) -> tuple[str, tuple[int, ...]]:
@@ -315,11 +315,19 @@ def detect_format(
     config in messages.
     """
     if set(map(type, tensors.values())) == {TensorInfo}:  # from the headers: (dtype, shape) already typed
+        qcfg, key = quantization_config_of(config)
+        if qcfg is None and str(config.get("model_type")) not in FUSED_EXPERTS:
+            # An unquantized source (the common case) needs only its dtypes and names, checked in C-level passes;
+            # the general path below reads the same and names the first offending tensor.
+            dtypes = set(map(_DTYPE_OF, tensors.values()))
+            if not any(d.startswith("F8_") or d == "F4" for d in dtypes) and \
+                    not any(map(str.endswith, tensors, repeat((FP8_SCALE_SUFFIX, ".weight_packed")))):
+                return SourceFormat("bf16", stored_dtypes=tuple(sorted(dtypes)))
         infos = dict(zip(tensors, map(_DTYPE_SHAPE, tensors.values())))
     else:
         infos = {name: _info(v) for name, v in tensors.items()}
+        qcfg, key = quantization_config_of(config)
     stored = tuple(sorted(set(map(itemgetter(0), infos.values()))))
-    qcfg, key = quantization_config_of(config)
     if qcfg is None:
         _check_plain(infos, source)
         inner = config.get("text_config")
@@ -437,10 +445,6 @@ def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
 
 
 def _check_plain(infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str) -> None:
-    dtypes = set(map(itemgetter(0), infos.values()))
-    if not any(d.startswith("F8_") or d == "F4" for d in dtypes) and \
-            not any(map(str.endswith, infos, repeat((FP8_SCALE_SUFFIX, ".weight_packed")))):
-        return  # checked in C-level passes; the loop below names the first offending tensor
     for name, (dtype, _) in infos.items():
         if dtype.startswith("F8_") or dtype == "F4" or name.endswith((FP8_SCALE_SUFFIX, ".weight_packed")):
             raise SourceFormatError(
