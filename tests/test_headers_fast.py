@@ -54,6 +54,7 @@ HEADERS = [
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":' + _entry("U8", [4], 2, 6) + "}", 6),  # overlap
     ('{"a":' + _entry("XX", [4], 0, 4) + "}", 4),  # unknown dtype
     ('{"a":{"dtype":"U8","shape":[-0,4],"data_offsets":[0,0]}}', 0),  # -0 is a float to serde_json
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[-0,4]}}', 4),  # which Python's json reads as the int 0
     ('{"a":{"dtype":"U8","shape":[4.0],"data_offsets":[0,4]}}', 4),
     ('{"a":{"dtype":"U8","shape":[true],"data_offsets":[0,1]}}', 1),
     ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4.0]}}', 4),
