@@ -17,7 +17,10 @@ import re
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
+from itertools import compress, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,7 @@ from quantkit.io.checkpoint import (
     written_files,
 )
 from quantkit.io.files import describe_not_copied, not_copied, scan_folder
-from quantkit.io.headers import INDEX_FILE, read_config, unindexed_weight_files
+from quantkit.io.headers import INDEX_FILE, paused_gc, read_config, unindexed_weight_files
 from quantkit.naming.archs import model_kind
 from quantkit.naming.drafts import DraftInfo, draft_info
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
@@ -59,6 +62,7 @@ from quantkit.schemes import SCHEMES, native_schemes
 from quantkit.versions import versions
 from quantkit.vocab import EAGLE3_DRAFT
 
+_DTYPE, _SHAPE = itemgetter(1), itemgetter(2)  # of a TensorInfo
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
 
@@ -219,9 +223,11 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
     # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
-    present = set(names)
+    # only names ending so can be such a tensor: usually none, and then no module is looked at
+    present = set(compress(names, map(str.endswith, names, repeat((".gate_up_proj", ".down_proj")))))
     fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
-                  for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present), None)
+                  for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present),
+                 None) if present else None
     if fused is not None:
         raise ApplyError(f"{model}: routed experts are stored fused ({fused}, one 3-D tensor for all experts); quantkit "
                          "quantizes per-expert experts.<e>.*_proj.weight tensors only and cannot quantize this "
@@ -273,23 +279,22 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
 
     from quantkit.io.safetensors import DTYPE_BYTES
 
-    quantized = {f"{m}.weight": d.scheme for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
+    quantized: dict[str, str | None] = {}
+    for d in plan.decisions:
+        if d.action == "quantize":
+            quantized.update(zip(map("{}.weight".format, d.checkpoint_modules), repeat(d.scheme)))
+    infos = decoded_infos(plan)
+    # The experts of a model share a few (scheme, dtype, shape) layouts: each is sized once and counted.
+    layouts = Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
     total = 0
-    layouts: dict[tuple[str, tuple[int, ...]], int | None] = {}  # the experts of a model share a few shapes
-    for name, t in decoded_infos(plan).items():
-        scheme = quantized.get(name)
-        exact = None
-        if scheme in SCHEMES and len(t.shape) >= 2:
-            key = (scheme, tuple(t.shape))
-            if key not in layouts:
-                layouts[key] = SCHEMES[scheme].output_bytes(key[1])
-            exact = layouts[key]
+    for (scheme, dtype, shape), count in layouts.items():
+        exact = SCHEMES[scheme].output_bytes(shape) if scheme in SCHEMES and len(shape) >= 2 else None
         if exact is not None:  # a scheme whose record holds its layout (the native ones)
-            total += exact
-        elif scheme and "fp8" in scheme and len(t.shape) >= 2:  # Quark-only FP8 schemes: no layout in the registry yet
-            total += math.prod(t.shape) + t.shape[0] * 4
+            total += exact * count
+        elif scheme and "fp8" in scheme and len(shape) >= 2:  # Quark-only FP8 schemes: no layout in the registry yet
+            total += (math.prod(shape) + shape[0] * 4) * count
         else:
-            total += math.prod(t.shape) * DTYPE_BYTES.get(t.dtype, 1)
+            total += math.prod(shape) * DTYPE_BYTES.get(dtype, 1) * count
     return total
 
 
@@ -396,8 +401,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     local_inputs = [p for p in (model, target) if p is not None]
     if not dry_run:
         check_output_free(output, overwrite, local_inputs)
-    plan = plan_apply(recipe, model, target=target, path=path, engine=engine,
-                      devices=device if device not in (None, "auto") else devices)
+    with paused_gc():
+        plan = plan_apply(recipe, model, target=target, path=path, engine=engine,
+                          devices=device if device not in (None, "auto") else devices)
     rec, src, decisions = plan.recipe, plan.src, plan.decisions
     if max_shard_size is not None and plan.engine != "native":
         raise ApplyError(f"--max-shard-size: only the native executor re-shards, and this run uses the {plan.engine} "
@@ -422,7 +428,8 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
                  f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
     if dry_run:
-        predicted, shards_by_device = predicted_output_bytes(plan), device_plan(plan)
+        with paused_gc():
+            predicted, shards_by_device = predicted_output_bytes(plan), device_plan(plan)
         timings["total"] = time.perf_counter() - t0  # the whole plan, its size prediction and device plan included
         return ApplyResult(**base, dry_run=True, size_after_bytes=predicted, device_plan=shards_by_device,
                            timings_s={k: round(v, 3) for k, v in timings.items()})

@@ -71,6 +71,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -319,6 +321,9 @@ def quantization_config_of(config: Mapping[str, Any]) -> tuple[dict[str, Any] | 
     return dict(value), key
 
 
+_DTYPE_OF, _DTYPE_SHAPE = itemgetter(1), itemgetter(1, 2)  # of a TensorInfo
+
+
 def _info(value: Any) -> tuple[str, tuple[int, ...]]:
     """(dtype, shape) from a headers.TensorInfo-like object or a (dtype, shape) pair."""
     if type(value) is TensorInfo:  # from the headers: already a str and a tuple of ints
@@ -340,9 +345,20 @@ def detect_format(
     tensor that contradicts the config (e.g. fp8 config but a weight without weight_scale_inv). `source` names the
     config in messages.
     """
-    infos = {name: _info(v) for name, v in tensors.items()}
-    stored = tuple(sorted({d for d, _ in infos.values()}))
-    qcfg, key = quantization_config_of(config)
+    if set(map(type, tensors.values())) == {TensorInfo}:  # from the headers: (dtype, shape) already typed
+        qcfg, key = quantization_config_of(config)
+        if qcfg is None and str(config.get("model_type")) not in FUSED_EXPERTS:
+            # An unquantized source (the common case) needs only its dtypes and names, checked in C-level passes;
+            # the general path below reads the same and names the first offending tensor.
+            dtypes = set(map(_DTYPE_OF, tensors.values()))
+            if not any(d.startswith("F8_") or d == "F4" for d in dtypes) and \
+                    not any(map(str.endswith, tensors, repeat((FP8_SCALE_SUFFIX, ".weight_packed")))):
+                return SourceFormat("bf16", stored_dtypes=tuple(sorted(dtypes)))
+        infos = dict(zip(tensors, map(_DTYPE_SHAPE, tensors.values())))
+    else:
+        infos = {name: _info(v) for name, v in tensors.items()}
+        qcfg, key = quantization_config_of(config)
+    stored = tuple(sorted(set(map(itemgetter(0), infos.values()))))
     if qcfg is None:
         _check_plain(infos, source)
         inner = config.get("text_config")
@@ -902,7 +918,7 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
     """
     names = list(names)
     text, prefix = text_model_view(config, names)
-    top = [name for name in names if name.startswith("mtp.")]
+    top = list(compress(names, map(str.startswith, names, repeat("mtp."))))
     n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
     if n <= 0 or top:
         return top
@@ -911,4 +927,4 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
         raise SourceFormatError(f"config.json has {n} MTP layer(s) but no valid num_hidden_layers ({base!r}) to number "
                                 "them from; fix config.json")
     starts = tuple(f"{prefix}model.layers.{base + i}." for i in range(n))
-    return [name for name in names if name.startswith(starts)]
+    return list(compress(names, map(str.startswith, names, repeat(starts))))

@@ -1,8 +1,13 @@
 """HF checkpoint folders without torch (stdlib and pydantic only): the index as the truth, the shard list, every tensor
 from the headers (read by quantkit.io.safetensors), config.json and small JSON files."""
 
+import contextlib
+import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,6 +24,10 @@ CONFIG_FILE = "config.json"
 MAX_JSON_FILE_BYTES = 64_000_000
 
 _REGENERATE = "re-download or regenerate the index"
+# Indexes already checked in this process, by resolved path, with their text: the plan, the layer check and the
+# executor each ask for the weight map of the same source, and a 67,667-tensor index costs tens of milliseconds to
+# parse and check. A hit needs the same text, so a changed index is read afresh.
+_INDEXES: dict[str, tuple[str, dict[str, str]]] = {}
 
 
 class TensorInfo(NamedTuple):
@@ -27,6 +36,26 @@ class TensorInfo(NamedTuple):
     file: str
     dtype: str
     shape: tuple[int, ...]
+
+
+_TENSOR_INFO = partial(tuple.__new__, TensorInfo)  # TensorInfo from one tuple of its fields, without Python code
+_NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # of a HeaderEntry
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while a header-sized structure is built (nested uses are fine).
+
+    Reading a large index makes hundreds of thousands of small acyclic objects (entries, shapes, names); each
+    allocation burst triggers collections that walk every object made so far, which on a 67,667-tensor index cost
+    more than the parsing itself. Reference counting still frees everything; the collector resumes afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def read_index(folder: str | Path) -> dict[str, str] | None:
@@ -40,15 +69,21 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
     index_path = Path(folder) / INDEX_FILE
     if not index_path.is_file():
         return None
-    index = load_json_file(index_path, _REGENERATE, object_pairs_hook=json_object)
+    text = read_json_text(index_path, _REGENERATE)
+    key = str(index_path.resolve())
+    cached = _INDEXES.get(key)
+    if cached is not None and cached[0] == text:  # the same bytes, already checked in this process
+        return dict(cached[1])
+    index = parse_json_text(text, index_path, _REGENERATE, object_pairs_hook=json_object)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")
-    for name, file in weight_map.items():
-        if not isinstance(file, str):
-            shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
-            raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got {shown}; "
-                                  f"{_REGENERATE}")
+    if set(map(type, weight_map.values())) - {str}:
+        for name, file in weight_map.items():
+            if not isinstance(file, str):
+                shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
+                raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got "
+                                      f"{shown}; {_REGENERATE}")
     for name, first in getattr(weight_map, "shadowed", ()):
         raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
                               f"{weight_map[name][:100]!r}); {_REGENERATE}")
@@ -58,7 +93,11 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
         if not file.endswith(".safetensors") or "/" in file or "\\" in file or file.startswith("."):
             raise CheckpointError(f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
                                   f"checkpoint folder itself; {_REGENERATE}")
-    return dict(weight_map)
+    checked = dict(weight_map)
+    _INDEXES[key] = (text, checked)
+    if len(_INDEXES) > 8:
+        del _INDEXES[next(iter(_INDEXES))]
+    return dict(checked)
 
 
 def safetensors_files(folder: str | Path) -> list[str]:
@@ -153,17 +192,28 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
     names are read, and their headers must agree with it; without one, all *.safetensors files in the folder are
     read, and no tensor may be in two of them.
     """
-    folder = Path(folder)
+    with paused_gc():
+        return _checkpoint_tensors(Path(folder))
+
+
+def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
     weight_map = read_index(folder)  # read once: the shard list and the placement check both follow it
     tensors: dict[str, TensorInfo] = {}
     placed: dict[str, str] = {}
     for file in _shard_files(folder, weight_map):
-        for e in read_parsed_header(folder / file).listed:  # the header's own order, as the dict it was read as
-            place_tensor(folder, weight_map, placed, e.name, file)
-            tensors[e.name] = TensorInfo(file, e.dtype, e.shape)
-    check_index_complete(folder, weight_map, placed)
+        listed = read_parsed_header(folder / file).listed  # the header's own order, as the dict it was read as
+        names = list(map(_NAME, listed))
+        # Placement checked for the whole shard at once; a disagreement is found and named by place_tensor.
+        fits = set(map(weight_map.get, names)) <= {file} if weight_map is not None else placed.keys().isdisjoint(names)
+        if not fits:
+            for name in names:
+                place_tensor(folder, weight_map, placed, name, file)
+        placed.update(zip(names, repeat(file)))
+        tensors.update(zip(names, map(_TENSOR_INFO, zip(repeat(file), map(_DTYPE, listed), map(_SHAPE, listed)))))
+    if weight_map is not None and len(placed) != len(weight_map):
+        check_index_complete(folder, weight_map, placed)
     return tensors
 
 
@@ -184,6 +234,12 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError,
                    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """Parse a small JSON file (config, index, report); every way it can be unreadable is one `error`."""
+    return parse_json_text(read_json_text(path, fix, error), path, fix, error, object_pairs_hook)
+
+
+def read_json_text(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError) -> str:
+    """The text of a small JSON file (at most MAX_JSON_FILE_BYTES, UTF-8); every way it can be unreadable is one
+    `error`."""
     path = Path(path)
     require_regular_file(path, fix=fix, error=error)
     try:
@@ -191,7 +247,7 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         if size > MAX_JSON_FILE_BYTES:
             raise error(f"{path}: {size} bytes, too large for a JSON file of this kind (at most "
                         f"{MAX_JSON_FILE_BYTES}); {fix}")
-        return parse_json(path.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: not found; {fix}") from None
     except IsADirectoryError:
@@ -202,5 +258,12 @@ def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         raise error(f"{path}: cannot be read ({e.strerror or e}); {fix}") from None
     except UnicodeDecodeError:
         raise error(f"{path}: not UTF-8 text; {fix}") from None
+
+
+def parse_json_text(text: str, path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError,
+                    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """The document `text` read from `path`; unreadable JSON is one `error`."""
+    try:
+        return parse_json(text, object_pairs_hook=object_pairs_hook)
     except JsonInputError as e:
         raise error(f"{path}: {e}; {fix}") from None

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+_LEAVES = {str, int, bool, type(None)}  # JSON values finite() leaves as they are
+
 
 def finite(obj: Any) -> Any:
     """`obj` with every NaN or infinite float replaced by None (null), recursively through dicts, lists, tuples."""
@@ -15,6 +17,8 @@ def finite(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
+        if not set(map(type, obj)) - _LEAVES:  # a list of names or numbers (apply's module lists): one C-level pass
+            return list(obj)
         return [finite(v) for v in obj]
     return obj
 

@@ -1,0 +1,93 @@
+"""The header fast path (quantkit.io.safetensors._validate_plain) accepts only headers the full rules accept, with the
+same ParsedHeader: every header below is judged both ways."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quantkit.errors import CheckpointError
+from quantkit.io import safetensors as st
+
+
+def _full(raw: bytes, data_len: int) -> st.ParsedHeader | str:
+    """The full rules alone (the fast path switched off), or the error message."""
+    fast = st._validate_plain
+    st._validate_plain = lambda *_: None
+    try:
+        return st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
+    except CheckpointError as e:
+        return str(e)
+    finally:
+        st._validate_plain = fast
+
+
+def _entry(dtype: str, shape: list[int], begin: int, end: int) -> str:
+    return json.dumps({"dtype": dtype, "shape": shape, "data_offsets": [begin, end]})
+
+
+PLAIN = '{"a":' + _entry("BF16", [2, 2], 0, 8) + ',"b":' + _entry("U8", [4], 8, 12) + "}"
+HEADERS = [
+    (PLAIN, 12),
+    (PLAIN, 13),  # a trailing byte
+    ('{"__metadata__":{"format":"pt"},"a":' + _entry("F32", [1], 0, 4) + "}", 4),
+    ('{"a":' + _entry("F32", [1], 0, 4) + ',"__metadata__":{"k":"v"}}', 4),  # metadata after a tensor
+    ('{"__metadata__":null,"a":' + _entry("F32", [1], 0, 4) + "}", 4),
+    ('{"__metadata__":{"k":"v","k":"w"},"a":' + _entry("F32", [1], 0, 4) + "}", 4),  # a repeated metadata key
+    ('{"__metadata__":{"k":1},"a":' + _entry("F32", [1], 0, 4) + "}", 4),
+    ('{"__metadata__":{},"__metadata__":{},"a":' + _entry("F32", [1], 0, 4) + "}", 4),
+    ('{"b":' + _entry("U8", [4], 8, 12) + ',"a":' + _entry("BF16", [2, 2], 0, 8) + "}", 12),  # not in file order
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"a":' + _entry("U8", [4], 0, 4) + "}", 4),  # a name twice
+    ('{"a":1,"a":' + _entry("U8", [4], 0, 4) + "}", 4),  # a malformed entry overwritten
+    ('{"a":{"dtype":"U8","dtype":"U8","shape":[4],"data_offsets":[0,4]}}', 4),  # a field twice
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"x":1}}', 4),  # an extra field
+    ('{"a":{"shape":[4],"dtype":"U8","data_offsets":[0,4]}}', 4),  # another field order
+    ('{"a":["U8",[4],[0,4]]}', 4),  # the sequence form
+    ('{"a":' + _entry("U8", [0, 2**63, 4], 0, 0) + ',"b":' + _entry("U8", [4], 0, 4) + "}", 4),  # zero dim, overflow
+    ('{"a":' + _entry("U8", [0], 0, 0) + ',"b":' + _entry("U8", [4], 0, 4) + "}", 4),  # an empty tensor
+    ('{"a":' + _entry("U8", [2**32, 2**32], 0, 4) + "}", 4),  # overflows 64 bits
+    ('{"a":' + _entry("F4", [3], 0, 2) + "}", 2),  # 12 bits
+    ('{"a":' + _entry("U8", [4], 0, 5) + "}", 5),  # spans more than its bytes
+    ('{"a":' + _entry("U8", [4], 4, 0) + "}", 4),  # ends before it begins
+    ('{"a":' + _entry("U8", [4], 2, 6) + "}", 6),  # a hole before it
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":' + _entry("U8", [4], 2, 6) + "}", 6),  # overlap
+    ('{"a":' + _entry("XX", [4], 0, 4) + "}", 4),  # unknown dtype
+    ('{"a":{"dtype":"U8","shape":[-0,4],"data_offsets":[0,0]}}', 0),  # -0 is a float to serde_json
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[-0,4]}}', 4),  # which Python's json reads as the int 0
+    ('{"a":{"dtype":"U8","shape":[4.0],"data_offsets":[0,4]}}', 4),
+    ('{"a":{"dtype":"U8","shape":[true],"data_offsets":[0,1]}}', 1),
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4.0]}}', 4),
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,"4"]}}', 4),
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4,4]}}', 4),
+    ('{"a\\"b":' + _entry("U8", [4], 0, 4) + "}", 4),  # an escaped quote in a name
+    ('{"a\\ud800":' + _entry("U8", [4], 0, 4) + "}", 4),  # a lone surrogate escape
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":NaN}', 4),
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[1e999],"data_offsets":[4,4]}}', 4),
+    ("[]", 0),
+    ("{}", 0),
+    ("{}", 1),
+    ('  {"a":' + _entry("U8", [4], 0, 4) + "}  ", 4),  # whitespace around
+    ("{" + ",".join(f'"t{i}":' + _entry("BF16", [3, 5], 30 * i, 30 * i + 30) for i in range(500)) + "}", 15000),
+]
+
+
+@pytest.mark.parametrize(("text", "data_len"), HEADERS)
+def test_the_fast_path_agrees_with_the_full_rules(text: str, data_len: int) -> None:
+    raw = text.encode()
+    full = _full(raw, data_len)
+    fast = st._validate_plain(raw, data_len, len(raw))
+    if isinstance(full, str):  # refused: the fast path takes no part, and the message is the full rules'
+        assert fast is None
+        with pytest.raises(CheckpointError) as e:
+            st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
+        assert str(e.value) == full
+    else:
+        assert fast is None or fast == full
+        assert st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError) == full
+
+
+def test_the_fast_path_takes_the_form_writers_use() -> None:
+    """Not a fallback for everything: the common form (and metadata, and a header out of file order) is taken."""
+    for text, data_len in (HEADERS[0], HEADERS[2], HEADERS[3], HEADERS[4], HEADERS[8], HEADERS[-1]):
+        assert st._validate_plain(text.encode(), data_len, len(text)) is not None, text[:60]
