@@ -65,7 +65,9 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
         "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
         # the pair behind a real `vllm serve`, on the acceptance prompts: its AL must agree, prompt by prompt, with
         # the acceptance step's in-process vLLM AL (quantkit.acceptance.agreement) and reach min_al at batch 1 and 8
-        "serve": {"agreement_level": 0.99, "batch_sizes": [1, 8], "require_batch_sizes": [1, 8]},
+        # fast_start: the worker inside the engine core (--distributed-executor-backend uni), still `vllm serve`
+        # with the same tokens: up ~25 s sooner on 2 cores, which keeps the demo within its 4 minutes
+        "serve": {"agreement_level": 0.99, "batch_sizes": [1, 8], "require_batch_sizes": [1, 8], "fast_start": True},
         # a small bench (opt-in: three more server starts): the MXFP4 target alone, with the BF16 draft and with the
         # FP8 draft; on CPU its speed figures are hardware_dependent (reported, not gated), failed requests gated
         "bench": {"concurrency": [1, 2], "output_len": 16, "repeats": 3, "fast_start": True, "max_prompt_texts": 7,
