@@ -177,3 +177,11 @@ def load_with_mtp(folders: dict[str, Path], generate: bool) -> dict[str, tuple[s
                 p.kill()
                 p.wait()
     return out
+
+
+def mtp_drop_recipe(folder: Path) -> Path:
+    """The built-in mxfp4-moe recipe with `mtp: drop`, written into `folder`."""
+    drop = folder / "mxfp4-moe-mtp-drop.yaml"
+    recipe = (Path(__file__).resolve().parent.parent / "recipes" / "mxfp4-moe.yaml").read_text()
+    drop.write_text(recipe.replace("name: mxfp4-moe", "name: mxfp4-moe-mtp-drop") + "mtp: drop\n")
+    return drop

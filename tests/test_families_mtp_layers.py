@@ -23,7 +23,7 @@ from quantkit.naming.exclude import is_excluded
 
 from . import moe_replicas as replicas
 from .conftest import require_vllm
-from .families import load_with_mtp, tensors
+from .families import load_with_mtp, mtp_drop_recipe, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -94,9 +94,7 @@ def _json(folder: Path, name: str = "config.json"):
 def runs(tmp_path_factory):
     """Each family through `apply --recipe mxfp4-moe` and `check --vllm off`, and once more with `mtp: drop`."""
     base = tmp_path_factory.mktemp("mtp-layers")
-    drop = base / "mxfp4-moe-mtp-drop.yaml"
-    recipe = (Path(__file__).resolve().parent.parent / "recipes" / "mxfp4-moe.yaml").read_text()
-    drop.write_text(recipe.replace("name: mxfp4-moe", "name: mxfp4-moe-mtp-drop") + "mtp: drop\n")
+    drop = mtp_drop_recipe(base)
     runner = CliRunner()
     out = {}
     for name, build in BUILDERS.items():

@@ -27,7 +27,7 @@ from quantkit.naming.layers import RuntimeLayer
 
 from . import moe_replicas as replicas
 from .conftest import require_vllm
-from .families import load_with_mtp, tensors
+from .families import load_with_mtp, mtp_drop_recipe, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -58,9 +58,7 @@ def runs(tmp_path_factory):
     """Each layout through `apply --recipe mxfp4-moe` and `check --vllm off`, as a user runs them, and once more with
     a recipe that says `mtp: drop`."""
     base = tmp_path_factory.mktemp("qwen-mtp")
-    drop = base / "mxfp4-moe-mtp-drop.yaml"
-    recipe = (Path(__file__).resolve().parent.parent / "recipes" / "mxfp4-moe.yaml").read_text()
-    drop.write_text(recipe.replace("name: mxfp4-moe", "name: mxfp4-moe-mtp-drop") + "mtp: drop\n")
+    drop = mtp_drop_recipe(base)
     runner = CliRunner()
     out = {}
     for name, build in LAYOUTS.items():
