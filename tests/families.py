@@ -185,3 +185,20 @@ def mtp_drop_recipe(folder: Path) -> Path:
     recipe = (Path(__file__).resolve().parent.parent / "recipes" / "mxfp4-moe.yaml").read_text()
     drop.write_text(recipe.replace("name: mxfp4-moe", "name: mxfp4-moe-mtp-drop") + "mtp: drop\n")
     return drop
+
+
+def mtp_runs(base: Path, builders: dict) -> dict[str, dict]:
+    """Each builder's source through `apply --recipe mxfp4-moe` and `check --vllm off` (key "out"), and once more with
+    `mtp: drop` ("drop"): per name, the folders, the apply results and the check invocations."""
+    drop = mtp_drop_recipe(base)
+    out = {}
+    for name, build in builders.items():
+        r = {"src": build(base / name)}
+        for key, rec in (("out", "mxfp4-moe"), ("drop", str(drop))):
+            dst = base / f"{name}-{key}"
+            applied = cli("apply", "--recipe", rec, "--model", str(r["src"]), "--output", str(dst), "--json")
+            assert applied.exit_code == 0, (name, key, applied.output)
+            r[key], r[f"{key}_apply"] = dst, json.loads(applied.stdout)
+            r[f"{key}_check"] = cli("check", str(dst), "--vllm", "off", "--json")
+        out[name] = r
+    return out

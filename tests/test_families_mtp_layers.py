@@ -15,15 +15,13 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 
 from . import moe_replicas as replicas
 from .conftest import require_vllm
-from .families import load_with_mtp, mtp_drop_recipe, tensors
+from .families import cli, load_with_mtp, mtp_runs, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -93,21 +91,7 @@ def _json(folder: Path, name: str = "config.json"):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Each family through `apply --recipe mxfp4-moe` and `check --vllm off`, and once more with `mtp: drop`."""
-    base = tmp_path_factory.mktemp("mtp-layers")
-    drop = mtp_drop_recipe(base)
-    runner = CliRunner()
-    out = {}
-    for name, build in BUILDERS.items():
-        r = {"src": build(base / name)}
-        for key, rec in (("out", "mxfp4-moe"), ("drop", str(drop))):
-            dst = base / f"{name}-{key}"
-            applied = runner.invoke(main, ["apply", "--recipe", rec, "--model", str(r["src"]), "--output", str(dst),
-                                           "--json"])  # fmt: skip
-            assert applied.exit_code == 0, (name, key, applied.output)
-            r[key], r[f"{key}_apply"] = dst, json.loads(applied.stdout)
-            r[f"{key}_check"] = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
-        out[name] = r
-    return out
+    return mtp_runs(tmp_path_factory.mktemp("mtp-layers"), BUILDERS)
 
 
 @pytest.mark.parametrize("family", list(BUILDERS))
@@ -203,7 +187,7 @@ def test_check_warns_when_the_entry_is_missing(runs, family, tmp_path):
     cfg = _json(bare)
     cfg["quantization_config"]["exclude"].remove(ENTRY)
     (bare / "config.json").write_text(json.dumps(cfg, indent=2))
-    res = CliRunner().invoke(main, ["check", str(bare), "--vllm", "off", "--json"])
+    res = cli("check", str(bare), "--vllm", "off", "--json")
     found = [f for f in json.loads(res.stdout)["findings"] if f["code"] == "mtp-draft-quantized"]
     assert len(found) == 1 and found[0]["severity"] == "warning", found
     assert "model.layers.3.mlp.experts" in found[0]["message"] and json.dumps([ENTRY]) in found[0]["fix"]

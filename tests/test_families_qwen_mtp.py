@@ -18,16 +18,14 @@ import types
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
 
 from . import moe_replicas as replicas
 from .conftest import require_vllm
-from .families import load_with_mtp, mtp_drop_recipe, tensors
+from .families import cli, load_with_mtp, mtp_runs, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -57,22 +55,7 @@ MTP_LAYERS = {
 def runs(tmp_path_factory):
     """Each layout through `apply --recipe mxfp4-moe` and `check --vllm off`, as a user runs them, and once more with
     a recipe that says `mtp: drop`."""
-    base = tmp_path_factory.mktemp("qwen-mtp")
-    drop = mtp_drop_recipe(base)
-    runner = CliRunner()
-    out = {}
-    for name, build in LAYOUTS.items():
-        src = build(base / name)
-        r = {"src": src}
-        for key, rec in (("out", "mxfp4-moe"), ("drop", str(drop))):
-            dst = base / f"{name}-{key}"
-            applied = runner.invoke(main, ["apply", "--recipe", rec, "--model", str(src), "--output", str(dst),
-                                           "--json"])  # fmt: skip
-            assert applied.exit_code == 0, (name, key, applied.output)
-            r[key], r[f"{key}_apply"] = dst, json.loads(applied.stdout)
-            r[f"{key}_check"] = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
-        out[name] = r
-    return out
+    return mtp_runs(tmp_path_factory.mktemp("qwen-mtp"), LAYOUTS)
 
 
 def _exclude(folder: Path) -> list[str]:
@@ -312,7 +295,7 @@ def test_family_names_the_mtp_draft_layers_vllm_builds(runs, layout):
 
 
 def _check(folder: Path):
-    res = CliRunner().invoke(main, ["check", str(folder), "--vllm", "off", "--json"])
+    res = cli("check", str(folder), "--vllm", "off", "--json")
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 

@@ -190,8 +190,8 @@ def _torch_libgomp(entry: str) -> bool:
     """Whether `entry` is the PyTorch libgomp that vLLM's CPU platform puts into os.environ["LD_PRELOAD"] of the
     process it runs in (vllm/platforms/cpu.py check_and_update_config: torch.libs/ or torch/lib/ libgomp*.so*)."""
     path = Path(entry)
-    return path.name.startswith("libgomp") and path.parent.name in ("torch.libs", "lib") and \
-        (path.parent.name == "torch.libs" or path.parent.parent.name == "torch")
+    return path.name.startswith("libgomp") and (
+        path.parent.name == "torch.libs" or (path.parent.name == "lib" and path.parent.parent.name == "torch"))
 
 
 def server_preload(current: str, iomp: Path) -> str:
