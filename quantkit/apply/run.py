@@ -245,14 +245,15 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         # under the MTP model's runtime names too (the family record's mtp_exclude, e.g. Qwen3.5's `re:mtp\.`,
         # DeepSeek-V3's `re:model\.layers\.61\.`)
         family = family_of(src.config)
-        exclude = exclude + [e for e in family.mtp_exclusions(src.config) if e not in exclude]
+        entries = family.mtp_exclusions(src.config)
+        exclude = exclude + [e for e in entries if e not in exclude]
         from quantkit.naming.exclude import is_excluded
 
         draft = family.mtp_draft_layers(src.config, names) if family.mtp_draft_layers is not None else []
-        hit = [layer.name for layer in layers if is_excluded(layer, family.mtp_exclusions(src.config))]
+        hit = [layer.name for layer in layers if is_excluded(layer, entries)]
         if hit:  # the entries are for the draft alone: a target layer they matched would change the target
-            raise ApplyVerificationError(f"internal: MTP exclude entries {family.mtp_exclusions(src.config)} also "
-                                         f"exclude target layers {hit[:3]}")
+            raise ApplyVerificationError(f"internal: MTP exclude entries {entries} also exclude target layers "
+                                         f"{hit[:3]}")
         missed = [layer.name for layer in draft if not is_excluded(layer, exclude)]
         if missed:
             raise ApplyVerificationError(f"internal: exclude entries {exclude[-3:]} leave the MTP draft's {missed} "

@@ -201,8 +201,7 @@ def server_preload(current: str, iomp: Path) -> str:
     vLLM engine of quantkit's (acceptance, check) has put PyTorch's libgomp into os.environ already (vLLM's CPU
     platform does it in the process it runs in), which a server must not inherit next to libiomp5: that entry is
     dropped. An OpenMP runtime the user preloaded (any other libgomp, libomp, libiomp) is kept and none is added."""
-    entries = [e for e in current.replace(":", " ").split() if e]
-    entries = [e for e in entries if not _torch_libgomp(e)]
+    entries = [e for e in current.replace(":", " ").split() if not _torch_libgomp(e)]
     if any(n in Path(e).name for e in entries for n in ("libiomp", "libgomp", "libomp")):
         return " ".join(entries)
     return " ".join([str(iomp), *entries])
