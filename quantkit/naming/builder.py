@@ -9,7 +9,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import ge, itemgetter
+from operator import and_, ge, itemgetter
 from typing import Any
 
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
@@ -55,9 +55,6 @@ DENSE_MLP_SLOTS = (
     Slot("mlp.gate_up_proj", "fused_linear", "dense_mlp", GATE_UP),
     Slot("mlp.down_proj", "linear", "dense_mlp", ("mlp.down_proj",)),
 )
-# A name component that is a layer or expert number (ASCII digits, as is_index), with the name before it:
-# `container.<N>[.rest]`.
-_NUMBER = r"\.([0-9]+)(?=\.|\Z)"
 # A module holding a `weight` whose name looks like a matmul; such a module that no layout slot consumes means the
 # checkpoint is not in the layout vLLM loads (e.g. a draft saved as `model.fc.weight`, which vLLM would not find).
 LINEAR_LIKE = re.compile(r"(^|\.)(\w*_proj\w*|w[123]|fc|gate|lm_head|head)$")
@@ -97,8 +94,11 @@ class CheckpointModules:
             lo = bisect_left(self._by_name, container + ".", key=modules.__getitem__)
             hi = bisect_left(self._by_name, container + "/", lo, key=modules.__getitem__)
             under = list(map(modules.__getitem__, sorted(self._by_name[lo:hi])))
-            matches = list(map(re.compile(re.escape(container) + _NUMBER).match, under))
-            found = list(zip(map(int, map(itemgetter(1), filter(None, matches))), compress(under, matches)))
+            # the component after `container.`, up to the next "." (or the end): a number if it is ASCII digits
+            heads = list(map(itemgetter(0), map(str.partition, map(itemgetter(slice(len(container) + 1, None)), under),
+                                                repeat("."))))
+            numbers = list(map(and_, map(str.isascii, heads), map(str.isdigit, heads)))
+            found = list(zip(map(int, compress(heads, numbers)), compress(under, numbers)))
             self._numbered[container] = found
         return found
 
