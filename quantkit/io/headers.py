@@ -4,7 +4,7 @@ from the headers (read by quantkit.io.safetensors), config.json and small JSON f
 import contextlib
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import repeat
 from operator import itemgetter
@@ -173,8 +173,9 @@ def place_tensor(folder: Path, weight_map: dict[str, str] | None, placed: dict[s
     placed[name] = file
 
 
-def check_index_complete(folder: Path, weight_map: dict[str, str] | None, placed: dict[str, str]) -> None:
-    """Every tensor the index lists is in the shard it names."""
+def check_index_complete(folder: Path, weight_map: dict[str, str] | None, placed: Iterable[str]) -> None:
+    """Every tensor the index lists is in the shard it names (`placed`: the names found in the shards the index
+    names, each in the shard the index names)."""
     if weight_map is None:
         return
     missing = sorted(set(weight_map) - set(placed))
@@ -201,19 +202,19 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
     weight_map = read_index(folder)  # read once: the shard list and the placement check both follow it
     tensors: dict[str, TensorInfo] = {}
-    placed: dict[str, str] = {}
     for file in _shard_files(folder, weight_map):
         listed = read_parsed_header(folder / file).listed  # the header's own order, as the dict it was read as
         names = list(map(_NAME, listed))
-        # Placement checked for the whole shard at once; a disagreement is found and named by place_tensor.
-        fits = set(map(weight_map.get, names)) <= {file} if weight_map is not None else placed.keys().isdisjoint(names)
+        # Placement checked for the whole shard at once (`tensors` holds every tensor placed so far, with its shard);
+        # a disagreement is found and named by place_tensor.
+        fits = set(map(weight_map.get, names)) <= {file} if weight_map is not None else tensors.keys().isdisjoint(names)
         if not fits:
+            placed = {name: info.file for name, info in tensors.items()}
             for name in names:
                 place_tensor(folder, weight_map, placed, name, file)
-        placed.update(zip(names, repeat(file)))
         tensors.update(zip(names, map(_TENSOR_INFO, zip(repeat(file), map(_DTYPE, listed), map(_SHAPE, listed)))))
-    if weight_map is not None and len(placed) != len(weight_map):
-        check_index_complete(folder, weight_map, placed)
+    if weight_map is not None and len(tensors) != len(weight_map):
+        check_index_complete(folder, weight_map, tensors)
     return tensors
 
 
