@@ -258,6 +258,14 @@ def test_cpu_processes_write_the_thread_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTKIT_CPU_PROCESSES", "1")
     assert _run(src, tmp_path / "env", exclude).cpu_processes >= 1
     assert ec.tree_bytes(tmp_path / "env") == ec.tree_bytes(tmp_path / "threads")
+    monkeypatch.setenv("QUANTKIT_CPU_CHILDREN", "3")  # the children's number, set: the same bytes
+    assert _run(src, tmp_path / "three", exclude).cpu_processes == 3
+    assert ec.tree_bytes(tmp_path / "three") == ec.tree_bytes(tmp_path / "threads")
+    monkeypatch.setenv("QUANTKIT_CPU_CHILDREN", "0")
+    with pytest.raises(ExecutorError, match="QUANTKIT_CPU_CHILDREN='0'"):
+        _run(src, tmp_path / "zero-children", exclude)
+    assert not (tmp_path / "zero-children").exists()  # refused before any work
+    monkeypatch.delenv("QUANTKIT_CPU_CHILDREN")
     monkeypatch.setenv("QUANTKIT_CPU_PROCESSES", "yes")
     with pytest.raises(ExecutorError, match="QUANTKIT_CPU_PROCESSES='yes'"):
         _run(src, tmp_path / "bad", exclude)
