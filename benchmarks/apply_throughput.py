@@ -247,7 +247,7 @@ def run_cli(src: Path, dst: Path, devices: list[str], max_memory: str | None) ->
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-                              timeout=float(os.environ.get("APPLY_CLI_TIMEOUT", "1e9")))
+                              timeout=float(os.environ.get("APPLY_CLI_TIMEOUT", "86400")))
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
         return {"wall_s": time.perf_counter() - t0, "work_s": time.perf_counter() - t0,
@@ -298,6 +298,9 @@ def main() -> None:
                     help="the first device set, if CPU-only: also run quantkit quantizing in threads (QUANTKIT_CPU_PROCESSES=0, "
                          "the pre-process path) and in processes on the first N cores only, each compared byte for "
                          "byte with the full run, e.g. 1,4,8,16")
+    ap.add_argument("--cpu-children", default=None, metavar="N,N,...",
+                    help="with --cpu-scaling: also run processes on every core with N quantizer children "
+                         "(QUANTKIT_CPU_CHILDREN=N), e.g. 8,16")
     ap.add_argument("--hot", action="store_true", help="keep the source in the page cache between stages")
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
@@ -374,6 +377,8 @@ def main() -> None:
                     ("threads", {"QUANTKIT_CPU_PROCESSES": "0"}, None)]
                 variants += [(f"processes, {n} cores", {"QUANTKIT_CPU_PROCESSES": "1"}, int(n))
                              for n in args.cpu_scaling.split(",") if n.strip()]
+                variants += [(f"processes, {n} children", {"QUANTKIT_CPU_PROCESSES": "1", "QUANTKIT_CPU_CHILDREN": n},
+                              None) for n in (args.cpu_children or "").split(",") if n.strip()]
                 for label, env_extra, cores in variants:
                     prepare()
                     log(f"running quantkit's executor on {','.join(devices)}, {label}")
