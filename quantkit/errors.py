@@ -29,6 +29,19 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is (the CLI installs the handler) so that cleanup runs as for Ctrl-C."""
 
 
+# Signals the CLI's handlers received (name, exit code): an interrupt stays an interrupt even when a library turns it
+# into another error, or swallows it (an import that catches every exception around an optional dependency).
+RECEIVED: list[tuple[str, int]] = []
+
+
+def raise_if_signalled() -> None:
+    """Raise the interrupt again if a signal arrived and something swallowed it: called before a result is committed
+    (an output folder renamed into place), so that a run interrupted mid-import never leaves a complete-looking
+    output."""
+    if RECEIVED:
+        raise Terminated() if RECEIVED[-1][0] == "SIGTERM" else KeyboardInterrupt()
+
+
 class ResumableInterrupt(KeyboardInterrupt):
     """An interrupt that left a resumable temporary folder; `hint` says how to continue (the CLI prints it)."""
 

@@ -35,3 +35,30 @@ def test_native_engine_writes_the_final_files_once(tiny, tmp_path, monkeypatch):
     for name in aux:
         assert (out / name).read_bytes() == (src / name).read_bytes()
         assert ((out / name).stat().st_ino, (out / name).stat().st_mtime_ns) == seen[name]
+
+
+def test_a_swallowed_signal_is_not_committed(tmp_path) -> None:
+    """A signal the CLI's handler recorded, which a library then swallowed (the run went on), still stops the
+    output folder from being renamed into place: the temporary folder goes, no output appears, the interrupt is
+    raised again."""
+    import pytest
+
+    from quantkit import errors
+    from quantkit.io.checkpoint import atomic_output
+
+    out = tmp_path / "out"
+    try:
+        with pytest.raises(KeyboardInterrupt), atomic_output(out) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x")
+            errors.RECEIVED.append(("SIGINT", 130))  # what quantkit.cli.app.raise_interrupted records
+        assert not out.exists()
+        assert not list(tmp_path.iterdir())
+        errors.RECEIVED[:] = [("SIGTERM", 143)]
+        with pytest.raises(errors.Terminated), atomic_output(out):
+            pass
+        assert not out.exists()
+    finally:
+        errors.RECEIVED.clear()
+    with atomic_output(out) as tmp:  # without a signal the folder is committed
+        (tmp / "a").write_text("1")
+    assert (out / "a").read_text() == "1"

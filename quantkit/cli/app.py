@@ -13,11 +13,9 @@ from typing import Any
 import click
 
 from quantkit import __version__
-from quantkit.errors import QuantkitError, ResumableInterrupt, Terminated, scrub_secrets
+from quantkit.errors import RECEIVED, QuantkitError, ResumableInterrupt, Terminated, scrub_secrets
 
 MAX_MESSAGE = 600
-# Signals received (name, exit code): an interrupt stays an interrupt even when a library turns it into another error.
-RECEIVED: list[tuple[str, int]] = []
 # `quantkit --help` lists the commands in the order a user runs them.
 PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "eval", "gate", "deploy", "publish", "demo")
 
@@ -42,7 +40,12 @@ class QuantkitGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if RECEIVED:  # a library swallowed the interrupt and the command ran on: still the interrupt
+                name, code = RECEIVED[-1]
+                click.echo(f"error: interrupted by {name}; the command's result is not to be trusted", err=True)
+                interrupted_exit(code)
+            return result
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated) or (isinstance(e, ResumableInterrupt) and e.terminated)
             name, code = ("SIGTERM", 143) if term else ("SIGINT", 130)

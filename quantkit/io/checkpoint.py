@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import CheckpointError, QuantkitError, ResumableInterrupt, Terminated, UnresumableError
+from quantkit.errors import (
+    CheckpointError,
+    QuantkitError,
+    ResumableInterrupt,
+    Terminated,
+    UnresumableError,
+    raise_if_signalled,
+)
 from quantkit.io.config import num_hidden_layers
 from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, scan_folder
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
@@ -326,6 +333,7 @@ def _atomic_output_locked(output: Path, overwrite: bool, sources: Sequence[str |
     try:
         try:
             yield tmp
+            raise_if_signalled()  # a signal a library swallowed mid-run: the folder is not committed
             publish_permissions(tmp)
         except KeyboardInterrupt as e:
             if resumable and (tmp / RESUMABLE_MARKER).is_file():
