@@ -206,8 +206,107 @@ def quantized_layers(layers: Iterable[RuntimeLayer], exclude: Sequence[str]) -> 
 
 
 def excluded_names(layers: Iterable[RuntimeLayer], exclude: Sequence[str]) -> set[str]:
-    """Names of the layers `exclude` excludes in vLLM (PartialFusedExclusionError if it splits a fused layer)."""
-    return {layer.name for layer in layers if is_excluded(layer, exclude)}
+    """Names of the layers `exclude` excludes in vLLM (PartialFusedExclusionError if it splits a fused layer).
+
+    The same answer, errors included, as is_excluded on every layer in turn, with the entries prepared once per
+    rename set (_EntryMatcher) instead of once per layer: an MoE model has hundreds of layers."""
+    names: set[str] = set()
+    entries: list[str] | None = None
+    matchers: dict[tuple[tuple[str, str], ...], _EntryMatcher] = {}
+    for layer in layers:
+        if entries is None:  # validated where match_reason validates: at the first layer
+            entries = _validated(exclude)
+        matcher = matchers.get(layer.exclude_renames)
+        if matcher is None:
+            matcher = matchers[layer.exclude_renames] = _EntryMatcher(entries, layer.exclude_renames)
+        if _excluded_by(layer, matcher, exclude):
+            names.add(layer.name)
+    return names
+
+
+def _excluded_by(layer: RuntimeLayer, matcher: _EntryMatcher, exclude: Sequence[str]) -> bool:
+    """match_reason(layer, exclude).excluded, reaching the same rules in the same order."""
+    if layer.kind == "moe" and layer.name in matcher.parents:
+        return True
+    if matcher.matches(layer.name):
+        return True
+    if not layer.shards:
+        return False
+    hits = [matcher.matches(shard) for shard in layer.shards]
+    if all(hits):
+        return True
+    if any(hits):
+        partial = match_reason(layer, exclude)  # the error names the entries each shard matched
+        assert isinstance(partial, PartialFusedExclusion)
+        raise PartialFusedExclusionError(partial)
+    return False
+
+
+# Every ASCII digit as "0": the name template a digit-blind regex cannot tell apart from the name (on the UTF-8
+# bytes, whose translation is a C loop: UTF-8 writes no other character with a byte below 0x80).
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _digit_blind(pattern: str) -> bool:
+    """Whether regex `pattern` provably matches a name exactly when it matches the name with its ASCII digits
+    replaced (every atom takes all ASCII digits or none). Claimed only for literal non-digits, escaped punctuation,
+    `\\d \\D \\w \\W \\s \\S . * + ? | ^ $`, `(` and `(?:` groups, which is what quantkit's own entries use;
+    classes, counted repeats, backreferences, flags and other escapes are not claimed (matched name by name)."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            escaped = pattern[i + 1:i + 2]
+            if not escaped or not (escaped in "dDwWsS" or (escaped.isascii() and not escaped.isalnum())):
+                return False
+            i += 2
+        elif c == "(" and pattern.startswith("(?", i):
+            if not pattern.startswith("(?:", i):
+                return False
+            i += 3
+        elif c in "[{" or "0" <= c <= "9":
+            return False
+        else:
+            i += 1
+    return True
+
+
+class _EntryMatcher:
+    """One `exclude` list after one set of renames, asked about many names: the non-`re:` entries as a set, the
+    names they make an experts layer's children as a set, and each `re:` entry compiled once; a digit-blind regex
+    is asked once per name template (layer numbers as 0), not once per layer."""
+
+    def __init__(self, entries: Sequence[str], renames: Sequence[tuple[str, str]]):
+        self._targets = [renamed(orig, renames) for orig in entries]
+        self.exact = {t for t in self._targets if not t.startswith("re:")}
+        # t == name or t.startswith(name + "."): name is t or t up to one of its dots
+        self.parents = set(self.exact)
+        for t in self.exact:
+            self.parents.update(t[:i] for i, c in enumerate(t) if c == ".")
+        self._blind: list[Any] | None = None
+        self._other: list[Any] = []
+        self._by_template: dict[bytes, bool] = {}
+
+    def _compile_all(self) -> list[Any]:
+        # match_reason compiles every `re:` entry, in order, at the first name it matches: the same error first
+        compiled = [(t[3:], _compile(t[3:])) for t in self._targets if t.startswith("re:")]
+        self._other = [c for p, c in compiled if not _digit_blind(p)]
+        return [c for p, c in compiled if _digit_blind(p)]
+
+    def matches(self, name: str) -> bool:
+        """Whether some entry matches `name` directly (vLLM's is_equal_or_regex_match)."""
+        if self._blind is None:
+            self._blind = self._compile_all()
+        if name in self.exact or any(c.match(name) is not None for c in self._other):
+            return True
+        if not self._blind:
+            return False
+        template = name.encode("utf-8", "surrogatepass").translate(_DIGITS_TO_ZERO)  # JSON allows lone surrogates
+        hit = self._by_template.get(template)
+        if hit is None:
+            text = template.decode("utf-8", "surrogatepass")
+            hit = self._by_template[template] = any(c.match(text) is not None for c in self._blind)
+        return hit
 
 
 # --- writing exclude lists -------------------------------------------------------------------------------------
