@@ -133,3 +133,42 @@ def test_excluded_names_refuses_what_match_reason_refuses() -> None:
         with pytest.raises(ExcludeListError) as plain:
             is_excluded(layer, bad)  # type: ignore[arg-type]
         assert str(fast.value) == str(plain.value)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_experts_of_alike_layers_answer_as_a_dict_of_sets(seed: int) -> None:
+    """Layers stored alike (the order of one reused for the next), with one layer now and then stored otherwise:
+    other projection order, one expert fewer, a module name that only looks alike, a second param, a newline."""
+    rng = random.Random(seed)
+    names = ["m.embed.weight"]
+    for layer in range(rng.randrange(1, 12)):
+        experts = [f"m.l.{layer}.e.{e}.{p}" for e in range(rng.choice([3, 3, 3, 12])) for p in ("g", "u", "d")]
+        change = rng.randrange(8)
+        if change == 0:
+            rng.shuffle(experts)
+        elif change == 1:
+            experts = experts[:-3]
+        elif change == 2:
+            experts[-1] = f"m.l.{layer}.e.{layer}x.d"
+        elif change == 3:
+            experts[1] += "\n"
+        tensors = [f"{m}.weight" for m in experts]
+        if change == 4:
+            tensors.insert(rng.randrange(len(tensors)), f"{rng.choice(experts)}.bias")
+        names += [f"m.l.{layer}.a.weight", *tensors, f"m.l.{layer}.n.weight"]
+    names = list(dict.fromkeys(names))
+    plain = _plain_params(names)
+    ckpt = CheckpointModules(names)
+    for layer in range(12):
+        container = f"m.l.{layer}.e"
+        experts = [m for _, m in sorted(_plain_numbered(plain, container), key=itemgetter(0))]
+        assert ckpt.experts_under(container) == tuple(experts), container
+
+
+def test_a_layout_with_a_newline_is_not_reused() -> None:
+    """Layer 0's names joined with newlines read like layer 1's run, split elsewhere: answered name by name."""
+    modules = ["m.l.0.e.0.g", "m.l.0.e.0.u\nzz", "m.l.0.e.2.g", "m.l.1.e.0.g", "m.l.1.e.0.u", "zz\nm.l.1.e.2.g",
+               "m.l.1.e.9.z"]
+    ckpt = CheckpointModules(f"{m}.weight" for m in modules)
+    assert ckpt.experts_under("m.l.0.e") == ("m.l.0.e.0.g", "m.l.0.e.0.u\nzz", "m.l.0.e.2.g")
+    assert ckpt.experts_under("m.l.1.e") == ("m.l.1.e.0.g", "m.l.1.e.0.u", "m.l.1.e.9.z")

@@ -8,6 +8,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import compress, filterfalse, repeat
 from operator import eq, itemgetter
 from typing import Any
@@ -96,6 +97,39 @@ class ModuleParams(Mapping[str, frozenset[str]]):
         return self._modules().keys()
 
 
+@dataclass(frozen=True)
+class _ExpertLayout:
+    """The tensors under one experts container, in checkpoint order, as names relative to it (`<E>.<proj>`), and
+    which of them experts_under returns in which order: each module `<number>[.*]` once, stably sorted by number."""
+
+    suffixes: tuple[str, ...]
+    picks: tuple[int, ...]
+
+    @classmethod
+    def of(cls, suffixes: Sequence[str]) -> _ExpertLayout:
+        first: dict[str, int] = {}
+        for i, suffix in enumerate(suffixes):
+            first.setdefault(suffix, i)
+        numbered = []
+        for suffix, i in first.items():
+            head = suffix.partition(".")[0]
+            if is_index(head):
+                numbered.append((int(head), i))
+        return cls(tuple(suffixes), tuple(map(itemgetter(1), sorted(numbered, key=itemgetter(0)))))
+
+    @property
+    def newline_free(self) -> bool:
+        return not any("\n" in suffix for suffix in self.suffixes)
+
+    @cached_property
+    def _getter(self) -> Callable[[Sequence[str]], Any]:
+        return itemgetter(*self.picks) if len(self.picks) > 1 else lambda run: tuple(run[i] for i in self.picks)
+
+    def pick(self, run: Sequence[str]) -> tuple[str, ...]:
+        picked: tuple[str, ...] = self._getter(run)
+        return picked
+
+
 class CheckpointModules:
     """The checkpoint's module names (tensor name minus its last component) and the params each holds.
 
@@ -119,7 +153,7 @@ class CheckpointModules:
         self._by_name: list[int] | None = None
         self._numbered: dict[str, list[tuple[int, str]]] = {}
         self._numbers: dict[str, list[tuple[int, int, int]]] = {}
-        self._expert_orders: list[tuple[list[str], tuple[int, ...]]] = []
+        self._expert_layouts: list[_ExpertLayout] = []
 
     def _sorted(self) -> list[int]:
         """Tensor positions sorted by module name (stable: a module's tensors stay in checkpoint order)."""
@@ -203,36 +237,44 @@ class CheckpointModules:
         3-D expert tensors (transformers v5 layout `experts.gate_up_proj`), which vLLM's MoE loader also reads.
 
         Within one expert the modules keep their checkpoint order. Every MoE layer of a checkpoint usually stores its
-        experts alike, so the order found for one layer's names (relative to the container) is reused for the next
-        layer whose names are the same."""
+        experts alike: a layer whose tensors are, in checkpoint order, those of an earlier layer (names relative to
+        the container) is answered from that layer's order, checked with one string comparison."""
         lo, hi = self._under(container)
         found: tuple[str, ...] = ()
         if lo < hi:
-            positions = self._sorted()[lo:hi]
-            first, last = min(positions), max(positions)
-            run = (self.tensor_modules[first:last + 1] if last - first + 1 == hi - lo
-                   else list(map(self.tensor_modules.__getitem__, sorted(positions))))  # checkpoint order
-            picks = self._expert_order(list(map(itemgetter(slice(len(container) + 1, None)), run)))
-            found = tuple(map(run.__getitem__, picks))
+            known = self._known_experts(container, hi - lo)
+            if known is not None:
+                found = known
+            else:
+                positions = sorted(self._sorted()[lo:hi])
+                run = list(map(self.tensor_modules.__getitem__, positions))  # checkpoint order
+                layout = _ExpertLayout.of(list(map(itemgetter(slice(len(container) + 1, None)), run)))
+                if layout.newline_free and "\n" not in container:
+                    self._expert_layouts = [*self._expert_layouts[-3:], layout]
+                found = layout.pick(run)
         return (container, *found) if self.has(container) else found
 
-    def _expert_order(self, suffixes: list[str]) -> tuple[int, ...]:
-        """Positions in `suffixes` (names relative to a container, checkpoint order, one per tensor) of the modules
-        `<number>[.*]`, each module once, stably sorted by number."""
-        for seen, picks in self._expert_orders:
-            if seen == suffixes:
-                return picks
-        first: dict[str, int] = {}
-        for i, suffix in enumerate(suffixes):
-            first.setdefault(suffix, i)
-        numbered = []
-        for suffix, i in first.items():
-            head = suffix.partition(".")[0]
-            if is_index(head):
-                numbered.append((int(head), i))
-        picks = tuple(map(itemgetter(1), sorted(numbered, key=itemgetter(0))))
-        self._expert_orders = [*self._expert_orders[-3:], (suffixes, picks)]
-        return picks
+    def _known_experts(self, container: str, count: int) -> tuple[str, ...] | None:
+        """experts_under's modules (without `container`) from a layout seen before, or None.
+
+        The candidate run starts at the first tensor of the layout's first module; `count` tensors from there that are
+        `container.` + the layout's suffixes, one by one, are all `count` tensors under `container`. Joined with
+        newlines, which neither the suffixes nor `container` contain, the comparison is exact."""
+        if "\n" in container:
+            return None
+        modules, by_name = self.tensor_modules, self._sorted()
+        prefix = container + "."
+        for layout in reversed(self._expert_layouts):
+            if len(layout.suffixes) != count:
+                continue
+            first = prefix + layout.suffixes[0]
+            i = bisect_left(by_name, first, key=modules.__getitem__)
+            if i == len(by_name) or modules[by_name[i]] != first:
+                continue
+            run = modules[by_name[i]:by_name[i] + count]
+            if "\n".join(run) == prefix + ("\n" + prefix).join(layout.suffixes):
+                return layout.pick(run)
+        return None
 
     def layer_indices(self, prefix: str) -> set[int]:
         return set(map(itemgetter(0), self._number_ranges(prefix)))
