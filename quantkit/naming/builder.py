@@ -161,15 +161,15 @@ class CheckpointModules:
             self._by_name = sorted(range(len(self.tensor_modules)), key=self.tensor_modules.__getitem__)
         return self._by_name
 
-    def _range(self, low: str, high: str, lo: int = 0, hi: int | None = None) -> tuple[int, int]:
-        """The range of _sorted() whose module names are >= low and < high."""
-        by_name, key = self._sorted(), self.tensor_modules.__getitem__
-        lo = bisect_left(by_name, low, lo, len(by_name) if hi is None else hi, key=key)
-        return lo, bisect_left(by_name, high, lo, len(by_name) if hi is None else hi, key=key)
+    def _first_from(self, module: str, lo: int = 0, hi: int | None = None) -> int:
+        """The first index of _sorted()[lo:hi] whose module name is >= `module`."""
+        by_name = self._sorted()
+        return bisect_left(by_name, module, lo, len(by_name) if hi is None else hi, key=self.tensor_modules.__getitem__)
 
     def _under(self, container: str) -> tuple[int, int]:
         # "/" is the character after ".": the names from `container.` up to it are those that start with `container.`
-        return self._range(container + ".", container + "/")
+        lo = self._first_from(container + ".")
+        return lo, self._first_from(container + "/", lo)
 
     def tensor_count(self, module: str) -> int:
         """How many tensors `module` holds (0: not a module of this checkpoint)."""
@@ -187,7 +187,7 @@ class CheckpointModules:
     def holds_weight(self, module: str) -> bool:
         """Whether `module` has a `weight` tensor."""
         other = self.other_params.get(module)
-        return self.has(module) if other is None else self.tensor_count(module) > len(other) or "weight" in other
+        return self.has(module) if other is None else (self.tensor_count(module) > len(other) or "weight" in other)
 
     def take(self, modules: Iterable[str]) -> tuple[str, ...]:
         modules = tuple(modules)
@@ -225,7 +225,7 @@ class CheckpointModules:
             start = len(container) + 1
             while i < hi:
                 head, dot, _ = modules[by_name[i]][start:].partition(".")
-                j = self._range(f"{container}.{head}/", "", i, hi)[0] if dot else i + 1
+                j = self._first_from(f"{container}.{head}/", i, hi) if dot else i + 1
                 if is_index(head):
                     found.append((int(head), i, j))
                 i = j
@@ -278,6 +278,12 @@ class CheckpointModules:
 
     def layer_indices(self, prefix: str) -> set[int]:
         return set(map(itemgetter(0), self._number_ranges(prefix)))
+
+    def numbered_from(self, prefix: str, start: int) -> list[str]:
+        """The modules `prefix.<number>[.*]` with number >= start (one entry per tensor)."""
+        modules, by_name = self.tensor_modules, self._sorted()
+        return [modules[by_name[i]] for number, lo, hi in self._number_ranges(prefix) if number >= start
+                for i in range(lo, hi)]
 
 
 def is_index(part: str) -> bool:
@@ -368,10 +374,7 @@ def check_layer_range(ckpt: CheckpointModules, prefix: str, n: int, source: str,
 
 def skip_layers(ckpt: CheckpointModules, prefix: str, start: int) -> None:
     """Mark the tensors of layers >= start (MTP / next-token-prediction layers vLLM's target model skips) as used."""
-    modules, by_name = ckpt.tensor_modules, ckpt._sorted()
-    for number, lo, hi in ckpt._number_ranges(prefix):
-        if number >= start:
-            ckpt.used.update(map(modules.__getitem__, by_name[lo:hi]))
+    ckpt.used.update(ckpt.numbered_from(prefix, start))
 
 
 def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:

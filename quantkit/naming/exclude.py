@@ -247,9 +247,13 @@ def _excluded_by(layer: RuntimeLayer, matcher: _EntryMatcher, exclude: Sequence[
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
+# The escapes re.escape writes for printable characters (each that character), and `\\d`.
+_PLAIN_ESCAPES = "d()[]{}?*+-|^$\\.&~# "
+
+
 def _digit_blind(pattern: str) -> bool:
     """Whether regex `pattern` provably matches a name exactly when it matches the name with its ASCII digits
-    replaced (every atom takes all ASCII digits or none). Claimed only for literal non-digits, escaped punctuation,
+    replaced (every atom takes all ASCII digits or none). Claimed only for literal non-digits, re.escape's escapes,
     `\\d \\D \\w \\W \\s \\S . * + ? | ^ $`, `(` and `(?:` groups, which is what quantkit's own entries use;
     classes, counted repeats, backreferences, flags and other escapes are not claimed (matched name by name)."""
     i = 0
@@ -257,7 +261,7 @@ def _digit_blind(pattern: str) -> bool:
         c = pattern[i]
         if c == "\\":
             escaped = pattern[i + 1:i + 2]
-            if not escaped or not (escaped in "dDwWsS" or (escaped.isascii() and not escaped.isalnum())):
+            if not escaped or escaped not in _PLAIN_ESCAPES + "DwWsS":
                 return False
             i += 2
         elif c == "(" and pattern.startswith("(?", i):
@@ -307,10 +311,6 @@ class _EntryMatcher:
             text = template.decode("utf-8", "surrogatepass")
             hit = self._by_template[template] = any(r.matches(text) for r in self._blind)
         return hit
-
-
-# `\\d`, and every escape re.escape writes for a printable character.
-_PLAIN_ESCAPES = "d()[]{}?*+-|^$\\.&~# "
 
 
 def _plain_regex(pattern: str) -> bool:
