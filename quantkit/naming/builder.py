@@ -138,7 +138,7 @@ class CheckpointModules:
     module beyond its name (a set per module cost ~0.1 s on a 67k-tensor Kimi-K2.5 index)."""
 
     def __init__(self, tensor_names: Iterable[str]):
-        names = list(tensor_names)
+        names = tensor_names if isinstance(tensor_names, list) else list(tensor_names)  # read, never changed
         # Most tensors are `<module>.weight`; removesuffix leaves every other name equal to itself, and those few are
         # split at their last "." by hand.
         modules = list(map(str.removesuffix, names, repeat(".weight")))
