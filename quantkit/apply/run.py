@@ -13,14 +13,15 @@ can. Per shard is the default path for every recipe without static activation sc
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from itertools import compress, repeat
-from operator import itemgetter
+from collections.abc import Callable, Mapping
+from itertools import chain, compress, repeat
+from operator import add, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +58,12 @@ from quantkit.naming.drafts import DraftInfo, draft_info
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
-from quantkit.results import ApplyResult, ShardSummary
+from quantkit.results import ApplyResult, LayerDecision, ShardSummary
 from quantkit.schemes import SCHEMES, native_schemes
 from quantkit.versions import versions
 from quantkit.vocab import EAGLE3_DRAFT
 
-_DTYPE, _SHAPE = itemgetter(1), itemgetter(2)  # of a TensorInfo
+_DTYPE, _SHAPE, _DTYPE_SHAPE = itemgetter(1), itemgetter(2), itemgetter(1, 2)  # of a TensorInfo
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
 
@@ -276,17 +277,9 @@ def _listed(names: list[str], shown: int = 3) -> str:
 
 def predicted_output_bytes(plan: ApplyPlan) -> int:
     """Bytes of the output's tensors, from the plan and the source headers (no tensor data read)."""
-    import math
-
     from quantkit.io.safetensors import DTYPE_BYTES
 
-    quantized: dict[str, str | None] = {}
-    for d in plan.decisions:
-        if d.action == "quantize":
-            quantized.update(zip(map("{}.weight".format, d.checkpoint_modules), repeat(d.scheme)))
-    infos = decoded_infos(plan)
-    # The experts of a model share a few (scheme, dtype, shape) layouts: each is sized once and counted.
-    layouts = Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
+    layouts = _layout_counts(plan.decisions, _quantizer_tensors(plan))
     total = 0
     for (scheme, dtype, shape), count in layouts.items():
         exact = SCHEMES[scheme].output_bytes(shape) if scheme in SCHEMES and len(shape) >= 2 else None
@@ -297,6 +290,61 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
         else:
             total += math.prod(shape) * DTYPE_BYTES.get(dtype, 1) * count
     return total
+
+
+def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any]) -> Counter[tuple[Any, str, Any]]:
+    """How many of the tensors the quantizer sees have each (scheme, dtype, shape): scheme None for a tensor kept as
+    it is, else that of the quantize decision whose module's `.weight` it is (a later decision wins).
+
+    The experts of an MoE layer repeat a few layouts (gate, up, down): each decision's weights are counted a period
+    at a time where they repeat one (checked by C-level list comparison), and the tensors left over, the few kept
+    ones, one by one."""
+    listed = [(d.scheme, list(map(add, d.checkpoint_modules, repeat(".weight"))))
+              for d in decisions if d.action == "quantize"]
+    layouts: Counter[tuple[Any, str, Any]] = Counter()
+    found = 0
+    for scheme, names in listed:
+        got = list(map(infos.get, names))
+        if None in got:  # a module without a .weight tensor: nothing to count for it
+            got = list(filter(None, got))
+        found += len(got)
+        for (dtype, shape), n in _periodic_layouts(got).items():
+            layouts[scheme, dtype, shape] += n
+    rest = set(infos).difference(*(names for _, names in listed))
+    if found + len(rest) != len(infos):  # a weight counted twice: a module in two decisions, where the later one wins
+        quantized = dict(zip(chain.from_iterable(names for _, names in listed),
+                             chain.from_iterable(repeat(scheme, len(names)) for scheme, names in listed)))
+        return Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
+    for (dtype, shape), n in Counter(map(_DTYPE_SHAPE, map(infos.__getitem__, rest))).items():
+        layouts[None, dtype, shape] += n
+    return layouts
+
+
+def _period(items: list[Any], longest: int = 8) -> int:
+    """The shortest p <= `longest` with items[i] == items[i % p] for every i (one C-level comparison each), or 0."""
+    return next((p for p in range(1, min(longest, len(items)) + 1) if items[p:] == items[:-p]), 0)
+
+
+def _periodic_layouts(infos: list[Any]) -> Counter[tuple[str, Any]]:
+    """Counter of the (dtype, shape) of `infos`, a period at a time where they repeat one: whole TensorInfos (experts
+    in one shard), else their dtypes and shapes apart (experts spread over shards)."""
+    n = len(infos)
+    period = _period(infos)
+    if not period:
+        dtypes, shapes = list(map(_DTYPE, infos)), list(map(_SHAPE, infos))
+        periods = _period(dtypes), _period(shapes)
+        if not all(periods):
+            return Counter(zip(dtypes, shapes))
+        period = math.lcm(*periods)  # (dtypes[i], shapes[i]) == (dtypes[i % period], shapes[i % period])
+    out: Counter[tuple[str, Any]] = Counter()
+    for i in range(min(period, n)):
+        out[_DTYPE_SHAPE(infos[i])] += len(range(i, n, period))
+    return out
+
+
+def _quantizer_tensors(plan: ApplyPlan) -> Mapping[str, Any]:
+    """`decoded_infos` without a copy of a BF16 source's tensors (read only)."""
+    return plan.src.tensors if plan.source_format.name == "bf16" else decoded_infos(plan)
 
 
 def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
