@@ -14,13 +14,14 @@ can. Per shard is the default path for every recipe without static activation sc
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from itertools import chain, compress, repeat
+from itertools import chain, repeat
 from operator import add, itemgetter
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from quantkit.apply.plan import (
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import (
     RESUMABLE_MARKER,
+    SourceCheckpoint,
     atomic_output,
     check_output_free,
     resolve_source,
@@ -172,7 +174,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                                               "not run natively)")}[chosen]
 
     src = resolve_source(model, copying=True)
-    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names
+    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names, names_ending
 
     fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"))
     if fmt.name != "bf16":
@@ -182,7 +184,8 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                              f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine native (what "
                              "--engine auto picks) and a recipe without calibration")
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
-    names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
+    decoded = decoded_tensor_names(fmt, src.tensors) if fmt.name != "bf16" else {}
+    names = list(decoded) if fmt.name != "bf16" else list(src.tensors)
     architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
     kind = model_kind(src.config)
     if chosen == "quark":
@@ -215,17 +218,18 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             d.runtime_name = draft_runtime_name(d.runtime_name)
     if fmt.name != "bf16":
-        from quantkit.io.formats import decoded_origins
+        from quantkit.io.formats import origins_of
 
-        origins = decoded_origins(fmt, src.tensors)
+        origins = origins_of(fmt, decoded)
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
     # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
     # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
-    # only names ending so can be such a tensor: usually none, and then no module is looked at
-    present = set(compress(names, map(str.endswith, names, repeat((".gate_up_proj", ".down_proj")))))
+    # only names ending so can be such a tensor: usually none (found in one search of the names), and then no module
+    # is looked at
+    present = set(names_ending(names, (".gate_up_proj", ".down_proj")))
     fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
                   for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present),
                  None) if present else None
@@ -268,7 +272,19 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
                      run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
                      set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)),
-                     unindexed_weight_files(src.path))
+                     ignored_weight_files(src), decoded)
+
+
+def ignored_weight_files(src: SourceCheckpoint) -> list[str]:
+    """io.headers.unindexed_weight_files for the source, whose index re-read and walk of the tree are skipped where
+    the folder's own listing settles it: no sub-folder (hidden ones included) and no *.safetensors besides the shards
+    read, which are all named by the index when there is one (checkpoint_tensors reads only those)."""
+    with os.scandir(src.path) as listing:
+        entries = list(listing)
+    read = set(src.files)
+    if any(e.is_dir() or (e.name.endswith(".safetensors") and e.name not in read) for e in entries):
+        return unindexed_weight_files(src.path)
+    return []
 
 
 def _listed(names: list[str], shown: int = 3) -> str:
@@ -357,7 +373,7 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
         return dict(tensors)
     out: dict[str, Any] = {}
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}  # fused tensor -> its per-expert tensors' shapes
-    for name, parts in decoded_tensor_names(fmt, tensors).items():
+    for name, parts in (plan.decoded or decoded_tensor_names(fmt, tensors)).items():
         if parts == [name]:
             out[name] = tensors[name]
         elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor, in vLLM's [out, in]
