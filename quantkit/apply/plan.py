@@ -54,6 +54,9 @@ class ApplyPlan:
     dropped: set[str] = field(default_factory=set)  # tensors left out (the recipe's `mtp: drop`)
     not_copied: list[str] = field(default_factory=list)  # source files and folders apply does not copy (io.files)
     ignored_files: list[str] = field(default_factory=list)  # *.safetensors the index does not name
+    # a quantized source's decoded tensor name -> the source tensors it is made from (io.formats.decoded_tensor_names,
+    # read once per plan); empty for a BF16 source
+    decoded: dict[str, list[str]] = field(default_factory=dict)
 
 
 

@@ -13,14 +13,16 @@ can. Per shard is the default path for every recipe without static activation sc
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from itertools import compress, repeat
-from operator import itemgetter
+from collections.abc import Callable, Mapping
+from itertools import chain, repeat
+from operator import add, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from quantkit.apply.plan import (
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import (
     RESUMABLE_MARKER,
+    SourceCheckpoint,
     atomic_output,
     check_output_free,
     resolve_source,
@@ -57,12 +60,12 @@ from quantkit.naming.drafts import DraftInfo, draft_info
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
 from quantkit.recipes import Recipe, load_recipe
-from quantkit.results import ApplyResult, ShardSummary
+from quantkit.results import ApplyResult, LayerDecision, ShardSummary
 from quantkit.schemes import SCHEMES, native_schemes
 from quantkit.versions import versions
 from quantkit.vocab import EAGLE3_DRAFT
 
-_DTYPE, _SHAPE = itemgetter(1), itemgetter(2)  # of a TensorInfo
+_DTYPE, _SHAPE, _DTYPE_SHAPE = itemgetter(1), itemgetter(2), itemgetter(1, 2)  # of a TensorInfo
 ENGINES = ("auto", "native", "quark")
 PATHS = ("auto", "in-memory", "per-shard")
 
@@ -171,7 +174,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                                               "not run natively)")}[chosen]
 
     src = resolve_source(model, copying=True)
-    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names
+    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names, names_ending
 
     fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"))
     if fmt.name != "bf16":
@@ -181,7 +184,8 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                              f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine native (what "
                              "--engine auto picks) and a recipe without calibration")
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
-    names = list(decoded_tensor_names(fmt, src.tensors)) if fmt.name != "bf16" else list(src.tensors)
+    decoded = decoded_tensor_names(fmt, src.tensors) if fmt.name != "bf16" else {}
+    names = list(decoded) if fmt.name != "bf16" else list(src.tensors)
     architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
     kind = model_kind(src.config)
     if chosen == "quark":
@@ -214,17 +218,18 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             d.runtime_name = draft_runtime_name(d.runtime_name)
     if fmt.name != "bf16":
-        from quantkit.io.formats import decoded_origins
+        from quantkit.io.formats import origins_of
 
-        origins = decoded_origins(fmt, src.tensors)
+        origins = origins_of(fmt, decoded)
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
     # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
     # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
-    # only names ending so can be such a tensor: usually none, and then no module is looked at
-    present = set(compress(names, map(str.endswith, names, repeat((".gate_up_proj", ".down_proj")))))
+    # only names ending so can be such a tensor: usually none (found in one search of the names), and then no module
+    # is looked at
+    present = set(names_ending(names, (".gate_up_proj", ".down_proj")))
     fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
                   for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present),
                  None) if present else None
@@ -267,7 +272,19 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
                      run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
                      set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)),
-                     unindexed_weight_files(src.path))
+                     ignored_weight_files(src), decoded)
+
+
+def ignored_weight_files(src: SourceCheckpoint) -> list[str]:
+    """io.headers.unindexed_weight_files for the source, whose index re-read and walk of the tree are skipped where
+    the folder's own listing settles it: no sub-folder (hidden ones included) and no *.safetensors besides the shards
+    read, which are all named by the index when there is one (checkpoint_tensors reads only those)."""
+    with os.scandir(src.path) as listing:
+        entries = list(listing)
+    read = set(src.files)
+    if any(e.is_dir() or (e.name.endswith(".safetensors") and e.name not in read) for e in entries):
+        return unindexed_weight_files(src.path)
+    return []
 
 
 def _listed(names: list[str], shown: int = 3) -> str:
@@ -276,17 +293,9 @@ def _listed(names: list[str], shown: int = 3) -> str:
 
 def predicted_output_bytes(plan: ApplyPlan) -> int:
     """Bytes of the output's tensors, from the plan and the source headers (no tensor data read)."""
-    import math
-
     from quantkit.io.safetensors import DTYPE_BYTES
 
-    quantized: dict[str, str | None] = {}
-    for d in plan.decisions:
-        if d.action == "quantize":
-            quantized.update(zip(map("{}.weight".format, d.checkpoint_modules), repeat(d.scheme)))
-    infos = decoded_infos(plan)
-    # The experts of a model share a few (scheme, dtype, shape) layouts: each is sized once and counted.
-    layouts = Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
+    layouts = _layout_counts(plan.decisions, _quantizer_tensors(plan))
     total = 0
     for (scheme, dtype, shape), count in layouts.items():
         exact = SCHEMES[scheme].output_bytes(shape) if scheme in SCHEMES and len(shape) >= 2 else None
@@ -299,6 +308,61 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     return total
 
 
+def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any]) -> Counter[tuple[Any, str, Any]]:
+    """How many of the tensors the quantizer sees have each (scheme, dtype, shape): scheme None for a tensor kept as
+    it is, else that of the quantize decision whose module's `.weight` it is (a later decision wins).
+
+    The experts of an MoE layer repeat a few layouts (gate, up, down): each decision's weights are counted a period
+    at a time where they repeat one (checked by C-level list comparison), and the tensors left over, the few kept
+    ones, one by one."""
+    listed = [(d.scheme, list(map(add, d.checkpoint_modules, repeat(".weight"))))
+              for d in decisions if d.action == "quantize"]
+    layouts: Counter[tuple[Any, str, Any]] = Counter()
+    found = 0
+    for scheme, names in listed:
+        got = list(map(infos.get, names))
+        if None in got:  # a module without a .weight tensor: nothing to count for it
+            got = list(filter(None, got))
+        found += len(got)
+        for (dtype, shape), n in _periodic_layouts(got).items():
+            layouts[scheme, dtype, shape] += n
+    rest = set(infos).difference(*(names for _, names in listed))
+    if found + len(rest) != len(infos):  # a weight counted twice: a module in two decisions, where the later one wins
+        quantized = dict(zip(chain.from_iterable(names for _, names in listed),
+                             chain.from_iterable(repeat(scheme, len(names)) for scheme, names in listed)))
+        return Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
+    for (dtype, shape), n in Counter(map(_DTYPE_SHAPE, map(infos.__getitem__, rest))).items():
+        layouts[None, dtype, shape] += n
+    return layouts
+
+
+def _period(items: list[Any], longest: int = 8) -> int:
+    """The shortest p <= `longest` with items[i] == items[i % p] for every i (one C-level comparison each), or 0."""
+    return next((p for p in range(1, min(longest, len(items)) + 1) if items[p:] == items[:-p]), 0)
+
+
+def _periodic_layouts(infos: list[Any]) -> Counter[tuple[str, Any]]:
+    """Counter of the (dtype, shape) of `infos`, a period at a time where they repeat one: whole TensorInfos (experts
+    in one shard), else their dtypes and shapes apart (experts spread over shards)."""
+    n = len(infos)
+    period = _period(infos)
+    if not period:
+        dtypes, shapes = list(map(_DTYPE, infos)), list(map(_SHAPE, infos))
+        periods = _period(dtypes), _period(shapes)
+        if not all(periods):
+            return Counter(zip(dtypes, shapes))
+        period = math.lcm(*periods)  # (dtypes[i], shapes[i]) == (dtypes[i % period], shapes[i % period])
+    out: Counter[tuple[str, Any]] = Counter()
+    for i in range(min(period, n)):
+        out[_DTYPE_SHAPE(infos[i])] += len(range(i, n, period))
+    return out
+
+
+def _quantizer_tensors(plan: ApplyPlan) -> Mapping[str, Any]:
+    """`decoded_infos` without a copy of a BF16 source's tensors (read only)."""
+    return plan.src.tensors if plan.source_format.name == "bf16" else decoded_infos(plan)
+
+
 def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
     """The tensors the quantizer sees: the source's, or for a quantized source its decoded BF16 weights."""
     from quantkit.io.formats import decoded_tensor_names, fused_expert_parts
@@ -309,7 +373,7 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
         return dict(tensors)
     out: dict[str, Any] = {}
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}  # fused tensor -> its per-expert tensors' shapes
-    for name, parts in decoded_tensor_names(fmt, tensors).items():
+    for name, parts in (plan.decoded or decoded_tensor_names(fmt, tensors)).items():
         if parts == [name]:
             out[name] = tensors[name]
         elif fmt.name == "fused-experts":  # one expert of a fused [E, ...] tensor, in vLLM's [out, in]

@@ -69,7 +69,7 @@ Nothing here imports torch at module level; `detect_format`, `decoded_tensor_nam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from operator import itemgetter
@@ -352,7 +352,7 @@ def detect_format(
             # the general path below reads the same and names the first offending tensor.
             dtypes = set(map(_DTYPE_OF, tensors.values()))
             if not any(d.startswith("F8_") or d == "F4" for d in dtypes) and \
-                    not any(map(str.endswith, tensors, repeat((FP8_SCALE_SUFFIX, ".weight_packed")))):
+                    not names_ending(tensors, (FP8_SCALE_SUFFIX, ".weight_packed")):
                 return SourceFormat("bf16", stored_dtypes=tuple(sorted(dtypes)))
         infos = dict(zip(tensors, map(_DTYPE_SHAPE, tensors.values())))
     else:
@@ -629,6 +629,27 @@ def _check_int4(fmt: SourceFormat, infos: Mapping[str, tuple[str, tuple[int, ...
 # --- names --------------------------------------------------------------------------------------------------------
 
 
+def names_ending(names: Collection[str], suffixes: tuple[str, ...]) -> list[str]:
+    """The names that end with one of `suffixes`, in their order.
+
+    The names joined by newlines are searched first: a name ending so puts `suffix` + newline in that text, so where
+    none is found (the usual case) no name is looked at one by one; a name holding a newline can only make a match
+    that the exact pass then settles."""
+    text = "\n".join(names) + "\n"
+    if not any(s + "\n" in text for s in suffixes):
+        return []
+    return list(compress(names, map(str.endswith, names, repeat(suffixes))))
+
+
+def names_starting(names: Collection[str], prefixes: tuple[str, ...]) -> list[str]:
+    """The names that start with one of `prefixes`, in their order (searched like `names_ending`)."""
+    text = "\n" + "\n".join(names)
+    if not any("\n" + p in text for p in prefixes):
+        return []
+    return list(compress(names, map(str.startswith, names, repeat(prefixes))))
+
+
+
 def _primary_of(fmt: SourceFormat, name: str) -> str | None:
     """For a secondary part (scale, shape), the name of the part that anchors its module; None otherwise."""
     if fmt.name == "fp8-block" and name.endswith(FP8_SCALE_SUFFIX):
@@ -683,8 +704,12 @@ def decoded_tensor_names(fmt: SourceFormat, names: Iterable[str]) -> dict[str, l
 def decoded_origins(fmt: SourceFormat, names: Iterable[str]) -> dict[str, str]:
     """Decoded tensor name -> where its values come from, for provenance: the format name ("fp8-block",
     "int4-pack-quantized") for decoded weights, "stored" for tensors kept as they are in the source."""
-    return {decoded: (fmt.name if parts != [decoded] else "stored")
-            for decoded, parts in decoded_tensor_names(fmt, names).items()}  # fmt: skip
+    return origins_of(fmt, decoded_tensor_names(fmt, names))
+
+
+def origins_of(fmt: SourceFormat, decoded: Mapping[str, list[str]]) -> dict[str, str]:
+    """`decoded_origins` from a `decoded_tensor_names` result already at hand."""
+    return {name: (fmt.name if parts != [name] else "stored") for name, parts in decoded.items()}
 
 
 # --- decoding -----------------------------------------------------------------------------------------------------
@@ -892,11 +917,11 @@ def text_model_view(config: Mapping[str, Any], names: Iterable[str]) -> tuple[di
     if not isinstance(text, Mapping):
         raise SourceFormatError("config.json: a Kimi-K2.5 config without text_config; use the release's config.json")
     names = list(names)
-    legacy = next((n for n in names if n.startswith(KIMI_TEXT_PREFIX + "layers.")), None)
-    if legacy is not None:
-        raise SourceFormatError(f"tensor {legacy} uses the legacy Kimi-K2.5 layout (language_model.layers.*); "
+    legacy = names_starting(names, (KIMI_TEXT_PREFIX + "layers.",))
+    if legacy:
+        raise SourceFormatError(f"tensor {legacy[0]} uses the legacy Kimi-K2.5 layout (language_model.layers.*); "
                                 f"use a checkpoint with language_model.model.layers.* names")  # fmt: skip
-    if names and not any(n.startswith(KIMI_TEXT_PREFIX + "model.") for n in names):
+    if names and not any(map(str.startswith, names, repeat(KIMI_TEXT_PREFIX + "model."))):
         raise SourceFormatError("Kimi-K2.5 config, but no tensor is named language_model.model.*; the checkpoint "
                                 "does not match its config.json")  # fmt: skip
     text = dict(text)
@@ -918,7 +943,7 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
     """
     names = list(names)
     text, prefix = text_model_view(config, names)
-    top = list(compress(names, map(str.startswith, names, repeat("mtp."))))
+    top = names_starting(names, ("mtp.",))
     n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
     if n <= 0 or top:
         return top
@@ -927,4 +952,4 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
         raise SourceFormatError(f"config.json has {n} MTP layer(s) but no valid num_hidden_layers ({base!r}) to number "
                                 "them from; fix config.json")
     starts = tuple(f"{prefix}model.layers.{base + i}." for i in range(n))
-    return list(compress(names, map(str.startswith, names, repeat(starts))))
+    return names_starting(names, starts)

@@ -5,11 +5,12 @@ MTP layers vLLM skips, leftover modules vLLM would not load). Public: a test's f
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import and_, ge, itemgetter
+from functools import cached_property
+from itertools import compress, filterfalse, repeat
+from operator import eq, itemgetter
 from typing import Any
 
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
@@ -61,66 +62,228 @@ LINEAR_LIKE = re.compile(r"(^|\.)(\w*_proj\w*|w[123]|fc|gate|lm_head|head)$")
 
 
 
+class ModuleParams(Mapping[str, frozenset[str]]):
+    """CheckpointModules.params: module -> the names of its params (the last components of its tensor names), in
+    checkpoint order. Computed on request from the sorted tensor table rather than stored as one set per module (a
+    Kimi-K2.5 index has 67k modules, nearly all holding one `weight`)."""
+
+    def __init__(self, ckpt: CheckpointModules):
+        self._ckpt = ckpt
+        self._unique: dict[str, None] | None = None
+
+    def __getitem__(self, module: str) -> frozenset[str]:
+        count = self._ckpt.tensor_count(module)
+        if not count:
+            raise KeyError(module)
+        other = self._ckpt.other_params.get(module, [])
+        # a tensor of `module` that is not one of its other params is its `<module>.weight`
+        return frozenset(other + ["weight"] if count > len(other) else other)
+
+    def __contains__(self, module: object) -> bool:
+        return isinstance(module, str) and self._ckpt.has(module)
+
+    def _modules(self) -> dict[str, None]:
+        if self._unique is None:
+            self._unique = dict.fromkeys(self._ckpt.tensor_modules)
+        return self._unique
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules())
+
+    def __len__(self) -> int:
+        return len(self._modules())
+
+    def keys(self) -> KeysView[str]:
+        return self._modules().keys()
+
+
+@dataclass(frozen=True)
+class _ExpertLayout:
+    """The tensors under one experts container, in checkpoint order, as names relative to it (`<E>.<proj>`), and
+    which of them experts_under returns in which order: each module `<number>[.*]` once, stably sorted by number."""
+
+    suffixes: tuple[str, ...]
+    picks: tuple[int, ...]
+
+    @classmethod
+    def of(cls, suffixes: Sequence[str]) -> _ExpertLayout:
+        first: dict[str, int] = {}
+        for i, suffix in enumerate(suffixes):
+            first.setdefault(suffix, i)
+        numbered = []
+        for suffix, i in first.items():
+            head = suffix.partition(".")[0]
+            if is_index(head):
+                numbered.append((int(head), i))
+        return cls(tuple(suffixes), tuple(map(itemgetter(1), sorted(numbered, key=itemgetter(0)))))
+
+    @property
+    def newline_free(self) -> bool:
+        return not any("\n" in suffix for suffix in self.suffixes)
+
+    @cached_property
+    def _getter(self) -> Callable[[Sequence[str]], Any]:
+        return itemgetter(*self.picks) if len(self.picks) > 1 else lambda run: tuple(run[i] for i in self.picks)
+
+    def pick(self, run: Sequence[str]) -> tuple[str, ...]:
+        picked: tuple[str, ...] = self._getter(run)
+        return picked
+
+
 class CheckpointModules:
-    """The checkpoint's module names (tensor name minus its last component) and the params each holds."""
+    """The checkpoint's module names (tensor name minus its last component) and the params each holds.
+
+    Kept as one module name per tensor (checkpoint order) and those positions sorted by module name: a module, or
+    every module under a container, is a range of the sorted positions found by bisection, so nothing is built per
+    module beyond its name (a set per module cost ~0.1 s on a 67k-tensor Kimi-K2.5 index)."""
 
     def __init__(self, tensor_names: Iterable[str]):
-        parts = list(map(str.rpartition, tensor_names, repeat(".")))
-        modules, _, params = zip(*parts) if parts else ((), (), ())
-        self.params: dict[str, set[str]] = {}
-        single = dict(zip(modules, params))  # most modules hold one tensor: their sets are made without a loop
-        if len(single) == len(modules):
-            self.params = dict(zip(single, map(set, zip(single.values()))))
-        else:
-            for module, param in zip(modules, params, strict=True):
-                self.params.setdefault(module, set()).add(param)
+        names = tensor_names if isinstance(tensor_names, list) else list(tensor_names)  # read, never changed
+        # Most tensors are `<module>.weight`; removesuffix leaves every other name equal to itself, and those few are
+        # split at their last "." by hand.
+        modules = list(map(str.removesuffix, names, repeat(".weight")))
+        self.other_params: dict[str, list[str]] = {}  # module -> its params other than `weight`, one per tensor
+        for i in compress(range(len(names)), map(eq, modules, names)):
+            module, _, param = names[i].rpartition(".")
+            modules[i] = module
+            self.other_params.setdefault(module, []).append(param)
+        self.tensor_modules = modules  # the module of every tensor, in checkpoint order
+        self.params = ModuleParams(self)
         self.used: set[str] = set()
-        self._modules = list(self.params)
         self._by_name: list[int] | None = None
         self._numbered: dict[str, list[tuple[int, str]]] = {}
+        self._numbers: dict[str, list[tuple[int, int, int]]] = {}
+        self._expert_layouts: list[_ExpertLayout] = []
 
-    def numbered(self, container: str) -> list[tuple[int, str]]:
-        """(number, module) of every module `container.<number>[.*]`, in checkpoint order (`<number>` ASCII digits).
+    def _sorted(self) -> list[int]:
+        """Tensor positions sorted by module name (stable: a module's tensors stay in checkpoint order)."""
+        if self._by_name is None:
+            self._by_name = sorted(range(len(self.tensor_modules)), key=self.tensor_modules.__getitem__)
+        return self._by_name
 
-        The modules under `container.` are one range of the modules sorted by name (found by bisection), matched in
-        one C-level pass and put back in checkpoint order: asking per layer stays cheap (a scan of every module per
-        MoE layer cost 58 x 68k prefix tests on a Kimi-K2.5 index, and a table of every container 68k regex scans)."""
-        found = self._numbered.get(container)
-        if found is None:
-            modules = self._modules
-            if self._by_name is None:
-                self._by_name = sorted(range(len(modules)), key=modules.__getitem__)
-            # "/" is the character after ".": the names from `container.` up to it all start with `container.`
-            lo = bisect_left(self._by_name, container + ".", key=modules.__getitem__)
-            hi = bisect_left(self._by_name, container + "/", lo, key=modules.__getitem__)
-            under = list(map(modules.__getitem__, sorted(self._by_name[lo:hi])))
-            # the component after `container.`, up to the next "." (or the end): a number if it is ASCII digits
-            heads = list(map(itemgetter(0), map(str.partition, map(itemgetter(slice(len(container) + 1, None)), under),
-                                                repeat("."))))
-            numbers = list(map(and_, map(str.isascii, heads), map(str.isdigit, heads)))
-            found = list(zip(map(int, compress(heads, numbers)), compress(under, numbers)))
-            self._numbered[container] = found
-        return found
+    def _first_from(self, module: str, lo: int = 0, hi: int | None = None) -> int:
+        """The first index of _sorted()[lo:hi] whose module name is >= `module`."""
+        by_name = self._sorted()
+        return bisect_left(by_name, module, lo, len(by_name) if hi is None else hi, key=self.tensor_modules.__getitem__)
+
+    def _under(self, container: str) -> tuple[int, int]:
+        # "/" is the character after ".": the names from `container.` up to it are those that start with `container.`
+        lo = self._first_from(container + ".")
+        return lo, self._first_from(container + "/", lo)
+
+    def tensor_count(self, module: str) -> int:
+        """How many tensors `module` holds (0: not a module of this checkpoint)."""
+        by_name, key = self._sorted(), self.tensor_modules.__getitem__
+        lo = bisect_left(by_name, module, key=key)
+        if lo == len(by_name) or key(by_name[lo]) != module:
+            return 0
+        return bisect_right(by_name, module, lo, key=key) - lo
 
     def has(self, module: str) -> bool:
-        return module in self.params
+        by_name, key = self._sorted(), self.tensor_modules.__getitem__
+        lo = bisect_left(by_name, module, key=key)
+        return lo < len(by_name) and key(by_name[lo]) == module
+
+    def holds_weight(self, module: str) -> bool:
+        """Whether `module` has a `weight` tensor."""
+        other = self.other_params.get(module)
+        return self.has(module) if other is None else (self.tensor_count(module) > len(other) or "weight" in other)
 
     def take(self, modules: Iterable[str]) -> tuple[str, ...]:
         modules = tuple(modules)
         self.used.update(modules)
         return modules
 
+    def unused(self) -> list[str]:
+        """The modules not in `used`, sorted by name."""
+        return sorted(set(filterfalse(self.used.__contains__, self.tensor_modules)))
+
+    def numbered(self, container: str) -> list[tuple[int, str]]:
+        """(number, module) of every module `container.<number>[.*]`, in checkpoint order (`<number>` ASCII digits)."""
+        found = self._numbered.get(container)
+        if found is None:
+            lo, hi = self._under(container)
+            under = list(dict.fromkeys(map(self.tensor_modules.__getitem__, sorted(self._sorted()[lo:hi]))))
+            found = []
+            for module in under:
+                head = module[len(container) + 1:].partition(".")[0]
+                if is_index(head):
+                    found.append((int(head), module))
+            self._numbered[container] = found
+        return found
+
+    def _number_ranges(self, container: str) -> list[tuple[int, int, int]]:
+        """(number, lo, hi) for the modules `container.<number>[.*]`: _sorted()[lo:hi] are modules with that number.
+
+        All modules `container.<head>.*` are one range of the sorted names, so the scan steps from head to head by
+        bisection: one step per layer, not per module."""
+        found = self._numbers.get(container)
+        if found is None:
+            found = []
+            modules, by_name = self.tensor_modules, self._sorted()
+            i, hi = self._under(container)
+            start = len(container) + 1
+            while i < hi:
+                head, dot, _ = modules[by_name[i]][start:].partition(".")
+                j = self._first_from(f"{container}.{head}/", i, hi) if dot else i + 1
+                if is_index(head):
+                    found.append((int(head), i, j))
+                i = j
+            self._numbers[container] = found
+        return found
+
     def experts_under(self, container: str) -> tuple[str, ...]:
         """Per-expert modules `container.<E>.<proj>` in expert order, plus `container` itself if it holds fused
-        3-D expert tensors (transformers v5 layout `experts.gate_up_proj`), which vLLM's MoE loader also reads."""
-        found = self.numbered(container)
-        modules = list(map(itemgetter(1), sorted(found, key=itemgetter(0))))  # stable: projections keep their order
-        if container in self.params:
-            modules.insert(0, container)
-        return tuple(modules)
+        3-D expert tensors (transformers v5 layout `experts.gate_up_proj`), which vLLM's MoE loader also reads.
+
+        Within one expert the modules keep their checkpoint order. Every MoE layer of a checkpoint usually stores its
+        experts alike: a layer whose tensors are, in checkpoint order, those of an earlier layer (names relative to
+        the container) is answered from that layer's order, checked with one string comparison."""
+        lo, hi = self._under(container)
+        found: tuple[str, ...] = ()
+        if lo < hi:
+            known = self._known_experts(container, hi - lo)
+            if known is not None:
+                found = known
+            else:
+                positions = sorted(self._sorted()[lo:hi])
+                run = list(map(self.tensor_modules.__getitem__, positions))  # checkpoint order
+                layout = _ExpertLayout.of(list(map(itemgetter(slice(len(container) + 1, None)), run)))
+                if layout.newline_free and "\n" not in container:
+                    self._expert_layouts = [*self._expert_layouts[-3:], layout]
+                found = layout.pick(run)
+        return (container, *found) if self.has(container) else found
+
+    def _known_experts(self, container: str, count: int) -> tuple[str, ...] | None:
+        """experts_under's modules (without `container`) from a layout seen before, or None.
+
+        The candidate run starts at the first tensor of the layout's first module; `count` tensors from there that are
+        `container.` + the layout's suffixes, one by one, are all `count` tensors under `container`. Joined with
+        newlines, which neither the suffixes nor `container` contain, the comparison is exact."""
+        if "\n" in container:
+            return None
+        modules, by_name = self.tensor_modules, self._sorted()
+        prefix = container + "."
+        for layout in reversed(self._expert_layouts):
+            if len(layout.suffixes) != count:
+                continue
+            first = prefix + layout.suffixes[0]
+            i = bisect_left(by_name, first, key=modules.__getitem__)
+            if i == len(by_name) or modules[by_name[i]] != first:
+                continue
+            run = modules[by_name[i]:by_name[i] + count]
+            if "\n".join(run) == prefix + ("\n" + prefix).join(layout.suffixes):
+                return layout.pick(run)
+        return None
 
     def layer_indices(self, prefix: str) -> set[int]:
-        return set(map(itemgetter(0), self.numbered(prefix)))
+        return set(map(itemgetter(0), self._number_ranges(prefix)))
+
+    def numbered_from(self, prefix: str, start: int) -> list[str]:
+        """The modules `prefix.<number>[.*]` with number >= start (one entry per tensor)."""
+        modules, by_name = self.tensor_modules, self._sorted()
+        return [modules[by_name[i]] for number, lo, hi in self._number_ranges(prefix) if number >= start
+                for i in range(lo, hi)]
 
 
 def is_index(part: str) -> bool:
@@ -211,13 +374,12 @@ def check_layer_range(ckpt: CheckpointModules, prefix: str, n: int, source: str,
 
 def skip_layers(ckpt: CheckpointModules, prefix: str, start: int) -> None:
     """Mark the tensors of layers >= start (MTP / next-token-prediction layers vLLM's target model skips) as used."""
-    found = ckpt.numbered(prefix)
-    ckpt.used.update(compress(map(itemgetter(1), found), map(ge, map(itemgetter(0), found), repeat(start))))
+    ckpt.used.update(ckpt.numbered_from(prefix, start))
 
 
 def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
-    for module in sorted(ckpt.params.keys() - ckpt.used):
-        if module in ckpt.used or "weight" not in ckpt.params[module] or "norm" in module.rsplit(".", 1)[-1]:
+    for module in ckpt.unused():
+        if not ckpt.holds_weight(module) or "norm" in module.rsplit(".", 1)[-1]:
             continue
         if LINEAR_LIKE.search(module):
             raise CheckpointLayoutError(
