@@ -13,14 +13,10 @@ from quantkit.io import safetensors as st
 
 def _full(raw: bytes, data_len: int) -> st.ParsedHeader | str:
     """The full rules alone (the fast path switched off), or the error message."""
-    fast = st._validate_plain
-    st._validate_plain = lambda *_: None
     try:
-        return st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
+        return st._validate_full(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
     except CheckpointError as e:
         return str(e)
-    finally:
-        st._validate_plain = fast
 
 
 def _entry(dtype: str, shape: list[int], begin: int, end: int) -> str:
@@ -83,8 +79,12 @@ def test_the_fast_path_agrees_with_the_full_rules(text: str, data_len: int) -> N
             st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
         assert str(e.value) == full
     else:
-        assert fast is None or fast == full
-        assert st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError) == full
+        if fast is not None:
+            assert fast.parsed() == full
+            assert fast == st._columns(full)
+        both = st._validate(raw, len(raw), 8 + len(raw) + data_len, "f", CheckpointError)
+        assert both.parsed() == full
+        assert both.columns == st._columns(full)
 
 
 def test_the_fast_path_takes_the_form_writers_use() -> None:

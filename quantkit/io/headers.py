@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import repeat
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,7 +14,7 @@ from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
-from quantkit.io.safetensors import json_object, read_parsed_header
+from quantkit.io.safetensors import json_object, read_header_columns
 from quantkit.io.safetensors import read_header as read_header  # re-exported: header readers import it from here
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -39,7 +38,6 @@ class TensorInfo(NamedTuple):
 
 
 _TENSOR_INFO = partial(tuple.__new__, TensorInfo)  # TensorInfo from one tuple of its fields, without Python code
-_NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # of a HeaderEntry
 
 
 @contextlib.contextmanager
@@ -66,38 +64,81 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
     plain `.safetensors` file names of the folder itself (vLLM globs `*.safetensors` there and refuses an index
     naming a file that is not among them).
     """
-    index_path = Path(folder) / INDEX_FILE
+    weight_map = _checked_index(Path(folder))
+    return None if weight_map is None else dict(weight_map)
+
+
+def _checked_index(folder: Path) -> dict[str, str] | None:
+    """read_index's weight map as this process's cache holds it: for readers in this module, which never change it."""
+    index_path = folder / INDEX_FILE
     if not index_path.is_file():
         return None
     text = read_json_text(index_path, _REGENERATE)
     key = str(index_path.resolve())
     cached = _INDEXES.get(key)
     if cached is not None and cached[0] == text:  # the same bytes, already checked in this process
-        return dict(cached[1])
-    index = parse_json_text(text, index_path, _REGENERATE, object_pairs_hook=json_object)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")
-    if set(map(type, weight_map.values())) - {str}:
-        for name, file in weight_map.items():
-            if not isinstance(file, str):
-                shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
-                raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got "
-                                      f"{shown}; {_REGENERATE}")
-    for name, first in getattr(weight_map, "shadowed", ()):
-        raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
-                              f"{weight_map[name][:100]!r}); {_REGENERATE}")
+        return cached[1]
+    weight_map = _plain_weight_map(text)
+    if weight_map is None:  # anything but the plain form: read with the hook that finds repeated names
+        index = parse_json_text(text, index_path, _REGENERATE, object_pairs_hook=json_object)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")
+        if set(map(type, weight_map.values())) - {str}:
+            for name, file in weight_map.items():
+                if not isinstance(file, str):
+                    shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
+                    raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got "
+                                          f"{shown}; {_REGENERATE}")
+        for name, first in getattr(weight_map, "shadowed", ()):
+            raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
+                                  f"{weight_map[name][:100]!r}); {_REGENERATE}")
     for file in sorted(set(weight_map.values())):
         # vLLM loads only the *.safetensors files beside the index (weight_utils.py filter_duplicate_safetensors_files
         # joins the folder with each weight_map value, then keeps the globbed files among them): a path is no shard.
         if not file.endswith(".safetensors") or "/" in file or "\\" in file or file.startswith("."):
             raise CheckpointError(f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
                                   f"checkpoint folder itself; {_REGENERATE}")
-    checked = dict(weight_map)
+    checked = dict(weight_map)  # a plain dict, whatever the parser made
     _INDEXES[key] = (text, checked)
     if len(_INDEXES) > 8:
         del _INDEXES[next(iter(_INDEXES))]
-    return dict(checked)
+    return checked
+
+
+def _plain_weight_map(text: str) -> dict[str, str] | None:
+    """The weight map of an index without a backslash whose weight map maps strings to strings and that repeats
+    no key anywhere, parsed without a hook; None for any other index (the hook path then judges it, with its
+    messages). Without backslashes every `"` delimits a string, so the text holds text.count('"') / 2 of them; a
+    repeated key leaves no trace in the dicts json.loads builds, but is a string more in the text than in them."""
+    if "\\" in text:
+        return None
+    try:
+        index = parse_json(text)
+    except JsonInputError:  # refused by the hook path, with its message
+        return None
+    weight_map = index.get("weight_map") if type(index) is dict else None
+    if type(weight_map) is not dict or set(map(type, weight_map.values())) - {str}:
+        return None
+    rest = {k: v for k, v in index.items() if k != "weight_map"}
+    if text.count('"') != 2 * (1 + 2 * len(weight_map) + _strings(rest)):
+        return None
+    return weight_map
+
+
+def _strings(value: Any) -> int:
+    """How many strings (keys included) a parsed JSON value holds."""
+    count, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is str:
+            count += 1
+        elif type(v) is dict:
+            count += len(v)
+            stack.extend(v.values())
+        elif type(v) is list:
+            stack.extend(v)
+    return count
 
 
 def safetensors_files(folder: str | Path) -> list[str]:
@@ -106,7 +147,7 @@ def safetensors_files(folder: str | Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
-    return _shard_files(folder, read_index(folder))
+    return _shard_files(folder, _checked_index(folder))
 
 
 def _shard_files(folder: Path, weight_map: dict[str, str] | None) -> list[str]:
@@ -144,7 +185,7 @@ def unindexed_weight_files(folder: str | Path) -> list[str]:
     quantized nor copied (Mistral's repos ship a `consolidated.safetensors` beside the sharded weights, holding the
     same tensors). Empty without an index."""
     folder = Path(folder)
-    weight_map = read_index(folder)
+    weight_map = _checked_index(folder)
     if weight_map is None:
         return []
     named = set(weight_map.values())
@@ -200,11 +241,11 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
 def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
-    weight_map = read_index(folder)  # read once: the shard list and the placement check both follow it
+    weight_map = _checked_index(folder)  # read once: the shard list and the placement check both follow it
     tensors: dict[str, TensorInfo] = {}
     for file in _shard_files(folder, weight_map):
-        listed = read_parsed_header(folder / file).listed  # the header's own order, as the dict it was read as
-        names = list(map(_NAME, listed))
+        header = read_header_columns(folder / file)
+        names = header.names  # the header's own order, as the dict it was read as
         # Placement checked for the whole shard at once (`tensors` holds every tensor placed so far, with its shard);
         # a disagreement is found and named by place_tensor.
         fits = set(map(weight_map.get, names)) <= {file} if weight_map is not None else tensors.keys().isdisjoint(names)
@@ -212,7 +253,7 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
             placed = {name: info.file for name, info in tensors.items()}
             for name in names:
                 place_tensor(folder, weight_map, placed, name, file)
-        tensors.update(zip(names, map(_TENSOR_INFO, zip(repeat(file), map(_DTYPE, listed), map(_SHAPE, listed)))))
+        tensors.update(zip(names, map(_TENSOR_INFO, zip(repeat(file), header.dtypes, header.shapes))))
     if weight_map is not None and len(tensors) != len(weight_map):
         check_index_complete(folder, weight_map, tensors)
     return tensors

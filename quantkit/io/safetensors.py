@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain, repeat
-from operator import itemgetter, mod, mul, ne, rshift, sub
+from operator import itemgetter, lshift, mul, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -87,7 +87,8 @@ _FIELDS = ("dtype", "shape", "data_offsets")
 # `-0` is a float to serde_json (so not a valid shape entry) but an int to Python's json: parse ints by hand then.
 _NEGATIVE_ZERO = re.compile(rb"-0(?![0-9.eE])")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_PLAIN_FIELDS = itemgetter(*_FIELDS)
+_DTYPE_OF, _SHAPE_OF, _OFFSETS_OF = map(itemgetter, _FIELDS)
+_FILE_ORDER = itemgetter(3, 4)  # of a HeaderEntry: (begin, end), the order Metadata sorts tensors in
 
 
 class HeaderEntry(NamedTuple):
@@ -148,12 +149,56 @@ class ParsedHeader:
         return ParsedHeader(self.header_len, list(self.entries), list(self.listed), self.metadata, self.metadata_at)
 
 
+class HeaderColumns(NamedTuple):
+    """A validated header as columns, in the header's own (JSON) order: what a reader of every tensor of a checkpoint
+    needs (quantkit.io.headers), without a HeaderEntry per tensor. Tuples, so one copy serves every reader."""
+
+    header_len: int
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    begins: tuple[int, ...]
+    ends: tuple[int, ...]
+    metadata: Any
+    metadata_at: int | None
+    in_file_order: bool  # the header lists the tensors by data offsets (as safetensors writes them)
+
+    def parsed(self) -> ParsedHeader:
+        """The same header as a ParsedHeader."""
+        listed = list(map(_HEADER_ENTRY, zip(self.names, self.dtypes, self.shapes, self.begins, self.ends,
+                                             repeat(False))))
+        entries = list(listed) if self.in_file_order else sorted(listed, key=_FILE_ORDER)
+        return ParsedHeader(self.header_len, entries, listed, self.metadata, self.metadata_at)
+
+
+def _columns(parsed: ParsedHeader) -> HeaderColumns:
+    listed = parsed.listed
+    names, dtypes, shapes, begins, ends = (tuple(map(itemgetter(i), listed)) for i in range(5))
+    return HeaderColumns(parsed.header_len, names, dtypes, shapes, begins, ends, parsed.metadata, parsed.metadata_at,
+                         parsed.entries == listed)
+
+
+class _Validated:
+    """A cached header: its columns, and the ParsedHeader made from them once a reader asks for one."""
+
+    __slots__ = ("columns", "header")
+
+    def __init__(self, columns: HeaderColumns, header: ParsedHeader | None = None) -> None:
+        self.columns = columns
+        self.header = header
+
+    def parsed(self) -> ParsedHeader:
+        if self.header is None:
+            self.header = self.columns.parsed()
+        return self.header
+
+
 # Headers already validated in this process, by (file size, header bytes): the one home that makes every reader of a
 # shard (inspect, the plan, the executor's shard plan, verification) parse and validate it once. Validation is a
 # pure function of those two (parse_header), so a hit is exactly what validating again would return, whatever the
 # path or the error class asked for; a changed file has other bytes or another size and is validated afresh.
 # Failures are never cached. Bounded by the bytes of the headers held.
-_PARSED: dict[tuple[int, bytes], ParsedHeader] = {}
+_PARSED: dict[tuple[int, bytes], _Validated] = {}
 _PARSED_MAX_BYTES = 256_000_000
 _parsed_bytes = 0
 
@@ -161,7 +206,7 @@ _parsed_bytes = 0
 _parsed_lock = threading.Lock()  # the executor's reader threads parse headers too
 
 
-def _remember(key: tuple[int, bytes], parsed: ParsedHeader) -> None:
+def _remember(key: tuple[int, bytes], parsed: _Validated) -> None:
     global _parsed_bytes
     with _parsed_lock:
         if key in _PARSED or len(key[1]) > _PARSED_MAX_BYTES:
@@ -231,21 +276,32 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
 
     Raises `error` (one line naming `where`, the tensor and the fix) for every file safetensors' loader refuses.
     """
+    return _validated(data, size, where, error).parsed().copy()
+
+
+def _validated(data: bytes | bytearray | memoryview, size: int, where: str,
+               error: type[QuantkitError]) -> _Validated:
     n = header_length(data, size, where, error)
     raw = bytes(data[8:8 + n])
     key = (size, raw)
-    parsed = _PARSED.get(key)
-    if parsed is None:
-        parsed = _validate(raw, n, size, where, error)
-        _remember(key, parsed)
-    return parsed.copy()
+    valid = _PARSED.get(key)
+    if valid is None:
+        valid = _validate(raw, n, size, where, error)
+        _remember(key, valid)
+    return valid
 
 
-def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> ParsedHeader:
+def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> _Validated:
     """parse_header's rules on the header bytes `raw` (N = `n`) of a file of `size` bytes."""
     plain = _validate_plain(raw, size - 8 - n, n)
     if plain is not None:
-        return plain
+        return _Validated(plain)
+    full = _validate_full(raw, n, size, where, error)
+    return _Validated(_columns(full), full)
+
+
+def _validate_full(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> ParsedHeader:
+    """The rules, tensor by tensor, naming what is wrong."""
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=json_object, parse_constant=_constant,
                             parse_float=_float, parse_int=_int if _NEGATIVE_ZERO.search(raw) else None)
@@ -303,7 +359,7 @@ def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitErr
             raise error(f"{where}: tensor {name!r} is {dtype} {_short(shape)} ({bits // 8} bytes) but spans "
                         f"{end - begin} bytes; {REFETCH}")
         listed.append(HeaderEntry(name, dtype, shape, begin, end))
-    entries = sorted(listed, key=lambda e: (e.begin, e.end))  # as Metadata's deserializer sorts them before validate()
+    entries = sorted(listed, key=_FILE_ORDER)  # as Metadata's deserializer sorts them before validate()
     pos, previous = 0, None
     for t in entries:
         if t.begin > pos:
@@ -321,7 +377,7 @@ def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitErr
     return ParsedHeader(n, entries, listed, header.get(METADATA_KEY), metadata_at)
 
 
-def _validate_plain(raw: bytes, data_len: int, n: int) -> ParsedHeader | None:
+def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
     """`_validate`'s result for a header in the form every writer produces, or None for any other header, which the
     full rules then judge (with their messages). It accepts only headers those rules accept, with the same result,
     but checks the tensors in C-level passes over columns instead of Python code per tensor (on a 67,667-tensor
@@ -329,11 +385,12 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> ParsedHeader | None:
 
     The form: no backslash anywhere (so every `"` delimits a string), no `-0`, every entry an object of exactly
     dtype, shape (dimensions >= 1) and data_offsets, `__metadata__` null or an object of strings, the tensors tiling
-    the data section. Duplicate keys leave no trace in the dicts json.loads builds without a hook, so they are found
-    by counting strings: without backslashes the text holds raw.count('"') / 2 strings, and dicts of this form that
-    hold exactly that many (5 per tensor, 1 + 2 per metadata pair) repeat no key, since an overwritten key would be
-    a string more."""
-    if b"\\" in raw or b"-0" in raw:
+    the data section. Strings are counted instead of checked where they may not be: without backslashes the text
+    holds raw.count('"') / 2 strings, and a header whose entries have the three fields (and a dtype of the table)
+    holds at least 5 per tensor and 1 + 2 per metadata pair, so that count holds exactly those: no other field, no
+    string in a shape or offsets, and no repeated key (which leaves no trace in the dicts json.loads builds without
+    a hook, but is a string more in the text)."""
+    if b"\\" in raw or b"-" in raw and b"-0" in raw:  # (the 1-byte search first: a 2-byte one is 40x slower)
         return None
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -341,53 +398,66 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> ParsedHeader | None:
         return None
     if type(header) is not dict:
         return None
-    names = list(header)
+    names = tuple(header)
     metadata, metadata_at, strings = None, None, 0
     if METADATA_KEY in header:
         metadata = header.pop(METADATA_KEY)
         metadata_at = names.index(METADATA_KEY)
-        del names[metadata_at]
+        names = names[:metadata_at] + names[metadata_at + 1:]
         if metadata is not None and (type(metadata) is not dict or set(map(type, metadata.values())) - {str}):
             return None
         strings = 1 + 2 * len(metadata or ())
-    values = list(header.values())
-    if raw.count(b'"') != 2 * (strings + 5 * len(values)) or set(map(type, values)) - {dict} \
-            or set(map(len, values)) - {3}:
+    if raw.count(b'"') != 2 * (strings + 5 * len(names)):
         return None
-    try:
-        dtypes, shapes, offsets = zip(*map(_PLAIN_FIELDS, values)) if values else ((), (), ())
-    except KeyError:
-        return None
-    if set(map(type, dtypes)) - {str} or not DTYPE_BITS.keys() >= set(dtypes) or set(map(type, shapes)) - {list} \
-            or set(map(type, offsets)) - {list} or set(map(len, offsets)) - {2}:
-        return None
-    dims, bounds = list(chain.from_iterable(shapes)), list(chain.from_iterable(offsets))
-    # Dimensions >= 1 make a shape's running product grow, so its overflow is the product's (a zero dimension can
-    # hide one, which the full rules report); offsets need no range check, as tiling from 0 to data_len bounds them.
-    if set(map(type, dims)) - {int} or set(map(type, bounds)) - {int} or dims and min(dims) < 1:
-        return None
-    bits = list(map(mul, map(math.prod, shapes), map(DTYPE_BITS.__getitem__, dtypes)))
-    if bits and (max(bits) > _USIZE_MAX or any(map(mod, bits, repeat(8)))):
-        return None
-    begins, ends = bounds[0::2], bounds[1::2]
-    if list(map(sub, ends, begins)) != list(map(rshift, bits, repeat(3))):  # each spans its bytes (so end > begin)
-        return None
-    listed = list(map(_HEADER_ENTRY, zip(names, dtypes, map(tuple, shapes), begins, ends, repeat(False))))
-    if begins[:1] == [0] and begins[1:] == ends[:-1]:  # listed in file order (what safetensors writes)
-        entries = list(listed)
-    else:
-        entries = sorted(listed, key=lambda e: (e.begin, e.end))
-        if entries and (entries[0].begin != 0 or any(map(ne, (e.begin for e in entries[1:]),
-                                                          (e.end for e in entries[:-1])))):
+    if not names:
+        return HeaderColumns(n, (), (), (), (), (), metadata, metadata_at, True) if data_len == 0 else None
+    values = header.values()
+    try:  # each entry an object holding the three fields (itemgetter raises TypeError for a list, string, number)
+        dtypes, shapes, offsets = tuple(map(_DTYPE_OF, values)), tuple(map(_SHAPE_OF, values)), \
+            tuple(map(_OFFSETS_OF, values))
+        # data_offsets: zip stops at the shortest, so two columns mean none is shorter than 2, and the lengths'
+        # sum then that none is longer (an empty object, the one other iterable without a string, is of length 0).
+        begins, ends = zip(*offsets)
+        if sum(map(len, offsets)) != 2 * len(offsets) or set(map(type, shapes)) - {list} \
+                or set(map(type, chain(chain.from_iterable(shapes), begins, ends))) - {int}:
             return None
-    if (entries[-1].end if entries else 0) != data_len:
+        bits = list(map(mul, map(math.prod, shapes), map(DTYPE_BITS.__getitem__, dtypes)))
+    except (KeyError, TypeError, ValueError):  # KeyError: a field missing, or a dtype safetensors does not define
         return None
-    return ParsedHeader(n, entries, listed, metadata, metadata_at)
+    # Dimensions >= 1 (a negative one needs a `-`; a zero one makes its tensor's bits 0) make a shape's running
+    # product grow, so its overflow is the product's (a zero dimension can hide one, which the full rules report).
+    if b"-" in raw and min(chain.from_iterable(shapes), default=1) < 1 or 0 in bits:
+        return None
+    # Each tensor spans exactly its bits / 8 bytes (so a whole number of them, end > begin). Offsets need no range
+    # check and bits no overflow check while 8 x data_len fits 64 bits: the tiling from 0 to data_len bounds both.
+    if list(map(lshift, map(sub, ends, begins), repeat(3))) != bits \
+            or data_len > _USIZE_MAX >> 3 and max(bits) > _USIZE_MAX:
+        return None
+    in_file_order = begins[0] == 0 and begins[1:] == ends[:-1]  # what safetensors writes
+    if in_file_order:
+        last = ends[-1]
+    else:
+        by_begin, by_end = zip(*sorted(zip(begins, ends)))
+        if by_begin[0] != 0 or by_begin[1:] != by_end[:-1]:
+            return None
+        last = by_end[-1]
+    if last != data_len:
+        return None
+    return HeaderColumns(n, names, dtypes, tuple(map(tuple, shapes)), begins, ends, metadata, metadata_at,
+                         in_file_order)
 
 
 def read_parsed_header(path: str | Path, error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
     """Read and validate the header of the safetensors file at `path` (tensor data is not read)."""
-    path = Path(path)
+    return _read_validated(Path(path), error).parsed().copy()
+
+
+def read_header_columns(path: str | Path, error: type[QuantkitError] = CheckpointError) -> HeaderColumns:
+    """read_parsed_header's validated header, as columns."""
+    return _read_validated(Path(path), error).columns
+
+
+def _read_validated(path: Path, error: type[QuantkitError]) -> _Validated:
     require_regular_file(path, fix="a shard must be a regular .safetensors file", error=error)
     try:
         with path.open("rb") as f:
@@ -403,7 +473,7 @@ def read_parsed_header(path: str | Path, error: type[QuantkitError] = Checkpoint
         raise error(f"{path}: permission denied; make the file readable") from None
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror or e}); {REFETCH}") from None
-    return parse_header(data, size, str(path), error)
+    return _validated(data, size, str(path), error)
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
