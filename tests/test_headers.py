@@ -190,3 +190,49 @@ def test_a_cached_header_is_not_changed_by_its_readers(real_file: Path) -> None:
     assert [e.name for e in again.listed] == [n for n in read_header(real_file) if n != "__metadata__"]
     with safe_open(str(real_file), framework="pt") as f:
         assert {e.name for e in again.entries} == set(f.keys())
+
+
+S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+INDEXES = [
+    f'{{"metadata": {{"total_size": 8}}, "weight_map": {{"a": "{S1}", "b": "{S2}"}}}}',
+    f'{{"weight_map": {{"a": "{S1}", "a": "{S2}"}}}}',  # a tensor named twice
+    f'{{"weight_map": {{"a": "{S1}", "a": "{S1}"}}}}',  # twice, in the same shard
+    f'{{"weight_map": {{"a": "{S1}"}}, "weight_map": {{"b": "{S2}"}}}}',  # the weight map twice
+    f'{{"metadata": {{"k": 1, "k": 2}}, "weight_map": {{"a": "{S1}"}}}}',  # a metadata key twice
+    f'{{"metadata": {{"k": ["x", {{"y": "z"}}]}}, "weight_map": {{"a": "{S1}"}}}}',  # strings nested in metadata
+    f'{{"weight_map": {{"a": "{S1}", "a": 1}}}}',  # a name twice, the last no file name
+    f'{{"weight_map": {{"a": "{S1}", "b": null}}}}',
+    f'{{"weight_map": {{"a\\"b": "{S1}"}}}}',  # an escaped quote
+    f'{{"weight_map": {{"a": "{S1}", "\\u0061": "{S2}"}}}}',  # a name twice, once escaped
+    f'{{"weight_map": {{"a": "sub/{S1}"}}}}',
+    f'{{"weight_map": ["{S1}"]}}',
+    f'["{S1}"]',
+    f'{{"weight_map": {{"a": "{S1}"}}',  # truncated
+    f'{{"metadata": {{"total_size": {"9" * 5000}}}, "weight_map": {{"a": "{S1}"}}}}',
+]
+
+
+def _index_result(folder: Path) -> dict[str, str] | str:
+    import quantkit.io.headers as headers
+
+    headers._INDEXES.clear()
+    try:
+        return headers.read_index(folder)  # type: ignore[return-value]
+    except CheckpointError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("text", INDEXES)
+def test_the_plain_index_reader_agrees_with_the_hook(tmp_path: Path, text: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index read without a hook (quantkit.io.headers._plain_weight_map) gives what the hook path gives: the
+    same weight map, or the same error."""
+    import quantkit.io.headers as headers
+
+    (tmp_path / INDEX_FILE).write_text(text)
+    plain = _index_result(tmp_path)
+    monkeypatch.setattr(headers, "_plain_weight_map", lambda _text: None)
+    assert plain == _index_result(tmp_path)
+    if text == INDEXES[0]:
+        monkeypatch.undo()
+        assert headers._plain_weight_map(text) == {"a": S1, "b": S2}  # the common form takes the plain path

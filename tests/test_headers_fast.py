@@ -65,6 +65,42 @@ HEADERS = [
     ("{}", 1),
     ('  {"a":' + _entry("U8", [4], 0, 4) + "}  ", 4),  # whitespace around
     ("{" + ",".join(f'"t{i}":' + _entry("BF16", [3, 5], 30 * i, 30 * i + 30) for i in range(500)) + "}", 15000),
+    # What the fast path infers instead of checking: strings from the quote count, lengths from sums, ranges from the
+    # tiling; each case below is a header that inference must not let through.
+    ('{"a":{"dtype":1,"shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[4],"data_offsets":[1,5],'
+     '"x":null}}', 5),  # a string missing from one entry, an extra field in another: the quote count still holds
+    ('{"a":{"dtype":["U8"],"shape":[4],"data_offsets":[0,4]}}', 4),  # an unhashable dtype
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,4,8]}}',
+     8),  # offsets of lengths 1 and 3: four bounds, as two pairs would give
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8,8]}}', 8),  # 2 and 3
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}}',
+     8),  # an entry nested in an entry
+    ('{"a":{"dtype":"U8","shape":{},"data_offsets":[0,1]}}', 1),  # an empty object as shape, like a scalar's []
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":{}}}', 0),
+    ('{"a":{"dtype":"U8","shape":[{}],"data_offsets":[0,1]}}', 1),
+    ('{"a":{"dtype":"U8","shape":[[4]],"data_offsets":[0,4]}}', 4),  # a list as a dimension
+    ('{"a":{"dtype":"U8","shape":[[]],"data_offsets":[0,0]}}', 0),
+    ('{"a":{"dtype":"U8","shape":[null],"data_offsets":[0,1]}}', 1),
+    ('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,true]}}', 1),  # a boolean offset, which is 1 to Python
+    ('{"a":{"dtype":"U8","shape":[1],"data_offsets":[false,1]}}', 1),
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,null]}}', 4),
+    ('{"a":{"dtype":"U8","shape":4,"data_offsets":[0,4]}}', 4),
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":4}}', 4),
+    ('{"a":' + _entry("U8", [-2, -2], 0, 4) + "}", 4),  # negative dimensions whose product is right
+    ('{"a":' + _entry("U8", [-1, 4], 0, 4) + ',"b":' + _entry("U8", [4], 4, 8) + "}", 8),
+    ('{"a-b":' + _entry("U8", [4], 0, 4) + "}", 4),  # a `-` that is no number
+    ('{"a":' + _entry("U8", [2**31, 2**31], 0, 2**62) + "}", 2**62),  # 2**65 bits, in a file that could hold them
+    ('{"a":' + _entry("U8", [2**64], 0, 2**64) + "}", 2**64),  # a dimension beyond 64 bits
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":' + _entry("U8", [4], 0, 4) + "}", 4),  # the same bytes twice
+    ('{"b":' + _entry("U8", [4], 4, 8) + ',"a":' + _entry("U8", [4], 0, 4) + ',"c":' + _entry("U8", [4], 4, 8) + "}",
+     8),  # out of file order, with an overlap
+    ('{"b":' + _entry("U8", [4], 4, 8) + ',"a":' + _entry("U8", [4], 0, 4) + "}", 9),  # out of order, a byte after
+    ('{"b":' + _entry("U8", [4], 5, 9) + ',"a":' + _entry("U8", [4], 0, 4) + "}", 9),  # out of order, a hole
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"__metadata__":{"k":"v"},"b":' + _entry("U8", [4], 4, 8) + "}", 8),
+    ('{"__metadata__":{"k":["v"]},"a":' + _entry("U8", [4], 0, 4) + "}", 4),
+    ('{"__metadata__":[],"a":' + _entry("U8", [4], 0, 4) + "}", 4),
+    ('{"__metadata__":{"k":"v"}}', 0),  # metadata alone
+    ('{"__metadata__":null}', 1),
 ]
 
 
@@ -89,5 +125,7 @@ def test_the_fast_path_agrees_with_the_full_rules(text: str, data_len: int) -> N
 
 def test_the_fast_path_takes_the_form_writers_use() -> None:
     """Not a fallback for everything: the common form (and metadata, and a header out of file order) is taken."""
-    for text, data_len in (HEADERS[0], HEADERS[2], HEADERS[3], HEADERS[4], HEADERS[8], HEADERS[-1]):
+    taken = ('{"a-b":', '{"__metadata__":{"k":"v"}}', '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"__me')
+    for text, data_len in (HEADERS[0], HEADERS[2], HEADERS[3], HEADERS[4], HEADERS[8], HEADERS[39],
+                           *(h for h in HEADERS if h[0].startswith(taken))):
         assert st._validate_plain(text.encode(), data_len, len(text)) is not None, text[:60]
