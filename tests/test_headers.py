@@ -202,6 +202,8 @@ INDEXES = [
     f'{{"metadata": {{"k": ["x", {{"y": "z"}}]}}, "weight_map": {{"a": "{S1}"}}}}',  # strings nested in metadata
     f'{{"weight_map": {{"a": "{S1}", "a": 1}}}}',  # a name twice, the last no file name
     f'{{"weight_map": {{"a": "{S1}", "b": null}}}}',
+    f'{{"weight_map": {{"a": "{S1}", "b": ["{S1}"]}}}}',  # a list as a file name
+    f'{{"weight_map": {{"a": "{S1}", "b": 2}}}}',
     f'{{"weight_map": {{"a\\"b": "{S1}"}}}}',  # an escaped quote
     f'{{"weight_map": {{"a": "{S1}", "\\u0061": "{S2}"}}}}',  # a name twice, once escaped
     f'{{"weight_map": {{"a": "sub/{S1}"}}}}',
@@ -235,4 +237,4 @@ def test_the_plain_index_reader_agrees_with_the_hook(tmp_path: Path, text: str,
     assert plain == _index_result(tmp_path)
     if text == INDEXES[0]:
         monkeypatch.undo()
-        assert headers._plain_weight_map(text) == {"a": S1, "b": S2}  # the common form takes the plain path
+        assert headers._plain_weight_map(text) == ({"a": S1, "b": S2}, {S1, S2})  # the common form: plain

@@ -5,8 +5,6 @@ import contextlib
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
-from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,10 +21,19 @@ CONFIG_FILE = "config.json"
 MAX_JSON_FILE_BYTES = 64_000_000
 
 _REGENERATE = "re-download or regenerate the index"
+
+
+class _Index(NamedTuple):
+    """A checked index: its weight map, and the shard files it names (sorted)."""
+
+    weight_map: dict[str, str]
+    files: list[str]
+
+
 # Indexes already checked in this process, by resolved path, with their text: the plan, the layer check and the
 # executor each ask for the weight map of the same source, and a 67,667-tensor index costs tens of milliseconds to
 # parse and check. A hit needs the same text, so a changed index is read afresh.
-_INDEXES: dict[str, tuple[str, dict[str, str]]] = {}
+_INDEXES: dict[str, tuple[str, _Index]] = {}
 
 
 class TensorInfo(NamedTuple):
@@ -37,7 +44,18 @@ class TensorInfo(NamedTuple):
     shape: tuple[int, ...]
 
 
-_TENSOR_INFO = partial(tuple.__new__, TensorInfo)  # TensorInfo from one tuple of its fields, without Python code
+class _ShardInfos(dict[tuple[str, tuple[int, ...]], TensorInfo]):
+    """The TensorInfo of each (dtype, shape) of one shard, made on first use: a shard's tensors share a few dozen
+    of them (every expert of a layer has the same three), as a TensorInfo is immutable, so reading a checkpoint
+    makes and keeps that many instead of one per tensor."""
+
+    def __init__(self, file: str) -> None:
+        super().__init__()
+        self.file = file
+
+    def __missing__(self, key: tuple[str, tuple[int, ...]]) -> TensorInfo:
+        info = self[key] = TensorInfo(self.file, *key)
+        return info
 
 
 @contextlib.contextmanager
@@ -64,12 +82,12 @@ def read_index(folder: str | Path) -> dict[str, str] | None:
     plain `.safetensors` file names of the folder itself (vLLM globs `*.safetensors` there and refuses an index
     naming a file that is not among them).
     """
-    weight_map = _checked_index(Path(folder))
-    return None if weight_map is None else dict(weight_map)
+    index = _checked_index(Path(folder))
+    return None if index is None else dict(index.weight_map)
 
 
-def _checked_index(folder: Path) -> dict[str, str] | None:
-    """read_index's weight map as this process's cache holds it: for readers in this module, which never change it."""
+def _checked_index(folder: Path) -> _Index | None:
+    """read_index's index as this process's cache holds it: for readers in this module, which never change it."""
     index_path = folder / INDEX_FILE
     if not index_path.is_file():
         return None
@@ -78,39 +96,44 @@ def _checked_index(folder: Path) -> dict[str, str] | None:
     cached = _INDEXES.get(key)
     if cached is not None and cached[0] == text:  # the same bytes, already checked in this process
         return cached[1]
-    weight_map = _plain_weight_map(text)
-    if weight_map is None:  # anything but the plain form: read with the hook that finds repeated names
+    plain = _plain_weight_map(text)
+    if plain is not None:
+        weight_map, files = plain
+    else:  # anything but the plain form: read with the hook that finds repeated names
         index = parse_json_text(text, index_path, _REGENERATE, object_pairs_hook=json_object)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
+        hooked = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(hooked, dict):
             raise CheckpointError(f"{index_path}: has no 'weight_map' object of tensor name -> file; {_REGENERATE}")
-        if set(map(type, weight_map.values())) - {str}:
-            for name, file in weight_map.items():
+        if set(map(type, hooked.values())) - {str}:
+            for name, file in hooked.items():
                 if not isinstance(file, str):
                     shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
                     raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got "
                                           f"{shown}; {_REGENERATE}")
-        for name, first in getattr(weight_map, "shadowed", ()):
+        for name, first in getattr(hooked, "shadowed", ()):
             raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
-                                  f"{weight_map[name][:100]!r}); {_REGENERATE}")
-    for file in sorted(set(weight_map.values())):
+                                  f"{hooked[name][:100]!r}); {_REGENERATE}")
+        weight_map, files = dict(hooked), set(hooked.values())  # a plain dict, whatever the parser made
+    shards = sorted(files)
+    for file in shards:
         # vLLM loads only the *.safetensors files beside the index (weight_utils.py filter_duplicate_safetensors_files
         # joins the folder with each weight_map value, then keeps the globbed files among them): a path is no shard.
         if not file.endswith(".safetensors") or "/" in file or "\\" in file or file.startswith("."):
             raise CheckpointError(f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
                                   f"checkpoint folder itself; {_REGENERATE}")
-    checked = dict(weight_map)  # a plain dict, whatever the parser made
+    checked = _Index(weight_map, shards)
     _INDEXES[key] = (text, checked)
     if len(_INDEXES) > 8:
         del _INDEXES[next(iter(_INDEXES))]
     return checked
 
 
-def _plain_weight_map(text: str) -> dict[str, str] | None:
-    """The weight map of an index without a backslash whose weight map maps strings to strings and that repeats
-    no key anywhere, parsed without a hook; None for any other index (the hook path then judges it, with its
-    messages). Without backslashes every `"` delimits a string, so the text holds text.count('"') / 2 of them; a
-    repeated key leaves no trace in the dicts json.loads builds, but is a string more in the text than in them."""
+def _plain_weight_map(text: str) -> tuple[dict[str, str], set[str]] | None:
+    """The weight map and its set of files, of an index without a backslash whose weight map maps strings to
+    strings and that repeats no key anywhere, parsed without a hook; None for any other index (the hook path then
+    judges it, with its messages). Without backslashes every `"` delimits a string, so the text holds
+    text.count('"') / 2 of them; a repeated key leaves no trace in the dicts json.loads builds, but is a string more
+    in the text than in them."""
     if "\\" in text:
         return None
     try:
@@ -118,12 +141,18 @@ def _plain_weight_map(text: str) -> dict[str, str] | None:
     except JsonInputError:  # refused by the hook path, with its message
         return None
     weight_map = index.get("weight_map") if type(index) is dict else None
-    if type(weight_map) is not dict or set(map(type, weight_map.values())) - {str}:
+    if type(weight_map) is not dict:
+        return None
+    try:
+        files = set(weight_map.values())
+    except TypeError:  # a list or an object as a file name
+        return None
+    if set(map(type, files)) - {str}:  # (a string equals no other JSON value, so the distinct values tell)
         return None
     rest = {k: v for k, v in index.items() if k != "weight_map"}
     if text.count('"') != 2 * (1 + 2 * len(weight_map) + _strings(rest)):
         return None
-    return weight_map
+    return weight_map, files
 
 
 def _strings(value: Any) -> int:
@@ -150,9 +179,9 @@ def safetensors_files(folder: str | Path) -> list[str]:
     return _shard_files(folder, _checked_index(folder))
 
 
-def _shard_files(folder: Path, weight_map: dict[str, str] | None) -> list[str]:
-    if weight_map is not None:
-        files = sorted(set(weight_map.values()))
+def _shard_files(folder: Path, index: _Index | None) -> list[str]:
+    if index is not None:
+        files = list(index.files)
         for file in files:
             if not (folder / file).is_file():
                 raise CheckpointError(
@@ -185,10 +214,10 @@ def unindexed_weight_files(folder: str | Path) -> list[str]:
     quantized nor copied (Mistral's repos ship a `consolidated.safetensors` beside the sharded weights, holding the
     same tensors). Empty without an index."""
     folder = Path(folder)
-    weight_map = _checked_index(folder)
-    if weight_map is None:
+    index = _checked_index(folder)
+    if index is None:
         return []
-    named = set(weight_map.values())
+    named = set(index.files)
     found = []
     for root, _dirs, files in os.walk(folder):
         for f in files:
@@ -241,9 +270,10 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorInfo]:
 def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
-    weight_map = _checked_index(folder)  # read once: the shard list and the placement check both follow it
+    index = _checked_index(folder)  # read once: the shard list and the placement check both follow it
+    weight_map = None if index is None else index.weight_map
     tensors: dict[str, TensorInfo] = {}
-    for file in _shard_files(folder, weight_map):
+    for file in _shard_files(folder, index):
         header = read_header_columns(folder / file)
         names = header.names  # the header's own order, as the dict it was read as
         # Placement checked for the whole shard at once (`tensors` holds every tensor placed so far, with its shard);
@@ -253,7 +283,7 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
             placed = {name: info.file for name, info in tensors.items()}
             for name in names:
                 place_tensor(folder, weight_map, placed, name, file)
-        tensors.update(zip(names, map(_TENSOR_INFO, zip(repeat(file), header.dtypes, header.shapes))))
+        tensors.update(zip(names, map(_ShardInfos(file).__getitem__, zip(header.dtypes, header.shapes))))
     if weight_map is not None and len(tensors) != len(weight_map):
         check_index_complete(folder, weight_map, tensors)
     return tensors

@@ -73,6 +73,7 @@ DTYPE_BITS: dict[str, int] = {d: info.bits for d, info in DTYPES.items()}
 # Bytes per element of whole-byte dtypes (io/headers' DTYPE_BYTES until apply's size prediction reads the schemes).
 DTYPE_BYTES: dict[str, int] = {d: info.bits // 8 for d, info in DTYPES.items() if info.bits % 8 == 0}
 KNOWN_DTYPES = set(DTYPES)
+_DTYPE_NAMES = {d: d for d in DTYPES}  # a header's dtype string -> the one string object of that name
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}  # the dtypes a source weight is stored in before quantization
 # The order safetensors lays tensors out in: by dtype, this order (the Rust Dtype enum, descending), then by name.
 ST_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
@@ -421,6 +422,10 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
         if sum(map(len, offsets)) != 2 * len(offsets) or set(map(type, shapes)) - {list} \
                 or set(map(type, chain(chain.from_iterable(shapes), begins, ends))) - {int}:
             return None
+        # One string object per dtype name and per distinct shape, instead of the parser's one per tensor: what a
+        # checkpoint's reader keeps is then mostly the names (on a 67,667-tensor index the parser's copies cost
+        # more to keep, in memory and the collector's passes, than these lookups).
+        dtypes = tuple(map(_DTYPE_NAMES.__getitem__, dtypes))
         bits = list(map(mul, map(math.prod, shapes), map(DTYPE_BITS.__getitem__, dtypes)))
     except (KeyError, TypeError, ValueError):  # KeyError: a field missing, or a dtype safetensors does not define
         return None
@@ -435,7 +440,7 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
         return None
     in_file_order = begins[0] == 0 and begins[1:] == ends[:-1]  # what safetensors writes
     if in_file_order:
-        last = ends[-1]
+        begins, last = (0, *ends[:-1]), ends[-1]  # the same ints as `ends`: the parser's copies need not be kept
     else:
         by_begin, by_end = zip(*sorted(zip(begins, ends)))
         if by_begin[0] != 0 or by_begin[1:] != by_end[:-1]:
@@ -443,8 +448,10 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
         last = by_end[-1]
     if last != data_len:
         return None
-    return HeaderColumns(n, names, dtypes, tuple(map(tuple, shapes)), begins, ends, metadata, metadata_at,
-                         in_file_order)
+    shape_tuples = list(map(tuple, shapes))
+    distinct: dict[tuple[int, ...], tuple[int, ...]] = {}
+    return HeaderColumns(n, names, dtypes, tuple(map(distinct.setdefault, shape_tuples, shape_tuples)), begins, ends,
+                         metadata, metadata_at, in_file_order)
 
 
 def read_parsed_header(path: str | Path, error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
