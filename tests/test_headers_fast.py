@@ -99,6 +99,21 @@ HEADERS = [
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"__metadata__":{"k":"v"},"b":' + _entry("U8", [4], 4, 8) + "}", 8),
     ('{"__metadata__":{"k":["v"]},"a":' + _entry("U8", [4], 0, 4) + "}", 4),
     ('{"__metadata__":[],"a":' + _entry("U8", [4], 0, 4) + "}", 4),
+    ('{"a":' + _entry("U8", [1], 0, 1) + ',"b":{"dtype":"U8","shape":[1],"data_offsets":[true,2]}}', 2),
+    ('{"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"U8","shape":[1],"data_offsets":[false,1]}}',
+     2),  # out of file order, a boolean begin
+    ('{"a":' + _entry("U8", [1, 4], 0, 4) + ',"b":{"dtype":"U8","shape":[true,4],"data_offsets":[4,8]}}', 8),
+    ('{"a":{"dtype":"U8","shape":[true,4],"data_offsets":[0,4]},"b":' + _entry("U8", [1, 4], 4, 8) + "}", 8),
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":{},"data_offsets":[4,5]},"c":'
+     + _entry("U8", [], 5, 6) + "}", 6),  # an empty object as a shape, beside a real scalar
+    ('{"a":' + _entry("F32", [2, 2], 0, 16) + ',"b":' + _entry("F32", [2, 2], 16, 32) + ',"c":'
+     + _entry("F32", [2, 2], 32, 47) + "}", 47),  # the same kind spanning other bytes
+    ('{"__metadata__":{"k":1.5},"a":' + _entry("U8", [4], 0, 4) + "}", 4),
+    ("{" + ",".join(f'"t{i}":' + _entry("U8", [2**61 - 1], i * (2**61 - 1), (i + 1) * (2**61 - 1)) for i in range(9))
+     + "}", 9 * (2**61 - 1)),  # offsets beyond 64 bits, in a file that could hold them
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[4.0],"data_offsets":[4,8]}}', 8),  # 4.0 == 4
+    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8.0]}}', 8),
+    ('{"a":' + _entry("F4", [3], 0, 1) + "}", 1),  # 12 bits, in 1 byte
     ('{"__metadata__":{"k":"v"}}', 0),  # metadata alone
     ('{"__metadata__":null}', 1),
 ]

@@ -44,20 +44,6 @@ class TensorInfo(NamedTuple):
     shape: tuple[int, ...]
 
 
-class _ShardInfos(dict[tuple[str, tuple[int, ...]], TensorInfo]):
-    """The TensorInfo of each (dtype, shape) of one shard, made on first use: a shard's tensors share a few dozen
-    of them (every expert of a layer has the same three), as a TensorInfo is immutable, so reading a checkpoint
-    makes and keeps that many instead of one per tensor."""
-
-    def __init__(self, file: str) -> None:
-        super().__init__()
-        self.file = file
-
-    def __missing__(self, key: tuple[str, tuple[int, ...]]) -> TensorInfo:
-        info = self[key] = TensorInfo(self.file, *key)
-        return info
-
-
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
     """The cyclic garbage collector off while a header-sized structure is built (nested uses are fine).
@@ -283,7 +269,9 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
             placed = {name: info.file for name, info in tensors.items()}
             for name in names:
                 place_tensor(folder, weight_map, placed, name, file)
-        tensors.update(zip(names, map(_ShardInfos(file).__getitem__, zip(header.dtypes, header.shapes))))
+        # One TensorInfo per kind of tensor of the shard, shared by its tensors (a TensorInfo is immutable).
+        infos = [TensorInfo(file, dtype, shape) for dtype, shape in header.kinds]
+        tensors.update(zip(names, map(infos.__getitem__, header.kind)))
     if weight_map is not None and len(tensors) != len(weight_map):
         check_index_complete(folder, weight_map, tensors)
     return tensors

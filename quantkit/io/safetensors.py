@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain, repeat
-from operator import itemgetter, lshift, mul, sub
+from operator import itemgetter, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -89,6 +89,7 @@ _FIELDS = ("dtype", "shape", "data_offsets")
 _NEGATIVE_ZERO = re.compile(rb"-0(?![0-9.eE])")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _DTYPE_OF, _SHAPE_OF, _OFFSETS_OF = map(itemgetter, _FIELDS)
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _FILE_ORDER = itemgetter(3, 4)  # of a HeaderEntry: (begin, end), the order Metadata sorts tensors in
 
 
@@ -152,12 +153,14 @@ class ParsedHeader:
 
 class HeaderColumns(NamedTuple):
     """A validated header as columns, in the header's own (JSON) order: what a reader of every tensor of a checkpoint
-    needs (quantkit.io.headers), without a HeaderEntry per tensor. Tuples, so one copy serves every reader."""
+    needs (quantkit.io.headers), without a HeaderEntry per tensor. A header holds a few dozen kinds of tensor (every
+    expert of a layer has the same three), so dtype and shape are one column of indices into `kinds`. Tuples, so
+    one copy serves every reader."""
 
     header_len: int
     names: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
+    kinds: tuple[tuple[str, tuple[int, ...]], ...]  # the distinct (dtype, shape) pairs, in order of first use
+    kind: tuple[int, ...]  # each tensor's index in `kinds`
     begins: tuple[int, ...]
     ends: tuple[int, ...]
     metadata: Any
@@ -166,17 +169,19 @@ class HeaderColumns(NamedTuple):
 
     def parsed(self) -> ParsedHeader:
         """The same header as a ParsedHeader."""
-        listed = list(map(_HEADER_ENTRY, zip(self.names, self.dtypes, self.shapes, self.begins, self.ends,
-                                             repeat(False))))
+        dtypes, shapes = zip(*map(self.kinds.__getitem__, self.kind)) if self.kind else ((), ())
+        listed = list(map(_HEADER_ENTRY, zip(self.names, dtypes, shapes, self.begins, self.ends, repeat(False))))
         entries = list(listed) if self.in_file_order else sorted(listed, key=_FILE_ORDER)
         return ParsedHeader(self.header_len, entries, listed, self.metadata, self.metadata_at)
 
 
 def _columns(parsed: ParsedHeader) -> HeaderColumns:
     listed = parsed.listed
-    names, dtypes, shapes, begins, ends = (tuple(map(itemgetter(i), listed)) for i in range(5))
-    return HeaderColumns(parsed.header_len, names, dtypes, shapes, begins, ends, parsed.metadata, parsed.metadata_at,
-                         parsed.entries == listed)
+    ids: dict[tuple[str, tuple[int, ...]], int] = {}
+    kind = tuple(ids.setdefault((e.dtype, e.shape), len(ids)) for e in listed)
+    return HeaderColumns(parsed.header_len, tuple(e.name for e in listed), tuple(ids), kind,
+                         tuple(e.begin for e in listed), tuple(e.end for e in listed), parsed.metadata,
+                         parsed.metadata_at, parsed.entries == listed)
 
 
 class _Validated:
@@ -378,24 +383,66 @@ def _validate_full(raw: bytes, n: int, size: int, where: str, error: type[Quantk
     return ParsedHeader(n, entries, listed, header.get(METADATA_KEY), metadata_at)
 
 
+class _NotPlain(Exception):
+    """A header outside the form _validate_plain takes."""
+
+
+def _no_float(text: str) -> float:
+    raise _NotPlain(text)
+
+
+class _Kinds(dict[tuple[str, tuple[int, ...]], int]):
+    """The kinds (dtype, shape) of one header's tensors -> their index in `table`, each kind checked once, on first
+    sight, and its bytes in `nbytes`. The shapes are tuples of a parse without floats, so equal ones are alike but
+    for `true`, which equals 1: a kind with a dimension 1 sets `ones` (its header's dimensions are then
+    type-checked one by one), and one without dimensions sets `scalar` (an empty object gives that tuple too)."""
+
+    ones = False
+    scalar = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table: list[tuple[str, tuple[int, ...]]] = []
+        self.nbytes: list[int] = []
+
+    def __missing__(self, key: tuple[str, tuple[int, ...]]) -> int:
+        dtype, shape = _DTYPE_NAMES[key[0]], key[1]  # KeyError: a dtype safetensors does not define
+        for d in shape:
+            if type(d) is not int or d < 1:  # a zero dimension can hide an overflow, which the full rules report
+                raise _NotPlain(shape)
+        bits = math.prod(shape) * DTYPE_BITS[dtype]  # dimensions >= 1: the running product's overflow is this one's
+        if bits > _USIZE_MAX or bits % 8:
+            raise _NotPlain(shape)
+        self.ones = self.ones or 1 in shape
+        self.scalar = self.scalar or not shape
+        index = self[key] = len(self.table)
+        self.table.append((dtype, shape))
+        self.nbytes.append(bits >> 3)
+        return index
+
+
 def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
     """`_validate`'s result for a header in the form every writer produces, or None for any other header, which the
     full rules then judge (with their messages). It accepts only headers those rules accept, with the same result,
     but checks the tensors in C-level passes over columns instead of Python code per tensor (on a 67,667-tensor
-    index the full rules cost 4-5x the json.loads itself).
+    index the full rules cost 4-5x the json.loads itself), and what depends on a tensor's dtype and shape alone once
+    per kind (_Kinds).
 
-    The form: no backslash anywhere (so every `"` delimits a string), no `-0`, every entry an object of exactly
-    dtype, shape (dimensions >= 1) and data_offsets, `__metadata__` null or an object of strings, the tensors tiling
-    the data section. Strings are counted instead of checked where they may not be: without backslashes the text
-    holds raw.count('"') / 2 strings, and a header whose entries have the three fields (and a dtype of the table)
-    holds at least 5 per tensor and 1 + 2 per metadata pair, so that count holds exactly those: no other field, no
-    string in a shape or offsets, and no repeated key (which leaves no trace in the dicts json.loads builds without
-    a hook, but is a string more in the text)."""
-    if b"\\" in raw or b"-" in raw and b"-0" in raw:  # (the 1-byte search first: a 2-byte one is 40x slower)
+    The form: no backslash anywhere (so every `"` delimits a string), no `-0`, no float, every entry an object of
+    exactly dtype, shape (dimensions >= 1) and data_offsets, `__metadata__` null or an object of strings, the tensors
+    tiling the data section. What is inferred rather than checked:
+    - strings, from their count: without backslashes the text holds raw.count('"') / 2 of them, and a header whose
+      entries have the three fields (and a dtype of the table) holds at least 5 per tensor and 1 + 2 per metadata
+      pair, so that count holds exactly those: no other field, no string in a shape or offsets, and no repeated key
+      (which leaves no trace in the dicts json.loads builds without a hook, but is a string more in the text);
+    - the offsets' types: a null, list or object in them fails the subtraction that gives the spans, and a boolean
+      (0 or 1) could only stand where the tiling puts those values, the first begin, end and second begin;
+    - their range: the tiling puts them between 0 and data_len."""
+    if b"\\" in raw or b"-" in raw and b"-0" in raw or data_len > _USIZE_MAX:  # (a 2-byte search is 40x slower)
         return None
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, an integer beyond the digit limit
+        header = json.loads(raw.decode("utf-8"), parse_float=_no_float)
+    except (ValueError, RecursionError, _NotPlain):  # JSONDecodeError, UnicodeDecodeError, a huge integer, a float
         return None
     if type(header) is not dict:
         return None
@@ -413,45 +460,35 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
     if not names:
         return HeaderColumns(n, (), (), (), (), (), metadata, metadata_at, True) if data_len == 0 else None
     values = header.values()
+    kinds = _Kinds()
     try:  # each entry an object holding the three fields (itemgetter raises TypeError for a list, string, number)
-        dtypes, shapes, offsets = tuple(map(_DTYPE_OF, values)), tuple(map(_SHAPE_OF, values)), \
-            tuple(map(_OFFSETS_OF, values))
-        # data_offsets: zip stops at the shortest, so two columns mean none is shorter than 2, and the lengths'
-        # sum then that none is longer (an empty object, the one other iterable without a string, is of length 0).
-        begins, ends = zip(*offsets)
-        if sum(map(len, offsets)) != 2 * len(offsets) or set(map(type, shapes)) - {list} \
-                or set(map(type, chain(chain.from_iterable(shapes), begins, ends))) - {int}:
+        lists, offsets = tuple(map(_SHAPE_OF, values)), tuple(map(_OFFSETS_OF, values))
+        # TypeError: a list or object as a dimension (unhashable), or a dtype that is no string
+        kind = tuple(map(kinds.__getitem__, zip(map(_DTYPE_OF, values), map(tuple, lists))))
+        begins, ends = tuple(map(_FIRST, offsets)), tuple(map(_SECOND, offsets))  # each offsets of length >= 2
+        if sum(map(len, offsets)) != 2 * len(offsets) or list(map(sub, ends, begins)) != \
+                list(map(kinds.nbytes.__getitem__, kind)):  # each tensor spans exactly its bytes (>= 1)
             return None
-        # One string object per dtype name and per distinct shape, instead of the parser's one per tensor: what a
-        # checkpoint's reader keeps is then mostly the names (on a 67,667-tensor index the parser's copies cost
-        # more to keep, in memory and the collector's passes, than these lookups).
-        dtypes = tuple(map(_DTYPE_NAMES.__getitem__, dtypes))
-        bits = list(map(mul, map(math.prod, shapes), map(DTYPE_BITS.__getitem__, dtypes)))
-    except (KeyError, TypeError, ValueError):  # KeyError: a field missing, or a dtype safetensors does not define
+    except (KeyError, IndexError, TypeError, _NotPlain):  # KeyError: a field missing, or a dtype safetensors lacks
         return None
-    # Dimensions >= 1 (a negative one needs a `-`; a zero one makes its tensor's bits 0) make a shape's running
-    # product grow, so its overflow is the product's (a zero dimension can hide one, which the full rules report).
-    if b"-" in raw and min(chain.from_iterable(shapes), default=1) < 1 or 0 in bits:
-        return None
-    # Each tensor spans exactly its bits / 8 bytes (so a whole number of them, end > begin). Offsets need no range
-    # check and bits no overflow check while 8 x data_len fits 64 bits: the tiling from 0 to data_len bounds both.
-    if list(map(lshift, map(sub, ends, begins), repeat(3))) != bits \
-            or data_len > _USIZE_MAX >> 3 and max(bits) > _USIZE_MAX:
+    if kinds.scalar and set(map(type, lists)) - {list} or \
+            kinds.ones and set(map(type, chain.from_iterable(lists))) - {int}:
         return None
     in_file_order = begins[0] == 0 and begins[1:] == ends[:-1]  # what safetensors writes
     if in_file_order:
+        if {type(begins[0]), type(ends[0]), *map(type, begins[1:2])} != {int}:
+            return None
         begins, last = (0, *ends[:-1]), ends[-1]  # the same ints as `ends`: the parser's copies need not be kept
     else:
+        if set(map(type, chain(begins, ends))) - {int}:
+            return None
         by_begin, by_end = zip(*sorted(zip(begins, ends)))
         if by_begin[0] != 0 or by_begin[1:] != by_end[:-1]:
             return None
         last = by_end[-1]
     if last != data_len:
         return None
-    shape_tuples = list(map(tuple, shapes))
-    distinct: dict[tuple[int, ...], tuple[int, ...]] = {}
-    return HeaderColumns(n, names, dtypes, tuple(map(distinct.setdefault, shape_tuples, shape_tuples)), begins, ends,
-                         metadata, metadata_at, in_file_order)
+    return HeaderColumns(n, names, tuple(kinds.table), kind, begins, ends, metadata, metadata_at, in_file_order)
 
 
 def read_parsed_header(path: str | Path, error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
