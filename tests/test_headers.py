@@ -116,6 +116,28 @@ def test_tensor_in_two_unindexed_files_is_an_error(tmp_path: Path) -> None:
     _assert_one_line(error, "'w' is in both a.safetensors and b.safetensors")
 
 
+def test_the_first_fault_in_shard_order_is_the_one_named(tmp_path: Path) -> None:
+    """Every header is read before placement is checked; a fault in an earlier shard is still the one reported, as
+    when each shard was checked as it was read: a misplaced tensor, then a damaged later shard."""
+    weight_map = _sharded(tmp_path)
+    first, second = sorted(set(weight_map.values()))
+    moved = next(name for name, file in weight_map.items() if file == first)
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": {**weight_map, moved: second}}))
+    (tmp_path / second).write_bytes(b"\x10" + bytes(7))  # a header length beyond the file
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, first, repr(moved), f"places in {second}")
+    for name in ("a", "b", "c"):  # without an index: a tensor in two files, then a damaged third
+        save_file({"w": torch.zeros(2)}, str(tmp_path / f"{name}.safetensors"))
+    (tmp_path / INDEX_FILE).unlink()
+    for file in (first, second):
+        (tmp_path / file).unlink()
+    (tmp_path / "c.safetensors").write_bytes(b"\x10" + bytes(7))
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_tensors(tmp_path)
+    _assert_one_line(error, "'w' is in both a.safetensors and b.safetensors")
+
+
 def test_folder_without_safetensors_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as error:
         checkpoint_tensors(tmp_path)

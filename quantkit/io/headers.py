@@ -5,6 +5,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -12,7 +13,7 @@ from quantkit.errors import CheckpointError, QuantkitError
 from quantkit.io.config import validate_model_config
 from quantkit.io.files import require_regular_file
 from quantkit.io.jsonin import JsonInputError, parse_json
-from quantkit.io.safetensors import json_object, read_header_columns
+from quantkit.io.safetensors import HeaderColumns, json_object, read_header_columns
 from quantkit.io.safetensors import read_header as read_header  # re-exported: header readers import it from here
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -258,23 +259,37 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{folder}: checkpoint folder not found; check the path")
     index = _checked_index(folder)  # read once: the shard list and the placement check both follow it
     weight_map = None if index is None else index.weight_map
-    tensors: dict[str, TensorInfo] = {}
-    for file in _shard_files(folder, index):
-        header = read_header_columns(folder / file)
-        names = header.names  # the header's own order, as the dict it was read as
-        # Placement checked for the whole shard at once (`tensors` holds every tensor placed so far, with its shard);
-        # a disagreement is found and named by place_tensor.
-        fits = set(map(weight_map.get, names)) <= {file} if weight_map is not None else tensors.keys().isdisjoint(names)
-        if not fits:
-            placed = {name: info.file for name, info in tensors.items()}
-            for name in names:
-                place_tensor(folder, weight_map, placed, name, file)
-        # One TensorInfo per kind of tensor of the shard, shared by its tensors (a TensorInfo is immutable).
-        infos = [TensorInfo(file, dtype, shape) for dtype, shape in header.kinds]
-        tensors.update(zip(names, map(infos.__getitem__, header.kind)))
+    # Every header is read before any is checked against the index or the others, and the tensor dict is built in
+    # one go: the placement lookups and the dict then stay in the cache, which the parsing of the next header would
+    # evict (on a 67,667-tensor index, interleaving them costs twice as much).
+    read: list[tuple[str, HeaderColumns]] = []
+    try:
+        for file in _shard_files(folder, index):
+            read.append((file, read_header_columns(folder / file)))
+    except QuantkitError:
+        _place_shards(folder, weight_map, read)  # a fault in an earlier shard is named first, as it was found first
+        raise
+    if weight_map is not None and not all(set(map(weight_map.get, header.names)) <= {file} for file, header in read):
+        _place_shards(folder, weight_map, read)  # raises, naming the first tensor the index places elsewhere
+    # One TensorInfo per kind of tensor of a shard, shared by its tensors (a TensorInfo is immutable); the tensors in
+    # shard order, each shard's in the header's own order.
+    tensors = dict(zip(chain.from_iterable(header.names for _, header in read),
+                       chain.from_iterable(map([TensorInfo(file, *kind) for kind in header.kinds].__getitem__,
+                                               header.kind) for file, header in read)))
+    if weight_map is None and len(tensors) != sum(len(header.names) for _, header in read):
+        _place_shards(folder, weight_map, read)  # raises, naming a tensor held by two shards
     if weight_map is not None and len(tensors) != len(weight_map):
         check_index_complete(folder, weight_map, tensors)
     return tensors
+
+
+def _place_shards(folder: Path, weight_map: dict[str, str] | None, read: list[tuple[str, HeaderColumns]]) -> None:
+    """Each shard's tensors placed in turn (place_tensor), raising on the first that the index places elsewhere or
+    that an earlier shard holds."""
+    placed: dict[str, str] = {}
+    for file, header in read:
+        for name in header.names:
+            place_tensor(folder, weight_map, placed, name, file)
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
