@@ -199,12 +199,15 @@ class _Validated:
         return self.header
 
 
-# Headers already validated in this process, by (file size, header bytes): the one home that makes every reader of a
-# shard (inspect, the plan, the executor's shard plan, verification) parse and validate it once. Validation is a
+# Headers already validated in this process, by file size and header bytes: the one home that makes every reader of
+# a shard (inspect, the plan, the executor's shard plan, verification) parse and validate it once. Validation is a
 # pure function of those two (parse_header), so a hit is exactly what validating again would return, whatever the
 # path or the error class asked for; a changed file has other bytes or another size and is validated afresh.
-# Failures are never cached. Bounded by the bytes of the headers held.
-_PARSED: dict[tuple[int, bytes], _Validated] = {}
+# Failures are never cached. Bounded by the bytes of the headers held. Keyed by the size and the header's length and
+# ends, with the header beside its result and compared on a hit: hashing every header (tens of MB on a large
+# checkpoint) would cost more than the comparison, and two headers with one key take turns.
+_HeaderKey = tuple[int, int, bytes, bytes]
+_PARSED: dict[_HeaderKey, tuple[bytes, _Validated]] = {}
 _PARSED_MAX_BYTES = 256_000_000
 _parsed_bytes = 0
 
@@ -212,17 +215,23 @@ _parsed_bytes = 0
 _parsed_lock = threading.Lock()  # the executor's reader threads parse headers too
 
 
-def _remember(key: tuple[int, bytes], parsed: _Validated) -> None:
+def _header_key(raw: bytes, n: int, size: int) -> _HeaderKey:
+    return size, n, raw[:64], raw[-64:]
+
+
+def _remember(key: _HeaderKey, raw: bytes, parsed: _Validated) -> None:
     global _parsed_bytes
     with _parsed_lock:
-        if key in _PARSED or len(key[1]) > _PARSED_MAX_BYTES:
+        if len(raw) > _PARSED_MAX_BYTES:
             return
-        while _PARSED and _parsed_bytes + len(key[1]) > _PARSED_MAX_BYTES:
+        held = _PARSED.pop(key, None)
+        if held is not None:
+            _parsed_bytes -= len(held[0])
+        while _PARSED and _parsed_bytes + len(raw) > _PARSED_MAX_BYTES:
             oldest = next(iter(_PARSED))
-            _parsed_bytes -= len(oldest[1])
-            del _PARSED[oldest]
-        _PARSED[key] = parsed
-        _parsed_bytes += len(key[1])
+            _parsed_bytes -= len(_PARSED.pop(oldest)[0])
+        _PARSED[key] = (raw, parsed)
+        _parsed_bytes += len(raw)
 
 
 class JsonObject(dict[str, Any]):
@@ -288,12 +297,17 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
 def _validated(data: bytes | bytearray | memoryview, size: int, where: str,
                error: type[QuantkitError]) -> _Validated:
     n = header_length(data, size, where, error)
-    raw = bytes(data[8:8 + n])
-    key = (size, raw)
-    valid = _PARSED.get(key)
-    if valid is None:
-        valid = _validate(raw, n, size, where, error)
-        _remember(key, valid)
+    return _validated_raw(bytes(data[8:8 + n]), n, size, where, error)
+
+
+def _validated_raw(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> _Validated:
+    """The validated header `raw` (N = `n`) of a file of `size` bytes, from the cache when it holds it."""
+    key = _header_key(raw, n, size)
+    held = _PARSED.get(key)
+    if held is not None and held[0] == raw:
+        return held[1]
+    valid = _validate(raw, n, size, where, error)
+    _remember(key, raw, valid)
     return valid
 
 
@@ -508,7 +522,7 @@ def _read_validated(path: Path, error: type[QuantkitError]) -> _Validated:
             size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             n = header_length(prefix, size, str(path), error)
-            data = prefix + f.read(n)
+            raw = f.read(n)
     except FileNotFoundError:
         raise error(f"{path}: file not found; check the checkpoint folder") from None
     except IsADirectoryError:
@@ -517,7 +531,7 @@ def _read_validated(path: Path, error: type[QuantkitError]) -> _Validated:
         raise error(f"{path}: permission denied; make the file readable") from None
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror or e}); {REFETCH}") from None
-    return _validated(data, size, str(path), error)
+    return _validated_raw(raw, n, size, str(path), error)
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
