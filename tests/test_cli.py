@@ -128,3 +128,27 @@ def test_demo_without_tiny_models_says_how_to_make_them(
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"error: no tiny models in {folder}; run `python examples/make_tiny_models.py` to create them\n"
+
+
+def test_auto_devices_on_a_host_without_gpu_nodes_import_no_torch() -> None:
+    # A dry run with the default `--devices auto` used to import torch (1-2 s) only to count GPUs. Where no GPU
+    # device file exists, torch can see none: the plan says cpu without it, and torch itself agrees.
+    from quantkit.apply.run import GPU_DEVICE_NODES, no_gpu_device_nodes
+
+    if not no_gpu_device_nodes():
+        pytest.skip(f"this host has a GPU device file ({', '.join(GPU_DEVICE_NODES)}): torch decides here")
+    root = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from quantkit.apply.run import resolve_devices
+        print(json.dumps([resolve_devices("auto"), resolve_devices(None), "torch" in sys.modules]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    auto, default, torch_loaded = json.loads(out)
+    assert auto == default == ["cpu"]
+    assert torch_loaded is False
+    import torch
+
+    assert torch.cuda.device_count() == 0 or not torch.cuda.is_available()  # the reference: torch sees no GPU

@@ -118,9 +118,22 @@ def device_spec(devices: str | list[str] | None) -> list[str]:
     return spec
 
 
+# The device files a GPU driver gives a Linux process, one of which CUDA (libcuda opens /dev/nvidiactl; WSL 2 has
+# /dev/dxg instead) or ROCm (HIP opens /dev/kfd) needs before torch can count a GPU; containers get them mounted.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def no_gpu_device_nodes() -> bool:
+    """True on a Linux host without any of GPU_DEVICE_NODES, where torch.cuda sees no GPU (CUDA or ROCm); False
+    elsewhere, where only torch can tell."""
+    return sys.platform.startswith("linux") and not any(map(os.path.exists, GPU_DEVICE_NODES))
+
+
 def resolve_devices(devices: str | list[str] | None) -> list[str]:
     """`auto` (every visible GPU, else the CPU), `cpu`, `cuda` (every visible GPU) or a list `cuda:0,cuda:1`."""
     spec = device_spec(devices)
+    if spec == [] and no_gpu_device_nodes():
+        return ["cpu"]  # auto on a host where no GPU can be visible: known without importing torch (1-2 s)
     if spec in (["cuda"], []):
         import torch
 
