@@ -278,16 +278,20 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
         raise
     if weight_map is not None and not all(set(map(weight_map.get, header.names)) <= {file} for file, header in read):
         _place_shards(folder, weight_map, read)  # raises, naming the first tensor the index places elsewhere
-    # One TensorInfo per kind of tensor of a shard, shared by its tensors (a TensorInfo is immutable); the tensors in
-    # shard order, each shard's in the header's own order.
+    # The tensors in shard order, each shard's in the header's own order.
     tensors = dict(zip(chain.from_iterable(header.names for _, header in read),
-                       chain.from_iterable(map([TensorInfo(file, *kind) for kind in header.kinds].__getitem__,
-                                               header.kind) for file, header in read)))
+                       chain.from_iterable(_shard_infos(file, header) for file, header in read)))
     if weight_map is None and len(tensors) != sum(len(header.names) for _, header in read):
         _place_shards(folder, weight_map, read)  # raises, naming a tensor held by two shards
     if weight_map is not None and len(tensors) != len(weight_map):
         check_index_complete(folder, weight_map, tensors)
     return tensors
+
+
+def _shard_infos(file: str, header: HeaderColumns) -> Iterator[TensorInfo]:
+    """Each tensor's TensorInfo, in the header's order: one per kind of tensor of the shard, shared by its tensors (a
+    TensorInfo is immutable)."""
+    return map([TensorInfo(file, *kind) for kind in header.kinds].__getitem__, header.kind)
 
 
 def _place_shards(folder: Path, weight_map: dict[str, str] | None, read: list[tuple[str, HeaderColumns]]) -> None:
