@@ -35,8 +35,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from itertools import chain, repeat
-from operator import itemgetter, sub
+from itertools import accumulate, chain, repeat
+from operator import add, itemgetter, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -313,7 +313,8 @@ def _validated_raw(raw: bytes, n: int, size: int, where: str, error: type[Quantk
 
 def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> _Validated:
     """parse_header's rules on the header bytes `raw` (N = `n`) of a file of `size` bytes."""
-    plain = _validate_plain(raw, size - 8 - n, n)
+    data_len = size - 8 - n
+    plain = _validate_compact(raw, data_len, n) or _validate_plain(raw, data_len, n)
     if plain is not None:
         return _Validated(plain)
     full = _validate_full(raw, n, size, where, error)
@@ -503,6 +504,86 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
     if last != data_len:
         return None
     return HeaderColumns(n, names, tuple(kinds.table), kind, begins, ends, metadata, metadata_at, in_file_order)
+
+
+# The writer form of a header (safetensors' `Metadata` serializer, quantkit's writer): compact JSON, `__metadata__`
+# first if at all, then each tensor as `"name":{"dtype":"..","shape":[..],"data_offsets":[b,e]}` in file order, the
+# whole padded with spaces. It holds no control character (JSON refuses them raw in a string, and compact JSON has no
+# whitespace) and, in a header without a backslash, no escape. A tensor's match has three groups: its name, its kind
+# (`BF16","shape":[7168,2048`) and its offsets (`0,29360128`), the last compared with the canonical decimals of the
+# tiling, which also refuses the leading zeros JSON refuses.
+_COMPACT_TENSOR = re.compile(r'"([^"]*)":\{"dtype":"([A-Z0-9_]+","shape":\[[0-9,]*)\],"data_offsets":\['
+                             r'([0-9]+,[0-9]+)\]\}(?:,|\}\Z)')
+_COMPACT_FIXED = len('"":{"dtype":"],"data_offsets":[]}') + 1  # the characters of a match besides its groups
+_COMPACT_METADATA = re.compile(r'\{"__metadata__":(null|\{(?:"[^"]*":"[^"]*"(?:,"[^"]*":"[^"]*")*)?\}),')
+_COMPACT_KIND = re.compile(r'([A-Z0-9_]+)","shape":\[((?:[1-9][0-9]*(?:,[1-9][0-9]*)*)?)')  # dimensions >= 1
+_CONTROL_BYTES = bytes(range(32))
+
+
+class _KindTexts(dict[str, int]):
+    """A kind's text (`BF16","shape":[7168,2048`) -> its index in `kinds` (a _Kinds, which checks each kind once):
+    one text per kind, since the writer form writes an integer one way."""
+
+    def __init__(self, kinds: _Kinds) -> None:
+        super().__init__()
+        self.kinds = kinds
+
+    def __missing__(self, text: str) -> int:
+        m = _COMPACT_KIND.fullmatch(text)
+        if m is None:  # a dimension 0, a leading zero, an empty dimension
+            raise _NotPlain(text)
+        dtype, shape = m.groups()
+        index = self[text] = self.kinds[dtype, tuple(map(int, shape.split(","))) if shape else ()]
+        return index
+
+
+def _validate_compact(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
+    """`_validate_plain`'s result for a header in the writer form in file order (above), or None for any other
+    header, which _validate_plain then judges: one regex pass over the text instead of json.loads and a pass per
+    field (on a 67,667-tensor index about a third of their time).
+
+    The matches tile the text after `{` and the metadata: each match starts where the previous ended (their lengths,
+    from the groups', sum to what is left), so nothing between them escapes the pattern, and only the last ends the
+    object (`}` at the text's end). Without backslashes every `"` delimits a string, so the tiling leaves no room for
+    another field or value. What json.loads and _validate_plain would find otherwise is checked: a name twice, a
+    tensor named `__metadata__`, each kind by _Kinds, and the spans tiling the data section from byte 0 in header
+    order."""
+    body = raw.rstrip(b" ")  # safetensors pads the header with spaces
+    if b"\\" in body or data_len > _USIZE_MAX or len(body.translate(None, _CONTROL_BYTES)) != len(body):
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    start, metadata, metadata_at = 1, None, None
+    if text.startswith('{"__metadata__":'):
+        head = _COMPACT_METADATA.match(text)
+        if head is None:
+            return None
+        start, metadata_at = head.end(), 0
+        if head.group(1) != "null":
+            metadata = json.loads(head.group(1))  # a key twice keeps its last value, as in the full rules
+    elif not text.startswith('{"'):
+        return None
+    found = _COMPACT_TENSOR.findall(text, start)
+    if not found:
+        return None
+    names, kind_texts, offsets = zip(*found)
+    if sum(map(len, names)) + sum(map(len, kind_texts)) + sum(map(len, offsets)) + _COMPACT_FIXED * len(found) != \
+            len(text) - start or text[-1] != "}" or METADATA_KEY in names:
+        return None  # something between or after the matches, or the last one ends in a comma
+    kinds = _Kinds()
+    try:
+        kind = tuple(map(_KindTexts(kinds).__getitem__, kind_texts))
+    except (KeyError, _NotPlain):  # a dtype safetensors lacks, a shape outside the form
+        return None
+    ends = tuple(accumulate(map(kinds.nbytes.__getitem__, kind)))  # each tensor spans exactly its bytes, in order
+    if ends[-1] != data_len or len(set(names)) != len(names):
+        return None
+    decimals = tuple(map(str, ends))
+    if offsets != tuple(map(add, map(add, ("0", *decimals[:-1]), repeat(",")), decimals)):
+        return None
+    return HeaderColumns(n, names, tuple(kinds.table), kind, (0, *ends[:-1]), ends, metadata, metadata_at, True)
 
 
 def read_parsed_header(path: str | Path, error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
