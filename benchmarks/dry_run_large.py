@@ -8,7 +8,10 @@ process against that baseline; `plan_ratio` is the plan alone (apply's own timin
 quantkit's imports. The process's time is split into Python's own start (`python -c pass`), the imports of the
 dry-run path (a process that imports them and stops, less that start), the plan, and the rest (the result object,
 its JSON and the process's exit). Each figure is the fastest of `--repeat` interleaved runs, so that a busy machine
-(this one has 2 shared cores) slows the baseline and the dry run alike.
+(this one has 2 shared cores) slows the baseline and the dry run alike. quantkit's modules are byte-compiled first,
+as pip does when it installs the wheel: a checkout run with PYTHONDONTWRITEBYTECODE=1 (as on this round's machines)
+would otherwise compile every module it imports, in every process, from source (~0.03 s of the plan's own lazy
+imports).
 
     python benchmarks/dry_run_large.py                   # 61 layers x 384 experts, Kimi-K2.5 dimensions
     python benchmarks/dry_run_large.py --layers 8 --experts 64 --small
@@ -18,6 +21,7 @@ its JSON and the process's exit). Each figure is the fastest of `--repeat` inter
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import resource
 import subprocess
@@ -85,6 +89,7 @@ def main() -> None:
         cpu[key].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         return proc
 
+    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "quantkit"), quiet=1)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kimi-k2.5-text-bf16"
         facts = write_synthetic_deepseek(src, args.layers, args.experts, args.small, quantized=False)
