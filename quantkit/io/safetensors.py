@@ -521,20 +521,35 @@ _CONTROL_BYTES = bytes(range(32))
 
 
 class _KindTexts(dict[str, int]):
-    """A kind's text (`BF16","shape":[7168,2048`) -> its index in `kinds` (a _Kinds, which checks each kind once):
-    one text per kind, since the writer form writes an integer one way."""
+    """A kind's text (`BF16","shape":[7168,2048`) -> its index in this header's `table` (and its bytes in `nbytes`),
+    as _Kinds keeps them: one text per kind, since the writer form writes an integer one way. A text's kind is checked
+    once per process (_KIND_OF_TEXT), since every shard of a checkpoint repeats the same few."""
 
-    def __init__(self, kinds: _Kinds) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.kinds = kinds
+        self.table: list[tuple[str, tuple[int, ...]]] = []
+        self.nbytes: list[int] = []
 
     def __missing__(self, text: str) -> int:
-        m = _COMPACT_KIND.fullmatch(text)
-        if m is None:  # a dimension 0, a leading zero, an empty dimension
-            raise _NotPlain(text)
-        dtype, shape = m.groups()
-        index = self[text] = self.kinds[dtype, tuple(map(int, shape.split(","))) if shape else ()]
+        known = _KIND_OF_TEXT.get(text)
+        if known is None:
+            m = _COMPACT_KIND.fullmatch(text)
+            if m is None:  # a dimension 0, a leading zero, an empty dimension
+                raise _NotPlain(text)
+            dtype, shape = m.groups()
+            kinds = _Kinds()  # KeyError, _NotPlain: a dtype safetensors lacks, a size beyond 64 bits
+            kinds[dtype, tuple(map(int, shape.split(","))) if shape else ()]
+            known = kinds.table[0], kinds.nbytes[0]
+            if len(_KIND_OF_TEXT) >= 4096:  # (a checkpoint has dozens)
+                _KIND_OF_TEXT.clear()
+            _KIND_OF_TEXT[text] = known
+        index = self[text] = len(self.table)
+        self.table.append(known[0])
+        self.nbytes.append(known[1])
         return index
+
+
+_KIND_OF_TEXT: dict[str, tuple[tuple[str, tuple[int, ...]], int]] = {}
 
 
 def _validate_compact(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
@@ -572,9 +587,9 @@ def _validate_compact(raw: bytes, data_len: int, n: int) -> HeaderColumns | None
     if sum(map(len, names)) + sum(map(len, kind_texts)) + sum(map(len, offsets)) + _COMPACT_FIXED * len(found) != \
             len(text) - start or text[-1] != "}" or METADATA_KEY in names:
         return None  # something between or after the matches, or the last one ends in a comma
-    kinds = _Kinds()
+    kinds = _KindTexts()
     try:
-        kind = tuple(map(_KindTexts(kinds).__getitem__, kind_texts))
+        kind = tuple(map(kinds.__getitem__, kind_texts))
     except (KeyError, _NotPlain):  # a dtype safetensors lacks, a shape outside the form
         return None
     ends = tuple(accumulate(map(kinds.nbytes.__getitem__, kind)))  # each tensor spans exactly its bytes, in order
