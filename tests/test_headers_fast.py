@@ -170,6 +170,10 @@ HEADERS = [
      18446744073709551616),  # a dimension beyond 64 bits
     ('{"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}}', 0),  # overflows 64 bits
     ('{"a":{"dtype":"U8","data_offsets":[0,4],"shape":[4]}}', 4),  # another field order
+    ('{"a":{"dtype":"U8","shape":[' + "9" * 5000 + '],"data_offsets":[0,4]}}', 4),  # past int()'s digit limit
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,' + "9" * 5000 + ']}}', 4),
+    ('{"a":{"dtype":"U8","shape":[1' + "0" * 20 + '],"data_offsets":[0,4]}}', 4),  # 21 digits
+    ('{"a":{"dtype":"U8","shape":[1' + "0" * 19 + '],"data_offsets":[0,1' + "0" * 19 + ']}}', 10**19),  # 20 digits
 ]
 
 

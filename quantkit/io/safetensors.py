@@ -516,7 +516,8 @@ _COMPACT_TENSOR = re.compile(r'"([^"]*)":\{"dtype":"([A-Z0-9_]+","shape":\[[0-9,
                              r'([0-9]+,[0-9]+)\]\}(?:,|\}\Z)')
 _COMPACT_FIXED = len('"":{"dtype":"],"data_offsets":[]}') + 1  # the characters of a match besides its groups
 _COMPACT_METADATA = re.compile(r'\{"__metadata__":(null|\{(?:"[^"]*":"[^"]*"(?:,"[^"]*":"[^"]*")*)?\}),')
-_COMPACT_KIND = re.compile(r'([A-Z0-9_]+)","shape":\[((?:[1-9][0-9]*(?:,[1-9][0-9]*)*)?)')  # dimensions >= 1
+# dimensions >= 1 of at most 20 digits (u64's; longer ones are past its range, and past int()'s 4,300-digit limit)
+_COMPACT_KIND = re.compile(r'([A-Z0-9_]+)","shape":\[((?:[1-9][0-9]{0,19}(?:,[1-9][0-9]{0,19})*)?)')
 _CONTROL_BYTES = bytes(range(32))
 
 
