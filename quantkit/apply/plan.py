@@ -15,6 +15,7 @@ from quantkit.vocab import ModelKind
 
 if TYPE_CHECKING:
     from quantkit.io.checkpoint import SourceCheckpoint
+    from quantkit.naming.builder import CheckpointModules
     from quantkit.naming.drafts import DraftInfo
 
 
@@ -57,6 +58,9 @@ class ApplyPlan:
     # a quantized source's decoded tensor name -> the source tensors it is made from (io.formats.decoded_tensor_names,
     # read once per plan); empty for a BF16 source
     decoded: dict[str, list[str]] = field(default_factory=dict)
+    # the tensor names the layers were built from, as quantkit.naming.builder.CheckpointModules (None: a multimodal
+    # wrapper's, whose module names are made anew); read only
+    modules: CheckpointModules | None = None
 
 
 
