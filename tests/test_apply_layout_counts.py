@@ -87,3 +87,25 @@ def test_a_consecutive_expert_layer_is_one_run() -> None:
     d = LayerDecision(runtime_name="e", checkpoint_modules=list(experts), action="quantize", scheme="mxfp4")
     tensors = dict.fromkeys(names, TensorInfo("s", "BF16", (2, 2)))
     assert _weight_runs([d], tensors, ckpt) == {0: range(1, 7)}
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_unused_after_taking_runs_answers_as_a_set(seed: int) -> None:
+    """Experts taken as runs are left out of `used` until it is read; unused() answers as if they were in it."""
+    rng = random.Random(seed)
+    names = list(_checkpoint(rng))
+    ckpt = CheckpointModules(names)
+    taken: set[str] = set()
+    for layer in rng.sample(range(6), rng.randrange(7)):
+        picked = ckpt.experts_under(f"m.l.{layer}.e")
+        for _ in range(rng.randrange(1, 3)):  # some taken twice
+            taken.update(ckpt.take(picked))
+    others = sorted({n.rpartition(".")[0] for n in names})
+    taken.update(ckpt.take(rng.sample(others, rng.randrange(4))))
+    plain = sorted({n.rpartition(".")[0] for n in names} - taken)
+    assert ckpt.unused() == plain
+    if rng.random() < 0.5:
+        assert ckpt.used == taken
+        ckpt.used.add("m.l.0.a")
+        taken.add("m.l.0.a")
+        assert ckpt.unused() == sorted({n.rpartition(".")[0] for n in names} - taken)

@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import eq, itemgetter
 from typing import Any
 
@@ -151,7 +151,9 @@ class CheckpointModules:
         self.tensor_names = names  # as given, in checkpoint order
         self.tensor_modules = modules  # the module of every tensor, in checkpoint order
         self.params = ModuleParams(self)
-        self.used: set[str] = set()
+        self._used: set[str] = set()
+        self._taken_runs: list[tuple[str, ...]] = []  # experts_under answers taken whole, not yet in _used
+        self._taken_spans: list[tuple[int, int]] = []  # their positions (start, stop)
         self._by_name: list[int] | None = None
         self._numbered: dict[str, list[tuple[int, str]]] = {}
         self._numbers: dict[str, list[tuple[int, int, int]]] = {}
@@ -209,14 +211,42 @@ class CheckpointModules:
             return None
         return range(known[1], known[2])
 
+    @property
+    def used(self) -> set[str]:
+        """The modules a layer took or a layout check marked used. Experts taken as a whole run (weight_run) join it
+        when it is first read, so that building the layers hashes none of them (unused() skips them by position)."""
+        if self._taken_runs:
+            self._used.update(chain.from_iterable(self._taken_runs))
+            self._taken_runs.clear()
+        return self._used
+
+    def mark_used(self, modules: Iterable[str]) -> None:
+        """Add `modules` to `used` (without reading it, which would add the runs taken so far)."""
+        self._used.update(modules)
+
     def take(self, modules: Iterable[str]) -> tuple[str, ...]:
         modules = tuple(modules)
-        self.used.update(modules)
+        known = self._weight_runs.get(modules[0]) if modules else None
+        if known is not None and modules == known[0]:  # the answer's own strings: compared by identity first
+            self._taken_runs.append(modules)
+            self._taken_spans.append((known[1], known[2]))
+        else:
+            self._used.update(modules)
         return modules
 
     def unused(self) -> list[str]:
-        """The modules not in `used`, sorted by name."""
-        return sorted(set(filterfalse(self.used.__contains__, self.tensor_modules)))
+        """The modules not in `used`, sorted by name. A run of experts taken whole holds every tensor of its modules,
+        so only the tensors outside the taken runs are looked at."""
+        modules: Iterable[str] = self.tensor_modules
+        if self._taken_spans:
+            gaps, at = [], 0
+            for start, stop in sorted(self._taken_spans):
+                if start > at:
+                    gaps.append((at, start))
+                at = max(at, stop)
+            gaps.append((at, len(self.tensor_modules)))
+            modules = chain.from_iterable(self.tensor_modules[start:stop] for start, stop in gaps)
+        return sorted(set(filterfalse(self._used.__contains__, modules)))
 
     def numbered(self, container: str) -> list[tuple[int, str]]:
         """(number, module) of every module `container.<number>[.*]`, in checkpoint order (`<number>` ASCII digits)."""
@@ -401,7 +431,7 @@ def check_layer_range(ckpt: CheckpointModules, prefix: str, n: int, source: str,
 
 def skip_layers(ckpt: CheckpointModules, prefix: str, start: int) -> None:
     """Mark the tensors of layers >= start (MTP / next-token-prediction layers vLLM's target model skips) as used."""
-    ckpt.used.update(ckpt.numbered_from(prefix, start))
+    ckpt.mark_used(ckpt.numbered_from(prefix, start))
 
 
 def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
