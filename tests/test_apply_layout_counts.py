@@ -109,3 +109,11 @@ def test_unused_after_taking_runs_answers_as_a_set(seed: int) -> None:
         ckpt.used.add("m.l.0.a")
         taken.add("m.l.0.a")
         assert ckpt.unused() == sorted({n.rpartition(".")[0] for n in names} - taken)
+
+
+def test_other_tensor_names_are_those_not_ending_in_weight() -> None:
+    """plan_apply searches these for fused experts (`.gate_up_proj`, `.down_proj`) instead of every name."""
+    rng = random.Random(7)
+    names = list(_checkpoint(rng)) + ["weight", ".weight", "a.weight.weight", "m.l.0.e.gate_up_proj", "x.weight_"]
+    rng.shuffle(names)
+    assert CheckpointModules(names).other_tensor_names() == [n for n in names if not n.endswith(".weight")]

@@ -243,9 +243,10 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
     # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
-    # only names ending so can be such a tensor: usually none (found in one search of the names), and then no module
-    # is looked at
-    present = set(names_ending(names, (".gate_up_proj", ".down_proj")))
+    # only names ending so can be such a tensor: usually none (found in one search of the names that do not end in
+    # `.weight`, which the layers' table holds apart), and then no module is looked at
+    present = set(names_ending(table.other_tensor_names() if table is not None else names,
+                               (".gate_up_proj", ".down_proj")))
     fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
                   for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present),
                  None) if present else None

@@ -196,6 +196,10 @@ class CheckpointModules:
         other = self.other_params.get(module)
         return self.has(module) if other is None else (self.tensor_count(module) > len(other) or "weight" in other)
 
+    def other_tensor_names(self) -> list[str]:
+        """The tensor names that are not `<module>.weight` (usually a few of a checkpoint), in checkpoint order."""
+        return list(map(self.tensor_names.__getitem__, self._other_positions))
+
     def positions(self, module: str) -> list[int]:
         """The checkpoint positions of `module`'s tensors, in checkpoint order ([]: not a module here)."""
         by_name, key = self._sorted(), self.tensor_modules.__getitem__
