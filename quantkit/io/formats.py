@@ -69,6 +69,7 @@ Nothing here imports torch at module level; `detect_format`, `decoded_tensor_nam
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
@@ -590,19 +591,23 @@ def _check_int4(fmt: SourceFormat, infos: Mapping[str, tuple[str, tuple[int, ...
 def names_ending(names: Collection[str], suffixes: tuple[str, ...]) -> list[str]:
     """The names that end with one of `suffixes`, in their order.
 
-    The names joined by newlines are searched first: a name ending so puts `suffix` + newline in that text, so where
-    none is found (the usual case) no name is looked at one by one; a name holding a newline can only make a match
-    that the exact pass then settles."""
-    text = "\n".join(names) + "\n"
-    if not any(s + "\n" in text for s in suffixes):
+    The names joined by newlines are searched first: a name ending so puts `suffix` + newline in that text (or ends
+    it), so where none is found (the usual case) no name is looked at one by one; a name holding a newline can only
+    make a match that the exact pass then settles. Several suffixes sharing a beginning are first searched for that
+    alone (one search of the ~3 MB of a Kimi-K2.5 index's names instead of one per suffix)."""
+    text = "\n".join(names)
+    shared = os.path.commonprefix(suffixes)  # what every suffix holds (".weight_" for FP8 scales and INT4 packs)
+    if len(suffixes) > 1 and shared and shared not in text:  # one search instead of one per suffix
+        return []
+    if not any(s + "\n" in text or text.endswith(s) for s in suffixes):
         return []
     return list(compress(names, map(str.endswith, names, repeat(suffixes))))
 
 
 def names_starting(names: Collection[str], prefixes: tuple[str, ...]) -> list[str]:
     """The names that start with one of `prefixes`, in their order (searched like `names_ending`)."""
-    text = "\n" + "\n".join(names)
-    if not any("\n" + p in text for p in prefixes):
+    text = "\n".join(names)
+    if not any(text.startswith(p) or "\n" + p in text for p in prefixes):
         return []
     return list(compress(names, map(str.startswith, names, repeat(prefixes))))
 
