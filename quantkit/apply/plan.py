@@ -115,9 +115,11 @@ def unmatched_patterns(recipe: Recipe, layers: list[Any]) -> list[tuple[str, str
     lacks (shared_experts in Qwen3-MoE) selects nothing because there is nothing to keep; the built-in recipes, which
     cover several families, use roles only.
     """
-    modules = [m for layer in layers for m in layer.checkpoint_modules]
     entries = [(f"keep[{i}]", k.pattern) for i, k in enumerate(recipe.keep)]
     entries += [(f"overrides[{i}]", o.pattern) for i, o in enumerate(recipe.overrides)]
+    if all(pattern is None for _, pattern in entries):  # roles only (every built-in recipe): no module to list
+        return []
+    modules = [m for layer in layers for m in layer.checkpoint_modules]
     return [(f"{key}.pattern", pattern) for key, pattern in entries
             if pattern is not None and not any(fnmatch.fnmatchcase(m, pattern) for m in modules)]
 
