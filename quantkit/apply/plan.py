@@ -15,6 +15,7 @@ from quantkit.vocab import ModelKind
 
 if TYPE_CHECKING:
     from quantkit.io.checkpoint import SourceCheckpoint
+    from quantkit.naming.builder import CheckpointModules
     from quantkit.naming.drafts import DraftInfo
 
 
@@ -57,6 +58,9 @@ class ApplyPlan:
     # a quantized source's decoded tensor name -> the source tensors it is made from (io.formats.decoded_tensor_names,
     # read once per plan); empty for a BF16 source
     decoded: dict[str, list[str]] = field(default_factory=dict)
+    # the tensor names the layers were built from, as quantkit.naming.builder.CheckpointModules (None: a multimodal
+    # wrapper's, whose module names are made anew); read only
+    modules: CheckpointModules | None = None
 
 
 
@@ -111,9 +115,11 @@ def unmatched_patterns(recipe: Recipe, layers: list[Any]) -> list[tuple[str, str
     lacks (shared_experts in Qwen3-MoE) selects nothing because there is nothing to keep; the built-in recipes, which
     cover several families, use roles only.
     """
-    modules = [m for layer in layers for m in layer.checkpoint_modules]
     entries = [(f"keep[{i}]", k.pattern) for i, k in enumerate(recipe.keep)]
     entries += [(f"overrides[{i}]", o.pattern) for i, o in enumerate(recipe.overrides)]
+    if all(pattern is None for _, pattern in entries):  # roles only (every built-in recipe): no module to list
+        return []
+    modules = [m for layer in layers for m in layer.checkpoint_modules]
     return [(f"{key}.pattern", pattern) for key, pattern in entries
             if pattern is not None and not any(fnmatch.fnmatchcase(m, pattern) for m in modules)]
 

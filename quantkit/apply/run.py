@@ -19,6 +19,7 @@ import re
 import shlex
 import sys
 import time
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping
 from itertools import chain, repeat
@@ -56,6 +57,7 @@ from quantkit.io.checkpoint import (
 from quantkit.io.files import describe_not_copied, not_copied, scan_folder
 from quantkit.io.headers import INDEX_FILE, paused_gc, read_config, unindexed_weight_files
 from quantkit.naming.archs import model_kind
+from quantkit.naming.builder import CheckpointModules
 from quantkit.naming.drafts import DraftInfo, draft_info
 from quantkit.naming.layers import UNKNOWN_TARGET_LAYERS
 from quantkit.progress import Progress, or_silent
@@ -155,7 +157,7 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
 def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
                path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
-    from quantkit.naming.archs import architecture_of, family_of, quark_template, runtime_layers
+    from quantkit.naming.archs import architecture_of, checkpoint_layers, family_of, quark_template
 
     device_spec(devices)  # a misspelt device is found before the model is read
     rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -213,7 +215,8 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         if n_target is not None and info.aux_layer_ids and max(info.aux_layer_ids) > n_target:
             raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
                              f"{n_target} layers; is --target the draft's target?")
-    layers = runtime_layers(src.config, names, (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
+    layers, table = checkpoint_layers(src.config, names,
+                                      (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
     unmatched = unmatched_patterns(rec, layers)
     if unmatched:
         key, pattern = unmatched[0]
@@ -240,9 +243,10 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
     # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
-    # only names ending so can be such a tensor: usually none (found in one search of the names), and then no module
-    # is looked at
-    present = set(names_ending(names, (".gate_up_proj", ".down_proj")))
+    # only names ending so can be such a tensor: usually none (found in one search of the names that do not end in
+    # `.weight`, which the layers' table holds apart), and then no module is looked at
+    present = set(names_ending(table.other_tensor_names() if table is not None else names,
+                               (".gate_up_proj", ".down_proj")))
     fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
                   for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present),
                  None) if present else None
@@ -285,7 +289,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
                      run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
                      set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)),
-                     ignored_weight_files(src), decoded)
+                     ignored_weight_files(src), decoded, table)
 
 
 def ignored_weight_files(src: SourceCheckpoint) -> list[str]:
@@ -308,7 +312,7 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     """Bytes of the output's tensors, from the plan and the source headers (no tensor data read)."""
     from quantkit.io.safetensors import DTYPE_BYTES
 
-    layouts = _layout_counts(plan.decisions, _quantizer_tensors(plan))
+    layouts = _layout_counts(plan.decisions, _quantizer_tensors(plan), plan.modules)
     total = 0
     for (scheme, dtype, shape), count in layouts.items():
         exact = SCHEMES[scheme].output_bytes(shape) if scheme in SCHEMES and len(shape) >= 2 else None
@@ -321,32 +325,84 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     return total
 
 
-def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any]) -> Counter[tuple[Any, str, Any]]:
+def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
+                   modules: CheckpointModules | None = None) -> Counter[tuple[Any, str, Any]]:
     """How many of the tensors the quantizer sees have each (scheme, dtype, shape): scheme None for a tensor kept as
     it is, else that of the quantize decision whose module's `.weight` it is (a later decision wins).
 
-    The experts of an MoE layer repeat a few layouts (gate, up, down): each decision's weights are counted a period
-    at a time where they repeat one (checked by C-level list comparison), and the tensors left over, the few kept
-    ones, one by one."""
-    listed = [(d.scheme, list(map(add, d.checkpoint_modules, repeat(".weight"))))
-              for d in decisions if d.action == "quantize"]
+    `modules`: the CheckpointModules the decisions' modules were taken from, built from the names of `infos`. The
+    experts of an MoE layer are then usually one run of its positions (CheckpointModules.weight_run), read as a slice
+    of `infos`' values; other decisions' weights are looked up by name. Experts repeat a few layouts (gate, up,
+    down): each decision's weights are counted a period at a time where they repeat one (checked by C-level list
+    comparison). The tensors kept as they are are counted as those outside the runs (or all) less those quantized by
+    name, so no tensor is looked up for being left over."""
+    quantize = [d for d in decisions if d.action == "quantize"]
+    runs = _weight_runs(quantize, infos, modules)
+    values = list(infos.values()) if runs else []
     layouts: Counter[tuple[Any, str, Any]] = Counter()
-    found = 0
-    for scheme, names in listed:
-        got = list(map(infos.get, names))
-        if None in got:  # a module without a .weight tensor: nothing to count for it
-            got = list(filter(None, got))
-        found += len(got)
+    named: Counter[tuple[str, Any]] = Counter()  # (dtype, shape) of the weights counted by name
+    by_name, missing = 0, False
+    listed = []  # (scheme, weight names) of the decisions counted by name
+    for i, d in enumerate(quantize):
+        run = runs.get(i)
+        if run is not None:
+            got = values[run.start:run.stop]
+        else:
+            names = list(map(add, d.checkpoint_modules, repeat(".weight")))
+            listed.append((d.scheme, names))
+            got = list(map(infos.get, names))
+            if None in got:  # a module without a .weight tensor: nothing to count for it
+                got, missing = list(filter(None, got)), True
+            by_name += len(got)
         for (dtype, shape), n in _periodic_layouts(got).items():
-            layouts[scheme, dtype, shape] += n
-    rest = set(infos).difference(*(names for _, names in listed))
-    if found + len(rest) != len(infos):  # a weight counted twice: a module in two decisions, where the later one wins
+            layouts[d.scheme, dtype, shape] += n
+            if run is None:
+                named[dtype, shape] += n
+    # the runs are apart from each other and from the other decisions' weights (_weight_runs); those are distinct
+    # unless a module is in two decisions (the lookups above hashed them already)
+    weights = set(chain.from_iterable(names for _, names in listed))
+    if by_name != (len(weights.intersection(infos)) if missing else len(weights)):  # a later decision wins
+        listed = [(d.scheme, list(map(add, d.checkpoint_modules, repeat(".weight")))) for d in quantize]
         quantized = dict(zip(chain.from_iterable(names for _, names in listed),
                              chain.from_iterable(repeat(scheme, len(names)) for scheme, names in listed)))
         return Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
-    for (dtype, shape), n in Counter(map(_DTYPE_SHAPE, map(infos.__getitem__, rest))).items():
-        layouts[None, dtype, shape] += n
+    # the tensors kept as they are: those outside the runs (TensorInfos are shared, so few kinds) but those counted
+    # by name
+    kept: Counter[tuple[str, Any]] = Counter()
+    if runs:
+        spans = sorted((run.start, run.stop) for run in runs.values())
+        gaps = zip([0, *(stop for _, stop in spans)], [*(start for start, _ in spans), len(values)])
+        kept.update(map(_DTYPE_SHAPE, chain.from_iterable(values[start:stop] for start, stop in gaps)))
+    else:
+        for info, n in Counter(infos.values()).items():
+            kept[_DTYPE_SHAPE(info)] += n
+    kept.subtract(named)
+    for (dtype, shape), n in kept.items():
+        if n:
+            layouts[None, dtype, shape] += n
     return layouts
+
+
+def _weight_runs(quantize: list[LayerDecision], infos: Mapping[str, Any],
+                 modules: CheckpointModules | None) -> dict[int, range]:
+    """The positions in `infos` of the weights of each decision (by its index in `quantize`) that are one run
+    (CheckpointModules.weight_run), where those runs overlap neither each other nor another decision's modules;
+    else none."""
+    if modules is None or list(infos) != modules.tensor_names:  # (the same strings: compared by identity)
+        return {}
+    runs = {i: run for i, d in enumerate(quantize) if (run := modules.weight_run(d.checkpoint_modules)) is not None}
+    spans = sorted((run.start, run.stop) for run in runs.values())
+    if any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])):
+        return {}
+    starts = [start for start, _ in spans]
+    for i, d in enumerate(quantize):
+        if runs and i not in runs:
+            for module in d.checkpoint_modules:
+                for p in modules.positions(module):
+                    j = bisect_right(starts, p) - 1
+                    if j >= 0 and p < spans[j][1]:
+                        return {}
+    return runs
 
 
 def _period(items: list[Any], longest: int = 8) -> int:

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, scan_folder
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.io.lock import output_lock
 from quantkit.progress import Progress
+
+_FILE = itemgetter(0)  # of a TensorInfo: its shard, one string shared by the shard's tensors
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -98,7 +101,7 @@ def resolve_source(source: str | Path, *, copying: bool = False) -> SourceCheckp
     tensors = checkpoint_tensors(path)
     if not tensors:
         raise CheckpointError(f"model {source}: no safetensors weights in {path}; quantkit reads .safetensors only")
-    files = sorted({t.file for t in tensors.values()})
+    files = sorted(set(map(_FILE, tensors.values())))
     return SourceCheckpoint(path=path, config=config, tensors=tensors, hub_id=hub_id, files=files)
 
 

@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import eq, itemgetter
 from typing import Any
 
@@ -143,17 +143,24 @@ class CheckpointModules:
         # split at their last "." by hand.
         modules = list(map(str.removesuffix, names, repeat(".weight")))
         self.other_params: dict[str, list[str]] = {}  # module -> its params other than `weight`, one per tensor
-        for i in compress(range(len(names)), map(eq, modules, names)):
+        self._other_positions = list(compress(range(len(names)), map(eq, modules, names)))  # ascending
+        for i in self._other_positions:
             module, _, param = names[i].rpartition(".")
             modules[i] = module
             self.other_params.setdefault(module, []).append(param)
+        self.tensor_names = names  # as given, in checkpoint order
         self.tensor_modules = modules  # the module of every tensor, in checkpoint order
         self.params = ModuleParams(self)
-        self.used: set[str] = set()
+        self._used: set[str] = set()
+        self._taken_runs: list[tuple[str, ...]] = []  # experts_under answers taken whole, not yet in _used
+        self._taken_spans: list[tuple[int, int]] = []  # their positions (start, stop)
         self._by_name: list[int] | None = None
         self._numbered: dict[str, list[tuple[int, str]]] = {}
         self._numbers: dict[str, list[tuple[int, int, int]]] = {}
         self._expert_layouts: list[_ExpertLayout] = []
+        # experts_under's answer by its first module -> (the answer, start, stop): the positions start..stop-1 are
+        # the answer's `<module>.weight` tensors and no others (each module holds its weight alone)
+        self._weight_runs: dict[str, tuple[tuple[str, ...], int, int]] = {}
 
     def _sorted(self) -> list[int]:
         """Tensor positions sorted by module name (stable: a module's tensors stay in checkpoint order)."""
@@ -189,14 +196,61 @@ class CheckpointModules:
         other = self.other_params.get(module)
         return self.has(module) if other is None else (self.tensor_count(module) > len(other) or "weight" in other)
 
+    def other_tensor_names(self) -> list[str]:
+        """The tensor names that are not `<module>.weight` (usually a few of a checkpoint), in checkpoint order."""
+        return list(map(self.tensor_names.__getitem__, self._other_positions))
+
+    def positions(self, module: str) -> list[int]:
+        """The checkpoint positions of `module`'s tensors, in checkpoint order ([]: not a module here)."""
+        by_name, key = self._sorted(), self.tensor_modules.__getitem__
+        lo = bisect_left(by_name, module, key=key)
+        return by_name[lo:bisect_right(by_name, module, lo, key=key)]
+
+    def weight_run(self, modules: Sequence[str]) -> range | None:
+        """The checkpoint positions of the `.weight` tensors of `modules` where they are one run of positions with no
+        other tensor among them: `modules` as experts_under answered for a container whose tensors (in checkpoint
+        order) are consecutive and are one `weight` per expert module; None otherwise."""
+        known = self._weight_runs.get(modules[0]) if modules else None
+        if known is None or tuple(modules) != known[0]:  # the answer's own strings: compared by identity first
+            return None
+        return range(known[1], known[2])
+
+    @property
+    def used(self) -> set[str]:
+        """The modules a layer took or a layout check marked used. Experts taken as a whole run (weight_run) join it
+        when it is first read, so that building the layers hashes none of them (unused() skips them by position)."""
+        if self._taken_runs:
+            self._used.update(chain.from_iterable(self._taken_runs))
+            self._taken_runs.clear()
+        return self._used
+
+    def mark_used(self, modules: Iterable[str]) -> None:
+        """Add `modules` to `used` (without reading it, which would add the runs taken so far)."""
+        self._used.update(modules)
+
     def take(self, modules: Iterable[str]) -> tuple[str, ...]:
         modules = tuple(modules)
-        self.used.update(modules)
+        known = self._weight_runs.get(modules[0]) if modules else None
+        if known is not None and modules == known[0]:  # the answer's own strings: compared by identity first
+            self._taken_runs.append(modules)
+            self._taken_spans.append((known[1], known[2]))
+        else:
+            self._used.update(modules)
         return modules
 
     def unused(self) -> list[str]:
-        """The modules not in `used`, sorted by name."""
-        return sorted(set(filterfalse(self.used.__contains__, self.tensor_modules)))
+        """The modules not in `used`, sorted by name. A run of experts taken whole holds every tensor of its modules,
+        so only the tensors outside the taken runs are looked at."""
+        modules: Iterable[str] = self.tensor_modules
+        if self._taken_spans:
+            gaps, at = [], 0
+            for start, stop in sorted(self._taken_spans):
+                if start > at:
+                    gaps.append((at, start))
+                at = max(at, stop)
+            gaps.append((at, len(self.tensor_modules)))
+            modules = chain.from_iterable(self.tensor_modules[start:stop] for start, stop in gaps)
+        return sorted(set(filterfalse(self._used.__contains__, modules)))
 
     def numbered(self, container: str) -> list[tuple[int, str]]:
         """(number, module) of every module `container.<number>[.*]`, in checkpoint order (`<number>` ASCII digits)."""
@@ -244,7 +298,7 @@ class CheckpointModules:
         if lo < hi:
             known = self._known_experts(container, hi - lo)
             if known is not None:
-                found = known
+                found, start = known
             else:
                 positions = sorted(self._sorted()[lo:hi])
                 run = list(map(self.tensor_modules.__getitem__, positions))  # checkpoint order
@@ -252,10 +306,17 @@ class CheckpointModules:
                 if layout.newline_free and "\n" not in container:
                     self._expert_layouts = [*self._expert_layouts[-3:], layout]
                 found = layout.pick(run)
+                start = positions[0] if positions[-1] - positions[0] == hi - lo - 1 else -1  # consecutive or not
+            # the hi - lo tensors under `container` from `start` on, one per module found and none of them another
+            # param than `weight`: the found modules' weights, and nothing else
+            if found and start >= 0 and len(found) == hi - lo and \
+                    bisect_left(self._other_positions, start) == bisect_left(self._other_positions, start + hi - lo):
+                self._weight_runs[found[0]] = (found, start, start + hi - lo)
         return (container, *found) if self.has(container) else found
 
-    def _known_experts(self, container: str, count: int) -> tuple[str, ...] | None:
-        """experts_under's modules (without `container`) from a layout seen before, or None.
+    def _known_experts(self, container: str, count: int) -> tuple[tuple[str, ...], int] | None:
+        """experts_under's modules (without `container`) from a layout seen before, and the checkpoint position of
+        the first of the `count` consecutive tensors they are in; or None.
 
         The candidate run starts at the first tensor of the layout's first module; `count` tensors from there that are
         `container.` + the layout's suffixes, one by one, are all `count` tensors under `container`. Joined with
@@ -273,7 +334,7 @@ class CheckpointModules:
                 continue
             run = modules[by_name[i]:by_name[i] + count]
             if "\n".join(run) == prefix + ("\n" + prefix).join(layout.suffixes):
-                return layout.pick(run)
+                return layout.pick(run), by_name[i]
         return None
 
     def layer_indices(self, prefix: str) -> set[int]:
@@ -374,7 +435,7 @@ def check_layer_range(ckpt: CheckpointModules, prefix: str, n: int, source: str,
 
 def skip_layers(ckpt: CheckpointModules, prefix: str, start: int) -> None:
     """Mark the tensors of layers >= start (MTP / next-token-prediction layers vLLM's target model skips) as used."""
-    ckpt.used.update(ckpt.numbered_from(prefix, start))
+    ckpt.mark_used(ckpt.numbered_from(prefix, start))
 
 
 def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:

@@ -25,7 +25,7 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
            "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
-           "runtime_layers", "supported_architectures"]  # fmt: skip
+           "checkpoint_layers", "runtime_layers", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
 # (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
@@ -227,17 +227,25 @@ def runtime_layers(
     layers are numbered after the target's). Raises CheckpointLayoutError when the tensors do not fit the layout the
     architecture's vLLM model file loads.
     """
+    return checkpoint_layers(config, tensor_names, target_num_layers)[0]
+
+
+def checkpoint_layers(
+    config: Mapping[str, Any], tensor_names: Iterable[str], target_num_layers: int | None = None
+) -> tuple[list[RuntimeLayer], CheckpointModules | None]:
+    """runtime_layers, and the CheckpointModules of `tensor_names` the layers' checkpoint_modules were taken from
+    (None for a multimodal wrapper, whose modules are the text model's renamed)."""
     archs = config.get("architectures") or []
     wrapped = next((_BY_ARCH[a] for a in archs if a in _BY_ARCH and _BY_ARCH[a].wrapper is not None), None)
     if wrapped is not None and wrapped.wrapper is not None:
-        return _wrapped_layers(config, list(tensor_names), wrapped.wrapper, wrapped.vllm_source)
+        return _wrapped_layers(config, list(tensor_names), wrapped.wrapper, wrapped.vllm_source), None
     family = family_of(config)
     if family.build_layers is None:  # pragma: no cover - only a wrapper has no builder, and it is handled above
         raise UnsupportedArchitectureError(f"{family.name} has no layer builder; quantkit bug")
     ckpt = CheckpointModules(tensor_names)
     layers = family.build_layers(config, ckpt, target_num_layers)
     reject_leftovers(ckpt, family.vllm_source)
-    return layers
+    return layers, ckpt
 
 
 def _wrapped_layers(config: Mapping[str, Any], names: list[str], wrapper: Wrapper, source: str) -> list[RuntimeLayer]:
