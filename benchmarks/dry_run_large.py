@@ -54,7 +54,7 @@ def timed(module, name, key):
     setattr(module, name, wrapper)
 for module, name, key in [(headers, "_checked_index", "index"), (headers, "read_header_columns", "headers"),
                           (headers, "read_parsed_header", "headers"), (run, "resolve_source", "resolve_source"),
-                          (formats, "detect_format", "detect_format"), (archs, "runtime_layers", "runtime_layers"),
+                          (formats, "detect_format", "detect_format"), (archs, "checkpoint_layers", "layer_builder"),
                           (run, "plan_layers", "plan_layers"), (run, "vllm_exclude", "vllm_exclude"),
                           (formats, "mtp_tensor_names", "mtp_names"), (run, "predicted_output_bytes", "size_prediction"),
                           (run, "versions", "versions"), (run, "ignored_weight_files", "ignored_files")]:
