@@ -14,16 +14,20 @@ cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
 EXTRAS="${2:-vllm,dev}"
 PY="${PYTHON:-python3}"
+# QUANTKIT_PIP_NO_COMPILE=1: pip writes no bytecode for the installed packages (Python compiles a module when it is
+# first imported): torch, vllm and their dependencies hold far more modules than anything here imports.
+PIP_INSTALL=(install --quiet)
+if [ "${QUANTKIT_PIP_NO_COMPILE:-}" = 1 ]; then PIP_INSTALL+=(--no-compile); fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+"$VENV/bin/python" -m pip "${PIP_INSTALL[@]}" "torch==2.13.0"
 if [ -n "${QUANTKIT_SPEC:-}" ]; then
-  "$VENV/bin/python" -m pip install --quiet "${QUANTKIT_SPEC}[${EXTRAS}]"
+  "$VENV/bin/python" -m pip "${PIP_INSTALL[@]}" "${QUANTKIT_SPEC}[${EXTRAS}]"
 else
-  "$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
+  "$VENV/bin/python" -m pip "${PIP_INSTALL[@]}" -e ".[${EXTRAS}]"
 fi
 for pkg in torchvision torchaudio torchcodec; do
   if "$VENV/bin/python" -m pip show --quiet "$pkg" >/dev/null 2>&1; then

@@ -22,7 +22,7 @@ rm -rf build   # setuptools packs whatever an earlier build left in build/lib, f
 WHEEL=$(ls "$WORK"/dist/quantkit-*.whl)
 echo "built $WHEEL ($(du -h "$WHEEL" | cut -f1))" >&2
 phase "installing it into $WORK/venv"
-QUANTKIT_SPEC="$WHEEL" bash scripts/setup.sh "$WORK/venv" "vllm"
+QUANTKIT_PIP_NO_COMPILE=1 QUANTKIT_SPEC="$WHEEL" bash scripts/setup.sh "$WORK/venv" "vllm"
 mkdir -p "$WORK/run"
 cd "$WORK/run"   # outside the checkout: nothing may come from the source tree
 export PYTHONPATH=
