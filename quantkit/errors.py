@@ -8,9 +8,47 @@ from urllib.parse import quote, unquote, urlsplit
 
 
 class QuantkitError(Exception):
-    """Base for every error caused by user input; the message is one line that names the input and the fix."""
+    """Base for every error caused by user input; the message is one line that names the input and the fix.
+
+    Besides the message it carries what failed as data, for library callers and `--json` runs: `input` (the file,
+    field or value at fault), `reason` (what is wrong with it) and `fix` (what to do), each None where the raiser
+    gave only the message, and `exit_code` (2 for every error a user can cause)."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *, input: str | None = None, reason: str | None = None,
+                 fix: str | None = None) -> None:
+        if not message:
+            message = "; ".join(p for p in (f"{input}: {reason}" if input and reason else (input or reason), fix) if p)
+        super().__init__(message)
+        if input is None and reason is None and fix is None:
+            input, reason, fix = _parts(message)
+        self.input = input
+        self.reason = reason
+        self.fix = fix
+
+    def to_dict(self) -> dict[str, object]:
+        """The error as data: its class, the one-line message (secrets scrubbed), input, reason, fix, exit code."""
+        return {"type": type(self).__name__, "message": scrub_secrets(" ".join(str(self).split("\n"))),
+                "input": None if self.input is None else scrub_secrets(self.input),
+                "reason": None if self.reason is None else scrub_secrets(self.reason),
+                "fix": None if self.fix is None else scrub_secrets(self.fix), "exit_code": self.exit_code}
+
+
+# The house form of a message, "INPUT: REASON; FIX": the input is a path, a name or an option with its value.
+_LEADING_INPUT = re.compile(r"^((?:--?[\w-]+(?: [^\s:;]+)?)|[^\s:;()'\"]+): (?=\S)")
+
+
+def _parts(message: str) -> tuple[str | None, str | None, str | None]:
+    """(input, reason, fix) read from a message in the house form; the parts it does not show are None."""
+    rest, fix = message, None
+    head, sep, tail = message.rpartition("; ")
+    if sep and head and tail:
+        rest, fix = head, tail
+    m = _LEADING_INPUT.match(rest)
+    if m is None:
+        return None, rest or None, fix
+    return m.group(1), rest[m.end():] or None, fix
 
 
 class RecipeError(QuantkitError):

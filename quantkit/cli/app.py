@@ -39,6 +39,8 @@ class QuantkitGroup(click.Group):
         return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
+        args = [*(getattr(ctx, "_protected_args", None) or []), *ctx.args]
+        wants_json = "--json" in args
         try:
             result = super().invoke(ctx)
             if RECEIVED:  # a library swallowed the interrupt and the command ran on: still the interrupt
@@ -62,8 +64,15 @@ class QuantkitGroup(click.Group):
             if len(message) > MAX_MESSAGE:  # a message that echoes hostile input must not flood the terminal
                 message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
             click.echo(f"error: {message}", err=True)
+            if wants_json:
+                print_json_error(ctx, args, e.to_dict())
             ctx.exit(e.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except click.ClickException as e:
+            if wants_json:  # a refused option value: the script parsing stdout gets the error as data too
+                print_json_error(ctx, args, {"type": type(e).__name__, "message": scrub_secrets(e.format_message()),
+                                        "input": None, "reason": None, "fix": None, "exit_code": e.exit_code})
+            raise
+        except (click.exceptions.Exit, click.Abort):
             raise
         except Exception as e:  # a bug or a failure inside Quark/vLLM: one line unless asked for the traceback
             if RECEIVED:
@@ -79,6 +88,25 @@ class QuantkitGroup(click.Group):
             click.echo(f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)",
                        err=True)
             ctx.exit(1)
+
+
+def print_json_error(ctx: click.Context, args: list[str], error: dict[str, Any]) -> None:
+    """A failing `--json` run's stdout: one JSON object with the schema version, the command and the error as data
+    (the one `error:` line stays on stderr), so that a script parsing stdout always has something to parse."""
+    import json
+
+    from quantkit.results.base import SCHEMA_VERSION
+
+    sub = args[0] if args and not args[0].startswith("-") else ""
+    names, c = [sub], ctx
+    while c.parent is not None:  # the subcommands between the root and this group ("recipes" for `recipes show`)
+        names.insert(0, c.info_name or "")
+        c = c.parent
+    command = " ".join(n for n in names if n) or None
+    message = str(error.get("message") or "")
+    if len(message) > MAX_MESSAGE:
+        error = {**error, "message": message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"}
+    click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "command": command, "ok": False, "error": error}))
 
 
 def scrub_logs_and_warnings() -> None:

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from quantkit.errors import QuantkitError
 from quantkit.io.files import require_regular_file
 from quantkit.io.yamlio import load_yaml
+from quantkit.specs import AcceptanceSpec
 from quantkit.vocab import Platform, StepName, VllmMode
 
 
@@ -63,26 +64,20 @@ class CheckStep(_Strict):
     size_tolerance: float = Field(default=0.05, ge=0)
 
 
-class AcceptanceStep(_Strict):
+class AcceptanceStep(_Strict, AcceptanceSpec):
+    """The acceptance step: an AcceptanceSpec (the measurement's settings, the same keys as `quantkit acceptance`,
+    recorded in every result) plus the step's thresholds."""
+
     min_ratio: float = Field(default=0.98, gt=0)
     per_domain_min_ratio: float | None = Field(default=None, gt=0)
     min_al: float | None = Field(default=None, ge=1)
     use_ci_lower_bound: bool = False
-    backend: Literal["auto", "reference", "vllm"] = "auto"
-    prompts: str = "builtin"
-    num_speculative_tokens: int = Field(default=3, ge=1)
-    max_new_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    # sampling as production runs it (the same keys as `quantkit acceptance`), recorded in every result
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)
-    seed: int = Field(default=0, ge=0)
-    num_seeds: int = Field(default=1, ge=1)
-    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
-    chat_template_kwargs: dict[str, bool | int | float | str | None] = {}
-    speed_bench: str | None = None  # with prompts speed-bench:CONFIG[/CATEGORY]: a folder (relative to the file) or Hub id
     # a committed golden reference (quantkit.gate.golden): AL per category and per position with tolerances
     golden: str | None = None
+
+    def spec(self) -> AcceptanceSpec:
+        """The settings alone, as the acceptance stage takes them."""
+        return AcceptanceSpec.model_validate(self.model_dump(include=set(AcceptanceSpec.model_fields)))
 
 
 class ServeStep(_Strict):

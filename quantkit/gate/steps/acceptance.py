@@ -32,12 +32,9 @@ class Acceptance:
         speed_bench = a.speed_bench
         if speed_bench is not None and (base / speed_bench).exists():  # a folder next to the config, else a Hub id
             speed_bench = str((base / speed_bench).resolve())
-        acc = run_acceptance(ctx.target, ctx.draft, cand.path, prompts=ctx.prompts,
-                             num_speculative_tokens=a.num_speculative_tokens, temperature=a.temperature,
-                             max_new_tokens=a.max_new_tokens, backend=a.backend, candidate_target=cand.pair_target,
-                             progress=None, top_p=a.top_p, top_k=a.top_k, seed=a.seed, num_seeds=a.num_seeds,
-                             draft_sample_method=a.draft_sample_method, chat_template_kwargs=a.chat_template_kwargs,
-                             speed_bench=speed_bench)
+        settings = a.spec().model_copy(update={"prompts": ctx.prompts, "speed_bench": speed_bench})
+        acc = run_acceptance(ctx.target, ctx.draft, cand.path, candidate_target=cand.pair_target, progress=None,
+                             **settings.model_dump())
         report.acceptance = acc
         figures = [acceptance_ratio_check(acc.ratio, ci_pair(acc.ratio_ci), a.min_ratio, candidate=cand.name)]
         if a.use_ci_lower_bound:
