@@ -304,6 +304,8 @@ def main() -> None:
     ap.add_argument("--hot", action="store_true", help="keep the source in the page cache between stages")
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    ap.add_argument("--record", action="store_true",
+                    help="append the rows to benchmarks/results/apply_throughput.json (rendered by the docs)")
     args = ap.parse_args()
     device_sets = [[d.strip() for d in spec.split(",") if d.strip()] for spec in (args.devices or ["cpu"])]
 
@@ -414,6 +416,13 @@ def main() -> None:
     result = {"size_mb": round(size / MB, 1), "shards": shards, "scheme": args.scheme, "devices": device_sets,
               "cpu_cores": len(os.sched_getaffinity(0)), "page_cache": "hot" if args.hot else "evicted per stage",
               "byte_identical": all(checks) if checks else None, "identity": identity, "rows": rows}
+    if args.record:
+        from record import record
+
+        what = f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices {device_sets}"
+        record("apply_throughput", [{"figure": f"{name}: " + ", ".join(
+            f"{k} {r[k]:.2f}" for k in ("mb_per_s", "vs_floor", "throughput_vs_quark", "wall_s") if k in r)}
+            for name, r in rows.items()], what=what)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--small", action="store_true", help="tiny dimensions (for a quick run)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record", action="store_true",
+                      help="append the row to benchmarks/results/dry_run_large.json (rendered by the docs)")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each measurement; the fastest counts")
     ap.add_argument("--stages", action="store_true", help="also the plan's CPU seconds per stage (stage_cpu_s)")
     args = ap.parse_args()
@@ -141,6 +143,12 @@ def main() -> None:
            "repeats": max(1, args.repeat)}
     if args.stages:
         row["stage_cpu_s"] = {k: round(v, 3) for k, v in stages.items()}
+    if args.record:
+        from record import record
+
+        record("dry_run_large", [{"figure": f"plan / header read {row['plan_ratio']}x (CPU {row['cpu_plan_ratio']}x), "
+                                            f"whole dry run {row['ratio']}x"}],
+               what=f"apply --dry-run, {row['tensors']} tensors in {row['shards']} shards")
     if args.json:
         print(json.dumps(row, indent=2))
     else:
