@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quantkit.errors import QuantkitError
 from quantkit.vocab import Platform, VllmMode
@@ -47,6 +47,9 @@ class Spec(BaseModel):
             return cls.model_validate({**base, **overrides})
         except ValidationError as e:
             field, _, reason = describe_all(e).partition(": ")
+            if field == "(top level)":  # a rule across fields names its field first: "num_seeds: ..."
+                field, _, reason = reason.partition(": ")
+                reason = reason.split(", got ")[0]
             raise SpecError(input=f"{cls.__name__}.{field}", reason=reason,
                             fix=f"see the fields of quantkit.{cls.__name__}") from None
 
@@ -110,6 +113,20 @@ class AcceptanceSpec(Spec):
     context_lengths: list[int] | None = None  # long-context prompts of these token lengths (None: none)
     context_source: str | None = None  # the long text those prompts are cut from (None: synthetic notes)
     device: str = "cpu"  # the reference engine's device
+
+    @field_validator("context_lengths")
+    @classmethod
+    def _no_lengths_is_none(cls, value: list[int] | None) -> list[int] | None:
+        return value or None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AcceptanceSpec:
+        if self.num_seeds > 1 and self.temperature == 0:
+            raise ValueError("num_seeds: greedy decoding (temperature 0) does not depend on the seed; use 1 seed or a "
+                             "temperature above 0")
+        if self.context_source is not None and not self.context_lengths:
+            raise ValueError("context_source: give the bucket lengths in context_lengths")
+        return self
 
 
 class EvalSpec(Spec):

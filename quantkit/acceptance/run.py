@@ -18,7 +18,7 @@ from typing import Any
 from quantkit.acceptance import figures
 from quantkit.acceptance.agreement import output_digest
 from quantkit.engines.platform import vllm_refusal
-from quantkit.engines.stats import DRAFT_SAMPLE_METHODS, Sampling, SequenceStats
+from quantkit.engines.stats import Sampling, SequenceStats
 from quantkit.errors import QuantkitError
 from quantkit.io.checkpoint import resolve_source
 from quantkit.io.config import MaxModelLen, fit_max_model_len, max_model_len
@@ -26,6 +26,7 @@ from quantkit.io.prompts import PromptRecord, load_prompts
 from quantkit.naming.archs import NoVllmModelError, model_kind, require_vllm_model
 from quantkit.progress import Progress, or_silent
 from quantkit.results import AcceptanceResult, AcceptanceSettings, DraftAcceptance, PromptSource
+from quantkit.specs import AcceptanceSpec
 from quantkit.vocab import EAGLE3_DRAFT
 
 
@@ -288,42 +289,24 @@ def _conversations(recs: list[PromptRecord], seeds: list[int], generate, tokeniz
     return stats
 
 
-def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, prompts: str | Path = "builtin",
-                   num_speculative_tokens: int = 3, temperature: float = 0.0, max_new_tokens: int = 64,
-                   backend: str = "auto", context_lengths: list[int] | None = None, seed: int = 0,
-                   device: str = "cpu", candidate_target: str | Path | None = None,
-                   progress: Progress | None = None, top_p: float = 1.0, top_k: int = 0,
-                   draft_sample_method: str = "greedy", num_seeds: int = 1,
-                   chat_template_kwargs: dict[str, Any] | None = None, speed_bench: str | Path | None = None,
-                   context_source: str | None = None) -> AcceptanceResult:
-    """Measure target + BF16 draft and the candidate on the same prompts and settings.
+def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, spec: AcceptanceSpec | None = None,
+                   *, candidate_target: str | Path | None = None, progress: Progress | None = None,
+                   **settings: Any) -> AcceptanceResult:
+    """Measure target + BF16 draft and the candidate on the same prompts and settings (an AcceptanceSpec, or its
+    fields as keywords: SpecError naming the field when one is out of range).
 
     The candidate is a quantized draft (run on `target`), a quantized target (run with `draft`), or, with
     `candidate_target`, a quantized draft run on that quantized target (pair mode, candidate_kind "pair").
     Sampling follows vLLM (quantkit.engines.rejection); with temperature > 0 every prompt runs with `num_seeds`
     seeds and the expected AL (the acceptance coin flips averaged out) gets its own paired bootstrap CI.
     """
+    spec = AcceptanceSpec.build(spec, **{k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
     progress = or_silent(progress)
-    k = num_speculative_tokens
-    if k < 1:
-        raise AcceptanceError(f"--num-speculative-tokens {k}: must be at least 1")
-    if temperature < 0:
-        raise AcceptanceError(f"--temperature {temperature}: must be >= 0")
-    if not 0 < top_p <= 1:
-        raise AcceptanceError(f"--top-p {top_p}: must be in (0, 1]")
-    if top_k < 0 and top_k != -1:
-        raise AcceptanceError(f"--top-k {top_k}: must be >= 0 (0 or -1: no top-k)")
-    if draft_sample_method not in DRAFT_SAMPLE_METHODS:
-        raise AcceptanceError(f"--draft-sample-method {draft_sample_method!r}: use greedy or probabilistic")
-    if num_seeds < 1:
-        raise AcceptanceError(f"--num-seeds {num_seeds}: must be at least 1")
-    if num_seeds > 1 and temperature == 0:
-        raise AcceptanceError(f"--num-seeds {num_seeds}: greedy decoding (--temperature 0) does not depend on the "
-                              "seed; use --num-seeds 1 or a temperature above 0")
-    if context_source is not None and not context_lengths:
-        raise AcceptanceError(f"--context-source {context_source}: give the bucket lengths with --context-lengths")
-    if backend not in ("auto", "reference", "vllm"):
-        raise AcceptanceError(f"--backend {backend!r}: use auto, reference or vllm")
+    k = spec.num_speculative_tokens
+    prompts, temperature, max_new_tokens, backend = spec.prompts, spec.temperature, spec.max_new_tokens, spec.backend
+    context_lengths, seed, device, top_p, top_k = spec.context_lengths, spec.seed, spec.device, spec.top_p, spec.top_k
+    draft_sample_method, num_seeds, speed_bench = spec.draft_sample_method, spec.num_seeds, spec.speed_bench
+    chat_template_kwargs, context_source = spec.chat_template_kwargs, spec.context_source
     sampling = Sampling(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
                         draft_sample_method=draft_sample_method)
     chat_kwargs = dict(chat_template_kwargs or {})
@@ -440,6 +423,7 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     have_expected = base.expected_acceptance_length is not None and cand.expected_acceptance_length is not None
     return AcceptanceResult(
         backend=chosen,
+        spec=spec,
         settings=AcceptanceSettings(num_speculative_tokens=k, temperature=temperature, top_p=top_p, top_k=top_k,
                                     draft_sample_method=draft_sample_method, chat_template_kwargs=chat_kwargs,
                                     max_new_tokens=max_new_tokens, prompts=str(prompts), num_prompts=len(records),

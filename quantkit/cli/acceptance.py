@@ -12,6 +12,7 @@ from quantkit.cli.options import (
     JsonObject,
     TokenCounts,
     check_writable_file,
+    flags_for_spec_errors,
     json_option,
     make_console,
     print_json,
@@ -91,7 +92,7 @@ def acceptance_command(target: str, draft: str, candidate: str, candidate_target
 
     if out_file is not None:
         check_writable_file(out_file, "--out")
-    with remote_code_allowed(trust_remote_code):
+    with remote_code_allowed(trust_remote_code), flags_for_spec_errors():
         result = run_acceptance(target, draft, candidate, prompts=prompts, num_speculative_tokens=k,
                                 temperature=temperature, max_new_tokens=max_new_tokens, backend=backend,
                                 context_lengths=lengths, seed=seed, device=device,

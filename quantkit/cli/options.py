@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,3 +122,17 @@ class TokenCounts(click.ParamType):
         if any(not 1 <= n <= 1_000_000 for n in counts):
             self.fail(f"{str(value)[:80]!r}: each length must be 1 to 1000000 tokens", param, ctx)
         return counts
+
+
+@contextlib.contextmanager
+def flags_for_spec_errors() -> Iterator[None]:
+    """A SpecError raised under the block names the command's flag (`--num-seeds`) instead of the spec's field
+    (`AcceptanceSpec.num_seeds`): the command line speaks in flags, the library in fields."""
+    from quantkit.specs import SpecError
+
+    try:
+        yield
+    except SpecError as e:
+        field = (e.input or "").rpartition(".")[2]
+        flag = "--" + field.replace("_", "-") if field else None
+        raise SpecError(input=flag, reason=e.reason, fix="see --help") from None

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import field_validator, model_validator
 
 from quantkit.results.base import CommandResult, Result, _nan_to_none
+from quantkit.specs import AcceptanceSpec
 
 # Which average each AL figure is: the card, the sidecar and the CLI print these with the figures.
 AL_DEFINITIONS: dict[str, str] = {
@@ -148,7 +149,8 @@ class AcceptanceResult(CommandResult):
     """Baseline (BF16 draft) vs candidate, as the CLI prints it, `--json` emits it and the gate report holds it."""
 
     backend: str | None = None
-    settings: AcceptanceSettings = AcceptanceSettings()
+    spec: AcceptanceSpec | None = None  # the settings it was asked to run with (quantkit.specs), echoed
+    settings: AcceptanceSettings = AcceptanceSettings()  # what the run resolved them to (prompt count, sources)
     baseline: DraftAcceptance | None = None
     candidate: DraftAcceptance | None = None
     ratio: float | None = None

@@ -172,12 +172,11 @@ def reusable_acceptance(acc: AcceptanceResult | None, k: int, max_new_tokens: in
                         prompts: str) -> DraftAcceptance | None:
     """The acceptance step's in-process candidate run when it measured exactly what the server is sent (vLLM
     backend, the same K, token budget, prompt set, greedy, no extra context lengths), else None."""
-    if acc is None or acc.backend != "vllm" or acc.candidate is None:
+    if acc is None or acc.backend != "vllm" or acc.candidate is None or acc.spec is None:
         return None
-    s = acc.settings
-    same = (s.num_speculative_tokens == k and s.max_new_tokens == max_new_tokens and s.temperature == 0
-            and s.prompts == str(prompts))
-    return acc.candidate if same else None
+    served = acc.spec.model_copy(update={"num_speculative_tokens": k, "max_new_tokens": max_new_tokens,
+                                         "temperature": 0.0, "prompts": str(prompts), "context_lengths": None})
+    return acc.candidate if acc.spec == served else None
 
 
 def in_process_run(target: str, draft: str, texts: list[str], ids: list[tuple[str, str]], k: int,
