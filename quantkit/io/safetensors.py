@@ -640,16 +640,6 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return read_parsed_header(path).header
 
 
-def read_header_entries(path: Path, error: type[QuantkitError] = CheckpointError) -> list[HeaderEntry]:
-    """The tensors of the safetensors file at `path` in file order, from its validated header alone."""
-    require_regular_file(path, fix="a shard must be a regular .safetensors file", error=error)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        raw = head + f.read(header_length(head, size, str(path), error))
-    return parse_header(raw, size, str(path), error).entries
-
-
 # --- writing ---------------------------------------------------------------------------------------------------------
 
 
