@@ -16,6 +16,11 @@ imports).
     python benchmarks/dry_run_large.py                   # 61 layers x 384 experts, Kimi-K2.5 dimensions
     python benchmarks/dry_run_large.py --layers 8 --experts 64 --small
     python benchmarks/dry_run_large.py --stages          # also the plan's CPU seconds per stage (fresh processes)
+    python benchmarks/dry_run_large.py --fast-paths      # also what each fast path saves (fast_path_cpu_ratio)
+
+`--fast-paths` is the row a fast path names to stay (a fast path that saves less than ~5% of a user-visible wall
+time is removed): the whole dry-run process's CPU seconds with one fast path switched off, over the same with all
+on, fresh processes interleaved with the rest, the fastest of `--repeat` each. A ratio of 1.05 or more pays.
 """
 
 from __future__ import annotations
@@ -65,6 +70,26 @@ spent["plan"] = time.process_time() - c
 print(json.dumps(spent))
 '''
 
+# The dry run in a fresh process with one fast path switched off (by name; "none": all on), its CPU seconds from the
+# process's start. `results_lazy_loader`: every quantkit.results stage module imported up front, as a plain package
+# would; `validate_compact`: every header judged by _validate_plain (json.loads) instead.
+FAST_PATHS = ("validate_compact", "results_lazy_loader")
+WITHOUT = '''
+import importlib, json, sys, time
+from pathlib import Path
+off, src, out = sys.argv[1:4]
+if off == "results_lazy_loader":
+    import quantkit.results
+    for stage in sorted(p.stem for p in Path(quantkit.results.__file__).parent.glob("*.py") if p.stem != "__init__"):
+        importlib.import_module("quantkit.results." + stage)
+import quantkit.cli, quantkit.apply.run as run, quantkit.io.safetensors as st
+if off == "validate_compact":
+    st._validate_compact = lambda raw, data_len, n: None
+result = run.apply("mxfp4-moe", src, out, devices="cpu", dry_run=True)
+result.model_dump_json(indent=2)
+print(json.dumps([time.process_time(), result.size_after_bytes]))
+'''
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,11 +101,14 @@ def main() -> None:
                       help="append the row to benchmarks/results/dry_run_large.json (rendered by the docs)")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each measurement; the fastest counts")
     ap.add_argument("--stages", action="store_true", help="also the plan's CPU seconds per stage (stage_cpu_s)")
+    ap.add_argument("--fast-paths", action="store_true",
+                    help="also the process's CPU with each fast path off over all on (fast_path_cpu_ratio)")
     args = ap.parse_args()
     imports = "import quantkit.cli, quantkit.apply.run, quantkit.io.formats, quantkit.naming.archs, quantkit.results"
     wall: dict[str, list[float]] = {k: [] for k in ("base", "start", "imports", "dry", "plan")}
     cpu: dict[str, list[float]] = {k: [] for k in ("base", "start", "imports", "dry", "plan")}
     stages: dict[str, float] = {}  # fastest of the runs, stage by stage
+    without: dict[str, list[float]] = {k: [] for k in ("none", *FAST_PATHS)}  # process CPU, one fast path off
 
     def child(cmd: list[str], key: str) -> subprocess.CompletedProcess[str]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -119,6 +147,14 @@ def main() -> None:
                                                 text=True, check=True).stdout)
                 for key, value in got.items():
                     stages[key] = min(stages.get(key, value), value)
+            if args.fast_paths:
+                sizes = set()
+                for off in without:
+                    cpu_s, size = json.loads(subprocess.run([sys.executable, "-c", WITHOUT, off, str(src), out],
+                                                            capture_output=True, text=True, check=True).stdout)
+                    without[off].append(cpu_s)
+                    sizes.add(size)
+                assert len(sizes) == 1, f"a fast path changed the dry run's answer: {sizes}"
     best = {k: min(v) for k, v in wall.items()}
     best_cpu = {k: min(v) for k, v in cpu.items()}
     base_s, start_s = best["base"], best["start"]
@@ -143,6 +179,9 @@ def main() -> None:
            "repeats": max(1, args.repeat)}
     if args.stages:
         row["stage_cpu_s"] = {k: round(v, 3) for k, v in stages.items()}
+    if args.fast_paths:
+        row["process_cpu_s"] = round(min(without["none"]), 3)
+        row["fast_path_cpu_ratio"] = {k: round(min(without[k]) / min(without["none"]), 3) for k in FAST_PATHS}
     if args.record:
         from record import record
 

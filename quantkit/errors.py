@@ -59,6 +59,12 @@ class CheckpointError(QuantkitError):
     """A checkpoint folder or safetensors file is missing, truncated, or malformed."""
 
 
+class NonFiniteWeightError(QuantkitError, ValueError):
+    """A weight to be quantized, or a decoded source weight, holds NaN or Inf: never quantized silently. The schemes'
+    kernels raise it naming the scheme only (a ValueError, as their other refusals); the executor, the decoder and
+    the apply verification raise it naming the tensor, its first non-finite index and the fix."""
+
+
 class BundledDataError(QuantkitError):
     """Data that ships with a source checkout (recipes, tiny example models) is missing or not generated yet."""
 

@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from quantkit.errors import RecipeError
 from quantkit.io.files import require_regular_file
 from quantkit.io.paths import recipes_dir
+from quantkit.io.schema import Wording, describe_all
 from quantkit.io.yamlio import load_yaml
 from quantkit.schemes import ALIASES, SCHEMES, Scheme
 from quantkit.vocab import EAGLE3_DRAFT, MOE_TARGET, ModelKind
@@ -388,7 +389,7 @@ def load_recipe_file(path: Path) -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as e:
-        raise RecipeError(f"recipe {path}: {_describe_validation_error(e)}") from None
+        raise RecipeError(f"recipe {path}: {describe_all(e, wording=_WORDING)}") from None
     recipe._source = path
     return recipe
 
@@ -410,7 +411,7 @@ def _describe_yaml_error(e: yaml.YAMLError) -> str:
     return f"invalid YAML{where}: {problem}; {fix}"
 
 
-# --- turning pydantic errors into one line -------------------------------------------------------------------------
+# --- pydantic errors in the recipe's words (quantkit.io.schema writes the line) -----------------------------------
 
 _MISSING_FIXES: dict[str, str] = {
     "name": "add 'name: <lowercase-with-dashes>'",
@@ -424,72 +425,6 @@ _MISSING_FIXES: dict[str, str] = {
 }
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
-    return path
-
-
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The recipe model class that validates the mapping at `loc` (list indices are skipped)."""
-    model: type[BaseModel] | None = Recipe
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if model is None or part not in model.model_fields:
-            return None
-        model = _inner_model(model.model_fields[part].annotation)
-    return model
-
-
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
-    # Unwraps list[X], X | None and the like down to the model class X, if there is one.
-    pending = [annotation]
-    while pending:
-        current = pending.pop()
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            return current
-        pending.extend(get_args(current))
-    return None
-
-
-def _describe_one(error: Any) -> str:
-    loc: tuple[int | str, ...] = tuple(error["loc"])
-    kind: str = error["type"]
-    value = error.get("input")
-    ctx = error.get("ctx") or {}
-    if kind.startswith("quantkit_"):
-        key = ctx.get("key") or _key_path(loc) or "(top level)"
-        return f"{key}: {error['msg']}"
-    key = _key_path(loc) or "(top level)"
-    if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        allowed = f" (allowed: {', '.join(model.model_fields)})" if model else ""
-        return f"{key}: unknown key {loc[-1]!r}{allowed}"
-    fix = _MISSING_FIXES.get(str(loc[-1])) if loc else None
-    if kind == "missing":
-        return f"{key}: missing required field" + (f"; {fix}" if fix else "")
-    if value is None:  # `key:` with nothing after it in YAML
-        return f"{key}: is empty" + (f"; {fix}" if fix else "; give a value")
-    if kind == "literal_error":
-        return f"{key}: unknown value {value!r} (allowed: {ctx.get('expected', '')}); use one of them"
-    if kind in ("model_type", "dict_type"):
-        model = _model_at(loc)
-        keys = f" with keys {', '.join(model.model_fields)}" if model else ""
-        return f"{key}: expected a mapping{keys}, got {type(value).__name__} {value!r}"
-    message = str(error["msg"])
-    if message.startswith("Input should be "):
-        message = "should be " + message.removeprefix("Input should be ")
-    else:
-        message = message.removeprefix("Value error, ")
-        message = message[:1].lower() + message[1:]
-    return f"{key}: {message}, got {type(value).__name__} {value!r}"
-
-
-def _describe_validation_error(e: ValidationError) -> str:
-    errors = e.errors(include_url=False)
-    line = _describe_one(errors[0])
-    if len(errors) > 1:
-        line += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return line
+# Recipe errors explain against the Recipe model: the allowed keys and values, the fix for a missing field.
+_WORDING = Wording(messages="short", values="python", missing="missing required field", model=Recipe,
+                   fixes=_MISSING_FIXES)

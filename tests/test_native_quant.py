@@ -12,7 +12,8 @@ import json
 import pytest
 import torch
 
-from quantkit.schemes import NonFiniteWeight, expected_layout, quantize_weight
+from quantkit.errors import NonFiniteWeightError
+from quantkit.schemes import expected_layout, quantize_weight
 from quantkit.schemes.mxfp4 import quantize_mxfp4
 from quantkit.schemes.ptpc_fp8 import quantize_ptpc_fp8
 from quantkit.schemes.quark_config import quark_quantization_config
@@ -185,7 +186,7 @@ def test_finite_only_refuses_inf_that_quark_would_quantize(dtype):
     quantize_mxfp4(w)
     quantize_ptpc_fp8(w)
     for fn in (quantize_mxfp4, quantize_ptpc_fp8):
-        with pytest.raises(NonFiniteWeight, match="Inf"):
+        with pytest.raises(NonFiniteWeightError, match="Inf"):
             fn(w, finite_only=True)
 
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from quantkit.apply.plan import (
     ApplyVerificationError,
     LayerDecision,
-    NonFiniteWeightError,
 )
+from quantkit.errors import NonFiniteWeightError
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import (
     SourceCheckpoint,

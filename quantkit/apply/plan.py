@@ -23,10 +23,6 @@ class ApplyError(QuantkitError):
     """The recipe does not fit the model, or the run cannot go ahead as asked."""
 
 
-class NonFiniteWeightError(QuantkitError):
-    """A source weight that is to be quantized holds NaN or Inf."""
-
-
 class ApplyVerificationError(QuantkitError):
     """What Quark wrote does not match the plan (a layer quantized that should not be, or the reverse)."""
 

@@ -332,10 +332,8 @@ def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
 
     `modules`: the CheckpointModules the decisions' modules were taken from, built from the names of `infos`. The
     experts of an MoE layer are then usually one run of its positions (CheckpointModules.weight_run), read as a slice
-    of `infos`' values; other decisions' weights are looked up by name. Experts repeat a few layouts (gate, up,
-    down): each decision's weights are counted a period at a time where they repeat one (checked by C-level list
-    comparison). The tensors kept as they are are counted as those outside the runs (or all) less those quantized by
-    name, so no tensor is looked up for being left over."""
+    of `infos`' values; other decisions' weights are looked up by name. The tensors kept as they are are counted as
+    those outside the runs (or all) less those quantized by name, so no tensor is looked up for being left over."""
     quantize = [d for d in decisions if d.action == "quantize"]
     runs = _weight_runs(quantize, infos, modules)
     values = list(infos.values()) if runs else []
@@ -354,7 +352,7 @@ def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
             if None in got:  # a module without a .weight tensor: nothing to count for it
                 got, missing = list(filter(None, got)), True
             by_name += len(got)
-        for (dtype, shape), n in _periodic_layouts(got).items():
+        for (dtype, shape), n in Counter(map(_DTYPE_SHAPE, got)).items():
             layouts[d.scheme, dtype, shape] += n
             if run is None:
                 named[dtype, shape] += n
@@ -403,28 +401,6 @@ def _weight_runs(quantize: list[LayerDecision], infos: Mapping[str, Any],
                     if j >= 0 and p < spans[j][1]:
                         return {}
     return runs
-
-
-def _period(items: list[Any], longest: int = 8) -> int:
-    """The shortest p <= `longest` with items[i] == items[i % p] for every i (one C-level comparison each), or 0."""
-    return next((p for p in range(1, min(longest, len(items)) + 1) if items[p:] == items[:-p]), 0)
-
-
-def _periodic_layouts(infos: list[Any]) -> Counter[tuple[str, Any]]:
-    """Counter of the (dtype, shape) of `infos`, a period at a time where they repeat one: whole TensorInfos (experts
-    in one shard), else their dtypes and shapes apart (experts spread over shards)."""
-    n = len(infos)
-    period = _period(infos)
-    if not period:
-        dtypes, shapes = list(map(_DTYPE, infos)), list(map(_SHAPE, infos))
-        periods = _period(dtypes), _period(shapes)
-        if not all(periods):
-            return Counter(zip(dtypes, shapes))
-        period = math.lcm(*periods)  # (dtypes[i], shapes[i]) == (dtypes[i % period], shapes[i % period])
-    out: Counter[tuple[str, Any]] = Counter()
-    for i in range(min(period, n)):
-        out[_DTYPE_SHAPE(infos[i])] += len(range(i, n, period))
-    return out
 
 
 def _quantizer_tensors(plan: ApplyPlan) -> Mapping[str, Any]:

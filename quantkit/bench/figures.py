@@ -22,7 +22,6 @@ from quantkit.results.bench import (
     BenchArm,
     BenchCell,
     BenchComparison,
-    BenchRun,
     KChoice,
     KSchedule,
     Spread,
@@ -219,7 +218,3 @@ def k_schedule(target: str, draft: str, prefix: str, arms: list[BenchArm], max_n
         start = end + 1
     return KSchedule(target=target, draft=draft, arm_prefix=prefix, choices=choices, num_speculative_tokens_per_batch_size=ranges,
                      num_speculative_tokens=max(k for _, _, k in ranges))
-
-
-def repeats_same_prompts(runs: list[BenchRun]) -> bool:
-    return len({r.prompts_digest for r in runs}) <= 1

@@ -13,7 +13,6 @@ quantized to FP8 per token on the fly (dynamic, scale = amax/448).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +59,6 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-@dataclass
-class DraftStep:
-    logits: torch.Tensor  # [draft_vocab] (float32)
-    hidden: torch.Tensor  # pre-norm output, fed to the next step
 
 
 class Eagle3Draft:

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from quantkit.errors import QuantkitError
 from quantkit.io.files import require_regular_file
+from quantkit.io.schema import GATE_WORDING, describe_all
 from quantkit.io.yamlio import load_yaml
 from quantkit.specs import AcceptanceSpec
 from quantkit.vocab import Platform, StepName, VllmMode
@@ -167,7 +168,7 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
     try:
         cfg = GateConfig.model_validate(data)
     except ValidationError as e:
-        raise GateConfigError(f"gate config {p}: {_describe(e)}") from None
+        raise GateConfigError(f"gate config {p}: {describe_all(e, wording=GATE_WORDING)}") from None
     if "eval" in cfg.steps and cfg.eval is None:
         raise GateConfigError(f"gate config {p}: eval: the eval step needs an 'eval:' section with tasks")
     if "acceptance" in cfg.steps and cfg.draft is None:
@@ -218,19 +219,3 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):  # a name too long for the file system, or one holding a NUL byte
         return False
-
-
-def _describe(e: ValidationError) -> str:
-    """The first problem as `key.path: what, got <value>`, and how many more there are."""
-    from quantkit.io.schema import shown
-
-    errors = e.errors(include_url=False)
-    err = errors[0]
-    key = ".".join(str(x) for x in err["loc"]) or "(top level)"
-    if err["type"] == "extra_forbidden":
-        line = f"{key}: unknown key"
-    else:
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        line = f"{key}: {msg[:1].lower()}{msg[1:]}" + ("" if err["type"] == "missing" else f", got {shown(err['input'])}")
-    more = len(errors) - 1
-    return line + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")

@@ -76,7 +76,7 @@ from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
-from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.errors import CheckpointError, NonFiniteWeightError, QuantkitError
 from quantkit.io.config import quantization_config
 from quantkit.io.headers import TensorInfo
 
@@ -203,10 +203,6 @@ class AlreadyMxfp4Error(UnsupportedSourceFormatError):
 
 class SplitModuleError(SourceFormatError):
     """A quantized module's parts lie in different shards and no lookup for the missing part was given."""
-
-
-class NonFiniteWeightError(SourceFormatError):
-    """A decoded weight holds NaN or Inf (a corrupt scale or weight in the source checkpoint)."""
 
 
 @dataclass(frozen=True)

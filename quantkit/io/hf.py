@@ -126,9 +126,3 @@ def load_causal_lm(folder: str | Path, **kwargs: Any) -> Any:
         if _needs_remote_code(e):
             raise _refusal(folder, e) from None
         raise
-
-
-def refuse_remote_code_error(folder: str | Path, e: Exception) -> None:
-    """Re-raise a remote-code refusal from a library that loads by itself (vLLM, lm-eval) as one line."""
-    if _needs_remote_code(e) and not trust_remote_code():
-        raise _refusal(folder, e) from None

@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.errors import CheckpointError, QuantkitError
+from quantkit.errors import QuantkitError
 from quantkit.io.config import draft_config
 from quantkit.io.headers import TensorInfo
-from quantkit.vocab import EAGLE3_DRAFT
 
 
 class DraftFormatError(QuantkitError):
@@ -102,8 +101,3 @@ def draft_config_for_vllm(config: dict[str, Any], info: DraftInfo, quantization_
         layer["quantization_config"] = quantization_config
         out["transformer_layer_config"] = layer
     return out
-
-
-def require_draft(kind: str, where: str) -> None:
-    if kind != EAGLE3_DRAFT:
-        raise CheckpointError(f"model {where}: not an EAGLE-3 draft (config.json has no LlamaForCausalLMEagle3)")

@@ -13,10 +13,11 @@ NaN).
 Mean acceptance length AL = 1 + accepted draft tokens / drafts (vLLM's and Quark's definition); eval `delta` =
 candidate - baseline, `recovery` = candidate / baseline (inverted for lower-is-better metrics).
 
-One module per stage (base, apply, precision, check, deploy, acceptance, evaluate, serve, gate, publish, demo,
-recipes, reading); each lists its public names in `__all__`, and this package hands them all on, so
-`from quantkit.results import X` works for every X (the module holding X is imported when X is first asked for). This file is not edited: a new class goes in its stage's
-module and that module's `__all__`.
+One module per stage (base, apply, precision, check, kernels, deploy, acceptance, evaluate, serve, gate, publish,
+demo, recipes, reading); each lists its public names in `__all__`, and this package hands them all on, so
+`from quantkit.results import X` works for every X (the module holding X is imported when X is first asked for). This
+file is not edited: a new class goes in its stage's module and that module's `__all__`, a new stage is a new module
+(found in the folder).
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ if TYPE_CHECKING:
     from quantkit.results.deploy import *  # noqa: F403
     from quantkit.results.evaluate import *  # noqa: F403
     from quantkit.results.gate import *  # noqa: F403
+    from quantkit.results.kernels import *  # noqa: F403
     from quantkit.results.precision import *  # noqa: F403
     from quantkit.results.publish import *  # noqa: F403
     from quantkit.results.reading import *  # noqa: F403
     from quantkit.results.recipes import *  # noqa: F403
     from quantkit.results.serve import *  # noqa: F403
 
-# The stage modules whose public names this package hands on. They are imported when one of their names is first
-# asked for (PEP 562), not with the package: building every stage's pydantic models cost a `quantkit apply --dry-run`
-# process more than its plan's own column passes, and a command needs one stage's models.
-_STAGES = ("acceptance", "apply", "base", "bench", "check", "demo", "deploy", "evaluate", "gate", "precision",
-           "publish", "reading", "recipes", "serve")
+# The stage modules whose public names this package hands on are every module of this folder (_homes). Each is
+# imported when one of its names is first asked for (PEP 562), not with the package: a command needs one stage's
+# models, and building every stage's costs more. It pays: `python benchmarks/dry_run_large.py --fast-paths`, row
+# `fast_path_cpu_ratio.results_lazy_loader` (the `apply --dry-run` process's CPU with every stage imported up front
+# over this; 1.17 on the 67,667-tensor index).
 _ALL = re.compile(r"^__all__ = (\[.*?\])", re.M | re.S)
 _HOME: dict[str, str] = {}  # public name -> its stage module, read from each module's `__all__` without importing it
 
@@ -58,7 +60,7 @@ _HOME: dict[str, str] = {}  # public name -> its stage module, read from each mo
 def _homes() -> dict[str, str]:
     if not _HOME:
         here = Path(__file__).parent
-        for stage in _STAGES:
+        for stage in sorted(p.stem for p in here.glob("*.py") if p.stem != "__init__"):
             found = _ALL.search((here / f"{stage}.py").read_text(encoding="utf-8"))
             if found is None:  # pragma: no cover - every stage module lists its names
                 raise ImportError(f"quantkit.results.{stage} has no __all__ list")

@@ -49,7 +49,3 @@ def resolve_vllm_version(value: str | None) -> str:
     except InvalidVersion:
         raise VllmVersionError(f"--vllm-version {value!r}: not a version; give one such as "
                                f"{KNOWN_VLLM_VERSIONS[-1]} (known: {', '.join(KNOWN_VLLM_VERSIONS)})") from None
-
-
-def at_least(v: str, minimum: str) -> bool:
-    return Version(v) >= Version(minimum)

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 from quantkit.schemes.quark import QUARK_SCHEME_ALIASES as ALIASES
 from quantkit.schemes.quark import QUARK_SCHEMES as SCHEMES
-from quantkit.schemes.record import Layout, NonFiniteWeight, Scheme, UnknownSchemeError
+from quantkit.schemes.record import Layout, Scheme, UnknownSchemeError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ALIASES", "SCHEMES", "Layout", "NonFiniteWeight", "Scheme", "UnknownSchemeError", "expected_layout",
+__all__ = ["ALIASES", "SCHEMES", "Layout", "Scheme", "UnknownSchemeError", "expected_layout",
            "native_schemes", "quantize_weight", "register_scheme", "scheme"]
 
 

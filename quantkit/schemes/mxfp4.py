@@ -28,7 +28,7 @@ import functools
 import threading
 from typing import TYPE_CHECKING
 
-from quantkit.schemes.record import NonFiniteWeight
+from quantkit.errors import NonFiniteWeightError
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +180,7 @@ def _mxfp4_rows_bf16(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torch
     amax = magnitude.view(-1, MXFP4_GROUP).amax(dim=-1)  # bf16 bits of max |w|; bits order like values
     if bool((amax >= (0x7F80 if finite_only else 0x7F81)).any()):  # 0x7F80 is Inf, above it NaN
         kind = "NaN" if bool((amax > 0x7F80).any()) else "Inf"
-        raise NonFiniteWeight(f"mxfp4: weight contains {kind}")
+        raise NonFiniteWeightError(f"mxfp4: weight contains {kind}")
     exponent = _group_exponents(amax << 16)
     fast = (amax == 0) | ((exponent >= _BF16_FAST_MIN_EXPONENT) & (exponent < 127))
     if not bool(fast.all()):
@@ -204,9 +204,9 @@ def _mxfp4_rows_exact(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torc
     xv = x.reshape(rows, -1, MXFP4_GROUP)
     amax = xv.abs().amax(dim=-1)  # in the weight's dtype, as PerBlockMXObserver
     if bool(torch.isnan(amax).any()):
-        raise NonFiniteWeight("mxfp4: weight contains NaN")
+        raise NonFiniteWeightError("mxfp4: weight contains NaN")
     if finite_only and bool(torch.isinf(amax).any()):
-        raise NonFiniteWeight("mxfp4: weight contains Inf")
+        raise NonFiniteWeightError("mxfp4: weight contains Inf")
     exponent = _group_exponents(amax.float().view(torch.int32))
     scale_out.copy_(_e8m0_bytes(exponent))
     # 1 / 2**e, exactly: x * 2**-e and x / 2**e are the same correctly rounded number.

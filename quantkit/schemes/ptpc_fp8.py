@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from quantkit.schemes.record import NonFiniteWeight
+from quantkit.errors import NonFiniteWeightError
 
 if TYPE_CHECKING:
     import torch
@@ -35,9 +35,9 @@ def quantize_ptpc_fp8(weight: torch.Tensor, *, finite_only: bool = False) -> tup
         raise ValueError(f"ptpc_fp8: weight shape {tuple(weight.shape)} needs 2+ dims")
     amax = weight.reshape(weight.shape[0], -1).abs().amax(dim=1)
     if bool(torch.isnan(amax).any()):
-        raise NonFiniteWeight("ptpc_fp8: weight contains NaN")
+        raise NonFiniteWeightError("ptpc_fp8: weight contains NaN")
     if finite_only and bool(torch.isinf(amax).any()):
-        raise NonFiniteWeight("ptpc_fp8: weight contains Inf")
+        raise NonFiniteWeightError("ptpc_fp8: weight contains Inf")
     scale = amax.float() / 448  # get_scale("float32"): amax cast to float32 first, then divided
     scale = scale.masked_fill_(scale == 0.0, torch.finfo(torch.float32).eps)
     broadcast = scale.to(weight.dtype).view(-1, *([1] * (weight.dim() - 1)))

@@ -51,9 +51,5 @@ class Scheme:
         return sum(tensor_nbytes(dtype, s) for dtype, s in self.layout(tuple(shape)).values())
 
 
-class NonFiniteWeight(ValueError):
-    """The weight holds NaN (always refused) or Inf (refused when finite_only=True)."""
-
-
 class UnknownSchemeError(QuantkitError):
     """A scheme name the registry does not hold."""

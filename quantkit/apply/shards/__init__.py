@@ -7,11 +7,11 @@ from quantkit.apply.shards.errors import (
     CorruptShardError,
     ExecutorError,
     JournalError,
-    NonFiniteWeightError,
     ShardVerificationError,
 )
 from quantkit.apply.shards.journal import JOURNAL_NAME
 from quantkit.apply.shards.pipeline import Finish, ShardEvent, quantize_checkpoint
+from quantkit.errors import NonFiniteWeightError
 from quantkit.results.apply import ExecutorReport, ShardSummary
 
 __all__ = ["JOURNAL_NAME", "CorruptShardError", "ExecutorError", "ExecutorReport", "Finish", "JournalError",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from quantkit.apply.shards.errors import ExecutorError
+from quantkit.errors import NonFiniteWeightError
 
 if TYPE_CHECKING:
     import torch
@@ -42,10 +43,6 @@ class Quantized:
     weight: tuple[str, tuple[int, ...]]  # torch dtype name, shape
     scale: tuple[str, tuple[int, ...]]
     bad_scale: bool
-
-
-class NonFiniteInChild(Exception):
-    """The weight holds NaN or Inf (the child's NonFiniteWeight); the caller finds and names the element."""
 
 
 class SharedArena:
@@ -162,7 +159,7 @@ class CpuQuantizers:
 
     def quantize(self, w: torch.Tensor, scheme: str, q_out: torch.Tensor, s_out: torch.Tensor) -> Quantized | None:
         """Quantize `w` (a view of the arena) with `scheme` into the arena views `q_out` and `s_out` (uint8, the
-        planned sizes). Raises NonFiniteInChild or ValueError as quantize_weight(finite_only=True) would. None while
+        planned sizes). Raises NonFiniteWeightError or ValueError as quantize_weight(finite_only=True) would. None while
         the child it got is still starting (importing torch takes seconds): the caller quantizes that one itself."""
         off = self.arena.offset_of(w)
         task: Task = (off, w.numel() * w.element_size(), str(w.dtype).removeprefix("torch."), tuple(w.shape), scheme,
@@ -178,7 +175,7 @@ class CpuQuantizers:
         if kind == "ok":
             return Quantized(result[1], result[2], result[3])
         if kind == "non-finite":
-            raise NonFiniteInChild(result[1])
+            raise NonFiniteWeightError(result[1])
         if kind == "value":
             raise ValueError(result[1])
         raise ExecutorError(f"CPU quantizer process: {result[1]}")
@@ -208,7 +205,7 @@ def serve(fd: int, size: int, task_fd: int, result_fd: int) -> None:
 def _serve(buf: torch.Tensor, tasks: Any, results: Any) -> None:
     import torch
 
-    from quantkit.schemes import SCHEMES, NonFiniteWeight, quantize_weight
+    from quantkit.schemes import SCHEMES, quantize_weight
 
     pickle.dump(("ready",), results)
     results.flush()
@@ -236,7 +233,7 @@ def _serve(buf: torch.Tensor, tasks: Any, results: Any) -> None:
                 bad = bool(bad_scale(scale)) if bad_scale is not None else False
                 result = ("ok", (str(q.dtype).removeprefix("torch."), tuple(q.shape)),
                           (str(scale.dtype).removeprefix("torch."), tuple(scale.shape)), bad)
-        except NonFiniteWeight as e:
+        except NonFiniteWeightError as e:
             result = ("non-finite", str(e))
         except ValueError as e:
             result = ("value", str(e))

@@ -14,10 +14,6 @@ class CorruptShardError(ExecutorError):
     """A source shard is truncated or is not a valid safetensors file."""
 
 
-class NonFiniteWeightError(ExecutorError):
-    """A weight that is to be quantized holds NaN or Inf."""
-
-
 class ShardVerificationError(ExecutorError):
     """A written shard does not match its source or the scheme's layout (a bug, never a user error)."""
 

@@ -191,19 +191,3 @@ def plan_memory(budget: int, readers: int, devices: int, largest_read: int, out_
     size = slot_bytes(batch)
     pin = uses_gpu and torch.cuda.is_available() and slots * size <= PIN_FRACTION * total_memory()
     return MemoryPlan(budget, slots, size, batch, min(n_readers, slots), pin)
-
-
-def reader_budget(readers: int, devices: int, largest: int, uses_gpu: bool) -> tuple[int, bool]:
-    """(read streams, page-lock the buffers) for `readers` asked streams, `devices` workers and shards of at most
-    `largest` bytes: one buffer per shard alive at once (being read, queued, quantized or written), so readers are
-    dropped (down to 1) until readers + devices + 1 buffers fit in half of the available memory, and the buffers are
-    page-locked only on a GPU run where they take at most PIN_FRACTION of the machine's memory."""
-    import torch
-
-    n_readers = max(1, readers)
-    half_free = available_memory() // 2
-    while n_readers > 1 and (n_readers + devices + 1) * largest > half_free:
-        n_readers -= 1
-    slots = n_readers + devices + 1
-    pin = uses_gpu and torch.cuda.is_available() and slots * largest <= PIN_FRACTION * total_memory()
-    return n_readers, pin

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from quantkit.apply.shards.errors import (
     CorruptShardError,
     ExecutorError,
-    NonFiniteWeightError,
     ShardVerificationError,
 )
 from quantkit.apply.shards.f2f import ShardPlan, parse_shard_header
 from quantkit.apply.shards.units import Batch, Unit
+from quantkit.errors import NonFiniteWeightError
 from quantkit.io.safetensors import DTYPES, REFETCH, st_dtype, tensor_nbytes
-from quantkit.schemes import SCHEMES, NonFiniteWeight, expected_layout, quantize_weight
+from quantkit.schemes import SCHEMES, expected_layout, quantize_weight
 
 if TYPE_CHECKING:
     import torch
@@ -245,14 +245,9 @@ def process_cpu(loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecut
     def in_child(u: Unit, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         import torch
 
-        from quantkit.apply.shards.cpu_pool import NonFiniteInChild
-
         assert quantizers is not None and u.scheme is not None
         q_out, s_out = room[u.name]
-        try:
-            got = quantizers.quantize(w, u.scheme, q_out, s_out)
-        except NonFiniteInChild:
-            raise _non_finite_error(u.name, w, shard) from None
+        got = quantizers.quantize(w, u.scheme, q_out, s_out)  # NonFiniteWeightError: named by the caller
         if got is None:
             return None
         q = q_out.view(getattr(torch, got.weight[0])).view(got.weight[1])
@@ -272,7 +267,7 @@ def process_cpu(loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecut
                     if done is not None:
                         return [(u.name, done[0]), (u.name + "_scale", done[1])]
                 q, scale = quantize_weight(w.to(device) if device != "cpu" else w, u.scheme, finite_only=True)
-            except NonFiniteWeight:
+            except NonFiniteWeightError:
                 raise _non_finite_error(u.name, w, shard) from None
             except ValueError as e:
                 raise ExecutorError(f"{u.name} in {shard}: cannot quantize with {u.scheme}: {e}") from None
@@ -390,7 +385,7 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
                 x = source(batch[0]).to(dev, non_blocking=True)
             try:
                 q, scale = quantize_weight(x, scheme, finite_only=True)
-            except NonFiniteWeight:
+            except NonFiniteWeightError:
                 for i in batch:
                     u = units[i]
                     w = _decode(s, u, loaded) if u.decoded else loaded.tensors[u.parts[0].entry.name]

@@ -291,17 +291,6 @@ def cut_batches(layout: ShardLayout, max_read: int, decode_on_host: bool) -> Non
     layout.batches = batches
 
 
-def largest_unit_cost(layouts: dict[str, ShardLayout], decode_on_host: bool) -> tuple[int, str]:
-    """(host bytes, name) of the costliest single unit: a budget below it cannot run at all."""
-    best = (0, "")
-    for layout in layouts.values():
-        for u in layout.units:
-            cost = u.source_bytes + u.host_bytes(decode_on_host)
-            if cost > best[0]:
-                best = (cost, u.name)
-    return best
-
-
 def ratio_out(layouts: dict[str, ShardLayout], decode_on_host: bool) -> float:
     """The largest host bytes in flight per source byte read, over all units (outputs and decoded values)."""
     r = 0.0
