@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,33 @@ def check_writable_folder(path: Path, option: str) -> None:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise QuantkitError(f"{option} {path}: {folder} is not a writable folder; pick a folder you can write to")
+
+
+def print_command(argv: Sequence[str], *, err: bool = False) -> None:
+    """THE way to print a command a user pastes: shell-quoted (shlex), alone on its line, never wrapped.
+
+    It goes to the plain stream (click.echo), not through rich, whose console hard-wraps long lines at the terminal
+    width: a wrapped `vllm serve` command split its --speculative-config JSON mid-word, and the pasted first line
+    ran the target without the draft (issue 36). `shlex.split` of the line gives `argv` back."""
+    import shlex
+
+    click.echo(shlex.join(argv), err=err)
+
+
+def default_out(command: str, model: str | Path) -> Path:
+    """The default output folder of a command that writes files: ./quantkit-out/<command>-<model name>/, never the
+    current folder itself (a result left beside the user's files, and silently replaced by the next run)."""
+    name = Path(str(model).rstrip("/")).name or "model"
+    return Path("quantkit-out") / f"{command}-{name}"
+
+
+def check_file_free(path: Path, overwrite: bool, option: str = "--out") -> None:
+    """Refuse, before any work, to replace a result file that an earlier run wrote, unless --overwrite is given."""
+    from quantkit.errors import QuantkitError
+
+    if path.exists() and not overwrite:
+        raise QuantkitError(f"{option} {path.parent}: {path.name} exists (from an earlier run); pass --overwrite "
+                            f"to replace it, or another {option}")
 
 
 def print_json(data: Any) -> None:
