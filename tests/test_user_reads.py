@@ -98,3 +98,68 @@ def test_deploy_writes_into_a_folder_named_after_the_model_and_never_replaces_si
     (tmp_path / "quantkit-out" / "deploy-target" / "deploy.json").unlink()
     only = run(*args, "--command-only", cwd=tmp_path)
     assert only.exit_code == 0 and not written.exists()
+
+
+# --- rules and check: verdict first, tables that fit 100 columns, ids whole ----------------------------------------
+
+
+def _fits(text: str, width: int = 100) -> None:
+    long = [line for line in text.splitlines() if len(line) > width]
+    assert not long, long
+
+
+def test_rules_fits_100_columns_with_every_id_whole_and_says_what_each_checks() -> None:
+    from quantkit.rules.table import RULES
+
+    res = run("rules", columns=100)
+    assert res.exit_code == 0, res.output
+    _fits(res.stdout)
+    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.split()}
+    for rule in RULES:
+        assert rule.id in rows, f"{rule.id} is not whole on one line"
+        assert rule.title.split()[0] in rows[rule.id]  # the title starts on the id's line
+    assert len(res.stdout.splitlines()) < 2.5 * len(RULES)  # (it was 788 lines for 34 rules)
+    assert not any(r.source.split()[0] in res.stdout for r in RULES)  # sources only with --verbose
+    verbose = run("rules", "--verbose", columns=100)
+    _fits(verbose.stdout)
+    flat = " ".join(verbose.stdout.split())
+    assert all(" ".join(r.source.split()) in flat for r in RULES)
+
+
+def _damaged_draft(tiny: Path, tmp_path: Path) -> Path:
+    """The tiny draft with an FP8 quantization_config but no scale tensors: check finds several errors."""
+    import shutil
+
+    out = tmp_path / "draft-no-scales"
+    shutil.copytree(tiny / "eagle3-draft", out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "quark", "version": "0.13", "exclude": ["fc", "lm_head"],
+        "export": {"kv_cache_group": [], "pack_method": "reorder", "weight_format": "real_quantized"},
+        "global_quant_config": {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0,
+                                           "is_dynamic": False},
+                                "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1,
+                                                  "is_dynamic": True}},
+        "layer_quant_config": {}, "layer_type_quant_config": {}}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_check_puts_its_verdict_first_and_fits_100_columns(tiny: Path, tmp_path: Path) -> None:
+    folder = _damaged_draft(tiny, tmp_path)
+    args = ["check", str(folder), "--target", str(tiny / "target"), "--vllm", "off", "--platform", "gfx950"]
+    res = run(*args, columns=100)
+    listed = run(*args, "--json")
+    findings = json.loads(listed.stdout)["findings"]
+    errors = [f for f in findings if f["severity"] == "error"]
+    assert res.exit_code == listed.exit_code == 1 and len({f["code"] for f in findings}) >= 2, res.output
+    _fits(res.stdout)
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"FAILED: {len(errors)} error")
+    for f in findings:  # every finding's code whole on one line
+        assert any(f["code"] in line.split() for line in lines), f["code"]
+    # the kernel table is behind --verbose: one line by default
+    assert "kernel path on" not in res.stdout and "--verbose" in res.stdout
+    verbose = run(*args, "--verbose", columns=100)
+    _fits(verbose.stdout)
+    assert verbose.stdout.splitlines()[0] == lines[0] and "kernel path on gfx950" in verbose.stdout

@@ -26,6 +26,35 @@ def vllm_version_option() -> Any:
                              "installed vLLM, else the newest version the rule table knows.")
 
 
+def verbose_option(what: str) -> Any:
+    return click.option("--verbose", "-v", "verbose", is_flag=True, help=f"Also print {what} (always in --json).")
+
+
+def render_verdict(console: Any, ok: bool, counts: dict[str, int], about: str) -> None:
+    """THE verdict line, printed first: `OK` or `FAILED`, the finding counts, then what was judged."""
+    def n(count: int, word: str) -> str:
+        return f"{count} {word}{'' if count == 1 or word == 'info' else 's'}"
+
+    console.print(f"{'OK' if ok else 'FAILED'}: {n(counts.get('error', 0), 'error')}, "
+                  f"{n(counts.get('warning', 0), 'warning')}, {n(counts.get('info', 0), 'info')}; {about}")
+
+
+def findings_table(findings: Sequence[Any]) -> Any:
+    """The findings of check (or any rule run) as one table; a finding's code never wraps."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("code", no_wrap=True, min_width=max((len(f.code) for f in findings), default=4))
+    table.add_column("layer / tensor", overflow="fold", ratio=1)
+    table.add_column("what", overflow="fold", ratio=3)
+    table.add_column("fix", overflow="fold", ratio=2)
+    for f in findings:
+        table.add_row(f.severity, f.code, f.layer_or_tensor, f.message, f.fix)
+    return table
+
+
 def render_kernels(console: Any, report: Any) -> None:
     """The kernel-path table of a KernelReport (inspect --platform, check)."""
     from rich.table import Table
