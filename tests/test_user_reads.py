@@ -163,3 +163,158 @@ def test_check_puts_its_verdict_first_and_fits_100_columns(tiny: Path, tmp_path:
     verbose = run(*args, "--verbose", columns=100)
     _fits(verbose.stdout)
     assert verbose.stdout.splitlines()[0] == lines[0] and "kernel path on gfx950" in verbose.stdout
+
+
+# --- small untruths ------------------------------------------------------------------------------------------------
+
+
+def test_the_dry_run_shows_sizes_in_a_unit_that_shows_the_difference(tiny: Path, tmp_path: Path) -> None:
+    args = ["apply", "--recipe", "mxfp4-moe", "--model", str(tiny / "moe-target"), "--output", str(tmp_path / "o"),
+            "--dry-run"]
+    res = run(*args, columns=200)
+    data = json.loads(run(*args, "--json").stdout)
+    before, after = data["size_before_bytes"], data["size_after_bytes"]
+    assert 1e6 < after < before < 1e9  # a few MB: "0.006 GB -> 0.004 GB" was the old line
+    line = next(x for x in res.stdout.splitlines() if "predicted size" in x)
+    shown = line.split("predicted size ", 1)[1].split(" (", 1)[0]
+    assert shown == f"{before / 1e6:.2f} MB -> {after / 1e6:.2f} MB", line
+
+
+def test_human_bytes_keeps_the_digits_that_tell_sizes_apart() -> None:
+    from quantkit.cli.options import human_bytes
+
+    assert human_bytes(2_345_678, 2_101_000) == ["2.35 MB", "2.10 MB"]
+    assert human_bytes(2_000_100, 2_000_000) == ["2.0001 MB", "2.0000 MB"]
+    assert human_bytes(812, 406) == ["812 B", "406 B"]
+    assert human_bytes(3_400_000_000, 1_100_000_000) == ["3.40 GB", "1.10 GB"]
+
+
+def test_a_finding_reads_as_a_sentence_with_its_fix_apart() -> None:
+    from quantkit.results.check import Finding
+
+    f = Finding(severity="warning", code="moe-padding", layer_or_tensor="model.layers.*.mlp.experts",
+                message="vLLM's AITER_MXFP4_MXFP4 MoE backend pads each rank's expert sizes at TP 8",
+                fix="pick a TP size whose per-rank intermediate size is already aligned", source="vllm/x.py f")
+    assert f.sentence() == ("warning moe-padding at model.layers.*.mlp.experts: vLLM's AITER_MXFP4_MXFP4 MoE backend "
+                            "pads each rank's expert sizes at TP 8. Fix: Pick a TP size whose per-rank intermediate "
+                            "size is already aligned. [vllm/x.py f]")
+    # a name at the start of a message stays as written
+    assert Finding(severity="error", code="c", layer_or_tensor="x", message="model.fc is quantized.").sentence() \
+        == "error c at x: model.fc is quantized."
+
+
+def test_the_moe_padding_finding_names_the_backend_as_vllms_not_as_the_subject() -> None:
+    import inspect as pyinspect
+
+    from quantkit.rules import kernels
+
+    text = pyinspect.getsource(kernels)
+    assert "f\"vLLM's {p.backend} MoE backend pads each rank's" in text
+    assert "f\"{p.backend} pads" not in text
+
+
+def test_deploy_says_what_the_vllm_version_line_means(tiny: Path, tmp_path: Path) -> None:
+    res = run("deploy", str(tiny / "target"), "--platform", "cpu", "--out", str(tmp_path))
+    assert res.exit_code == 0 and "needs >= any" not in res.stdout
+    assert "no rule asks for a newer vLLM" in res.stdout
+
+
+# --- next steps ----------------------------------------------------------------------------------------------------
+
+
+def test_inspect_of_a_bf16_model_names_the_recipes_for_its_kind(tiny: Path) -> None:
+    from quantkit.recipes import list_recipes
+
+    for model, kind in (("target", "dense-target"), ("moe-target", "moe-target"), ("eagle3-draft", "eagle3-draft")):
+        res = run("inspect", str(tiny / model))
+        assert res.exit_code == 0, res.output
+        fits = [r.name for r in list_recipes() if r.applies_to == kind]
+        assert fits and all(name in res.stderr for name in fits), res.stderr
+        argv = shlex.split(res.stderr.strip().splitlines()[-1])
+        assert argv[:4] == ["quantkit", "apply", "--recipe", fits[0]] and argv[argv.index("--model") + 1] == str(
+            tiny / model)
+        assert "quantkit apply" not in res.stdout
+
+
+def test_gate_ships_its_example_config_and_help_points_to_it(tmp_path: Path) -> None:
+    from quantkit.gate.config import load_gate_config
+
+    res = run("gate", "--example-config")
+    assert res.exit_code == 0 and res.stderr == "", res.output
+    config = tmp_path / "gate.yaml"
+    config.write_text(res.stdout)
+    # the comment's apply commands make the candidates; here empty folders stand in for them (paths are checked)
+    commands = [shlex.split(line.lstrip("# ").strip()) for line in res.stdout.splitlines()
+                if line.lstrip("# ").startswith("quantkit apply")]
+    assert len(commands) == 2
+    for argv in commands:
+        (tmp_path / argv[argv.index("--output") + 1]).mkdir(parents=True)
+        assert Path(argv[argv.index("--model") + 1]).is_dir()  # the bundled models, wherever quantkit is installed
+    cfg, _ = load_gate_config(config)
+    assert [c.name for c in cfg.candidates] == ["pair", "moe-mxfp4"]
+    help_text = run("gate", "--help").stdout
+    assert "--example-config" in help_text and "examples/gate-tiny.yaml" not in help_text
+
+
+# --- the demo's last word ------------------------------------------------------------------------------------------
+
+
+def _gate_report(passed: bool) -> object:
+    from quantkit.results.gate import GateReport
+
+    def chk(cand: str, name: str, value: float, op: str, thr: float) -> dict:
+        ok = value >= thr if op == ">=" else value <= thr
+        return {"candidate": cand, "step": name.split(".")[0], "name": name, "value": value, "op": op,
+                "threshold": thr, "passed": ok}
+
+    ratio = 0.988 if passed else 0.61
+    checks = [chk("draft-fp8", "acceptance.ratio", ratio, ">=", 0.95),
+              chk("draft-fp8", "check.precision_mismatches", 0.0, "<=", 0.0),
+              chk("moe-mxfp4", "check.precision_mismatches", 0.0, "<=", 0.0),
+              chk("moe-mxfp4", "eval.tiny_french_mc.acc.recovery", 1.0, ">=", 0.95),
+              chk("moe-mxfp4", "eval.tiny_french_gen.exact_match.recovery", 0.976, ">=", 0.95)]
+    loaded = {"errors": 0, "warnings": 0, "vllm_load": {"status": "loaded"}}
+    return GateReport.model_validate({
+        "gate": {"name": "demo", "passed": passed, "verdict": "pass" if passed else "regression", "checks": checks},
+        "candidates": {
+            "draft-fp8": {"check": loaded, "acceptance": {"ratio": ratio, "ratio_ci": [0.954, 1.02]},
+                          "serve": {"in_process_al": 3.6455, "batches": [
+                              {"batch_size": 1, "mean_acceptance_length": 3.6455},
+                              {"batch_size": 8, "mean_acceptance_length": 3.6455}]}},
+            "moe-mxfp4": {"check": loaded}}})
+
+
+def test_the_demo_ends_with_what_was_proven_against_which_thresholds() -> None:
+    from quantkit.demo import conclusion
+
+    outputs = {"model_card": "W/publish-preview/README.md", "gate_report": "W/gate-report"}
+    text = conclusion(_gate_report(True), outputs)  # type: ignore[arg-type]
+    assert text.startswith("The FP8 draft on the MXFP4 target keeps 98.8% of the BF16 pair's acceptance length "
+                           "(the gate needs 95%")
+    assert "vLLM loaded both checkpoints at the intended precision" in text
+    assert "`vllm serve` at batch 1 and 8 gave the in-process AL (3.646)" in text
+    assert "at least 97.6% of the BF16 target on every task (the gate needs 95%)" in text
+    assert text.endswith("Next: see the model card W/publish-preview/README.md and the gate report "
+                         "W/gate-report/report.md.")
+    assert 2 <= text.count(". ") + 1 <= 4  # two or three sentences and where to look
+    failed = conclusion(_gate_report(False), outputs)  # type: ignore[arg-type]
+    assert failed.startswith("Not proven: the gate's verdict is regression (draft-fp8: acceptance: acceptance.ratio")
+
+
+def test_third_party_output_goes_to_one_log_and_quantkit_lines_to_the_terminal(tmp_path: Path,
+                                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from quantkit.cli.options import third_party_output
+    from quantkit.progress import stderr_progress
+
+    log = tmp_path / "third-party.log"
+    with third_party_output(log) as terminal:
+        os.write(2, b"WARNING from C++ or a child process\n")
+        print("a Python warning on sys.stderr", file=sys.stderr, flush=True)
+        stderr_progress("demo", stream=terminal)("our progress line")
+    os.write(2, b"after the block\n")
+    err = capfd.readouterr().err
+    assert "[quantkit demo] our progress line" in err and "after the block" in err
+    assert "WARNING" not in err and "a Python warning" not in err
+    assert log.read_text() == "WARNING from C++ or a child process\na Python warning on sys.stderr\n"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -123,6 +124,48 @@ def check_file_free(path: Path, overwrite: bool, option: str = "--out") -> None:
     if path.exists() and not overwrite:
         raise QuantkitError(f"{option} {path.parent}: {path.name} exists (from an earlier run); pass --overwrite "
                             f"to replace it, or another {option}")
+
+
+def human_bytes(*sizes: int) -> list[str]:
+    """Byte counts in one decimal unit (B, KB, MB, GB, TB) chosen by the largest, with the digits that show how they
+    differ: 2,345,678 and 2,101,000 read "2.35 MB" and "2.10 MB", never "0.002 GB" twice."""
+    units = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1.0, "B"))
+    largest = max(sizes, default=0)
+    scale, unit = next(((f, u) for f, u in units if largest >= f), (1.0, "B"))
+    if unit == "B":
+        return [f"{n} B" for n in sizes]
+    digits = 2
+    while digits < 6 and len({f"{n / scale:.{digits}f}" for n in sizes}) < len(set(sizes)):
+        digits += 1
+    return [f"{n / scale:,.{digits}f} {unit}" for n in sizes]
+
+
+@contextmanager
+def third_party_output(log: Path) -> Iterator[TextIO]:
+    """Send what other libraries write on stderr (vLLM's and torch's warnings and logs, lm-eval's and tqdm's bars:
+    ~155 lines in the demo, which buried its 21 progress lines) to `log`, at the file-descriptor level so that C++
+    and child-process output goes there too; yield a stream to the real stderr for quantkit's own lines. The real
+    stderr is back when the block ends, also on an error (whose one line the CLI then prints there)."""
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+    python_stderr = sys.stderr
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 2)
+        # Python-level writers too (warnings, a logging handler made now), wherever sys.stderr pointed
+        sys.stderr = open(os.dup(sink.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+        try:
+            yield terminal
+        finally:
+            sys.stderr.close()
+            sys.stderr = python_stderr
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            terminal.close()
 
 
 def print_json(data: Any) -> None:

@@ -196,10 +196,10 @@ def _serve_section(pub: Publication) -> list[str]:
     if kind == EAGLE3_DRAFT:
         if not target:
             n = manifest.target_num_layers
+            layers = f" ({n} decoder layers)" if n else ""
             body += ["", f"Replace `{TARGET_PLACEHOLDER}` with "
-                     + (f"`{pub.measured_target}`'s Hub id (the target the gate measured this draft on)"
-                        if pub.measured_target else "the target model this draft was trained for")
-                     + (f" ({n} decoder layers)." if n else ".")]
+                     + (f"the Hub id of `{pub.measured_target}`{layers}, the target the gate measured this draft on."
+                        if pub.measured_target else f"the target model this draft was trained for{layers}.")]
         body += ["", "This repo is a draft: it only runs next to its target model."]
     return body
 
@@ -360,7 +360,7 @@ def render_card(pub: Publication) -> ModelCard:
                            [[ch.name, ch.shown(ch.value), f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
                              {True: "yes", False: "no", None: "-"}[ch.passed]] for ch in rep.gate.checks])
 
-    command, exact = _command(manifest, pub.apply_target_ref)
+    command, exact = _command(manifest, pub.apply_target_ref or manifest.target)  # (manifest: public names)
     body += ["", "## How it was made", "", "```bash", command, "```"]
     if not exact:
         body += ["", "(quantized through quantkit's Python API; the line above is the equivalent command)"]
