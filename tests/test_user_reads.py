@@ -70,12 +70,12 @@ def test_a_refused_deployment_says_so_in_one_line_and_prints_no_command(tiny: Pa
     written = json.loads((tmp_path / "deploy.json").read_text())
     assert written["ok"] is False and written["argv"][:2] == ["vllm", "serve"]
     lines = res.stdout.splitlines()
-    assert lines[0].startswith("deploy refused: 4 errors;")  # the verdict comes first
+    assert lines[0].startswith("deploy refused: 4 errors, 0 warnings, 0 info; ")  # the verdict comes first
     assert not any("vllm serve" in line for line in lines), res.stdout
     assert not any(line.startswith("command") for line in lines)
     only = run(*_pair_args(tiny, tmp_path, "--tp", "3", "--command-only"))
     assert only.exit_code == 1 and only.stdout == ""
-    assert only.stderr.startswith("deploy refused: 4 errors;") and only.stderr.count("\n") == 1
+    assert only.stderr.startswith("deploy refused: 4 errors, 0 warnings, 0 info; ") and only.stderr.count("\n") == 1
 
 
 def test_deploy_writes_into_a_folder_named_after_the_model_and_never_replaces_silently(tiny: Path,

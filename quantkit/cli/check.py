@@ -14,9 +14,9 @@ from quantkit.cli.options import (
     make_console,
     print_json,
     render_kernels,
-    render_verdict,
     trust_option,
     verbose_option,
+    verdict_line,
     vllm_version_option,
 )
 from quantkit.progress import stderr_progress
@@ -99,9 +99,8 @@ def _render_check(result: CheckResult, verbose: bool = False) -> None:
     """Verdict first; then the vLLM load, the findings, and the kernel paths in one line (the per-layer table with
     --verbose, and in --json)."""
     console = make_console()
-    counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "info")}
-    render_verdict(console, result.ok, counts, f"check of {result.path} ({result.architecture}, {result.model_kind}, "
-                                               f"tp {result.tp}, {result.platform}) in {result.seconds:.1f}s")
+    console.print(verdict_line(result.ok, result.findings, f"check of {result.path} ({result.architecture}, "
+                               f"{result.model_kind}, tp {result.tp}, {result.platform}) in {result.seconds:.1f}s"))
     load = result.vllm_load
     line = f"vLLM load: {load.status}"
     if load.status == "loaded":

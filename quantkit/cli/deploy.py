@@ -16,6 +16,7 @@ from quantkit.cli.options import (
     json_option,
     print_command,
     print_json,
+    verdict_line,
     vllm_version_option,
 )
 from quantkit.vocab import PLATFORMS
@@ -104,18 +105,18 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
 
 
 def _refused_line(manifest: DeployManifest, path: Path | None) -> str:
-    n = len(manifest.errors)
-    return (f"deploy refused: {n} error{'s' if n != 1 else ''}; vLLM would refuse this deployment or serve it wrong, "
-            f"so no command is printed" + (f" ({path} keeps it, with \"ok\": false)" if path else ""))
+    return verdict_line(False, manifest.findings, "vLLM would refuse this deployment or serve it wrong, so no command "
+                        "is printed" + (f" ({path} keeps it, with \"ok\": false)" if path else ""),
+                        failed="deploy refused")
 
 
 def _render(manifest: DeployManifest, path: Path | None) -> None:
     """Verdict first, then the findings, then (only when it may be used) the environment and the command, each a
     line that pastes as it is (never wrapped: no rich console here)."""
     echo = click.echo
-    counts = {s: sum(f.severity == s for f in manifest.findings) for s in ("error", "warning", "info")}
     if manifest.ok:
-        echo(f"deploy OK on {manifest.platform}: no errors, {counts['warning']} warning(s), {counts['info']} info")
+        echo(verdict_line(True, manifest.findings, f"deploy of {manifest.model}"
+                          + (f" with {manifest.draft}" if manifest.draft else "") + f" on {manifest.platform}"))
     else:
         echo(_refused_line(manifest, path))
     for f in manifest.findings:

@@ -31,13 +31,14 @@ def verbose_option(what: str) -> Any:
     return click.option("--verbose", "-v", "verbose", is_flag=True, help=f"Also print {what} (always in --json).")
 
 
-def render_verdict(console: Any, ok: bool, counts: dict[str, int], about: str) -> None:
-    """THE verdict line, printed first: `OK` or `FAILED`, the finding counts, then what was judged."""
-    def n(count: int, word: str) -> str:
-        return f"{count} {word}{'' if count == 1 or word == 'info' else 's'}"
+def verdict_line(ok: bool, findings: Sequence[Any], about: str, failed: str = "FAILED") -> str:
+    """THE verdict line, printed first by check and deploy: `OK` or `failed`, the finding counts, then what was
+    judged."""
+    def n(severity: str) -> str:
+        count = sum(f.severity == severity for f in findings)
+        return f"{count} {severity}{'' if count == 1 or severity == 'info' else 's'}"
 
-    console.print(f"{'OK' if ok else 'FAILED'}: {n(counts.get('error', 0), 'error')}, "
-                  f"{n(counts.get('warning', 0), 'warning')}, {n(counts.get('info', 0), 'info')}; {about}")
+    return f"{'OK' if ok else failed}: {n('error')}, {n('warning')}, {n('info')}; {about}"
 
 
 def findings_table(findings: Sequence[Any]) -> Any:
