@@ -114,7 +114,8 @@ def print_command(argv: Sequence[str], *, err: bool = False) -> None:
 def default_out(command: str, model: str | Path) -> Path:
     """The default output folder of a command that writes files: ./quantkit-out/<command>-<model name>/, never the
     current folder itself (a result left beside the user's files, and silently replaced by the next run)."""
-    name = Path(str(model).rstrip("/")).name or "model"
+    path = Path(str(model)).expanduser()
+    name = (path.resolve().name if path.exists() else path.name) or "model"  # `deploy .` is named after the folder
     return Path("quantkit-out") / f"{command}-{name}"
 
 
