@@ -110,3 +110,15 @@ def test_without_a_hub_id_the_card_names_the_measured_target(pair: dict) -> None
     assert "Replace `<TARGET>` with the Hub id of `moe-mxfp4`" in card
     assert str(pair["root"]) not in card  # no local path
     assert pub.deploy_json is not None and pub.deploy_json["predicted_backends"]["moe"] != "unquantized"
+
+
+def test_deploys_padding_finding_reads_as_a_sentence_about_vllms_backend(pair: dict, tmp_path) -> None:
+    # moe_intermediate_size 128 at TP 2: 64 per rank, which AITER's MXFP4 MoE kernel pads to 128 (by hand: +100%)
+    res = CliRunner().invoke(main, ["deploy", str(pair["target"]), "--platform", "gfx950", "--tp", "2",
+                                    "--out", str(tmp_path)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stdout.splitlines() if x.startswith("warning moe-padding at "))
+    message = line.split(": ", 1)[1]
+    assert message.startswith("vLLM's AITER_MXFP4_MXFP4 MoE backend pads each rank's expert sizes at TP 2: "
+                              "intermediate 64 -> 128, hidden 256 -> 256: 100% extra")
+    assert ". Fix: Pick a TP size" in message  # the fix is its own sentence, not glued on
