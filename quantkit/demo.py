@@ -130,7 +130,10 @@ def prepare_workdir(workdir: str | Path) -> Path:
     return work
 
 
-def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool = False) -> DemoResult:
+def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool = False,
+             third_party_log: Path | None = None) -> DemoResult:
+    """The whole pipeline on the bundled tiny models; `third_party_log`: where the caller sends other libraries'
+    output (quantkit.cli.options.third_party_output), recorded among the outputs."""
     import yaml
 
     progress = or_silent(progress)
@@ -199,6 +202,8 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     result.outputs = {"draft_fp8": str(work / "draft-fp8"), "moe_mxfp4": str(work / "moe-mxfp4"),
                       "gate_config": str(config_path), "gate_report": str(work / "gate-report"),
                       "model_card": str(work / "publish-preview" / "README.md")}
+    if third_party_log is not None:
+        result.outputs["third_party_log"] = str(third_party_log)
     from quantkit.results import ResultFileError, load_gate_report
 
     try:

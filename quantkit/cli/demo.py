@@ -47,8 +47,7 @@ def demo(workdir: Path, with_bench: bool, as_json: bool) -> None:
     with third_party_output(log) as terminal:
         progress = stderr_progress("demo", stream=terminal)
         progress(f"vLLM, torch and lm-eval messages go to {log}")
-        result = run_demo(workdir, progress=progress, bench=with_bench)
-    result.outputs["third_party_log"] = str(log)
+        result = run_demo(workdir, progress=progress, bench=with_bench, third_party_log=log)
     if as_json:
         print_json(result.to_dict())
         return
