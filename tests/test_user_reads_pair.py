@@ -63,7 +63,9 @@ def _report(pair: dict) -> dict:
             {"candidate": "draft-fp8", "step": "check", "name": "check.errors", "value": 0.0, "op": "<=",
              "threshold": 0.0, "passed": True},
             {"candidate": "draft-fp8", "step": "acceptance", "name": "acceptance.ratio", "value": 0.988, "op": ">=",
-             "threshold": 0.95, "passed": True}]},
+             "threshold": 0.95, "passed": True},
+            {"candidate": "draft-fp8", "step": "serve", "name": "serve.bs8.acceptance_length", "value": None,
+             "op": ">=", "threshold": 2.0, "passed": False, "message": "the server died before batch 8"}]},
     }
 
 
@@ -95,6 +97,7 @@ def test_the_card_and_deploy_json_describe_the_measured_pair(pair: dict) -> None
     assert "this draft served on `org/moe-mxfp4`" in card and "recipe `mxfp4-moe`" in card
     # the figures as their kind reads, and no lm-eval for a draft
     assert "| check.errors | 0 | <= 0 | yes |" in card and "| acceptance.ratio | 0.9880 | >= 0.9500 | yes |" in card
+    assert "| serve.bs8.acceptance_length | not measured: the server died before batch 8 | >= 2.0000 | no |" in card
     assert "Does not apply to a draft" in card
     # what apply read is still said where it belongs: the published quantkit.json names the BF16 target
     assert pub.manifest.target == "moe-target"

@@ -357,7 +357,9 @@ def render_card(pub: Publication) -> ModelCard:
         body += ["", f"## Gate: {'passed' if rep.gate.passed else 'FAILED'}", ""]
         if rep.gate.checks:
             body += _table(["check", "value", "threshold", "passed"],
-                           [[ch.name, ch.shown(ch.value), f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
+                           [[ch.name, ch.shown(ch.value) if ch.value is not None else
+                             f"not measured: {ch.message or 'no value'}",
+                             f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
                              {True: "yes", False: "no", None: "-"}[ch.passed]] for ch in rep.gate.checks])
 
     command, exact = _command(manifest, pub.apply_target_ref or manifest.target)  # (manifest: public names)
