@@ -23,6 +23,7 @@ from quantkit.io.checkpoint import OutputWriteError, check_output_free
 from quantkit.io.paths import tiny_models_dir
 from quantkit.progress import Progress, or_silent
 from quantkit.results.demo import DemoResult
+from quantkit.results.gate import GateReport
 
 DEMO_EVAL_TASKS = ["tiny_french_mc", "tiny_french_gen"]
 DEMO_EVAL_LIMIT = 40
@@ -75,7 +76,64 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
     }
 
 
-def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool = False) -> DemoResult:
+def conclusion(report: GateReport, outputs: dict[str, str]) -> str:
+    """The demo's last word in two or three sentences: what the gate proved about the deployment pair (the FP8 draft
+    on the MXFP4 target), against which thresholds, and where to look next; or, when it did not pass, what failed."""
+    draft, target = report.candidates.get("draft-fp8"), report.candidates.get("moe-mxfp4")
+    checks = {(c.candidate, c.name): c for c in report.gate.checks}
+    where = f"see the model card {outputs.get('model_card')} and the gate report {outputs.get('gate_report')}/report.md"
+    if not report.gate.passed:
+        failed = [c.line() for c in report.gate.checks if c.passed is False][:3]
+        return (f"Not proven: the gate's verdict is {report.gate.verdict}"
+                + (f" ({'; '.join(failed)})" if failed else "") + f". {where[0].upper()}{where[1:]}.")
+    sentences = []
+    ratio = checks.get(("draft-fp8", "acceptance.ratio"))
+    acc = draft.acceptance if draft is not None else None
+    if ratio is not None and ratio.value is not None and ratio.threshold is not None:
+        ci = acc.ratio_ci if acc is not None else None
+        ci_text = f"; its 95% CI {ci[0]:.1%}-{ci[1]:.1%}" if ci and None not in ci else ""
+        part = (f"The FP8 draft on the MXFP4 target keeps {ratio.value:.1%} of the BF16 pair's acceptance length "
+                f"(the gate needs {ratio.threshold:.0%}{ci_text})")
+        loads = [c.check.vllm_load.status for c in (draft, target) if c is not None and c.check is not None
+                 and c.check.vllm_load is not None]
+        mismatches = sum((checks[k].value or 0) for k in checks if k[1] == "check.precision_mismatches")
+        if loads and all(x == "loaded" for x in loads) and not mismatches:
+            part += ", vLLM loaded both checkpoints at the intended precision (every layer as predicted)"
+        served = draft.serve if draft is not None else None
+        if served is not None and served.batches and served.in_process_al is not None:
+            sizes = " and ".join(str(b.batch_size) for b in served.batches)
+            same = all(b.mean_acceptance_length is not None and abs(b.mean_acceptance_length - served.in_process_al)
+                       < 5e-4 for b in served.batches)
+            part += (f", and `vllm serve` at batch {sizes} " + (f"gave the in-process AL ({served.in_process_al:.3f})"
+                     if same else "agreed with the in-process AL within the gate's test"))
+        sentences.append(part + ".")
+    recoveries = [c for (cand, name), c in checks.items() if cand == "moe-mxfp4" and name.endswith(".recovery")]
+    if recoveries and all(c.value is not None for c in recoveries):
+        worst = min(recoveries, key=lambda c: c.value or 0.0)
+        sentences.append(f"On lm-eval the MXFP4 target scores at least {worst.value:.1%} of the BF16 target on every "
+                         f"task (the gate needs {worst.threshold:.0%}).")
+    return " ".join(sentences) + f" Next: {where}."
+
+
+def prepare_workdir(workdir: str | Path) -> Path:
+    """The demo's work folder, checked (the same rules as apply: never over a source, only quantkit's outputs) and
+    created; the CLI calls it before it writes anything there (its third-party log)."""
+    tiny = tiny_models_dir()
+    work = Path(workdir).expanduser().resolve()
+    for sub in ("draft-fp8", "moe-mxfp4"):
+        check_output_free(work / sub, overwrite=True, sources=[tiny])
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputWriteError(f"--workdir {workdir}: cannot create it ({e.strerror or e}); pick a folder you can "
+                               "write to") from None
+    return work
+
+
+def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool = False,
+             third_party_log: Path | None = None) -> DemoResult:
+    """The whole pipeline on the bundled tiny models; `third_party_log`: where the caller sends other libraries'
+    output (quantkit.cli.options.third_party_output), recorded among the outputs."""
     import yaml
 
     progress = or_silent(progress)
@@ -83,14 +141,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     tiny = tiny_models_dir()
     if not all((tiny / m / "config.json").is_file() for m in ("moe-target", "moe-eagle3-draft")):
         raise BundledDataError(f"no tiny models in {tiny}; run `python examples/make_tiny_models.py` to create them")
-    work = Path(workdir).expanduser().resolve()
-    for sub in ("draft-fp8", "moe-mxfp4"):  # the same rules as apply: never over a source, only quantkit's outputs
-        check_output_free(work / sub, overwrite=True, sources=[tiny])
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputWriteError(f"--workdir {workdir}: cannot create it ({e.strerror or e}); pick a folder you can "
-                               "write to") from None
+    work = prepare_workdir(workdir)
     result = DemoResult(workdir=str(work))
 
     def step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -151,6 +202,14 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     result.outputs = {"draft_fp8": str(work / "draft-fp8"), "moe_mxfp4": str(work / "moe-mxfp4"),
                       "gate_config": str(config_path), "gate_report": str(work / "gate-report"),
                       "model_card": str(work / "publish-preview" / "README.md")}
+    if third_party_log is not None:
+        result.outputs["third_party_log"] = str(third_party_log)
+    from quantkit.results import ResultFileError, load_gate_report
+
+    try:
+        result.conclusion = conclusion(load_gate_report(work / "gate-report" / "report.json"), result.outputs)
+    except ResultFileError:  # the gate stopped before writing its report: the steps say why
+        result.conclusion = f"Not proven: the gate wrote no report; see {work / 'gate-report'}."
     result.seconds = time.perf_counter() - t0
     (work / "demo.json").write_text(jsonout.dumps(result.to_dict()) + "\n")
     return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TextIO
 
 Progress = Callable[[str], None]
 
@@ -21,12 +22,13 @@ def or_silent(progress: Progress | None) -> Progress:
     return progress if progress is not None else _silent
 
 
-def stderr_progress(stage: str) -> Progress:
-    """A callback printing `[quantkit STAGE] message` lines on stderr, credentials scrubbed (errors.scrub_secrets)."""
+def stderr_progress(stage: str, stream: TextIO | None = None) -> Progress:
+    """A callback printing `[quantkit STAGE] message` lines on stderr (or `stream`: the terminal's stderr while
+    third-party output goes to a log), credentials scrubbed (errors.scrub_secrets)."""
 
     from quantkit.errors import scrub_secrets
 
     def emit(message: str) -> None:
-        print(scrub_secrets(f"[quantkit {stage}] {message}"), file=sys.stderr, flush=True)
+        print(scrub_secrets(f"[quantkit {stage}] {message}"), file=stream or sys.stderr, flush=True)
 
     return emit

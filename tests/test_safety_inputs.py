@@ -558,7 +558,8 @@ def test_deploy_out_into_a_missing_folder_creates_it(tmp_path: Path) -> None:
 def test_deploy_max_model_len_beyond_the_target_is_an_error_finding(tmp_path: Path) -> None:
     """deploy's way to say "vLLM would refuse this": an error finding naming the limit (exit 1), the manifest still
     written (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes vLLM take it); at the limit, no finding."""
-    args = ["deploy", str(TINY / "target"), "--platform", "cpu", "--out", str(tmp_path), "--json", "--max-model-len"]
+    args = ["deploy", str(TINY / "target"), "--platform", "cpu", "--out", str(tmp_path), "--overwrite", "--json",
+            "--max-model-len"]
     run = run_cli([*args, str(LIMIT + 1)], cwd=tmp_path, forbid_heavy=True)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
     found = [f for f in json.loads(run.stdout)["findings"] if f["code"] == "max-model-len-beyond-positions"]

@@ -175,7 +175,7 @@ def start_caller(tiny):
                               stderr=subprocess.PIPE, text=True, env=env)
     assert caller.stderr is not None
     for line in caller.stderr:
-        m = re.search(r"started vllm serve .* \(pid (\d+), port (\d+),", line)
+        m = re.search(r"started vllm serve .* \(pid (\d+), port (\d+)\)", line)
         if m:
             return caller, int(m.group(1)), int(m.group(2))
     raise AssertionError(f"the caller exited with {caller.wait()} before starting a server")

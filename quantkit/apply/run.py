@@ -484,8 +484,10 @@ def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], Non
         elapsed = max(time.perf_counter() - t0, 1e-9)
         rate = done[0] / elapsed
         left = max(total_bytes - done[0], 0) / rate if rate else 0.0
-        progress(f"shard {done[1]}/{event.total} {event.shard} on {event.device}: {event.bytes_in / 1e6:.0f} MB in "
-                 f"{event.seconds:.1f}s; {rate / 1e6:.0f} MB/s, ETA {left:.0f}s")
+        took = f"{event.seconds:.1f}s" if event.seconds >= 0.1 else f"{event.seconds * 1000:.0f} ms"
+        # no rate here: the run's one rate is the executor's, in the summary (this one counted start-up as well)
+        progress(f"shard {done[1]}/{event.total} {event.shard} on {event.device}: {event.bytes_in / 1e6:.1f} MB in "
+                 f"{took}" + (f"; ETA {left:.0f}s" if done[1] < event.total else ""))
 
     return emit
 

@@ -74,6 +74,16 @@ class QuantkitGroup(click.Group):
             raise
         except (click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # the reader stopped reading (`quantkit deploy ... | head`): nothing to report; stdout goes to /dev/null
+            # so that the interpreter's final flush does not fail again, and the exit status is SIGPIPE's
+            import sys
+
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, AttributeError):  # stdout is not a file descriptor (a test's runner)
+                pass
+            ctx.exit(141)
         except Exception as e:  # a bug or a failure inside Quark/vLLM: one line unless asked for the traceback
             if RECEIVED:
                 # A library caught the KeyboardInterrupt and raised something else (safetensors' loader turns one

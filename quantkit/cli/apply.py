@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 import click
 
 from quantkit.cli.app import main
-from quantkit.cli.options import json_option, make_console, print_json, trust_option
+from quantkit.cli.options import human_bytes, json_option, make_console, print_command, print_json, trust_option
 from quantkit.progress import stderr_progress
+from quantkit.vocab import EAGLE3_DRAFT
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
     from quantkit.results import ApplyResult
@@ -122,15 +123,24 @@ def _render_apply(result: ApplyResult) -> None:
     ratio = result.size_after_bytes / max(result.size_before_bytes, 1)
     console.print(f"exclude (vLLM names): {result.exclude}")
     if result.dry_run:
+        before, after = human_bytes(result.size_before_bytes, result.size_after_bytes)
         console.print(f"plan: {len(result.quantized)} layers quantized, {len(result.kept)} kept; predicted size "
-                      f"{result.size_before_bytes / 1e9:.3f} GB -> {result.size_after_bytes / 1e9:.3f} GB "
-                      f"({ratio:.2f}x); engine {result.engine}, {result.path} ({result.path_reason})")
+                      f"{before} -> {after} ({ratio:.2f}x); engine {result.engine}, {result.path} "
+                      f"({result.path_reason})")
         for dev, shards in result.device_plan.items():
             console.print(f"  {dev}: {len(shards)} shard(s)" + (f" ({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''})" if shards else ""))
         console.print(f"planned in {result.timings_s['total']:.2f}s; nothing was read beyond headers, nothing written")
         return
-    speed = f"; {result.throughput_mb_s:.0f} MB/s" if result.throughput_mb_s else ""
+    # the one rate of the run: the executor's (quantized bytes / its wall time); progress lines print none of their own
+    speed = f" (quantized at {result.throughput_mb_s:.0f} MB/s)" if result.throughput_mb_s else ""
     resumed = f"; {result.resumed_shards} shard(s) kept from the interrupted run" if result.resumed_shards else ""
-    console.print(f"size {result.size_before_bytes / 1e6:.2f} MB -> {result.size_after_bytes / 1e6:.2f} MB "
-                  f"({ratio:.2f}x); engine {result.engine}, {result.path} on {','.join(result.devices) or result.device}; "
-                  f"{result.timings_s['total']:.1f}s{speed}{resumed}; peak RSS {result.peak_rss_mb:.0f} MB")
+    before, after = human_bytes(result.size_before_bytes, result.size_after_bytes)
+    console.print(f"size {before} -> {after} ({ratio:.2f}x); engine {result.engine}, {result.path} on "
+                  f"{','.join(result.devices) or result.device}; {result.timings_s['total']:.1f}s in all{speed}"
+                  f"{resumed}; peak RSS {result.peak_rss_mb:.0f} MB")
+    # the next step, as a command that pastes (on stderr: stdout stays the result)
+    click.echo("next: check it as vLLM will load it:", err=True)
+    next_step = ["quantkit", "check", result.output]
+    if result.model_kind == EAGLE3_DRAFT and result.target:
+        next_step += ["--target", result.target]
+    print_command(next_step, err=True)

@@ -9,11 +9,14 @@ import click
 
 from quantkit.cli.app import exit_failed, main
 from quantkit.cli.options import (
+    findings_table,
     json_option,
     make_console,
     print_json,
     render_kernels,
     trust_option,
+    verbose_option,
+    verdict_line,
     vllm_version_option,
 )
 from quantkit.progress import stderr_progress
@@ -46,10 +49,11 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               callback=lambda ctx, _p, v: _list_rules(ctx) if v else None,
               help="Print the rule table (as `quantkit rules`) and exit.")
 @trust_option()
+@verbose_option("the predicted kernel path of every layer group")
 @json_option("Print the findings, per-layer precisions and the vLLM load as JSON.")
 def check_command(folder: Path, target: Path | None, tp: int, platform: str, vllm_mode: str, load_timeout: float,
                   numeric: bool, source: Path | None, vllm_version: str | None, trust_remote_code: bool,
-                  as_json: bool) -> None:
+                  verbose: bool, as_json: bool) -> None:
     """Check that vLLM will load a Quark checkpoint as intended, before any GPU time is spent.
 
     \b
@@ -59,6 +63,9 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     Replays vLLM's Quark loader: required quantization_config keys, exclude entries (vLLM matches runtime names
     or `re:` only), fused and MoE layers, weight and scale tensors (dtype, shape, finite and positive values), TP
     divisibility, EAGLE-3 draft specifics, platform notes; then loads the checkpoint in vLLM when it can.
+
+    The verdict comes first, then the vLLM load and the findings; --verbose adds the predicted kernel of every
+    layer group.
 
     Exit status: 0 no errors, 1 errors found, 2 bad input (not a checkpoint, unreadable file).
     """
@@ -75,7 +82,7 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     if as_json:
         print_json(result.to_dict())
     else:
-        _render_check(result)
+        _render_check(result, verbose)
     sys.stdout.flush()
     if not result.ok:
         exit_failed()
@@ -88,21 +95,12 @@ def _list_rules(ctx: click.Context) -> None:
     ctx.exit(0)
 
 
-def _render_check(result: CheckResult) -> None:
-    from rich.table import Table
-
+def _render_check(result: CheckResult, verbose: bool = False) -> None:
+    """Verdict first; then the vLLM load, the findings, and the kernel paths in one line (the per-layer table with
+    --verbose, and in --json)."""
     console = make_console()
-    if result.findings:
-        table = Table(title=f"check {result.path} ({result.architecture}, {result.model_kind}, tp {result.tp}, "
-                            f"{result.platform})", title_justify="left")
-        table.add_column("severity", no_wrap=True)
-        table.add_column("code", no_wrap=True)
-        table.add_column("layer / tensor", overflow="fold")
-        table.add_column("what", overflow="fold")
-        table.add_column("fix", overflow="fold")
-        for f in result.findings:
-            table.add_row(f.severity, f.code, f.layer_or_tensor, f.message, f.fix)
-        console.print(table)
+    console.print(verdict_line(result.ok, result.findings, f"check of {result.path} ({result.architecture}, "
+                               f"{result.model_kind}, tp {result.tp}, {result.platform}) in {result.seconds:.1f}s"))
     load = result.vllm_load
     line = f"vLLM load: {load.status}"
     if load.status == "loaded":
@@ -120,9 +118,13 @@ def _render_check(result: CheckResult) -> None:
         worst = max((v.relative_error or 0.0 for v in result.numeric.layers.values()), default=0.0)
         console.print(f"numeric: {len(result.numeric.layers)} layers vs {result.numeric.source}, worst "
                       f"relative error {worst:.4g}")
-    if result.kernels is not None and result.kernels.paths:
-        render_kernels(console, result.kernels)
-    counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "info")}
-    verdict = "OK" if result.ok else "FAILED"
-    console.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info; "
-                  f"{result.seconds:.1f}s")
+    if result.findings:
+        console.print(findings_table(result.findings))
+    kernels = result.kernels
+    if kernels is not None and kernels.paths:
+        if verbose:
+            render_kernels(console, kernels)
+        else:
+            predicted = ", ".join(f"{k}={v}" for k, v in kernels.predicted_backends.items())
+            console.print(f"kernels vLLM {kernels.vllm_version} is predicted to take on {kernels.platform}: "
+                          f"{predicted or '-'} ({len(kernels.paths)} layer groups: --verbose, or --json)")

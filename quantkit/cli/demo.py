@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from quantkit.cli.app import main
-from quantkit.cli.options import json_option, make_console, print_json
+from quantkit.cli.options import json_option, make_console, print_json, third_party_output
 from quantkit.progress import stderr_progress
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
+    from quantkit.results.acceptance import AcceptanceResult
     from quantkit.results.demo import DemoResult
 
 
@@ -40,13 +41,20 @@ def demo(workdir: Path, with_bench: bool, as_json: bool) -> None:
        and the pair behind a real `vllm serve` at batch 1 and 8 (where vLLM can run it); then the verdict
     3. publish --dry-run of the FP8 draft: the model card and the file list, no network
     """
-    from quantkit.demo import run_demo
+    from quantkit.demo import prepare_workdir, run_demo
 
-    result = run_demo(workdir, progress=stderr_progress("demo"), bench=with_bench)
+    log = prepare_workdir(workdir) / THIRD_PARTY_LOG
+    with third_party_output(log) as terminal:
+        progress = stderr_progress("demo", stream=terminal)
+        progress(f"vLLM, torch and lm-eval messages go to {log}")
+        result = run_demo(workdir, progress=progress, bench=with_bench, third_party_log=log)
     if as_json:
         print_json(result.to_dict())
         return
     _render_demo(result)
+
+
+THIRD_PARTY_LOG = "third-party.log"
 
 
 def _render_demo(result: DemoResult) -> None:
@@ -77,16 +85,9 @@ def _render_demo(result: DemoResult) -> None:
     except ResultFileError:  # the gate stopped before writing it: the table above says why
         candidates = {}
     draft, target = candidates.get("draft-fp8"), candidates.get("moe-mxfp4")
-    acc = draft.acceptance if draft else None
-    target_acc = target.acceptance if target else None
+    _render_acceptance(console, draft.acceptance if draft else None, target.acceptance if target else None)
     ev = target.eval if target else None
     served = draft.serve if draft else None
-    for run, what in ((acc, "MXFP4 target + FP8 draft"), (target_acc, "MXFP4 target + BF16 draft")):
-        if run and run.baseline and run.candidate and run.ratio is not None:
-            ci = run.ratio_ci or [None, None]
-            console.print(f"acceptance ({run.backend}): BF16 pair AL {_f(run.baseline.mean_acceptance_length)}, "
-                          f"{what} AL {_f(run.candidate.mean_acceptance_length)}, ratio {_f(run.ratio)} "
-                          f"(95% CI {_f(ci[0])}-{_f(ci[1])})")
     for t in ev.tasks if ev else []:
         console.print(f"eval {t.task} {t.metric}: BF16 {_f(t.baseline)}, MXFP4 {_f(t.candidate)}, "
                       f"recovery {t.recovery if t.recovery is None else round(t.recovery, 3)}")
@@ -97,9 +98,34 @@ def _render_demo(result: DemoResult) -> None:
                       f"{_f(b.mean_acceptance_length)} (in-process {_f(in_process_al)}), TTFT "
                       f"p50 {'-' if ttft is None else f'{1000 * ttft:.0f} ms'}, {b.tokens_per_s or 0:.1f} tok/s, "
                       f"{'well-formed' if b.well_formed else 'MALFORMED'}")
-    console.print(f"gate verdict: {result.gate_verdict}")
-    for name, path in result.outputs.items():
-        console.print(f"{name}: {path}")
+    console.print("outputs: " + "; ".join(f"{name} {path}" for name, path in result.outputs.items()))
+    console.print("")
+    console.print(f"gate verdict: {result.gate_verdict}. {result.conclusion}")
+
+
+def _render_acceptance(console: Any, pair: AcceptanceResult | None, target: AcceptanceResult | None) -> None:
+    """The pair's AL against the BF16 pair, split into the target's part and the draft's: one row per pair, so that
+    the MXFP4 target with the BF16 draft and with the FP8 draft never read as one line printed twice."""
+    base = next((r.baseline for r in (pair, target) if r and r.baseline), None)
+    if base is None or base.mean_acceptance_length is None:
+        return
+    run = pair or target
+    assert run is not None
+    st = run.settings
+    console.print(f"acceptance ({run.backend}, {st.num_prompts or '?'} prompts, {st.num_speculative_tokens} "
+                  "speculative tokens): AL, and its ratio to the BF16 pair's")
+    console.print(f"  BF16 target  + BF16 draft  AL {_f(base.mean_acceptance_length)}  (the baseline)")
+    target_al = target.candidate.mean_acceptance_length if target and target.candidate else None
+    if target is not None and target.ratio is not None:
+        console.print(f"  MXFP4 target + BF16 draft  AL {_f(target_al)}  ratio {_f(target.ratio)}  (what the MXFP4 "
+                      "target costs)")
+    if pair is not None and pair.ratio is not None and pair.candidate is not None:
+        al = pair.candidate.mean_acceptance_length
+        ci = pair.ratio_ci or [None, None]
+        draft_part = f"; {_f(al / target_al)} of the line above: what the FP8 draft costs" \
+            if al is not None and target_al else ""
+        console.print(f"  MXFP4 target + FP8 draft   AL {_f(al)}  ratio {_f(pair.ratio)}  (95% CI "
+                      f"{_f(ci[0])}-{_f(ci[1])}{draft_part})")
 
 
 def _f(x: float | None) -> str:

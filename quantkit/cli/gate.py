@@ -16,19 +16,34 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
     from quantkit.results.gate import GateResult
 
 
+def _print_example(ctx: click.Context) -> None:
+    """The example config shipped in the package (quantkit/data/gate-example.yaml), with the bundled tiny models'
+    folder in place of TINY/ so that it runs as printed."""
+    from quantkit.io.paths import data_dir, tiny_models_dir
+
+    text = (data_dir() / "gate-example.yaml").read_text(encoding="utf-8")
+    click.echo(text.replace("TINY/", f"{tiny_models_dir()}/"), nl=False)
+    ctx.exit(0)
+
+
 @main.command("gate")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("quantkit-gate"),
               show_default=True, help="Folder for report.json, report.md, junit.xml and report-<candidate>.json.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the JUnit XML (default: OUT/junit.xml).")
+@click.option("--example-config", is_flag=True, is_eager=True, expose_value=False,
+              callback=lambda ctx, _p, v: _print_example(ctx) if v else None,
+              help="Print an example gate config (the bundled tiny deployment, with the commands that make its "
+                   "candidates) and exit: quantkit gate --example-config > gate.yaml")
 @json_option("Print the report JSON on stdout.")
 def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool) -> None:
     """Run a pre-deployment gate: check, acceptance, eval and a real `vllm serve` on candidates, each figure
     against its threshold, and one verdict.
 
     \b
-    quantkit gate examples/gate-tiny.yaml --out gate-report --junit junit.xml
+    quantkit gate --example-config > gate.yaml      # an example to start from
+    quantkit gate gate.yaml --out gate-report --junit junit.xml
 
     \b
     Verdict: pass; regression (a threshold missed); anomalous (a candidate better than its baseline beyond the

@@ -8,8 +8,15 @@ from typing import TYPE_CHECKING
 import click
 
 from quantkit.cli.app import main
-from quantkit.cli.options import json_option, make_console, print_json, render_kernels, vllm_version_option
-from quantkit.vocab import PLATFORMS
+from quantkit.cli.options import (
+    json_option,
+    make_console,
+    print_command,
+    print_json,
+    render_kernels,
+    vllm_version_option,
+)
+from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
     from quantkit.results.check import InspectResult
@@ -94,3 +101,22 @@ def _render_inspect(result: InspectResult, show_layers: bool) -> None:
     if result.kernels is not None:
         render_kernels(console, result.kernels)
     console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")
+    if result.quantization is None:
+        _suggest_recipes(result)
+
+
+def _suggest_recipes(result: InspectResult) -> None:
+    """For an unquantized model: the bundled recipes made for its kind, and the command (on stderr: stdout stays
+    the result)."""
+    from quantkit.recipes import list_recipes
+
+    fits = [r for r in list_recipes() if r.applies_to == result.model_kind]
+    if not fits:
+        return
+    click.echo(f"next: quantize it with a recipe for its kind ({result.model_kind}): "
+               + "; ".join(f"{r.name} ({r.description.rstrip('.')})" for r in fits), err=True)
+    argv = ["quantkit", "apply", "--recipe", fits[0].name, "--model", result.path, "--output",
+            f"{Path(result.path).name}-{fits[0].name}"]
+    if result.model_kind == EAGLE3_DRAFT:
+        argv += ["--target", "TARGET"]
+    print_command(argv, err=True)

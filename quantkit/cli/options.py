@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -25,6 +26,36 @@ def vllm_version_option() -> Any:
     return click.option("--vllm-version", "vllm_version", default=None, metavar="X.Y.Z",
                         help="The vLLM version the rules hold for (rules carry a version range). Default: the "
                              "installed vLLM, else the newest version the rule table knows.")
+
+
+def verbose_option(what: str) -> Any:
+    return click.option("--verbose", "-v", "verbose", is_flag=True, help=f"Also print {what} (always in --json).")
+
+
+def verdict_line(ok: bool, findings: Sequence[Any], about: str, failed: str = "FAILED") -> str:
+    """THE verdict line, printed first by check and deploy: `OK` or `failed`, the finding counts, then what was
+    judged."""
+    def n(severity: str) -> str:
+        count = sum(f.severity == severity for f in findings)
+        return f"{count} {severity}{'' if count == 1 or severity == 'info' else 's'}"
+
+    return f"{'OK' if ok else failed}: {n('error')}, {n('warning')}, {n('info')}; {about}"
+
+
+def findings_table(findings: Sequence[Any]) -> Any:
+    """The findings of check (or any rule run) as one table; a finding's code never wraps."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("code", no_wrap=True, min_width=max((len(f.code) for f in findings), default=4))
+    table.add_column("layer / tensor", overflow="fold", ratio=1)
+    table.add_column("what", overflow="fold", ratio=3)
+    table.add_column("fix", overflow="fold", ratio=2)
+    for f in findings:
+        table.add_row(f.severity, f.code, f.layer_or_tensor, f.message, f.fix)
+    return table
 
 
 def render_kernels(console: Any, report: Any) -> None:
@@ -68,6 +99,76 @@ def check_writable_folder(path: Path, option: str) -> None:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise QuantkitError(f"{option} {path}: {folder} is not a writable folder; pick a folder you can write to")
+
+
+def print_command(argv: Sequence[str], *, err: bool = False) -> None:
+    """THE way to print a command a user pastes: shell-quoted (shlex), alone on its line, never wrapped.
+
+    It goes to the plain stream (click.echo), not through rich, whose console hard-wraps long lines at the terminal
+    width: a wrapped `vllm serve` command split its --speculative-config JSON mid-word, and the pasted first line
+    ran the target without the draft (issue 36). `shlex.split` of the line gives `argv` back."""
+    import shlex
+
+    click.echo(shlex.join(argv), err=err)
+
+
+def default_out(command: str, model: str | Path) -> Path:
+    """The default output folder of a command that writes files: ./quantkit-out/<command>-<model name>/, never the
+    current folder itself (a result left beside the user's files, and silently replaced by the next run)."""
+    path = Path(str(model)).expanduser()
+    name = (path.resolve().name if path.exists() else path.name) or "model"  # `deploy .` is named after the folder
+    return Path("quantkit-out") / f"{command}-{name}"
+
+
+def check_file_free(path: Path, overwrite: bool, option: str = "--out") -> None:
+    """Refuse, before any work, to replace a result file that an earlier run wrote, unless --overwrite is given."""
+    from quantkit.errors import QuantkitError
+
+    if path.exists() and not overwrite:
+        raise QuantkitError(f"{option} {path.parent}: {path.name} exists (from an earlier run); pass --overwrite "
+                            f"to replace it, or another {option}")
+
+
+def human_bytes(*sizes: int) -> list[str]:
+    """Byte counts in one decimal unit (B, KB, MB, GB, TB) chosen by the largest, with the digits that show how they
+    differ: 2,345,678 and 2,101,000 read "2.35 MB" and "2.10 MB", never "0.002 GB" twice."""
+    units = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1.0, "B"))
+    largest = max(sizes, default=0)
+    scale, unit = next(((f, u) for f, u in units if largest >= f), (1.0, "B"))
+    if unit == "B":
+        return [f"{n} B" for n in sizes]
+    digits = 2
+    while digits < 6 and len({f"{n / scale:.{digits}f}" for n in sizes}) < len(set(sizes)):
+        digits += 1
+    return [f"{n / scale:,.{digits}f} {unit}" for n in sizes]
+
+
+@contextmanager
+def third_party_output(log: Path) -> Iterator[TextIO]:
+    """Send what other libraries write on stderr (vLLM's and torch's warnings and logs, lm-eval's and tqdm's bars:
+    ~155 lines in the demo, which buried its 21 progress lines) to `log`, at the file-descriptor level so that C++
+    and child-process output goes there too; yield a stream to the real stderr for quantkit's own lines. The real
+    stderr is back when the block ends, also on an error (whose one line the CLI then prints there)."""
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+    python_stderr = sys.stderr
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 2)
+        # Python-level writers too (warnings, a logging handler made now), wherever sys.stderr pointed
+        sys.stderr = open(os.dup(sink.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+        try:
+            yield terminal
+        finally:
+            sys.stderr.close()
+            sys.stderr = python_stderr
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            terminal.close()
 
 
 def print_json(data: Any) -> None:

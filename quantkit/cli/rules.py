@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from quantkit.cli.app import main
-from quantkit.cli.options import json_option, make_console, print_json, vllm_version_option
+from quantkit.cli.options import json_option, make_console, print_json, verbose_option, vllm_version_option
 from quantkit.vocab import PLATFORMS
 
 
@@ -14,15 +14,17 @@ from quantkit.vocab import PLATFORMS
 @click.option("--platform", "platform", type=click.Choice(PLATFORMS), default=None,
               help="Mark which rules hold on this platform.")
 @vllm_version_option()
+@verbose_option("the vLLM source each rule replays")
 @json_option("Print the table as JSON (RulesResult).")
-def rules_command(platform: str | None, vllm_version: str | None, as_json: bool) -> None:
-    """Print the rule table: id, severity, commands, platforms, vLLM versions, decided at, source.
+def rules_command(platform: str | None, vllm_version: str | None, verbose: bool, as_json: bool) -> None:
+    """Print the rule table: id, severity, the commands that run it, and what it checks (with its platforms and
+    vLLM versions when it does not hold everywhere); --verbose adds each rule's vLLM source.
 
     \b
     quantkit rules
     quantkit rules --platform gfx942 --vllm-version 0.25.1 --json
     """
-    render_rules(platform, vllm_version, as_json)
+    render_rules(platform, vllm_version, as_json, verbose)
 
 
 def rules_result(platform: str | None, vllm_version: str | None):  # -> RulesResult (imported when run)
@@ -45,28 +47,42 @@ def rules_result(platform: str | None, vllm_version: str | None):  # -> RulesRes
                        rules=rows)
 
 
-def render_rules(platform: str | None, vllm_version: str | None, as_json: bool) -> None:
+def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, verbose: bool = False) -> None:
+    """The rule table: what each rule checks, in columns that fit the terminal (ids never wrap); the scope of a rule
+    that does not hold everywhere is said after its title; sources with --verbose (always in --json)."""
     result = rules_result(platform, vllm_version)
     if as_json:
         print_json(result.to_dict())
         return
+    from rich import box
     from rich.table import Table
 
     console = make_console()
-    title = "quantkit rule table" + (f" (platform {platform})" if platform else "") + \
-        (f" (vLLM {result.vllm_version})" if result.vllm_version else "")
-    table = Table(title=title, title_justify="left")
-    for col in ("id", "severity", "commands", "platforms", "vLLM", "decided", "source"):
-        table.add_column(col, overflow="fold")
-    if result.rules and result.rules[0].holds is not None:
+    title = f"quantkit rule table: {len(result.rules)} rules" + (f", platform {platform}" if platform else "") + \
+        (f", vLLM {result.vllm_version}" if result.vllm_version else "")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", no_wrap=True, min_width=max((len(r.id) for r in result.rules), default=2))
+    table.add_column("severity", no_wrap=True)
+    table.add_column("runs in", no_wrap=True)
+    table.add_column("what it checks", overflow="fold", ratio=1)
+    holds = bool(result.rules) and result.rules[0].holds is not None
+    if holds:
         table.add_column("holds", no_wrap=True)
     for r in result.rules:
-        vrange = ",".join(p for p in (f">={r.vllm_min}" if r.vllm_min else "", f"<{r.vllm_max}" if r.vllm_max else "")
-                          if p) or "all"
-        row = [r.id, r.severity, ",".join(r.commands), ",".join(r.platforms) if r.platforms else "all", vrange,
-               r.decided_at, r.source]
-        if r.holds is not None:
+        scope = [f"on {', '.join(r.platforms)}" if r.platforms else "",
+                 "vLLM " + ", ".join(p for p in (f">= {r.vllm_min}" if r.vllm_min else "",
+                                                 f"< {r.vllm_max}" if r.vllm_max else "") if p)
+                 if r.vllm_min or r.vllm_max else "",
+                 "decided at serve time" if r.decided_at != "checkpoint" else ""]
+        what = r.title + (f" ({'; '.join(x for x in scope if x)})" if any(scope) else "")
+        row = [r.id, r.severity, ",".join(r.commands), what]
+        if holds:
             row.append("yes" if r.holds else "no")
         table.add_row(*row)
     console.print(table)
-    console.print(f"{len(result.rules)} rules; vLLM versions known: {', '.join(result.known_vllm_versions)}")
+    if verbose:
+        console.print("sources (the vLLM code each rule replays):")
+        for r in result.rules:
+            console.print(f"{r.id}: {r.source}")
+    console.print(f"vLLM versions known: {', '.join(result.known_vllm_versions)}; each rule's vLLM source: "
+                  "--verbose, or --json")

@@ -345,8 +345,8 @@ class VllmServer:
                                        "this environment?") from None
             with _LIVE_LOCK:
                 _LIVE.add(self)
-            self.progress(f"started vllm serve {self.target} (pid {self._proc.pid}, port {self.port}, log "
-                          f"{self.log_path})")
+            # the log is a temporary file, removed when the server stops cleanly: named only in errors, which keep it
+            self.progress(f"started vllm serve {self.target} (pid {self._proc.pid}, port {self.port})")
             with httpx.Client(timeout=5.0) as client:
                 while True:
                     code = self._proc.poll()

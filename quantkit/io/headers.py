@@ -53,9 +53,12 @@ def paused_gc() -> Iterator[None]:
     allocation burst triggers collections that walk every object made so far, which on a 67,667-tensor index cost
     more than the parsing itself. Reference counting still frees everything; the collector resumes afterwards.
 
-    On resuming, the objects made meanwhile would all be young, and the first collection would walk them all (on
-    that index ~210k objects, 0.04-0.06 s): they are moved to the oldest generation first (gc.freeze then
-    gc.unfreeze), unless the process keeps objects frozen itself, which unfreezing would release."""
+    On resuming, the objects made meanwhile would all be young, and the first collections would walk them all, once
+    per generation (on that index ~210k objects, 0.04-0.06 s each): they are moved to the oldest generation first.
+    The result does not depend on what another library did to the process's collector: when nothing is frozen,
+    gc.freeze then gc.unfreeze moves them at no cost; when something is (vLLM's serve benchmark calls gc.freeze()
+    in vllm/utils/gc_utils.py freeze_gc_heap and never unfreezes), unfreezing would release the process's frozen
+    objects, so one collection of the young generations moves them instead (one walk instead of two)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -65,6 +68,8 @@ def paused_gc() -> Iterator[None]:
             if gc.get_freeze_count() == 0:
                 gc.freeze()
                 gc.unfreeze()
+            else:
+                gc.collect(1)  # survivors of generations 0 and 1 go to the oldest; the frozen stay frozen
             gc.enable()
 
 

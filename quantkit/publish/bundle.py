@@ -47,7 +47,7 @@ class Publication:
     manifest_json: dict[str, Any]  # the published quantkit.json
     report: CandidateReport | None
     base_ref: str | None  # the base model's Hub id
-    target_ref: str | None  # a draft's target's Hub id
+    target_ref: str | None  # the Hub id of the target a draft is served with: the one the gate measured it on
     redactor: Redactor
     sidecar: AcceptanceSidecar | None
     deploy: Any  # quantkit.results.deploy.DeployManifest | None
@@ -59,6 +59,11 @@ class Publication:
     # the bench's recommended K per batch size, which the serve command carries; [] when none
     k_schedule: tuple[tuple[int, int, int], ...] = ()
     k_schedule_note: str = ""  # why the bench's schedule is not in the serve command ("" when it is, or none)
+    # the target the gate's acceptance and serve steps ran the draft on, by public name (Hub id, else folder name);
+    # None without a report that names one. deploy.json and the card's serve line describe this pair.
+    measured_target: str | None = None
+    measured_target_about: str = ""  # what that target is, from its quantkit.json ("MXFP4, recipe mxfp4-moe of X")
+    apply_target_ref: str | None = None  # the Hub id of the target `apply` read (quantkit.json's `target`)
 
     @property
     def redacted(self) -> list[str]:
@@ -84,17 +89,49 @@ def _hub_id_option(value: str | None, option: str) -> str | None:
     return value
 
 
+def measured_target(report: CandidateReport | None) -> str | None:
+    """The target a draft candidate was measured on: the serve step's, else the acceptance step's (in pair mode the
+    quantized target), as the gate report records it (a local path or a Hub id); None when the report has neither."""
+    if report is None:
+        return None
+    if report.serve is not None and report.serve.target:
+        return report.serve.target
+    acc = report.acceptance
+    if acc is None:
+        return None
+    return acc.candidate_target or (acc.candidate.target if acc.candidate is not None else None) or None
+
+
+def _about_target(path: str) -> str:
+    """What a local target folder is, from the quantkit.json `apply` wrote into it ("" when it has none)."""
+    folder = Path(path).expanduser()
+    if not is_local(path) or not (folder / MANIFEST).is_file():
+        return ""
+    try:
+        made = read_manifest(folder)
+    except QuantkitError:
+        return ""
+    source = hub_ref(made.source) or Path(made.source or "").name or "its source"
+    return f"quantized by quantkit recipe `{made.recipe.get('name')}` (Quark scheme `{made.recipe.get('scheme')}`) " \
+           f"from {source}"
+
+
 def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str | None, k: int, platform: str,
-            tp: int, k_schedule: tuple[tuple[int, int, int], ...] = ()) -> tuple[Any, str]:
-    """quantkit.deploy's manifest naming the Hub ids, or None and why not (one line, no local path)."""
+            tp: int, k_schedule: tuple[tuple[int, int, int], ...] = (),
+            measured: str | None = None) -> tuple[Any, str]:
+    """quantkit.deploy's manifest naming the Hub ids, or None and why not (one line, no local path). A draft is
+    deployed with `measured` (the target the gate measured it on) when given, else with the target `apply` read."""
     from quantkit.deploy.run import run as deploy_manifest
 
     target_local = None
     if manifest.model_kind == EAGLE3_DRAFT:
-        recorded = manifest.target
-        if recorded and is_local(recorded) and Path(recorded).expanduser().is_dir():
-            target_local = str(Path(recorded).expanduser())
+        wanted = measured or manifest.target
+        if wanted and is_local(wanted) and Path(wanted).expanduser().is_dir():
+            target_local = str(Path(wanted).expanduser())
         if target_local is None:
+            if measured and measured != manifest.target:
+                return None, ("the target the gate measured this draft on is not on this machine, so the pair "
+                              "could not be checked")
             return None, ("the draft's target checkpoint is not on this machine (quantkit.json's `target` is not a "
                           "local folder), so the pair could not be checked")
     try:
@@ -119,13 +156,22 @@ def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str,
     raw = load_json_file(folder / MANIFEST, "re-run `quantkit apply` to rewrite the folder", PublishError)
     repo = repo_id or "ORG/NAME"
     base_ref = _hub_id_option(base_model, "--base-model") or hub_ref(manifest.source)
-    target_ref = _hub_id_option(target, "--target") or hub_ref(manifest.target)
     rep = as_report(report, folder)
+    # a draft is described with the target the gate measured it on (the demo: the MXFP4 target, not the BF16 one
+    # `apply` read); `target` (--target) is that target's Hub id
+    measured = measured_target(rep) if manifest.model_kind == EAGLE3_DRAFT else None
+    served = measured or manifest.target
+    target_ref = _hub_id_option(target, "--target") or hub_ref(served)
+    apply_target_ref = target_ref if served == manifest.target else hub_ref(manifest.target)
 
     redactor = Redactor()
     source_public = base_ref or Path(manifest.source).name or "unknown"
     redactor.add(manifest.source, source_public)
-    redactor.add(manifest.target, target_ref or Path(manifest.target or "").name)
+    redactor.add(manifest.target, apply_target_ref or Path(manifest.target or "").name)
+    measured_public = None
+    if measured is not None:
+        measured_public = target_ref or (Path(measured).name if is_local(measured) else measured)
+        redactor.add(measured, measured_public)
     for local in (manifest.output, str(folder), str(folder.resolve())):
         redactor.add(local, folder.name)
     if rep is not None:
@@ -134,7 +180,7 @@ def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str,
         prompts = rep.acceptance.settings.prompts if rep.acceptance else None
         if prompts and prompt_file(prompts) is not None and prompts != "builtin":
             redactor.add(prompts, Path(prompts).name)
-    published = public_manifest(raw, redactor, folder.name, source_public, target_ref)
+    published = public_manifest(raw, redactor, folder.name, source_public, apply_target_ref)
     public = ApplyResult.model_validate(published)
 
     acc = rep.acceptance if rep else None
@@ -155,12 +201,14 @@ def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str,
             sidecar = None
     chart = bool(chart_panels(acc, rep.eval if rep else None))
 
-    deploy, missing = _deploy(folder, manifest, repo, target_ref, k, platform, tp, schedule)
+    deploy, missing = _deploy(folder, manifest, repo, target_ref, k, platform, tp, schedule, measured)
     deploy_json = redactor.deep(deploy.to_dict()) if deploy is not None else None
     return Publication(folder=folder, repo_id=repo, manifest=public, manifest_json=published, report=rep,
                        base_ref=base_ref, target_ref=target_ref, redactor=redactor, sidecar=sidecar, deploy=deploy,
                        deploy_json=deploy_json, deploy_missing=missing, chart=chart, num_speculative_tokens=k,
-                       speedup=speedup, k_schedule=schedule, k_schedule_note=note)
+                       speedup=speedup, k_schedule=schedule, k_schedule_note=note, measured_target=measured_public,
+                       measured_target_about=_about_target(measured) if measured else "",
+                       apply_target_ref=apply_target_ref)
 
 
 def _schedule(speedup: SpeedupSummary | None,

@@ -157,11 +157,18 @@ def _serve_section(pub: Publication) -> list[str]:
         body += ["", "Set `--tensor-parallel-size` to your GPU count: `quantkit deploy --tp N` checks a size against "
                  "this checkpoint (attention heads, MXFP4 scale groups). `deploy.json` in this repo holds this "
                  "command, the environment with each variable's source, and the checks."]
+        predicted = deploy.get("predicted_backends") or {}
+        if predicted:
+            body += ["", f"vLLM {deploy.get('vllm_version') or ''} is predicted to run the served target's layers "
+                     f"on {platform} with: " + ", ".join(f"{k} `{v}`" for k, v in predicted.items())
+                     + " (`quantkit deploy`, from the checkpoint's headers; `kernel_paths` in `deploy.json` has "
+                     "every layer group)."]
         findings = deploy.get("findings") or []
         if findings:
+            from quantkit.results.check import Finding
+
             body += ["", "Found by `quantkit deploy` for this command:", ""]
-            body += [f"- **{f['severity']}** `{f['code']}` {f['layer_or_tensor']}: {f['message']}"
-                     + (f" Fix: {f['fix']}" if f.get("fix") else "") for f in findings]
+            body += [f"- {Finding.model_validate(f).sentence()}" for f in findings]
     else:
         body += ["On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads "
                  "the Quark `quantization_config` from config.json, no extra flag is needed.", ""]
@@ -182,11 +189,17 @@ def _serve_section(pub: Publication) -> list[str]:
                  "ranges and their K; see the speedup section for where it was measured)."]
     elif kind == EAGLE3_DRAFT and pub.k_schedule_note:
         body += ["", f"No K schedule in the command: {pub.k_schedule_note}."]
+    if kind == EAGLE3_DRAFT and pub.measured_target:
+        about = f" ({pub.measured_target_about})" if pub.measured_target_about else ""
+        body += ["", f"This is the pair the gate measured: this draft served on `{pub.measured_target}`{about}; the "
+                 "acceptance figures below, the command and the predicted backends are for that target."]
     if kind == EAGLE3_DRAFT:
         if not target:
             n = manifest.target_num_layers
-            body += ["", f"Replace `{TARGET_PLACEHOLDER}` with the target model this draft was trained for"
-                     + (f" ({n} decoder layers)." if n else ".")]
+            layers = f" ({n} decoder layers)" if n else ""
+            body += ["", f"Replace `{TARGET_PLACEHOLDER}` with "
+                     + (f"the Hub id of `{pub.measured_target}`{layers}, the target the gate measured this draft on."
+                        if pub.measured_target else f"the target model this draft was trained for{layers}.")]
         body += ["", "This repo is a draft: it only runs next to its target model."]
     return body
 
@@ -267,7 +280,7 @@ def _redaction_note(pub: Publication) -> list[str]:
     names = {"source": "`source` names the base model" + (f" (`{pub.base_ref}`)" if pub.base_ref else
                                                           " by its folder name"),
              "output": "`output` is the folder's name", "target": "`target` names the draft's target" +
-             (f" (`{pub.target_ref}`)" if pub.target_ref else " by its folder name"),
+             (f" (`{pub.apply_target_ref}`)" if pub.apply_target_ref else " by its folder name"),
              "command": "`command` is rewritten with these names"}
     what = "; ".join(names[f] for f in fields)
     other = " Other absolute paths were replaced by their base names." if \
@@ -333,6 +346,10 @@ def render_card(pub: Publication) -> ModelCard:
                          _fmt(t.recovery, 4)] for t in rep.eval.tasks])
         if pub.chart and pub.sidecar is None:
             body += ["", f"![lm-eval deltas with their 95% intervals]({CHART})"]
+    elif kind == EAGLE3_DRAFT:
+        body += ["Does not apply to a draft: lm-eval scores the text a model generates, and a draft's tokens are "
+                 "only kept where the target accepts them, so the target's own output is unchanged; the acceptance "
+                 "figures above are the draft's quality measure."]
     else:
         body += ["Not measured: the gate report has no eval section." if rep else
                  "Not measured: no gate report was given when this card was made (`quantkit publish --report`)."]
@@ -340,10 +357,12 @@ def render_card(pub: Publication) -> ModelCard:
         body += ["", f"## Gate: {'passed' if rep.gate.passed else 'FAILED'}", ""]
         if rep.gate.checks:
             body += _table(["check", "value", "threshold", "passed"],
-                           [[ch.name, _fmt(ch.value, 4), f"{ch.op or ''} {_fmt(ch.threshold, 4)}".strip(),
+                           [[ch.name, ch.shown(ch.value) if ch.value is not None else
+                             f"not measured: {ch.message or 'no value'}",
+                             f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
                              {True: "yes", False: "no", None: "-"}[ch.passed]] for ch in rep.gate.checks])
 
-    command, exact = _command(manifest, pub.target_ref)
+    command, exact = _command(manifest, pub.apply_target_ref or manifest.target)  # (manifest: public names)
     body += ["", "## How it was made", "", "```bash", command, "```"]
     if not exact:
         body += ["", "(quantized through quantkit's Python API; the line above is the equivalent command)"]

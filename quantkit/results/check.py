@@ -14,6 +14,18 @@ from quantkit.results.serve import SpecDecodeCounters
 from quantkit.vocab import SEVERITIES, Severity
 
 
+def _as_sentence(text: str) -> str:
+    """`text` as a sentence: a capital first letter when its first word is a plain word (never a name such as
+    `model.fc` or `unquantized_fused_moe`), and a full stop."""
+    text = text.strip()
+    if not text:
+        return text
+    first = text.split(" ", 1)[0]
+    if first.isalpha() and first.islower():
+        text = text[0].upper() + text[1:]
+    return text if text[-1] in ".!?" else text + "."
+
+
 class Finding(Result):
     """One result of a check or deploy rule: what is wrong (or worth knowing) about which layer or tensor, the fix,
     and the vLLM source of the rule that found it."""
@@ -26,6 +38,16 @@ class Finding(Result):
     # The rule's vLLM source (file and function, or PR). deploy's findings carry it; a finding without one (check's,
     # until its rules stamp theirs) is written without the key, so check's JSON keeps its shape.
     source: str = ""
+
+    def sentence(self) -> str:
+        """The finding as one line a person reads: `severity code at where: Message. Fix: fix. [source]`.
+
+        The one wording of a finding outside --json (check, deploy, the model card): the message is a sentence and
+        the fix its own sentence after it, never glued on."""
+        line = f"{self.severity} {self.code} at {self.layer_or_tensor}: {_as_sentence(self.message)}"
+        if self.fix:
+            line += f" Fix: {_as_sentence(self.fix)}"
+        return line + (f" [{self.source}]" if self.source else "")
 
     @model_serializer(mode="wrap")
     def _without_empty_source(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -18,6 +18,7 @@ class DemoResult(CommandResult):
     seconds: float = 0.0
     steps: list[dict[str, Any]] = Field(default_factory=list)  # {step, seconds, passed, ...} in run order
     outputs: dict[str, str] = Field(default_factory=dict)  # what the demo wrote, by name
+    conclusion: str = ""  # what the gate proved, against which thresholds, and where to look next (quantkit.demo)
 
     @field_serializer("seconds")
     def _seconds(self, v: float) -> float:

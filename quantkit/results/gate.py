@@ -18,6 +18,12 @@ from quantkit.vocab import ModelKind
 ReleaseVerdict = Literal["pass", "regression", "anomalous", "infeasible"]
 
 
+# The last part of the names of gate figures that count things (quantkit.gate.steps, quantkit.gate.release): their
+# value and threshold are integers, and the report and card show them so (never `0.0000 <= 0.0000`).
+COUNT_FIGURES = frozenset({"errors", "quantized_layers", "unexpected_unquantized", "precision_mismatches",
+                           "failed_requests", "unpredicted_fallbacks", "malformed_responses", "drifted_files"})
+
+
 class GateCheck(Result):
     """One judged figure of the gate: what the report shows (`value op threshold`, `passed`, `message`) and, from
     quantkit.gate.verdict's constructors, its own judgement (`verdict`, `reasons`), made once when the figure is built.
@@ -33,6 +39,18 @@ class GateCheck(Result):
     message: str = ""
     verdict: ReleaseVerdict | None = Field(default=None, exclude=True)
     reasons: list[str] = Field(default_factory=list, exclude=True)  # "<verdict>: <name>: why", every one that applies
+
+    @property
+    def is_count(self) -> bool:
+        """Whether the figure counts things (errors, failed requests, drifted files): shown as an integer."""
+        return self.name.rsplit(".", 1)[-1] in COUNT_FIGURES
+
+    def shown(self, x: float | None, digits: int = 4) -> str:
+        """`x` (this figure's value or threshold) as its kind reads: a count as an integer, else `digits` decimals;
+        "-" when not measured."""
+        if x is None:
+            return "-"
+        return f"{x:.0f}" if self.is_count else f"{x:.{digits}f}"
 
     def line(self) -> str:
         if self.value is None or self.threshold is None:
@@ -121,6 +139,7 @@ class GateResult(CommandResult):
 
 
 __all__ = [
+    "COUNT_FIGURES",
     "CandidateReport",
     "GateCheck",
     "GateReport",

@@ -517,7 +517,7 @@ def kernel_findings(ctx: Any) -> None:
                 if waste > 1e-9:
                     ph, pi = padded_sizes(p.backend, s.platform, hidden, inter // s.tp)
                     ctx.findings.add("warning", "moe-padding", where,
-                                     f"{p.backend} pads each rank's expert sizes at TP {s.tp}: intermediate "
+                                     f"vLLM's {p.backend} MoE backend pads each rank's expert sizes at TP {s.tp}: intermediate "
                                      f"{inter // s.tp} -> {pi}, hidden {hidden} -> {ph}: {waste:.0%} extra expert "
                                      "GEMM work and weight memory, nowhere else reported",
                                      "pick a TP size whose per-rank intermediate size is already aligned "
