@@ -146,3 +146,19 @@ def test_speedup_bound_by_hand() -> None:
     assert b.speedup_uniform == pytest.approx(3.0 * decode / (verify + 3e9 / bw))
     assert b.speedup_uniform < b.speedup < 3.0
     assert "estimate from bytes" in b.notes[0]
+
+
+def test_a_quantized_lm_head_is_its_own_rule_ranged_by_vllm_version() -> None:
+    """The refusal cites vLLM's reason (QuarkConfig.get_quant_method gives a ParallelLMHead no method) and holds for
+    every vLLM the table knows; setting vllm_max lifts it for the release that loads one, and only for that one."""
+    import dataclasses
+
+    from quantkit.rules.table import RULES
+
+    rule = next(r for r in RULES if r.id == "lm-head-quantized")
+    assert "get_quant_method" in rule.source and "ParallelLMHead" in rule.source
+    assert rule.codes == ("lm-head-quantized",) and rule.vllm_max is None and "check" in rule.commands
+    assert rule.holds_for_version("0.32.0")
+    lifted = dataclasses.replace(rule, vllm_max="0.40")
+    assert lifted.holds_for_version("0.32.0") and not lifted.holds_for_version("0.40.0")
+    assert all("lm-head-quantized" not in r.codes for r in RULES if r.id != "lm-head-quantized")
