@@ -14,7 +14,7 @@ from quantkit.engines.reference import ReferenceEngine
 from quantkit.engines.rejection import verify_round
 from quantkit.io.prompts import load_prompts
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 
 QUIET = lambda _m: None  # noqa: E731
 

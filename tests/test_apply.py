@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 
 from quantkit.cli import main
 
-from .conftest import require_vllm
-from .families import tensors
+from tests.conftest import require_vllm
+from tests.fixtures.families import tensors
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -204,7 +204,7 @@ def test_speculators_format_draft(tiny, tmp_path):
     require_vllm()
     from quantkit.apply.run import apply
 
-    from . import families
+    from tests.fixtures import families
 
     src = families.speculators_draft(tiny / "eagle3-draft", tmp_path / "spec", tiny / "target")
     result = apply("fp8-draft", src, tmp_path / "spec-fp8", target=tiny / "target", progress=None)

@@ -14,7 +14,7 @@ from quantkit.cli import main
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.archs import runtime_layers
 
-from . import families
+from tests.fixtures import families
 
 pytestmark = pytest.mark.slow
 

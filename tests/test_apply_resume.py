@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import executor_checkpoints as ec
+from tests.fixtures import executor_checkpoints as ec
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTIAL_JOURNAL = ".quantkit-journal.json"

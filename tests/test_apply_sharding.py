@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from quantkit.apply.run import apply, parse_shard_size
 from quantkit.cli import main
 from quantkit.errors import QuantkitError, ResumableInterrupt
-from tests import executor_checkpoints as ec
+from tests.fixtures import executor_checkpoints as ec
 
 INDEX = "model.safetensors.index.json"
 

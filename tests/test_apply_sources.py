@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests import source_checkpoints as sc
+from tests.fixtures import source_checkpoints as sc
 
 pytestmark = pytest.mark.slow
 

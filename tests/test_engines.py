@@ -151,7 +151,7 @@ def test_one_vllm_refusal(tiny, tiny_outputs, monkeypatch):
     from quantkit.cli import main
     from quantkit.engines.platform import vllm_refusal
 
-    from .conftest import require_vllm
+    from tests.conftest import require_vllm
 
     require_vllm()
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")

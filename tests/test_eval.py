@@ -30,7 +30,7 @@ from quantkit.evaluate.run import (
 )
 from quantkit.results import EvalResult as EvalSection
 
-from .conftest import ROOT, require_vllm
+from tests.conftest import ROOT, require_vllm
 
 QUIET = lambda _m: None  # noqa: E731
 TASKS = "tiny_french_mc,tiny_french_gen,tiny_json_gen"

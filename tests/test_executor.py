@@ -26,7 +26,7 @@ from quantkit.apply.shards import (
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import checkpoint_tensors
 from quantkit.io.safetensors import serialize_safetensors
-from tests import executor_checkpoints as ec
+from tests.fixtures import executor_checkpoints as ec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from quantkit.apply.shards import ExecutorError, quantize_checkpoint
 from quantkit.io.formats import detect_format
 from quantkit.io.headers import checkpoint_tensors, read_config
-from tests import executor_checkpoints as ec
-from tests import source_checkpoints as sc
+from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import source_checkpoints as sc
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20

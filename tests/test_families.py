@@ -23,7 +23,7 @@ from quantkit.naming.archs import is_draft, model_kind
 from quantkit.naming.family import QuarkTemplateError
 from quantkit.vocab import EAGLE3_DRAFT
 
-from . import toy_family
+from tests.fixtures import toy_family
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,7 +123,7 @@ def test_missing_quark_template_is_an_error_naming_the_family(tmp_path):
             f"r = CliRunner().invoke(main, ['apply', '--recipe', 'mxfp4-moe', '--model', {str(src)!r}, '--output', "
             f"{str(tmp_path / 'out')!r}, '--engine', 'quark'])\n"
             "print(r.exit_code); print(r.stderr.strip()); print('quark' in sys.modules)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), archs.FAMILY_MODULES_ENV: "tests.toy_family"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), archs.FAMILY_MODULES_ENV: "tests.fixtures.toy_family"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     exit_code, line, quark_imported = out.stdout.strip().split("\n")
     assert exit_code == "2", out
@@ -135,7 +135,7 @@ def test_missing_quark_template_is_an_error_naming_the_family(tmp_path):
 
 
 def test_a_family_from_its_record_alone_goes_through_inspect_apply_and_check(tmp_path):
-    """tests/toy_family.py's record (its own router and expert names, no Quark template, built with naming.builder)
+    """tests/fixtures/toy_family.py's record (its own router and expert names, no Quark template, built with naming.builder)
     registered in-process: inspect, apply (engine auto -> native) and check run from it alone; no file under
     quantkit/ knows it. The commands run in-process (CliRunner): `check --vllm off`, since check's real vLLM load
     is a subprocess that cannot load a family vLLM does not have (real families are tested against vLLM in

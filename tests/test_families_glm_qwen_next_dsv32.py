@@ -1,5 +1,5 @@
 """GLM-4.5/4.6 (glm4_moe), GLM-4.7-Flash (glm4_moe_lite), Qwen3-Next (qwen3_next) and DeepSeek-V3.2 (deepseek_v32,
-BF16 and its FP8 release format with ue8m0 scales): tiny replicas of the published checkpoints (tests/moe_replicas.py)
+BF16 and its FP8 release format with ue8m0 scales): tiny replicas of the published checkpoints (tests/fixtures/moe_replicas.py)
 through inspect, apply and check, the outputs' headers and bytes against the sources, the runtime names written from
 the vLLM model files, and the exclusions resolved by vLLM's own QuarkConfig / should_ignore_layer."""
 
@@ -19,8 +19,8 @@ from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
 
-from . import moe_replicas as replicas
-from .conftest import require_vllm
+from tests.fixtures import moe_replicas as replicas
+from tests.conftest import require_vllm
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
@@ -360,7 +360,7 @@ def test_qwen3_5_moe_names(runs):
 @pytest.fixture(scope="module")
 def qwen35_fused(tmp_path_factory):
     """The release's layout (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) through inspect, apply
-    and `check --vllm off`, and the same tensors re-saved per expert by hand (tests/moe_replicas.py
+    and `check --vllm off`, and the same tensors re-saved per expert by hand (tests/fixtures/moe_replicas.py
     resave_per_expert) through the per-expert path: the reference."""
     base = tmp_path_factory.mktemp("qwen35-fused")
     src = replicas.qwen3_5_moe(base / "release")
@@ -438,7 +438,7 @@ def test_fused_expert_sources_under_engine_quark_are_refused_naming_engine_nativ
     its executor writes and verifies. So `--engine quark` on any fused-experts source is refused in one line, before
     Quark is imported, naming `--engine native` (glm4_moe, qwen3_next and deepseek_v32 store experts per expert and
     have Quark templates: not refused; DeepSeek-V3.2's FP8 release is, by the same line)."""
-    from . import replicas as dense_replicas
+    from tests.fixtures import replicas as dense_replicas
 
     sources = {"qwen3_5_moe": qwen35_fused["src"], "llama4": dense_replicas.llama4(tmp_path / "llama4"),
                "deepseek_v32_fp8": replicas.deepseek_v32(tmp_path / "dsv32", fp8=True)}  # fmt: skip

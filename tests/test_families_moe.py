@@ -1,4 +1,4 @@
-"""Kimi-K2, gpt-oss and Llama-4 on tiny replicas of their published checkpoints (tests/replicas.py): inspect, apply
+"""Kimi-K2, gpt-oss and Llama-4 on tiny replicas of their published checkpoints (tests/fixtures/replicas.py): inspect, apply
 (mxfp4-moe), `check --vllm off`, the output headers (experts MXFP4, every kept tensor byte-identical to the source),
 the MXFP4 codes decoded by hand against the source (which catches a wrong transpose or gate/up split), the exclude
 replay against vLLM's own QuarkConfig / should_ignore_layer, the refusals and where their hints lead, and one real
@@ -24,9 +24,9 @@ from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import exclude_entries_for
 from quantkit.naming.layers import in_role
 
-from . import replicas
-from .conftest import ROOT, require_vllm
-from .families import cli, cli_json, one_line_error, tensors
+from tests.fixtures import replicas
+from tests.conftest import ROOT, require_vllm
+from tests.fixtures.families import cli, cli_json, one_line_error, tensors
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from .test_vllm_names import v as _vllm_fixture  # noqa: F401 (pytest registers it as the fixture `v`)
 
@@ -417,7 +417,7 @@ def gpt_oss_pair(tmp_path_factory) -> dict:
     """A gpt-oss target sized for the bundled EAGLE-3 draft (replicas.GPT_OSS_FOR_DRAFT: hidden 256, vocab 2048, 4
     layers) applied with mxfp4-moe, and the draft in the speculators layout (as RedHatAI publishes gpt-oss drafts)
     applied with fp8-draft against it."""
-    from . import families
+    from tests.fixtures import families
 
     base = tmp_path_factory.mktemp("gpt-oss-pair")
     target = base / "gpt-oss-mxfp4"
@@ -496,8 +496,8 @@ def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
     plan = cli_json("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target", str(tiny / "target"),
                     "--output", str(tmp_path / "out"), "--dry-run")
     assert plan["model_kind"] == "eagle3-draft"
-    # the same command on a hostile pickle (tests/hostile.py: loading it would open a file) refuses to run it
-    from . import hostile
+    # the same command on a hostile pickle (tests/fixtures/hostile.py: loading it would open a file) refuses to run it
+    from tests.fixtures import hostile
 
     marker = tmp_path / "pwned"
     evil = hostile.pickle_only_folder(tiny / "target", tmp_path / "evil", marker)

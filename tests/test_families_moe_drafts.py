@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from .conftest import ROOT, require_vllm
-from .families import cli, cli_json, one_line_error, tensors
-from .source_checkpoints import write_checkpoint
+from tests.conftest import ROOT, require_vllm
+from tests.fixtures.families import cli, cli_json, one_line_error, tensors
+from tests.fixtures.source_checkpoints import write_checkpoint
 
 TARGET = ROOT / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers, vocab 2048
 BF = torch.bfloat16

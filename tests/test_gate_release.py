@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 
-from .conftest import TINY, require_vllm
+from tests.conftest import TINY, require_vllm
 
 pytestmark = pytest.mark.slow
 TARGET, DRAFT = TINY / "moe-target", TINY / "moe-eagle3-draft"

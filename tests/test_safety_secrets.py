@@ -7,7 +7,7 @@ exit 2, exactly one `error:` line, no traceback, nothing complete-looking left, 
 with a `secret` asserts that the secret's bytes are nowhere under the test's folder but in the secret file itself.
 
 Beyond the table: a real Hugging Face cache (snapshots/<rev>/file -> ../../blobs/<hash>) as --model and as a Hub id,
-`--overwrite` of outputs whose source had a sub-folder, publish against the Hub-protocol server in tests/hub_server.py
+`--overwrite` of outputs whose source had a sub-folder, publish against the Hub-protocol server in tests/fixtures/hub_server.py
 (a token in a file: the server sees no request at all; an endpoint with user:PASSWORD@: the password is nowhere in
 what the process prints), the dry-run folder rules, the executor's Quark-compatible aux copy, and Quark's own
 per-shard engine reading only the planned shards.
@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from . import hostile
-from .conftest import TINY
-from .hostile import error_lines, run_cli, tree_digest
-from .hub_server import HubServer
+from tests.fixtures import hostile
+from tests.conftest import TINY
+from tests.fixtures.hostile import error_lines, run_cli, tree_digest
+from tests.fixtures.hub_server import HubServer
 from .test_bad_inputs import Bad, Ctx, _assert_contract
 
 FIFO_TIMEOUT = 60  # a read of a pipe blocks forever: a regression fails in a minute, not at the 600 s default

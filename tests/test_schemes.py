@@ -11,7 +11,7 @@ from quantkit.errors import QuantkitError
 from quantkit.io.headers import checkpoint_tensors
 from quantkit.io.safetensors import read_header, tensor_nbytes
 from quantkit.schemes import SCHEMES, expected_layout, native_schemes, quantize_weight, register_scheme, scheme
-from tests import executor_checkpoints as ec
+from tests.fixtures import executor_checkpoints as ec
 
 # By hand: MXFP4 packs two 4-bit codes per byte and stores one E8M0 byte per 32 elements of a row (rows = every dim
 # but the last, flattened, ceil for a partial group); PTPC-FP8 stores one FP8 byte per element and one float32 scale

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

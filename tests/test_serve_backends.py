@@ -22,7 +22,7 @@ from quantkit.gate.steps.base import GateContext
 from quantkit.gate.steps.serve import Serve, deploy_manifest_for, measure_served
 from quantkit.results.serve import ServedBackends, ServeReport
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 from .test_server_log import LINEAR, ORACLE, render, template, vllm_line
 
 pytestmark = pytest.mark.vllm

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 
 pytestmark = pytest.mark.vllm
 

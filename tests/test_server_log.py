@@ -20,7 +20,7 @@ import pytest
 
 from quantkit.engines.server_log import EMULATION, parse_line, parse_server_log, read_server_log
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -420,7 +420,7 @@ def test_plain_and_malformed_parts():
 
 @pytest.fixture(scope="module")
 def source_checkpoints(tmp_path_factory):
-    from tests import source_checkpoints as sc
+    from tests.fixtures import source_checkpoints as sc
 
     root = tmp_path_factory.mktemp("source-checkpoints")
     return {name: build(root / name) for name, build in sc.BUILDERS.items()}

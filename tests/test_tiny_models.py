@@ -9,7 +9,7 @@ import torch
 
 from quantkit.io.prompts import load_prompts
 
-from .families import tensors
+from tests.fixtures.families import tensors
 
 
 def _greedy(model, tok, messages, n=40):

@@ -18,7 +18,7 @@ from quantkit.naming.archs import SUPPORTED_ARCHITECTURES, architecture_of, is_d
 from quantkit.naming.layers import CheckpointLayoutError, MissingTargetLayersError, RuntimeLayer, UnsupportedArchitectureError, in_role, layers_in_role
 from quantkit.naming.exclude import ExcludeListError, ExcludeMatch, PartialFusedExclusion, PartialFusedExclusionError, checkpoint_exclude_for, exclude_entries_for, excluded_names, is_excluded, match_reason, quantized_layers
 
-from .conftest import require_vllm
+from tests.conftest import require_vllm
 
 # --- hand-made checkpoints -------------------------------------------------------------------------------------
 

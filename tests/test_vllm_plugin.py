@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, require_vllm
+from tests.conftest import ROOT, require_vllm
 
 MARKER = "QUANTKIT_PLUGIN_TEST "
 PLUGIN_GROUP = "vllm.general_plugins"

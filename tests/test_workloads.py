@@ -20,7 +20,7 @@ from quantkit.engines.stats import Sampling, SequenceStats
 from quantkit.io.prompts import PromptRecord
 from quantkit.io.speed_bench import CONFIGS, PLACEHOLDER, SpeedBenchError, load_speed_bench
 
-from .speed_bench_fixture import FOLLOWUP, write_fixture
+from tests.fixtures.speed_bench_fixture import FOLLOWUP, write_fixture
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +195,9 @@ def test_placeholder_rows_are_refused_in_one_line(tmp_path, tiny):
 
 
 def test_speed_bench_from_a_hub_server_records_revision_and_hash(fixture_dir, tmp_path, monkeypatch):
-    """The Hub path through huggingface_hub against tests/hub_server.py: the pinned commit is what is recorded, and
+    """The Hub path through huggingface_hub against tests/fixtures/hub_server.py: the pinned commit is what is recorded, and
     the content hash equals the local copy's."""
-    from .hub_server import HubServer
+    from tests.fixtures.hub_server import HubServer
 
     files = {p.relative_to(fixture_dir).as_posix(): p.read_bytes() for p in fixture_dir.rglob("*.parquet")}
     with HubServer("hf_test_token") as hub:
