@@ -13,7 +13,6 @@ from quantkit.cli import main
 from quantkit.engines.reference import ReferenceEngine
 from quantkit.engines.rejection import verify_round
 from quantkit.io.prompts import load_prompts
-
 from tests.conftest import require_vllm
 
 QUIET = lambda _m: None  # noqa: E731

@@ -12,7 +12,6 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from quantkit.cli import main
-
 from tests.conftest import require_vllm
 from tests.fixtures.families import tensors
 
@@ -62,8 +61,8 @@ def test_fp8_draft_output_files(tiny, fp8_draft):
 
 
 def _draft_layers_loaded_by_vllm(target: Path, draft: Path) -> dict:
-    from quantkit.engines.vllm_inspect import loaded_draft_layers
     from quantkit.engines.vllm_engine import make_llm
+    from quantkit.engines.vllm_inspect import loaded_draft_layers
 
     llm = make_llm(target, draft, num_speculative_tokens=3, max_model_len=512)
     try:
@@ -203,7 +202,6 @@ def test_speculators_format_draft(tiny, tmp_path):
     transformer_layer_config only, so the quantization config must be there for the FP8 layers to load as FP8."""
     require_vllm()
     from quantkit.apply.run import apply
-
     from tests.fixtures import families
 
     src = families.speculators_draft(tiny / "eagle3-draft", tmp_path / "spec", tiny / "target")

@@ -11,9 +11,8 @@ from click.testing import CliRunner
 
 from quantkit.apply.run import apply
 from quantkit.cli import main
-from quantkit.naming.exclude import is_excluded
 from quantkit.naming.archs import runtime_layers
-
+from quantkit.naming.exclude import is_excluded
 from tests.fixtures import families
 
 pytestmark = pytest.mark.slow

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import hostile
 from tests.conftest import TINY
+from tests.fixtures import hostile
 from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
 DRAFT_DOWN = "midlayer.mlp.down_proj.weight"

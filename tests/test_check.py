@@ -17,7 +17,6 @@ from safetensors.torch import load_file, save_file
 
 from quantkit.check.run import run as check_checkpoint
 from quantkit.cli import main
-
 from tests.conftest import require_vllm
 
 pytestmark = pytest.mark.slow  # the session's apply outputs take ~40 s to make (Quark import)

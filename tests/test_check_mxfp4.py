@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from quantkit.check.run import run as check_checkpoint
-
 from tests.conftest import require_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -131,7 +130,6 @@ def test_dense_mxfp4_linears_hold_the_checkpoints_bytes_shard_by_shard(tiny, tmp
     """Every linear of the tiny dense target in MXFP4 (tests/data/mxfp4-dense.yaml): the fused qkv_proj and
     gate_up_proj are compared shard by shard (rows by vLLM's logical_widths, q/k/v and gate/up order)."""
     from quantkit.apply import apply
-
     from tests.conftest import ROOT
 
     out = tmp_path / "dense"

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from quantkit.deploy.run import DeployInputError
+from quantkit.deploy.run import run as deploy_manifest
 from quantkit.gate.release import size_ratio, tokenizer_drift
 from quantkit.results.deploy import DEPLOY_FILE
-from quantkit.rules.table import KNOWN_BAD
 from quantkit.rules.kv_cache import KV_CACHE_DTYPES
-from quantkit.deploy.run import DeployInputError, run as deploy_manifest
+from quantkit.rules.table import KNOWN_BAD
 
 
 def vllm_source(rel: str) -> str:

@@ -150,7 +150,6 @@ def test_one_vllm_refusal(tiny, tiny_outputs, monkeypatch):
     from quantkit.check.run import run as check_checkpoint
     from quantkit.cli import main
     from quantkit.engines.platform import vllm_refusal
-
     from tests.conftest import require_vllm
 
     require_vllm()

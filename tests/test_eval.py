@@ -29,7 +29,6 @@ from quantkit.evaluate.run import (
     run_eval,
 )
 from quantkit.results import EvalResult as EvalSection
-
 from tests.conftest import ROOT, require_vllm
 
 QUIET = lambda _m: None  # noqa: E731

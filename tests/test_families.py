@@ -22,7 +22,6 @@ from quantkit.naming import archs
 from quantkit.naming.archs import is_draft, model_kind
 from quantkit.naming.family import QuarkTemplateError
 from quantkit.vocab import EAGLE3_DRAFT
-
 from tests.fixtures import toy_family
 
 ROOT = Path(__file__).resolve().parent.parent

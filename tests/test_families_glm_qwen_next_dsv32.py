@@ -18,9 +18,9 @@ from quantkit.cli import main
 from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
-
-from tests.fixtures import moe_replicas as replicas
 from tests.conftest import require_vllm
+from tests.fixtures import moe_replicas as replicas
+
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 

@@ -23,10 +23,10 @@ from quantkit.io.headers import checkpoint_tensors
 from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import exclude_entries_for
 from quantkit.naming.layers import in_role
-
-from tests.fixtures import replicas
 from tests.conftest import ROOT, require_vllm
+from tests.fixtures import replicas
 from tests.fixtures.families import cli, cli_json, one_line_error, tensors
+
 from .test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from .test_vllm_names import v as _vllm_fixture  # noqa: F401 (pytest registers it as the fixture `v`)
 

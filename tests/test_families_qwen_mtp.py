@@ -22,10 +22,10 @@ import pytest
 from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
-
-from tests.fixtures import moe_replicas as replicas
 from tests.conftest import require_vllm
+from tests.fixtures import moe_replicas as replicas
 from tests.fixtures.families import cli, load_with_mtp, mtp_runs, tensors
+
 from .test_vllm_names import layer_class, vllm_outcome
 from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 

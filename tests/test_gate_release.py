@@ -23,7 +23,6 @@ import yaml
 from click.testing import CliRunner
 
 from quantkit.cli import main
-
 from tests.conftest import TINY, require_vllm
 
 pytestmark = pytest.mark.slow

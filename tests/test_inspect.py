@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from quantkit.check.run import run as check_checkpoint
-from quantkit.naming.precision import classify_scheme
 from quantkit.check.inspect import inspect_checkpoint
+from quantkit.check.run import run as check_checkpoint
 from quantkit.cli import main
+from quantkit.naming.precision import classify_scheme
 
 ROOT = Path(__file__).resolve().parent.parent
 

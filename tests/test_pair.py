@@ -16,7 +16,6 @@ from click.testing import CliRunner
 
 from quantkit.acceptance.run import AcceptanceError, run_acceptance
 from quantkit.cli import main
-
 from tests.conftest import TINY, require_vllm
 
 QUIET = lambda _m: None  # noqa: E731

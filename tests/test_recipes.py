@@ -6,8 +6,9 @@ import copy
 import importlib.util
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -16,8 +17,9 @@ from click.testing import CliRunner
 from quantkit.cli import main
 from quantkit.errors import RecipeError
 from quantkit.io.paths import RECIPES_DIR_ENV, recipes_dir
-from quantkit.schemes import ALIASES as QUARK_SCHEME_ALIASES, SCHEMES as QUARK_SCHEMES
 from quantkit.recipes import Recipe, list_recipes, load_recipe
+from quantkit.schemes import ALIASES as QUARK_SCHEME_ALIASES
+from quantkit.schemes import SCHEMES as QUARK_SCHEMES
 
 BUILTINS = ["fp8-draft", "fp8-target", "mxfp4-moe", "mxfp4-moe-attn-fp8"]
 

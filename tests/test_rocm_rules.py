@@ -18,8 +18,8 @@ from quantkit.deploy.run import DeployInputError
 from quantkit.deploy.run import run as deploy_manifest
 from quantkit.rules.kv_cache import kv_spec_problem
 from quantkit.rules.serving import ROCM_DRAFT_ATTENTION, ROCM_MXFP4_MOE_PIN
-
 from tests.conftest import require_vllm
+
 from .test_deploy import (
     _fp8_down_proj,
     _mla_quark_target_fp8_kv,

@@ -33,9 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures import hostile
 from tests.conftest import TINY, require_vllm
+from tests.fixtures import hostile
 from tests.fixtures.hostile import error_lines, run_cli, tree_digest
+
 from .test_bad_inputs import GATE_OK, RECIPE_OK, Bad, Ctx, _acceptance, _assert_contract, _preview, _publish
 
 BIG = "9" * 5000  # past Python's int-digit limit (sys.get_int_max_str_digits() == 4300)

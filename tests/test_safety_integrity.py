@@ -30,10 +30,9 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import executor_checkpoints as ec
-
-from tests.fixtures import hostile
 from tests.conftest import TINY
+from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import hostile
 from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -488,8 +487,8 @@ def test_index_problems_are_one_line(tmp_path: Path, case: str) -> None:
 
 def test_executor_follows_the_index_and_refuses_overlapping_unindexed_shards(tmp_path: Path) -> None:
     """The library path (quantize_checkpoint) holds the same rules as apply's plan."""
-    from quantkit.apply.shards.f2f import find_shards
     from quantkit.apply.shards import quantize_checkpoint
+    from quantkit.apply.shards.f2f import find_shards
     from quantkit.errors import CheckpointError
 
     src = hostile.copy_model(MOE, tmp_path / "src")

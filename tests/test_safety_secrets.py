@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import hostile
 from tests.conftest import TINY
+from tests.fixtures import hostile
 from tests.fixtures.hostile import error_lines, run_cli, tree_digest
 from tests.fixtures.hub_server import HubServer
+
 from .test_bad_inputs import Bad, Ctx, _assert_contract
 
 FIFO_TIMEOUT = 60  # a read of a pipe blocks forever: a regression fails in a minute, not at the 600 s default

@@ -212,7 +212,7 @@ def check_against_in_process(res, in_process, texts) -> None:
 
     assert res.ok, res.problems
     assert len(res.requests) == len(texts)
-    for r, text in zip(res.requests, texts):
+    for r in res.requests:
         assert r.finish_reason in ("stop", "length") and r.ttft_s is not None and r.ttft_s <= r.latency_s
         assert r.completion_tokens == len(r.token_ids) > 0
     tokenizer = load_tokenizer(res.target)

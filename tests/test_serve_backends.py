@@ -21,8 +21,8 @@ from quantkit.gate.config import Candidate, GateConfig
 from quantkit.gate.steps.base import GateContext
 from quantkit.gate.steps.serve import Serve, deploy_manifest_for, measure_served
 from quantkit.results.serve import ServedBackends, ServeReport
-
 from tests.conftest import require_vllm
+
 from .test_server_log import LINEAR, ORACLE, render, template, vllm_line
 
 pytestmark = pytest.mark.vllm

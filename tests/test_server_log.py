@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from quantkit.engines.server_log import EMULATION, parse_line, parse_server_log, read_server_log
-
 from tests.conftest import require_vllm
 
 pytestmark = pytest.mark.vllm

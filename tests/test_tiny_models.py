@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from quantkit.io.prompts import load_prompts
-
 from tests.fixtures.families import tensors
 
 

@@ -14,10 +14,28 @@ import zlib
 import pytest
 
 from quantkit.errors import CheckpointError, QuantkitError
-from quantkit.naming.archs import SUPPORTED_ARCHITECTURES, architecture_of, is_draft as is_draft_config, runtime_layers
-from quantkit.naming.layers import CheckpointLayoutError, MissingTargetLayersError, RuntimeLayer, UnsupportedArchitectureError, in_role, layers_in_role
-from quantkit.naming.exclude import ExcludeListError, ExcludeMatch, PartialFusedExclusion, PartialFusedExclusionError, checkpoint_exclude_for, exclude_entries_for, excluded_names, is_excluded, match_reason, quantized_layers
-
+from quantkit.naming.archs import SUPPORTED_ARCHITECTURES, architecture_of, runtime_layers
+from quantkit.naming.archs import is_draft as is_draft_config
+from quantkit.naming.exclude import (
+    ExcludeListError,
+    ExcludeMatch,
+    PartialFusedExclusion,
+    PartialFusedExclusionError,
+    checkpoint_exclude_for,
+    exclude_entries_for,
+    excluded_names,
+    is_excluded,
+    match_reason,
+    quantized_layers,
+)
+from quantkit.naming.layers import (
+    CheckpointLayoutError,
+    MissingTargetLayersError,
+    RuntimeLayer,
+    UnsupportedArchitectureError,
+    in_role,
+    layers_in_role,
+)
 from tests.conftest import require_vllm
 
 # --- hand-made checkpoints -------------------------------------------------------------------------------------
@@ -125,7 +143,7 @@ def by_name(layers: list[RuntimeLayer]) -> dict[str, RuntimeLayer]:
 
 def test_eagle3_draft_runtime_names_follow_the_target_layer_count():
     layers = runtime_layers(DRAFT_CONFIG, draft_tensors(), target_num_layers=61)
-    assert [(l.name, l.kind, l.role) for l in layers] == [
+    assert [(lay.name, lay.kind, lay.role) for lay in layers] == [
         ("model.fc", "linear", "fc"),
         ("model.layers.61.self_attn.qkv_proj", "fused_linear", "attention"),
         ("model.layers.61.self_attn.o_proj", "linear", "attention"),
@@ -139,7 +157,7 @@ def test_eagle3_draft_runtime_names_follow_the_target_layer_count():
         "midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj",
     )  # fmt: skip
     # The draft's QuarkConfig never gets a packed_modules_mapping, so vLLM expands no shards for draft layers.
-    assert all(l.shards == () for l in layers)
+    assert all(lay.shards == () for lay in layers)
     assert named["lm_head"].quantizable is False and named["model.fc"].quantizable is True
     assert is_draft_config(DRAFT_CONFIG) and not is_draft_config(qwen3_moe_config())
 
@@ -147,7 +165,7 @@ def test_eagle3_draft_runtime_names_follow_the_target_layer_count():
 def test_speculators_eagle3_draft_with_layers_0_and_embed_tokens():
     layers = runtime_layers(SPECULATORS_CONFIG, draft_tensors("layers.0", embed=True), target_num_layers=36)
     assert architecture_of(SPECULATORS_CONFIG) == "Eagle3LlamaForCausalLM"
-    assert [l.name for l in layers] == [
+    assert [lay.name for lay in layers] == [
         "model.embed_tokens", "model.fc", "model.layers.36.self_attn.qkv_proj", "model.layers.36.self_attn.o_proj",
         "model.layers.36.mlp.gate_up_proj", "model.layers.36.mlp.down_proj", "lm_head",
     ]  # fmt: skip
@@ -158,7 +176,7 @@ def test_speculators_eagle3_draft_with_layers_0_and_embed_tokens():
 def test_qwen3_eagle3_draft_qkv_proj_has_no_self_attn_in_its_runtime_name():
     # qwen3_eagle3.py rebuilds qkv_proj with maybe_prefix(prefix, "qkv_proj") on the decoder layer's prefix.
     config = {**SPECULATORS_CONFIG, "transformer_layer_config": {"model_type": "qwen3", "num_hidden_layers": 1}}
-    names = [l.name for l in runtime_layers(config, draft_tensors("layers.0"), target_num_layers=48)]
+    names = [lay.name for lay in runtime_layers(config, draft_tensors("layers.0"), target_num_layers=48)]
     assert "model.layers.48.qkv_proj" in names and "model.layers.48.self_attn.o_proj" in names
     assert "model.layers.48.self_attn.qkv_proj" not in names
 
@@ -181,7 +199,7 @@ def test_draft_saved_with_model_prefix_is_rejected_because_vllm_would_not_load_i
 def test_llama_and_qwen3_dense_targets():
     for arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
         layers = runtime_layers({"architectures": [arch], "num_hidden_layers": 2}, llama_tensors(2))
-        assert [l.name for l in layers] == [
+        assert [lay.name for lay in layers] == [
             "model.embed_tokens",
             "model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
             "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj",
@@ -210,7 +228,7 @@ def test_tied_embeddings_target_has_an_lm_head_without_tensors():
 
 def test_qwen3_moe_sparse_and_dense_layers():
     layers = runtime_layers(qwen3_moe_config(mlp_only_layers=[0]), qwen3_moe_tensors(3, dense={0}))
-    assert [(l.name, l.kind, l.role) for l in layers] == [
+    assert [(lay.name, lay.kind, lay.role) for lay in layers] == [
         ("model.embed_tokens", "embedding", "embed_tokens"),
         ("model.layers.0.self_attn.qkv_proj", "fused_linear", "attention"),
         ("model.layers.0.self_attn.o_proj", "linear", "attention"),
@@ -238,7 +256,7 @@ def test_qwen3_moe_sparse_and_dense_layers():
     assert len(named["model.layers.1.mlp.experts"].checkpoint_modules) == 12
 
     stepped = runtime_layers(qwen3_moe_config(n=4, decoder_sparse_step=2), qwen3_moe_tensors(4, dense={0, 2}))
-    assert [l.name for l in stepped if l.kind == "moe"] == ["model.layers.1.mlp.experts", "model.layers.3.mlp.experts"]
+    assert [lay.name for lay in stepped if lay.kind == "moe"] == ["model.layers.1.mlp.experts", "model.layers.3.mlp.experts"]
 
 
 def test_qwen3_moe_fused_expert_tensors_feed_the_experts_layer():
@@ -257,7 +275,7 @@ def test_config_that_disagrees_with_the_weights_is_rejected():
 
 def test_deepseek_v3_mla_fused_qkv_a_and_moe_layout():
     layers = runtime_layers(deepseek_config(num_nextn_predict_layers=1), deepseek_tensors(mtp_layers=1))
-    names = [l.name for l in layers]
+    names = [lay.name for lay in layers]
     assert names[:9] == [
         "model.embed_tokens",
         "model.layers.0.self_attn.fused_qkv_a_proj", "model.layers.0.self_attn.q_b_proj",
@@ -291,7 +309,7 @@ def test_deepseek_v3_mla_fused_qkv_a_and_moe_layout():
 def test_deepseek_without_q_lora_has_separate_q_proj_and_kv_a_proj():
     layers = runtime_layers(deepseek_config(q_lora_rank=None, num_hidden_layers=1, first_k_dense_replace=1),
                             deepseek_tensors(n=1, q_lora=False))  # fmt: skip
-    assert [l.name for l in layers if l.role == "attention"] == [
+    assert [lay.name for lay in layers if lay.role == "attention"] == [
         "model.layers.0.self_attn.kv_a_proj_with_mqa", "model.layers.0.self_attn.q_proj",
         "model.layers.0.self_attn.kv_b_proj", "model.layers.0.self_attn.o_proj",
     ]  # fmt: skip
@@ -300,7 +318,7 @@ def test_deepseek_without_q_lora_has_separate_q_proj_and_kv_a_proj():
 def test_mixtral_block_sparse_moe():
     layers = runtime_layers({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 1},
                             block_sparse_tensors(1))  # fmt: skip
-    assert [(l.name, l.kind, l.quantizable) for l in layers] == [
+    assert [(lay.name, lay.kind, lay.quantizable) for lay in layers] == [
         ("model.embed_tokens", "embedding", False),
         ("model.layers.0.self_attn.qkv_proj", "fused_linear", True),
         ("model.layers.0.self_attn.o_proj", "linear", True),
@@ -341,7 +359,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones():
 
 def test_roles_and_decoder_linears():
     draft = runtime_layers(DRAFT_CONFIG, draft_tensors(), target_num_layers=61)
-    assert [l.name for l in layers_in_role(draft, "decoder_linears")] == [
+    assert [lay.name for lay in layers_in_role(draft, "decoder_linears")] == [
         "model.layers.61.self_attn.qkv_proj", "model.layers.61.self_attn.o_proj",
         "model.layers.61.mlp.gate_up_proj", "model.layers.61.mlp.down_proj",
     ]  # fmt: skip
@@ -368,7 +386,7 @@ def test_amd_kimi_k25_draft_quark_exclude_leaves_fc_quantized(draft61):
     quark_export = ["fc", "lm_head"]
     assert is_excluded(named["model.fc"], quark_export) is False  # vLLM quantizes model.fc
     assert is_excluded(named["lm_head"], quark_export) is True
-    assert [l.name for l in quantized_layers(draft61, quark_export)] == [
+    assert [lay.name for lay in quantized_layers(draft61, quark_export)] == [
         "model.fc", "model.layers.61.self_attn.qkv_proj", "model.layers.61.self_attn.o_proj",
         "model.layers.61.mlp.gate_up_proj", "model.layers.61.mlp.down_proj",
     ]  # fmt: skip
@@ -376,7 +394,7 @@ def test_amd_kimi_k25_draft_quark_exclude_leaves_fc_quantized(draft61):
     entries = exclude_entries_for([named["model.fc"], named["lm_head"]], draft61)
     assert entries == ["model.fc", "lm_head"]
     assert excluded_names(draft61, entries) == {"model.fc", "lm_head"}
-    assert not any(is_excluded(l, entries) for l in layers_in_role(draft61, "decoder_linears"))
+    assert not any(is_excluded(lay, entries) for lay in layers_in_role(draft61, "decoder_linears"))
     assert checkpoint_exclude_for([named["model.fc"], named["lm_head"]]) == ["fc", "lm_head"]
 
 
@@ -475,7 +493,7 @@ def test_malformed_exclude_lists_are_user_errors():
 
 def test_quantized_layers_leaves_out_what_vllm_never_quantizes():
     layers = runtime_layers(deepseek_config(), deepseek_tensors())
-    names = {l.name for l in quantized_layers(layers, [])}
+    names = {lay.name for lay in quantized_layers(layers, [])}
     assert "model.layers.1.mlp.gate" not in names and "lm_head" not in names and "model.embed_tokens" not in names
     assert "model.layers.1.mlp.experts" in names and "model.layers.0.self_attn.fused_qkv_a_proj" in names
 
@@ -485,7 +503,7 @@ def test_quantized_layers_leaves_out_what_vllm_never_quantizes():
 
 def test_exclude_entries_compress_whole_groups_into_anchored_patterns():
     layers = runtime_layers(qwen3_moe_config(n=4, mlp_only_layers=[0]), qwen3_moe_tensors(4, dense={0}))
-    kept = [l for l in layers if l.role in ("attention", "router", "lm_head", "embed_tokens")]
+    kept = [lay for lay in layers if lay.role in ("attention", "router", "lm_head", "embed_tokens")]
     entries = exclude_entries_for(kept, layers)
     assert entries == [
         "model.embed_tokens",
@@ -494,17 +512,17 @@ def test_exclude_entries_compress_whole_groups_into_anchored_patterns():
         r"re:model\.layers\.\d+\.mlp\.gate$",
         "lm_head",
     ]
-    assert excluded_names(layers, entries) == {l.name for l in kept}
+    assert excluded_names(layers, entries) == {lay.name for lay in kept}
     # Without the $, the router pattern would also take the dense layer's mlp.gate_up_proj.
     assert is_excluded(by_name(layers)["model.layers.0.mlp.gate_up_proj"], [r"re:model\.layers\.\d+\.mlp\.gate"])
 
 
 def test_exclude_entries_use_exact_names_for_part_of_a_group():
     layers = runtime_layers(qwen3_moe_config(n=4), qwen3_moe_tensors(4, dense=set()))
-    kept = [l for l in layers if l.name in ("model.layers.0.mlp.experts", "model.layers.3.mlp.experts", "lm_head")]
+    kept = [lay for lay in layers if lay.name in ("model.layers.0.mlp.experts", "model.layers.3.mlp.experts", "lm_head")]
     entries = exclude_entries_for(kept, layers)
     assert entries == ["model.layers.0.mlp.experts", "model.layers.3.mlp.experts", "lm_head"]
-    assert excluded_names(layers, entries) == {l.name for l in kept}
+    assert excluded_names(layers, entries) == {lay.name for lay in kept}
     assert checkpoint_exclude_for(kept)[:2] == ["model.layers.0.mlp.experts.0.gate_proj",
                                                 "model.layers.0.mlp.experts.0.up_proj"]  # fmt: skip
 
@@ -553,18 +571,6 @@ def v():
     require_vllm()
     import types
 
-    from vllm.model_executor.layers.fused_moe import GateLinear, RoutedExperts, UnquantizedFusedMoEMethod
-    from vllm.model_executor.layers.linear import (
-        ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RowParallelLinear,
-        UnquantizedLinearMethod,
-    )  # fmt: skip
-    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig, QuarkLinearMethod
-    from vllm.model_executor.layers.quantization.quark.quark_moe import QuarkMoEMethod
-    from vllm.model_executor.layers.quantization.quark.utils import should_ignore_layer
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-    from vllm.model_executor.model_loader.utils import configure_quant_config
-    from vllm.model_executor.models import deepseek_v2, llama, llama_eagle3, minimax_m2, mixtral, qwen3, qwen3_moe
-    from vllm.model_executor.models.interfaces import SupportsQuant
 
     return types.SimpleNamespace(**locals())
 
@@ -676,8 +682,8 @@ def exclude_lists_for(layers: list[RuntimeLayer], seed: int) -> list[list[str]]:
     lists = [list(x) for x in FIXED_EXCLUDES]
     for _ in range(25):
         sample = rng.sample(layers, rng.randint(1, min(6, len(layers))))
-        lists.append([l.name for l in sample])  # exact runtime names
-        modules = [m for l in sample for m in l.checkpoint_modules]
+        lists.append([lay.name for lay in sample])  # exact runtime names
+        modules = [m for lay in sample for m in lay.checkpoint_modules]
         lists.append(rng.sample(modules, rng.randint(1, len(modules))) if modules else [])  # Quark-style names
     return lists
 
@@ -703,15 +709,15 @@ def test_written_exclude_lists_exclude_exactly_the_kept_layers_in_vllm(v, model)
     layers = runtime_layers(config, tensors, target)
     rng = random.Random(7)
     role_sets = [("attention", "router", "lm_head"), ("fc", "lm_head"), ("experts",), ("decoder_linears",)]
-    kept_sets = [[l for l in layers if any(in_role(l, r) for r in roles)] for roles in role_sets]
+    kept_sets = [[lay for lay in layers if any(in_role(lay, r) for r in roles)] for roles in role_sets]
     kept_sets += [rng.sample(layers, rng.randint(1, len(layers))) for _ in range(10)]
     for kept in kept_sets:
         if not kept:
             continue
         entries = exclude_entries_for(kept, layers)
         cfg = vllm_quark_config(v, model, entries)
-        vllm_excluded = {l.name for l in layers if vllm_outcome(v, cfg, l) == "excluded"}
-        assert vllm_excluded == {l.name for l in kept}, (model, entries)
+        vllm_excluded = {lay.name for lay in layers if vllm_outcome(v, cfg, lay) == "excluded"}
+        assert vllm_excluded == {lay.name for lay in kept}, (model, entries)
 
 
 @pytest.mark.vllm
@@ -814,11 +820,11 @@ def test_real_engine_builds_the_draft_as_replayed(tmp_path):
     engine = json.loads(lines[-1][len("PROBE ") :])
 
     draft = runtime_layers(draft_config, draft_tensors(), target_num_layers=4)
-    assert {n for n in engine["draft"] if n} == {l.name for l in draft}
+    assert {n for n in engine["draft"] if n} == {lay.name for lay in draft}
     assert {n for n, m in engine["draft"].items() if m == "QuarkLinearMethod"} == {
-        l.name for l in quantized_layers(draft, exclude)
+        lay.name for lay in quantized_layers(draft, exclude)
     } == {"model.fc", "model.layers.4.self_attn.qkv_proj", "model.layers.4.self_attn.o_proj",
           "model.layers.4.mlp.gate_up_proj"}  # fmt: skip
     target = runtime_layers(target_config, llama_tensors(4))
     # llama.py builds the target's embed_tokens with an empty prefix; every other name is as replayed.
-    assert set(engine["target"]) == {l.name for l in target if l.kind != "embedding"} | {""}
+    assert set(engine["target"]) == {lay.name for lay in target if lay.kind != "embedding"} | {""}

@@ -19,7 +19,6 @@ from quantkit.engines.rejection import target_probs, verify_round
 from quantkit.engines.stats import Sampling, SequenceStats
 from quantkit.io.prompts import PromptRecord
 from quantkit.io.speed_bench import CONFIGS, PLACEHOLDER, SpeedBenchError, load_speed_bench
-
 from tests.fixtures.speed_bench_fixture import FOLLOWUP, write_fixture
 
 
