@@ -40,7 +40,8 @@ def _apply(tmp_path_factory, recipe: str, model: Path, **kw) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fp8_draft(tiny, tmp_path_factory):
+def fp8_draft_without_target(tiny, tmp_path_factory):
+    """fp8-draft on the draft alone (no --target), unlike conftest's `fp8_draft` (the CLI, with the target)."""
     return _apply(tmp_path_factory, "fp8-draft", tiny / "eagle3-draft")
 
 
@@ -55,8 +56,11 @@ def mxfp4_per_shard(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mxfp4_attn_fp8(tiny, tmp_path_factory):
-    return _apply(tmp_path_factory, "mxfp4-moe-attn-fp8", tiny / "moe-target")
+def mxfp4_attn_fp8(tiny_outputs):
+    """The session's mxfp4-moe-attn-fp8 apply (conftest's tiny_outputs: the same call), with its ApplyResult as
+    apply wrote it to quantkit.json."""
+    out = tiny_outputs["mxfp4-moe-attn-fp8"]
+    return {"out": out, "result": json.loads((out / "quantkit.json").read_text())}
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -443,7 +447,8 @@ def test_draft_forward_reproduces_what_the_draft_was_trained_for(tiny, bf16_draf
     assert agree > 0.9, f"the test's EAGLE-3 forward agrees with the target only {agree:.3f} of the time"
 
 
-def test_fp8_draft_logits_match_bf16(fp8_draft, bf16_draft, draft_inputs):
+def test_fp8_draft_logits_match_bf16(fp8_draft_without_target, bf16_draft, draft_inputs):
+    fp8_draft = fp8_draft_without_target
     cfg, src, bf16_weights = bf16_draft
     out = _tensors(fp8_draft["out"])
     quantized = {m for d in fp8_draft["result"]["layers"] if d["action"] == "quantize" for m in d["checkpoint_modules"]}

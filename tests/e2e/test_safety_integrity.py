@@ -35,7 +35,7 @@ from tests.fixtures import executor_checkpoints as ec
 from tests.fixtures import hostile
 from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MOE = TINY / "moe-target"
 SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -590,21 +590,6 @@ def test_overwrite_starts_over_from_a_bad_journal(tmp_path: Path, moe_output: Pa
 # --- a model big enough to take a few seconds -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def big_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Qwen3-MoE checkpoint in ~24 shards (tests/test_apply_resume.py's), a few seconds of work on 2 cores."""
-    fam = ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024)
-    return ec.write_checkpoint(fam, tmp_path_factory.mktemp("big") / "moe", shard_bytes=1_500_000)
-
-
-@pytest.fixture(scope="module")
-def big_clean(big_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("big-clean") / "out"
-    run = _cli(_apply(big_moe, out), out.parent)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out
-
-
 class _Apply:
     """A `quantkit apply` running in the background, its stderr read line by line."""
 
@@ -642,7 +627,7 @@ class _Apply:
 
 
 @pytest.mark.slow
-def test_a_second_run_on_a_live_output_is_refused_naming_it(big_moe: Path, big_clean: Path, tmp_path: Path) -> None:
+def test_a_second_run_on_a_live_output_is_refused_naming_it(big_moe: Path, big_moe_mxfp4: Path, tmp_path: Path) -> None:
     """Two real processes: while the first writes, a plain, an --overwrite and a --resume run on the same output are
     each refused in one line naming the first (pid, host, since), touch nothing, and the first finishes intact."""
     out = tmp_path / "out"
@@ -678,12 +663,12 @@ def test_a_second_run_on_a_live_output_is_refused_naming_it(big_moe: Path, big_c
     assert code == 0, stderr[-3000:]
     # no stale-lock or takeover warning (the copy allow-list's "not copied" line names the model's README and extra/)
     assert not [line for line in stderr.splitlines() if "warning" in line and "not copied from the source" not in line]
-    assert _weights_and_config(out) == _weights_and_config(big_clean)
+    assert _weights_and_config(out) == _weights_and_config(big_moe_mxfp4)
     assert not (tmp_path / ".out.quantkit-lock").exists() and not (tmp_path / ".out.quantkit-partial").exists()
 
 
 @pytest.mark.slow
-def test_a_lock_left_by_a_killed_run_is_explained_and_taken_over(big_moe: Path, big_clean: Path,
+def test_a_lock_left_by_a_killed_run_is_explained_and_taken_over(big_moe: Path, big_moe_mxfp4: Path,
                                                                   tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = _Apply(_apply(big_moe, out), tmp_path)
@@ -702,7 +687,7 @@ def test_a_lock_left_by_a_killed_run_is_explained_and_taken_over(big_moe: Path, 
     warnings = [line for line in run.stderr.splitlines() if "warning:" in line and "not copied from the source" not in line]
     assert len(warnings) == 1 and "stale lock" in warnings[0] and f"pid {first.proc.pid}" in warnings[0], run.stderr
     assert "kept from the interrupted run" in run.stderr
-    assert _weights_and_config(out) == _weights_and_config(big_clean)
+    assert _weights_and_config(out) == _weights_and_config(big_moe_mxfp4)
     assert not lock.exists()
 
 

@@ -21,7 +21,7 @@ from quantkit.io.headers import checkpoint_tensors, read_config
 from tests.fixtures import executor_checkpoints as ec
 from tests.fixtures import source_checkpoints as sc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
 _EXCLUDE = ["*self_attn*", "*lm_head", "*mlp.gate", "vision_tower*", "mm_projector*", "*shared_experts*"]
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.fixtures import executor_checkpoints as ec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PARTIAL_JOURNAL = ".quantkit-journal.json"
 
 
@@ -30,24 +30,9 @@ def _weights_and_config(folder: Path) -> dict[str, bytes]:
     return {k: v for k, v in ec.tree_bytes(folder).items() if k != "quantkit.json"}
 
 
-@pytest.fixture(scope="module")
-def big_moe(tmp_path_factory) -> Path:
-    """A Qwen3-MoE checkpoint in ~24 shards, large enough that an interrupt lands between shards."""
-    fam = ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024)
-    return ec.write_checkpoint(fam, tmp_path_factory.mktemp("big") / "moe", shard_bytes=1_500_000)
-
-
-@pytest.fixture(scope="module")
-def clean_run(big_moe, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("clean") / "out"
-    r = _cli("apply", "--recipe", "mxfp4-moe", "--model", str(big_moe), "--output", str(out), "--devices", "cpu")
-    assert r.returncode == 0, r.stderr
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, clean_run, tmp_path, sig):
+def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, big_moe_mxfp4, tmp_path, sig):
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model",
                              str(big_moe), "--output", str(out), "--devices", "cpu"], cwd=ROOT, text=True,
@@ -88,7 +73,7 @@ def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, clean_run, tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     assert "kept from the interrupted run" in resumed.stderr
     assert not partial.exists()
-    assert _weights_and_config(out) == _weights_and_config(clean_run)
+    assert _weights_and_config(out) == _weights_and_config(big_moe_mxfp4)
     manifest = json.loads((out / "quantkit.json").read_text())
     assert manifest["resumed_shards"] == len(journal["shards"])
 
@@ -167,12 +152,12 @@ def test_dry_run_reads_no_tensor_data_and_writes_nothing(tmp_path, tiny):
 
 
 @pytest.mark.slow
-def test_dry_run_predicts_the_written_size(tmp_path, tiny, clean_run):
-    manifest = json.loads((clean_run / "quantkit.json").read_text())
+def test_dry_run_predicts_the_written_size(tmp_path, tiny, big_moe_mxfp4):
+    manifest = json.loads((big_moe_mxfp4 / "quantkit.json").read_text())
     plan = _cli("apply", "--recipe", "mxfp4-moe", "--model", manifest["source"], "--output", str(tmp_path / "o"),
                 "--dry-run", "--json")
     predicted = json.loads(plan.stdout)["size_after_bytes"]
-    written = sum(p.stat().st_size for p in clean_run.glob("*.safetensors"))
+    written = sum(p.stat().st_size for p in big_moe_mxfp4.glob("*.safetensors"))
     # The prediction counts tensor bytes; the files add their JSON headers (a few KB per shard).
-    assert predicted <= written <= predicted + 64_000 * len(list(clean_run.glob("*.safetensors")))
+    assert predicted <= written <= predicted + 64_000 * len(list(big_moe_mxfp4.glob("*.safetensors")))
 

