@@ -74,6 +74,17 @@ def tiny_outputs(tiny, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def moe_pair(tiny_outputs, tmp_path_factory) -> tuple[Path, Path]:
+    """The deployment pair as a user makes it, once per session: (fp8-draft applied to the MoE target's draft with
+    --target the BF16 MoE target, mxfp4-moe applied to the MoE target: tiny_outputs' own). Copy before damaging."""
+    from quantkit.apply.run import apply
+
+    out = tmp_path_factory.mktemp("moe-pair") / "moe-draft-fp8"
+    apply("fp8-draft", TINY / "moe-eagle3-draft", out, target=TINY / "moe-target", progress=None)
+    return out, tiny_outputs["mxfp4-moe"]
+
+
+@pytest.fixture(scope="session")
 def fp8_draft(tiny, tmp_path_factory):
     """fp8-draft applied to the bundled draft through the CLI (--json), as a user runs it; once per session."""
     import json

@@ -30,7 +30,6 @@ def _weights_and_config(folder: Path) -> dict[str, bytes]:
     return {k: v for k, v in ec.tree_bytes(folder).items() if k != "quantkit.json"}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, big_moe_mxfp4, tmp_path, sig):
     out = tmp_path / "out"
@@ -78,7 +77,6 @@ def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, big_moe_mxfp4, tmp
     assert manifest["resumed_shards"] == len(journal["shards"])
 
 
-@pytest.mark.slow
 def test_a_damaged_shard_midway_is_one_line_and_stays_resumable(big_moe, tmp_path):
     """NaN in the last shard's expert weight: the headers are fine, so only the data read finds it."""
     from safetensors.torch import load_file, save_file
@@ -101,7 +99,6 @@ def test_a_damaged_shard_midway_is_one_line_and_stays_resumable(big_moe, tmp_pat
     assert ec.tree_bytes(src) == before
 
 
-@pytest.mark.slow
 def test_killed_right_after_the_rename_leaves_a_complete_valid_folder(tmp_path, tiny):
     out = tmp_path / "out"
     script = f"""
@@ -122,7 +119,6 @@ apply("mxfp4-moe", {str(tiny / 'moe-target')!r}, {str(out)!r}, devices="cpu", pr
     assert check.returncode == 0 and json.loads(check.stdout)["ok"], check.stdout[-2000:]
 
 
-@pytest.mark.slow
 def test_mixtral_layout_on_the_default_path(tmp_path):
     """Mixtral's block_sparse_moe.experts.N.w1/w2/w3 (as real releases ship): transformers renames them in memory,
     which broke the old in-memory default; per shard (the default now) keeps the checkpoint's names."""
@@ -151,7 +147,6 @@ def test_dry_run_reads_no_tensor_data_and_writes_nothing(tmp_path, tiny):
     assert sorted(s for v in plan["device_plan"].values() for s in v) == shards
 
 
-@pytest.mark.slow
 def test_dry_run_predicts_the_written_size(tmp_path, tiny, big_moe_mxfp4):
     manifest = json.loads((big_moe_mxfp4 / "quantkit.json").read_text())
     plan = _cli("apply", "--recipe", "mxfp4-moe", "--model", manifest["source"], "--output", str(tmp_path / "o"),

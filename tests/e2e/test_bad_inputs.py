@@ -484,7 +484,7 @@ def _(t: Ctx) -> Bad:
     return _poisoned(t, "moe-target", "mxfp4-moe", index[tensor], tensor, "-inf")
 
 
-@case("apply-disk-full", pytest.mark.slow)
+@case("apply-disk-full")
 def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     small = t.mount_tmpfs("small", "size=256k")
@@ -1188,7 +1188,6 @@ def applied_draft(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
     return out, run
 
 
-@pytest.mark.slow
 def test_apply_into_an_empty_folder_writes_files_others_can_read(applied_draft: tuple[Path, Run]) -> None:
     """Issue 10 (1) an empty existing output folder is fine; (3) outputs are 0644 / 0755 under umask 022."""
     out, run = applied_draft
@@ -1199,7 +1198,6 @@ def test_apply_into_an_empty_folder_writes_files_others_can_read(applied_draft: 
     assert not list(out.parent.glob(".draft-fp8.quantkit-*"))
 
 
-@pytest.mark.slow
 def test_json_output_never_holds_nan_or_infinity(applied_draft: tuple[Path, Run], tmp_path: Path) -> None:
     """Issue 10 (6): `check --json` and `inspect --json` of a checkpoint whose scales are inf / nan stay JSON."""
     out, _ = applied_draft
@@ -1220,7 +1218,6 @@ def test_json_output_never_holds_nan_or_infinity(applied_draft: tuple[Path, Run]
     json.loads(inspect.stdout, parse_constant=_no_constants)
 
 
-@pytest.mark.slow
 def test_eval_json_never_holds_nan_when_the_baseline_scores_zero(tmp_path: Path) -> None:
     """Issue 10 (6): recovery = candidate / baseline is undefined at a zero baseline; the JSON must say so without
     NaN. moe-target scores 0.007 on tiny_json_gen, so its first 3 items score 0."""
@@ -1270,7 +1267,6 @@ def _during_import(_stderr: str, seconds: float) -> bool:
     return seconds > 3.0  # torch and Quark take 20-30 s to import; planning before it takes under a second
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("phase", ["import", "quantize"])
 def test_signal_during_apply(sig: int, phase: str, tmp_path: Path) -> None:

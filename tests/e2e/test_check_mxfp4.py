@@ -2,7 +2,7 @@
 compares every MXFP4 weight and E8M0 scale byte vLLM holds with the checkpoint's safetensors tensors, per layer.
 
 One engine start per checkpoint (each `check` runs the vLLM worker in a subprocess). Checkpoints: the bundled MoE
-target with mxfp4-moe-attn-fp8 (mxfp4-moe is in tests/test_check.py), DeepSeek-V3 and MiniMax-M2 layouts with
+target with mxfp4-moe-attn-fp8 (mxfp4-moe is in tests/unit/test_check_findings.py), DeepSeek-V3 and MiniMax-M2 layouts with
 mxfp4-moe, and damaged copies. The reference for the bytes is the checkpoint itself; where the check says vLLM holds
 other bytes, the test says independently what vLLM does (its loader's placeholder, its shape check).
 """
@@ -18,7 +18,7 @@ import pytest
 from quantkit.check.run import run as check_checkpoint
 from tests.conftest import require_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = pytest.mark.vllm
 
 # 8 experts x (gate, up, down) x (weight, weight_scale) per MoE layer in every tiny model here.
 TENSORS_PER_MOE_LAYER = 48
@@ -149,7 +149,7 @@ def test_dense_mxfp4_linears_hold_the_checkpoints_bytes_shard_by_shard(tiny, tmp
 def not_padding(r) -> list:
     """The findings beside moe-padding: the replicas' tiny experts (hidden 128, intermediate 64) miss AITER's
     alignment on gfx950 (check's default platform), which quantkit.rules.kernels reports as a cost; tested by hand in
-    tests/test_kernels.py."""
+    tests/integration/test_kernels.py."""
     return [f for f in r.findings if f.code != "moe-padding"]
 
 
@@ -197,7 +197,7 @@ def test_oversized_expert_scale_fails_in_vllms_own_loader(tiny_outputs, tmp_path
 
 
 def test_missing_and_short_expert_scales_load_and_differ_from_the_checkpoint(tiny_outputs, tmp_path):
-    """vLLM 0.32 accepts an expert without weight_scale and a scale narrower than its slot (tests/test_vllm_plugin.py
+    """vLLM 0.32 accepts an expert without weight_scale and a scale narrower than its slot (tests/integration/test_vllm_plugin.py
     shows it keeps its placeholder there). quantkit's static checks catch both (scale-missing, scale-shape), and the
     byte comparison names exactly where vLLM holds something else: expert 5's gate half of w13_weight_scale, expert
     3's w2_weight_scale ([256, 2] in the checkpoint, [256, 4] in vLLM). Every other tensor of both layers is equal."""

@@ -6,13 +6,10 @@ import json
 import os
 import time
 
-import pytest
 import yaml
 from click.testing import CliRunner
 
 from quantkit.cli import main
-
-pytestmark = pytest.mark.slow
 
 
 def test_demo_runs_the_whole_pipeline(tiny, tmp_path):

@@ -34,10 +34,9 @@ import pytest
 import yaml
 
 from tests.conftest import TINY, require_vllm
+from tests.e2e.test_bad_inputs import GATE_OK, RECIPE_OK, Bad, Ctx, _acceptance, _assert_contract, _preview, _publish
 from tests.fixtures import hostile
 from tests.fixtures.hostile import error_lines, run_cli, tree_digest
-
-from .test_bad_inputs import GATE_OK, RECIPE_OK, Bad, Ctx, _acceptance, _assert_contract, _preview, _publish
 
 BIG = "9" * 5000  # past Python's int-digit limit (sys.get_int_max_str_digits() == 4300)
 TEN_MB = "x" * 10_000_000
@@ -725,7 +724,6 @@ def test_eval_engines_get_one_length_that_both_models_hold() -> None:
         _engine_length({"baseline": src(1024), "candidate": src(4096)}, 3000)
 
 
-@pytest.mark.slow
 def test_context_lengths_up_to_the_limit_still_run(tmp_path: Path) -> None:
     """The other side of the limit: the longest context that fits runs, and the preamble fills it (bisection finds
     the most notes that fit: within one note, about 12 tokens, of the length asked)."""

@@ -1,7 +1,7 @@
 """Issue 18, security items and "regular files only": no secret leaves through a model folder, no credential is
 printed, no link loop or pipe hangs or multiplies a copy.
 
-Through the real CLI in a subprocess, in the style of tests/test_bad_inputs.py (its `Bad` cases and `_assert_contract`:
+Through the real CLI in a subprocess, in the style of tests/e2e/test_bad_inputs.py (its `Bad` cases and `_assert_contract`:
 exit 2, exactly one `error:` line, no traceback, nothing complete-looking left, every input byte for byte unchanged;
 `light` cases must fail before torch/Quark/transformers/vLLM/lm-eval is imported). On top of that contract, a case
 with a `secret` asserts that the secret's bytes are nowhere under the test's folder but in the secret file itself.
@@ -28,11 +28,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import TINY
+from tests.e2e.test_bad_inputs import Bad, Ctx, _assert_contract
 from tests.fixtures import hostile
 from tests.fixtures.hostile import error_lines, run_cli, tree_digest
 from tests.fixtures.hub_server import HubServer
-
-from .test_bad_inputs import Bad, Ctx, _assert_contract
 
 FIFO_TIMEOUT = 60  # a read of a pipe blocks forever: a regression fails in a minute, not at the 600 s default
 REPO = "amd-test/tiny-moe-mxfp4"
@@ -573,7 +572,6 @@ def test_executor_aux_copy_refuses_links_before_any_shard(tmp_path: Path) -> Non
     assert (dst / "extra" / "notes.txt").read_text().startswith("a real sub-folder")
 
 
-@pytest.mark.slow
 def test_quark_per_shard_engine_reads_only_the_planned_checkpoint(tmp_path: Path) -> None:
     """Quark's file-to-file path quantizes every *.safetensors under its source and copies every folder; through
     apply it sees only the indexed shards and config, so a sub-folder's weights are neither quantized nor copied."""

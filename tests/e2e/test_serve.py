@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import require_vllm
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm
 
 K = 3
 MAX_TOKENS = 64

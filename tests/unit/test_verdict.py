@@ -1,5 +1,5 @@
 """quantkit.gate.verdict: one verdict over every judged figure of a release (pass, regression, anomalous,
-infeasible), with every reason, in the order regression, infeasible, anomalous. Moved from tests/test_deploy.py
+infeasible), with every reason, in the order regression, infeasible, anomalous. Moved from tests/unit/test_deploy.py
 (issue 19), where the eval-delta figure and `verdict()` were the only users of two functions the gate never called:
 the eval figure is now a plain threshold figure, the verdict `judge(...).verdict`. Every figure is a results.GateCheck
 built by quantkit.gate.verdict's constructors (one figure type)."""
