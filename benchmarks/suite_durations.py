@@ -72,10 +72,20 @@ def _cases(xml: Path) -> list[tuple[str, float, str]]:
     return cases
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def table(out: Path, top: int) -> str:
     runs = _runs(out)
-    lines = [f"# {out.name}: pytest once per target, {datetime.date.today()}, {platform.node()}, "
-             f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), python {platform.python_version()}",
+    lines = [f"# {out.name}: pytest once per target, {datetime.date.today()}, host {platform.node()}, "
+             f"{os.cpu_count()} CPUs ({_cpu_model()}), python {platform.python_version()}",
              "# wall and cpu: seconds of the target's pytest process tree; load: 1-min load average before/after",
              "", f"{'target':62} {'tests':>6} {'fail':>5} {'skip':>5} {'wall s':>8} {'cpu s':>8}  load"]
     every: list[tuple[str, float, str]] = []
