@@ -207,9 +207,6 @@ def test_server_that_does_not_come_up_is_infeasible(moe_pair, few_prompts, tmp_p
     _drop_kept_log(lines[0])
 
 
-# --- release figures ---------------------------------------------------------------------------------------------
-
-
 # --- anomalous ---------------------------------------------------------------------------------------------------
 
 
@@ -232,5 +229,3 @@ def test_candidate_beating_its_baseline_beyond_the_ci_is_anomalous(tiny, fp8_dra
     assert "gate verdict: anomalous" in result.stderr
     md = (tmp_path / "r" / "report.md").read_text()
     assert "FAILED (verdict: **anomalous**)" in md
-
-

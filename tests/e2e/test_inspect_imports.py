@@ -26,8 +26,3 @@ def test_inspect_imports_no_torch(synthetic, tiny):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout
-
-
-# --- scheme classification (quark.py _get_scheme_cls_from_config) ------------------------------------------------
-
-

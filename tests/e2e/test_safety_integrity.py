@@ -35,7 +35,7 @@ import pytest
 from tests.fixtures import executor_checkpoints as ec
 from tests.fixtures import hostile
 from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
-from tests.unit.test_safety_headers import (  # noqa: F401
+from tests.unit.test_safety_headers import (
     INDEX,
     JOURNAL,
     MOE,
@@ -89,9 +89,6 @@ def _sha256(path: Path) -> str:
 def _weights_and_config(folder: Path) -> dict[str, bytes]:
     """Everything but quantkit.json (which records timings and the command line)."""
     return {k: v for k, v in ec.tree_bytes(folder).items() if k != "quantkit.json"}
-
-
-# --- safetensors files built byte by byte -------------------------------------------------------------------------
 
 
 # --- headers through the CLI --------------------------------------------------------------------------------------

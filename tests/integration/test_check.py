@@ -13,13 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import require_vllm
-from tests.unit.test_check_findings import check, copy, edit_config, edit_tensors, errors  # noqa: F401
-
-# --- clean outputs ---------------------------------------------------------------------------------------------
-
-
-# --- the ten damaged cases -------------------------------------------------------------------------------------
-
+from tests.unit.test_check_findings import check, copy, edit_config, edit_tensors, errors
 
 # --- more contract cases ---------------------------------------------------------------------------------------
 

@@ -39,9 +39,6 @@ def vllm_source(rel: str) -> str:
     return (Path(next(iter(spec.submodule_search_locations))).parent / rel).read_text()
 
 
-# --- safetensors files written byte by byte ----------------------------------------------------------------------
-
-
 # --- the manifest ------------------------------------------------------------------------------------------------
 
 
@@ -105,8 +102,3 @@ def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_
         text = " ".join(" ".join(vllm_source(f).split()) for f in files)
         for phrase in re.findall(r'"([^"]{15,})"', rule.source):
             assert " ".join(phrase.split()) in text, (rule.code, phrase)
-
-
-# --- tokenizer drift and size ------------------------------------------------------------------------------------
-
-

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from tests.unit.test_gate_config import _config, _gate  # noqa: F401
+from tests.unit.test_gate_config import _config, _gate
 
 
 def test_gate_passes_on_the_bundled_pair(tiny, fp8_draft, tmp_path, monkeypatch):
@@ -54,5 +54,3 @@ def test_gate_fails_on_a_damaged_draft(tiny, broken_fp8_draft, tmp_path):
     assert any("acceptance.candidate_al" in x and "threshold >= 2" in x for x in lines), lines
     junit = ET.parse(tmp_path / "r" / "junit.xml").getroot()
     assert int(junit.get("failures")) >= 2
-
-

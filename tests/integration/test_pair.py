@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from quantkit.acceptance.run import run_acceptance
 from quantkit.cli import main
 from tests.conftest import require_vllm
-from tests.unit.test_pair_rules import DRAFT, QUIET, TARGET, _gate_cfg  # noqa: F401
+from tests.unit.test_pair_rules import DRAFT, QUIET, TARGET, _gate_cfg
 
 DOMAINS = {"chat", "coding", "math", "multilingual", "rag", "structured", "summarization"}
 
@@ -68,9 +68,6 @@ def reference_pair(moe_fp8_draft, moe_mxfp4):
     """The same pair acceptance on the PyTorch reference engine (MXFP4 target through Quark's importer)."""
     return run_acceptance(TARGET, DRAFT, moe_fp8_draft, candidate_target=moe_mxfp4, backend="reference",
                           progress=QUIET)
-
-
-# --- cheap: validation before any model loads --------------------------------------------------------------------
 
 
 # --- slow: the measurements ----------------------------------------------------------------------------------------

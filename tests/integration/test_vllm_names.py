@@ -27,7 +27,7 @@ from quantkit.naming.layers import (
     in_role,
 )
 from tests.conftest import require_vllm
-from tests.unit.test_runtime_names import (  # noqa: F401
+from tests.unit.test_runtime_names import (
     DRAFT_CONFIG,
     RENAMED_AWAY,
     block_sparse_tensors,
@@ -39,15 +39,6 @@ from tests.unit.test_runtime_names import (  # noqa: F401
     qwen3_moe_config,
     qwen3_moe_tensors,
 )
-
-# --- hand-made checkpoints -------------------------------------------------------------------------------------
-
-
-# --- runtime names per architecture ----------------------------------------------------------------------------
-
-
-# --- the exclude replay ----------------------------------------------------------------------------------------
-
 
 # --- writing exclude lists -------------------------------------------------------------------------------------
 

@@ -413,8 +413,3 @@ def test_plain_and_malformed_parts():
         F.decode_tensors(_int4_fmt(), {"e.weight_packed": torch.zeros(4, 7, dtype=torch.int32),
                                        "e.weight_scale": torch.ones(4, 2, dtype=torch.bfloat16),
                                        "e.weight_shape": torch.tensor([4, 50])})  # fmt: skip
-
-
-# --- real tiny checkpoints (transformers + compressed-tensors) ----------------------------------------------------
-
-
