@@ -75,6 +75,31 @@ def v():
     require_vllm()
     import types
 
+    # every name imported here is handed on through locals(): ruff cannot see that use (F401)
+    from vllm.model_executor.layers.fused_moe import GateLinear, RoutedExperts, UnquantizedFusedMoEMethod  # noqa: F401
+    from vllm.model_executor.layers.linear import (  # noqa: F401
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+        UnquantizedLinearMethod,
+    )  # fmt: skip
+    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig, QuarkLinearMethod  # noqa: F401
+    from vllm.model_executor.layers.quantization.quark.quark_moe import QuarkMoEMethod  # noqa: F401
+    from vllm.model_executor.layers.quantization.quark.utils import should_ignore_layer  # noqa: F401
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding  # noqa: F401
+    from vllm.model_executor.model_loader.utils import configure_quant_config  # noqa: F401
+    from vllm.model_executor.models import (  # noqa: F401
+        deepseek_v2,
+        llama,
+        llama_eagle3,
+        minimax_m2,
+        mixtral,
+        qwen3,
+        qwen3_moe,
+    )  # fmt: skip
+    from vllm.model_executor.models.interfaces import SupportsQuant  # noqa: F401
 
     return types.SimpleNamespace(**locals())
 
