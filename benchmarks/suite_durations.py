@@ -16,6 +16,7 @@ import datetime
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +41,10 @@ def run(out: Path, targets: list[str]) -> None:
         with (out / f"{slug}.log").open("w") as log:
             rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0",
                                   f"--junitxml={out / (slug + '.xml')}", *extra, target],
-                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 # started in the background (nohup ... &), a shell ignores SIGINT for its children,
+                                 # and the tests that interrupt an apply with SIGINT would see it ignored
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
