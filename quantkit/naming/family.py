@@ -24,19 +24,6 @@ class QuarkTemplateError(QuantkitError):
 
 
 @dataclass(frozen=True)
-class Router:
-    """The routing arguments vLLM's model file passes to its FusedMoE, which pick the router
-    (fused_moe/router/router_factory.py create_fused_moe_router) and the RoutingMethodType it advertises
-    (fused_moe/config.py get_routing_method_type): what kernel selection reads."""
-
-    scoring_func: str = "softmax"
-    renormalize: bool = False
-    num_expert_group: int | None = None  # use_grouped_topk's n_group; None: not grouped
-    has_e_score_bias: bool = False  # the e_score_correction_bias parameter exists
-    custom: str | None = None  # a custom routing function's RoutingMethodType (Llama4MoE.custom_routing_function)
-
-
-@dataclass(frozen=True)
 class MoeLayout:
     """Where a family's config and checkpoint put its mixture of experts."""
 
@@ -47,10 +34,6 @@ class MoeLayout:
     shared_experts: tuple[str, ...] = ()  # runtime suffixes of shared-expert linears
     shared_expert_gate: str | None = None  # Qwen3-MoE "mlp.shared_expert_gate"
     checkpoint_prefix: str | None = None  # checkpoint container when it differs from the runtime one (MiniMax)
-    # the Router vLLM's model file builds from the (text) config; None: vLLM builds no model for it
-    routing: Callable[[Mapping[str, Any]], Router] | None = None
-    # the experts' activation vLLM's model file passes (MoEActivation value); None: the config's hidden_act
-    activation: str | None = None
 
 
 @dataclass(frozen=True)

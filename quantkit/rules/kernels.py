@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from quantkit.errors import QuantkitError
 from quantkit.io.config import text_config
 from quantkit.results.kernels import KernelPath, KernelReport, PerfClass
 from quantkit.results.precision import LayerPrecision
@@ -67,49 +66,35 @@ class Image:
 
 
 def routing_method(config: dict[str, Any]) -> str:
-    """The RoutingMethodType name vLLM gives the model's router: the family record's Router (the arguments its vLLM
-    model file passes to FusedMoE) through get_routing_method_type (fused_moe/config.py), or the custom routing
-    function's type (fused_moe/router/custom_routing_router.py). "Unspecified" for a family with no vLLM router."""
-    from quantkit.naming.archs import text_family
-
-    try:
-        family, text = text_family(config)
-    except QuantkitError:
-        return "Unspecified"
-    if family.moe is None or family.moe.routing is None:
-        return "Unspecified"
-    r = family.moe.routing(text)
-    return r.custom or routing_method_type(r.scoring_func, r.renormalize, r.num_expert_group, r.has_e_score_bias)
-
-
-def routing_method_type(scoring_func: str, renormalize: bool, num_expert_group: int | None,
-                        has_e_score_bias: bool) -> str:
-    """vllm/model_executor/layers/fused_moe/config.py get_routing_method_type, replayed (tests compare it with
-    vLLM's own on every family)."""
-    if scoring_func == "sqrtsoftplus":
+    """The RoutingMethodType name vLLM gives the model's router (fused_moe/config.py get_routing_method_type), from
+    the config keys the model files pass: scoring_func, renormalize (norm_topk_prob; MiniMax-M2 always True,
+    models/minimax_m2.py), num_expert_group (n_group, DeepSeek/Kimi grouped top-k) and the e_score_correction_bias
+    (DeepSeek/Kimi topk_method noaux_tc, MiniMax-M2 use_routing_bias)."""
+    text = text_config(config)
+    mt = str(text.get("model_type", ""))
+    scoring = str(text.get("scoring_func", "softmax"))
+    minimax = mt.startswith("minimax")
+    renormalize = True if minimax else bool(text.get("norm_topk_prob", mt.startswith("deepseek") or "kimi" in mt))
+    has_bias = text.get("topk_method") == "noaux_tc" or bool(text.get("use_routing_bias"))
+    groups = text.get("n_group") if mt.startswith("deepseek") or "kimi" in mt else None
+    if scoring == "sqrtsoftplus":
         return "DeepseekV4" if renormalize else "Unspecified"
-    if has_e_score_bias:
-        if scoring_func != "sigmoid" or not renormalize:
+    if has_bias:
+        if scoring != "sigmoid" or not renormalize:
             return "Unspecified"
-        return "DeepSeekV3" if (num_expert_group or 0) > 0 else "MiniMax2"
-    if scoring_func == "sigmoid":
+        return "DeepSeekV3" if (groups or 0) > 0 else "MiniMax2"
+    if scoring == "sigmoid":
         return "SigmoidRenorm" if renormalize else "Sigmoid"
-    if scoring_func == "softmax":
+    if scoring == "softmax":
         return "RenormalizeNaive" if renormalize else "Default"
     return "Unspecified"
 
 
 def moe_activation(config: dict[str, Any]) -> str:
-    """The experts' activation as vLLM names it (MoEActivation value): the family record's (GPT-OSS's swigluoai,
-    gpt_oss.py), else the config's hidden_act."""
-    from quantkit.naming.archs import text_family
-
-    try:
-        family, text = text_family(config)
-    except QuantkitError:
-        family, text = None, text_config(config)
-    if family is not None and family.moe is not None and family.moe.activation is not None:
-        return family.moe.activation
+    """The experts' activation as vLLM names it (MoEActivation value): hidden_act, GPT-OSS's swigluoai."""
+    text = text_config(config)
+    if str(text.get("model_type", "")) == "gpt_oss":
+        return "swigluoai"
     return str(text.get("hidden_act", "silu"))
 
 

@@ -25,7 +25,7 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
            "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
-           "checkpoint_layers", "runtime_layers", "supported_architectures", "text_family"]  # fmt: skip
+           "checkpoint_layers", "runtime_layers", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
 # (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
@@ -201,16 +201,6 @@ def model_kind(config: Mapping[str, Any]) -> ModelKind:
         except UnsupportedArchitectureError:
             return DENSE_TARGET
     return family.kind(config)
-
-
-def text_family(config: Mapping[str, Any]) -> tuple[Family, Mapping[str, Any]]:
-    """The family whose layers a config's text model has, with that text config: the family itself, or for a
-    multimodal wrapper (Kimi-K2.5, Llama-4, Qwen3.5 VL) its text model's family and text config."""
-    family = family_of(config)
-    if family.wrapper is not None:
-        text = _text_config_of(config, family.wrapper)
-        return family_of(text), text
-    return family, config
 
 
 def _count(value: Any) -> int:

@@ -17,7 +17,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer, UnsupportedArchitectureError
 
 SOURCE = "vllm/model_executor/models/deepseek_v2.py"
@@ -127,18 +127,10 @@ def mtp_exclude(config: Mapping[str, Any]) -> tuple[str, ...]:
     return mtp_layers_exclude(config, MTP_KEYS)
 
 
-
-def deepseek_router(c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/deepseek_v2.py DeepseekV2MoE: renormalize=config.norm_topk_prob (DeepseekV3Config's
-    default True), use_grouped_topk with num_expert_group=n_group (default 1), scoring_func (default softmax), and an
-    e_score_correction_bias only when topk_method is noaux_tc."""
-    return Router(scoring_func=str(c.get("scoring_func", "softmax")), renormalize=bool(c.get("norm_topk_prob", True)),
-                  num_expert_group=int(c.get("n_group") or 1), has_e_score_bias=c.get("topk_method") == "noaux_tc")
-
 FAMILY = Family(
     "deepseek_v3", ("DeepseekV3ForCausalLM",), SOURCE, lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE),
     model_types=("deepseek_v3", "kimi_k2"), quark_templates={"deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2"},
-    moe=MoeLayout(("n_routed_experts",), routing=deepseek_router,
+    moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
     mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v3_mtp_draft_layers,
 )  # fmt: skip

@@ -6,13 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from quantkit.naming.archs.deepseek_v3 import (
-    MTP_KEYS,
-    deepseek_router,
-    deepseek_v3_layers,
-    deepseek_v3_mtp_draft_layers,
-    mtp_exclude,
-)
+from quantkit.naming.archs.deepseek_v3 import MTP_KEYS, deepseek_v3_layers, deepseek_v3_mtp_draft_layers, mtp_exclude
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
@@ -67,7 +61,7 @@ def deepseek_v32_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str
 FAMILY = Family(
     "deepseek_v32", ("DeepseekV32ForCausalLM",), SOURCE, deepseek_v32_layers,
     model_types=("deepseek_v32",), quark_templates={"deepseek_v32": "deepseek_v32"},
-    moe=MoeLayout(("n_routed_experts",), routing=deepseek_router,
+    moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
     mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v32_mtp_draft_layers,
 )  # fmt: skip

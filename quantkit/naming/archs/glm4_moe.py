@@ -20,7 +20,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/glm4_moe.py"
@@ -86,18 +86,10 @@ def glm4_moe_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str]) -
     return mtp_decoder_layers(config, names, MTP_KEYS, lambda i: _slots(config, i), MTP_SOURCE)
 
 
-
-def glm4_moe_router(c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/glm4_moe.py Glm4MoE: scoring_func="sigmoid", renormalize=config.norm_topk_prob
-    (Glm4MoeConfig's default True), use_grouped_topk with num_expert_group=config.n_group, and the gate's
-    e_score_correction_bias always (lines 148-150, 182-199): DeepSeekV3 routing, not RenormalizeNaive."""
-    return Router(scoring_func="sigmoid", renormalize=bool(c.get("norm_topk_prob", True)),
-                  num_expert_group=int(c.get("n_group") or 1), has_e_score_bias=True)
-
 FAMILY = Family(
     "glm4_moe", ("Glm4MoeForCausalLM",), SOURCE, glm4_moe_layers,
     model_types=("glm4_moe",), quark_templates={"glm4_moe": "glm4_moe"},
-    moe=MoeLayout(("n_routed_experts",), routing=glm4_moe_router,
+    moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
     mtp_layer_keys=MTP_KEYS, mtp_exclude=lambda c: mtp_layers_exclude(c, MTP_KEYS),
     mtp_draft_layers=glm4_moe_mtp_draft_layers,

@@ -16,7 +16,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/gpt_oss.py"
@@ -58,14 +58,9 @@ def gpt_oss_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: 
 # Quark 0.13 has a gpt_oss LLMTemplate (quark/torch/quantization/config/template.py DEFAULT_TEMPLATES["gpt_oss"]:
 # exclude lm_head, *router*). quantkit's Quark engine cannot take the BF16 layout anyway: it is a decoded source
 # format (fused-experts), which only the native executor handles (apply/run.py plan_apply refuses in one line).
-
-def gpt_oss_router(_c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/gpt_oss.py MLPBlock: renormalize=True, softmax, no groups, no bias."""
-    return Router(scoring_func="softmax", renormalize=True)
-
 FAMILY = Family(
     "gpt_oss", ("GptOssForCausalLM",), SOURCE, gpt_oss_layers,
     model_types=("gpt_oss",), quark_templates={"gpt_oss": "gpt_oss"},
-    moe=MoeLayout(("num_local_experts",), router="mlp.router", routing=gpt_oss_router, activation="swigluoai"),
+    moe=MoeLayout(("num_local_experts",), router="mlp.router"),
     exclude_renames=GPT_OSS_RENAMES,
 )  # fmt: skip

@@ -17,7 +17,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/llama4.py"
@@ -56,16 +56,9 @@ def llama4_text_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targ
 # Quark 0.13's llama4 template (DEFAULT_TEMPLATES["llama4"]: exclude multi_modal_projector*, *feed_forward.router,
 # vision_model*, *lm_head) is keyed on the wrapper's model_type; a text-only checkpoint (model_type llama4_text) has
 # none of its own, so it takes the same one.
-
-def llama4_router(_c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/llama4.py Llama4MoE: custom_routing_function=Llama4MoE.custom_routing_function,
-    renormalize=False; fused_moe/router/custom_routing_router.py advertises RoutingMethodType.Llama4 for it."""
-    return Router(scoring_func="sigmoid", renormalize=False, custom="Llama4")
-
 FAMILY = Family(
     "llama4_text", ("Llama4ForCausalLM",), SOURCE, llama4_text_layers,
     model_types=("llama4_text",), quark_templates={"llama4_text": "llama4"},
     moe=MoeLayout(("num_local_experts",), experts="feed_forward.experts", router="feed_forward.router",
-                  routing=llama4_router,
                   shared_experts=("feed_forward.shared_expert.gate_up_proj", "feed_forward.shared_expert.down_proj")),
 )  # fmt: skip

@@ -7,26 +7,16 @@ class), so nothing ever builds the kept MTP modules with this quant config."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from quantkit.naming.archs.mixtral import block_sparse_moe_layers
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 
 SOURCE = "vllm/model_executor/models/minimax_m2.py"
-
-
-def minimax_m2_router(c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/minimax_m2.py MiniMaxM2MoE: scoring_func=config.scoring_func, renormalize=True,
-    an e_score_correction_bias when use_routing_bias, no groups."""
-    return Router(scoring_func=str(c.get("scoring_func", "softmax")), renormalize=True,
-                  has_e_score_bias=bool(c.get("use_routing_bias", False)))
 
 FAMILY = Family(
     "minimax_m2", ("MiniMaxM2ForCausalLM",), SOURCE,
     lambda c, k, t: block_sparse_moe_layers(c, k, t, runtime_moe="mlp", renames=(), extra_layers_key="num_mtp_modules",
                                             source=SOURCE),
     model_types=("minimax_m2",), quark_templates={"minimax_m2": "minimax_m2"},
-    moe=MoeLayout(("num_local_experts",), checkpoint_prefix="block_sparse_moe", routing=minimax_m2_router),
+    moe=MoeLayout(("num_local_experts",), checkpoint_prefix="block_sparse_moe"),
     mtp_layer_keys=("num_mtp_modules",),
 )  # fmt: skip

@@ -16,7 +16,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/mixtral.py"
@@ -52,17 +52,11 @@ def block_sparse_moe_layers(
     return out + [head]
 
 
-
-def mixtral_router(_c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/mixtral.py MixtralMoE: renormalize=True, softmax, no groups, no bias."""
-    return Router(scoring_func="softmax", renormalize=True)
-
 FAMILY = Family(
     "mixtral", ("MixtralForCausalLM",), SOURCE,
     lambda c, k, t: block_sparse_moe_layers(c, k, t, runtime_moe="block_sparse_moe", renames=MIXTRAL_RENAMES,
                                             extra_layers_key="", source=SOURCE),
     model_types=("mixtral",), quark_templates={"mixtral": "mixtral"},
-    moe=MoeLayout(("num_local_experts",), experts="block_sparse_moe.experts", router="block_sparse_moe.gate",
-                  routing=mixtral_router),
+    moe=MoeLayout(("num_local_experts",), experts="block_sparse_moe.experts", router="block_sparse_moe.gate"),
     exclude_renames=MIXTRAL_RENAMES,
 )  # fmt: skip

@@ -8,13 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from quantkit.naming.archs.qwen3_next import (
-    MTP_EXCLUDE,
-    drop_prefix,
-    hybrid_layers,
-    mtp_draft_layers,
-    qwen3_next_router,
-)
+from quantkit.naming.archs.qwen3_next import MTP_EXCLUDE, drop_prefix, hybrid_layers, mtp_draft_layers
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import VISION_ROLE, CheckpointLayoutError, RuntimeLayer
@@ -84,7 +78,6 @@ FAMILY = Family(
     "qwen3_5_moe", ("Qwen3_5MoeForConditionalGeneration",), SOURCE, qwen3_5_moe_layers,
     model_types=("qwen3_5_moe",), quark_templates={"qwen3_5_moe": "qwen3_5_moe"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
-                  routing=qwen3_next_router,
                   shared_expert_gate="mlp.shared_expert_gate"),
     exclude_renames=RENAMES, mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip

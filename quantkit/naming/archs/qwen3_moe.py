@@ -15,7 +15,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/qwen3_moe.py"
@@ -56,16 +56,10 @@ def qwen3_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
     return out + [head]
 
 
-
-def qwen3_moe_router(c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/qwen3_moe.py Qwen3MoeSparseMoeBlock: renormalize=config.norm_topk_prob
-    (Qwen3MoeConfig's default False), softmax, no groups, no bias."""
-    return Router(scoring_func="softmax", renormalize=bool(c.get("norm_topk_prob", False)))
-
 FAMILY = Family(
     "qwen3_moe", ("Qwen3MoeForCausalLM",), SOURCE, lambda c, k, t: qwen3_moe_layers(c, k, t, source=SOURCE),
     model_types=("qwen3_moe",), quark_templates={"qwen3_moe": "qwen3_moe"},
-    moe=MoeLayout(("num_experts",), router_quantizable=True, routing=qwen3_moe_router,
+    moe=MoeLayout(("num_experts",), router_quantizable=True,
                   shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
                   shared_expert_gate="mlp.shared_expert_gate"),
 )  # fmt: skip

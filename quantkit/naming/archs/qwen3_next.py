@@ -18,7 +18,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout, Router
+from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/qwen3_next.py"
@@ -157,17 +157,10 @@ def qwen3_next_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targe
     return [embed, *layers, head]
 
 
-
-def qwen3_next_router(c: Mapping[str, Any]) -> Router:
-    """vllm/model_executor/models/qwen3_next.py Qwen3NextSparseMoeBlock (Qwen3.5 MoE uses it too, qwen3_5.py):
-    renormalize=getattr(config, "norm_topk_prob", True), softmax, no groups, no bias."""
-    return Router(scoring_func="softmax", renormalize=bool(c.get("norm_topk_prob", True)))
-
 FAMILY = Family(
     "qwen3_next", ("Qwen3NextForCausalLM",), SOURCE, qwen3_next_layers,
     model_types=("qwen3_next",), quark_templates={"qwen3_next": "qwen3_next"},
     moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
-                  routing=qwen3_next_router,
                   shared_expert_gate="mlp.shared_expert_gate"),
     mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip
