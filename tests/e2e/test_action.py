@@ -16,7 +16,7 @@ import yaml
 
 from quantkit.apply.run import apply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXPR = re.compile(r"\$\{\{\s*([\w.-]+)\s*\}\}")
 
 
