@@ -68,14 +68,13 @@ def _check_models(paths: list[str | None]) -> None:
 
 
 def _check_out(out_dir: Path, overwrite: bool, sources: list[str | None]) -> None:
-    """bench writes into --out: never inside a model folder it reads (apply's rule and error,
-    quantkit.io.checkpoint.check_output_free, asked about the file bench writes first so that an earlier bench's
-    folder is judged by bench's own rule: replaced only with --overwrite), never over an earlier run unasked."""
+    """bench writes into --out: never a model folder it reads, inside one, or a folder that holds one (bench writes
+    `OUT/<arm name>/`: `--out .` beside a folder named `target` would write into it), and no pickle-only model
+    folder: THE check of every command (quantkit.io.files.check_model_folders); never over an earlier run unasked."""
     from quantkit.cli.options import check_file_free
-    from quantkit.io.checkpoint import check_output_free
+    from quantkit.io.files import check_model_folders
 
-    # a name no run writes: an existing --out folder is bench's to judge (below), not apply's
-    check_output_free(out_dir / ".quantkit-bench-new", overwrite=False, sources=[s for s in sources if s is not None])
+    check_model_folders(sources, out_dir, "--out")
     check_file_free(out_dir / "bench.json", overwrite)
     check_writable_folder(out_dir, "--out")
 
