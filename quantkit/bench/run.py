@@ -167,7 +167,8 @@ def run_bench(target: str | Path, draft: str | Path | None = None, candidates: l
         progress(f"arm {spec.name}: {'endpoint ' + spec.endpoint if spec.endpoint else 'starting vllm serve'}")
         try:
             with _server(spec, max_num_seqs, max_model_len, server_args, fast_start, startup_timeout_s,
-                         overrides, progress, request_timeout_s) as (url, model_name, server):
+                         overrides, progress, request_timeout_s, log_dir=out / "server-logs") as \
+                    (url, model_name, server):
                 if server is not None:
                     arm.command, arm.startup_s = list(server.command), round(server.startup_s or 0.0, 2)
                     arm.server_pid = server.pid
@@ -260,9 +261,9 @@ def _spec_config(command: list[str]) -> dict[str, Any] | None:
 @contextlib.contextmanager
 def _server(spec: ArmSpec, max_num_seqs: int, max_model_len: int, server_args: list[str], fast_start: bool,
             startup_timeout_s: float, spec_overrides: dict[str, Any], progress: Progress,
-            request_timeout_s: float = 600.0):
+            request_timeout_s: float = 600.0, log_dir: Path | None = None):
     """(base url, served model name, the VllmServer or None) for one arm: an endpoint checked against the arm, or
-    a server started here and always stopped."""
+    a server started here and always stopped; its `vllm serve` log is kept in `log_dir` (named in its errors)."""
     if spec.endpoint is not None:
         name = verify_endpoint(spec, timeout_s=min(request_timeout_s, 30.0))
         yield spec.endpoint.rstrip("/"), name, None
@@ -279,7 +280,7 @@ def _server(spec: ArmSpec, max_num_seqs: int, max_model_len: int, server_args: l
         k = 1
     with VllmServer(spec.target, spec.draft, k or 3, max_model_len=max_model_len, extra_args=server_args,
                     fast_start=fast_start, startup_timeout_s=startup_timeout_s, speculative_overrides=overrides,
-                    progress=progress) as server:
+                    progress=progress, log_dir=log_dir) as server:
         yield server.url, SERVED_MODEL_NAME, server
 
 
