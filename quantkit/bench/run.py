@@ -400,4 +400,6 @@ def measure_cell(spec: ArmSpec, url: str, model_name: str, texts: list[str], con
     cell = fill_cell(cell, tp)
     if failed:
         cell.problems, cell.ok = failed + cell.problems, False
+    elif not cell.ok:
+        progress(f"arm {spec.name}, C={conc}: FAILED ({echo(cell.problems[0] if cell.problems else 'no repeat', 300)})")
     return cell

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from quantkit.bench import MAX_CONCURRENCY, MAX_K, MAX_REQUEST_TIMEOUT_S
 from quantkit.cli.app import exit_failed, main
 from quantkit.cli.options import (
     check_writable_folder,
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from quantkit.results import BenchResult
 
 
-MAX_CONCURRENCY = 4096  # closed-loop clients of one cell (10 x C requests: 40,960 prompt rows at most)
-MAX_K = 16  # num_speculative_tokens; EAGLE-3 drafts are trained for a few
 
 
 class IntList(click.ParamType):
@@ -107,7 +106,7 @@ def _check_out(out_dir: Path, overwrite: bool, sources: list[str | None]) -> Non
 @click.option("--deploy-candidate", default=None,
               help="With a K sweep: write deploy.json for this draft (a --candidate or --draft) with its recommended "
                    "K schedule, served on --candidate-target or --target.")
-@click.option("--request-timeout", "request_timeout_s", type=click.IntRange(1, 86_400), default=600,
+@click.option("--request-timeout", "request_timeout_s", type=click.IntRange(1, MAX_REQUEST_TIMEOUT_S), default=600,
               show_default=True, help="Seconds a request may wait for the server's next bytes before it fails its "
                                       "cell (vLLM's client alone waits up to 6 hours).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
