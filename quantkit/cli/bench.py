@@ -144,7 +144,6 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     _check_out(out_dir, overwrite, models)
     _check_models(models)
     log = out_dir / THIRD_PARTY_LOG
-    _quiet_exit(log)
     with third_party_output(log) as terminal:
         progress = stderr_progress("bench", stream=terminal)
         progress(f"vLLM's client and server messages go to {log}")
@@ -166,27 +165,6 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
 
 
 THIRD_PARTY_LOG = "third-party.log"
-
-
-def _quiet_exit(log: Path) -> None:
-    """At interpreter exit, after the command's last line, send what is still written on stderr to `log`: the
-    nanobind extensions vLLM loads print "nanobind: leaked N instances! ..." while the interpreter tears down, which
-    reads like a crash after a run that exited 0 (issue 36)."""
-    import atexit
-    import os
-
-    def redirect() -> None:
-        import sys
-
-        try:
-            sys.stderr.flush()
-            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.dup2(fd, 2)
-            os.close(fd)
-        except OSError:
-            pass
-
-    atexit.register(redirect)
 
 
 def _write_deploy(result: BenchResult, draft: str, target: str, tp: int, out_dir: Path) -> None:
