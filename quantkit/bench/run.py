@@ -45,6 +45,7 @@ from quantkit.results.bench import ArmKind, BenchArm, BenchCell, BenchResult, Be
 WORKLOADS = {"prompts": None, "random-1k1k": (1024, 1024)}
 DEFAULT_GPU_CONCURRENCY = [1, 4, 8, 16, 32, 64]
 DEFAULT_CPU_CONCURRENCY = [1, 2, 4]
+MAX_ANSWER_BYTES = 32 << 20  # /v1/models, /metrics, /server_info: a vLLM server's are kilobytes
 
 
 @dataclass(frozen=True)
@@ -298,13 +299,25 @@ def verify_endpoint(spec: ArmSpec, timeout_s: float = 10.0) -> str:
     where = f"--endpoint {echo(spec.name, 100)}={echo(url, 200)}"
     headers = {"Authorization": spec.authorization} if spec.authorization else {}
 
+    deadline = time.monotonic() + 6 * timeout_s
+
     def get(client: httpx.Client, path: str, **params: str) -> httpx.Response:
-        r = client.get(f"{url}{path}", params=params or None)
-        if r.is_redirect:
-            raise EndpointError(f"{where}: {path} answers {r.status_code}, a redirect to "
-                                f"{echo(r.headers.get('location', '?'), 200)}; quantkit measures only the server it "
-                                "is given: pass the URL the server really answers on")
-        return r
+        """The answer to GET `path`, its body read up to MAX_ANSWER_BYTES and within the deadline: an endpoint that
+        answers forever, or gigabytes, is refused, not read into memory."""
+        with client.stream("GET", f"{url}{path}", params=params or None) as r:
+            if r.is_redirect:
+                raise EndpointError(f"{where}: {path} answers {r.status_code}, a redirect to "
+                                    f"{echo(r.headers.get('location', '?'), 200)}; quantkit measures only the server "
+                                    "it is given: pass the URL the server really answers on")
+            body = bytearray()
+            for chunk in r.iter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES or time.monotonic() > deadline:
+                    raise EndpointError(f"{where}: {path} answered more than {MAX_ANSWER_BYTES >> 20} MB or for "
+                                        f"longer than {6 * timeout_s:g} s; not a vLLM server's answer")
+        # the body is decoded already (iter_bytes): keep only the content type, not the content encoding
+        return httpx.Response(r.status_code, headers={"content-type": r.headers.get("content-type", "")},
+                              content=bytes(body))
 
     def json_of(r: httpx.Response, path: str) -> object:
         if r.status_code != 200:
