@@ -13,7 +13,14 @@ from typing import Any
 import click
 
 from quantkit import __version__
-from quantkit.errors import RECEIVED, QuantkitError, ResumableInterrupt, Terminated, scrub_secrets
+from quantkit.errors import (
+    RECEIVED,
+    QuantkitError,
+    ResumableInterrupt,
+    Terminated,
+    interrupted_hint,
+    scrub_secrets,
+)
 
 MAX_MESSAGE = 600
 # `quantkit --help` lists the commands in the order a user runs them.
@@ -51,7 +58,7 @@ class QuantkitGroup(click.Group):
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated) or (isinstance(e, ResumableInterrupt) and e.terminated)
             name, code = ("SIGTERM", 143) if term else ("SIGINT", 130)
-            hint = getattr(e, "hint", None) or "nothing was left half-written (temporary files removed)"
+            hint = interrupted_hint(getattr(e, "hint", None))
             click.echo(scrub_secrets(f"error: interrupted by {name}; {hint}"), err=True)
             interrupted_exit(code)
         except RecursionError:
@@ -89,8 +96,7 @@ class QuantkitGroup(click.Group):
                 # A library caught the KeyboardInterrupt and raised something else (safetensors' loader turns one
                 # into a ValueError): it is still the interrupt, and cleanup already ran on the way here.
                 name, code = RECEIVED[-1]
-                click.echo(f"error: interrupted by {name}; nothing was left half-written (temporary files removed)",
-                           err=True)
+                click.echo(scrub_secrets(f"error: interrupted by {name}; {interrupted_hint()}"), err=True)
                 interrupted_exit(code)
             if os.environ.get("QUANTKIT_DEBUG") == "1":
                 raise
