@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile import error_lines, pickle_only_folder, run_cli, tree_digest
+from tests.fixtures.hostile import error_lines, pickle_only_folder, run_cli, tree_digest
 
 
 @pytest.fixture()

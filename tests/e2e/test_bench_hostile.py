@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.hostile import error_lines, pickle_only_folder, run_cli, tree_digest
+from tests.fixtures.hostile import error_lines, pickle_only_folder, run_cli, tree_digest
 
 PASSWORD = "S3cretPassw0rdXyz"
 USER = "alice"
