@@ -87,9 +87,11 @@ def acceptance_command(target: str, draft: str, candidate: str, candidate_target
     --candidate-target, the quantized draft runs on the quantized target (the pair) against the BF16 pair.
     """
     from quantkit.acceptance.run import run_acceptance
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
     from quantkit.io.jsonout import write
 
+    check_model_folders([target, draft, candidate, candidate_target], out_file)
     if out_file is not None:
         check_writable_file(out_file, "--out")
     with remote_code_allowed(trust_remote_code), flags_for_spec_errors():

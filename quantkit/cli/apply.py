@@ -72,8 +72,10 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     to be byte-identical to the source before the folder is put in place.
     """
     from quantkit.apply.run import apply, parse_shard_size, parse_size
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
+    check_model_folders([model, target], output, "--output")
     budget = parse_size(max_memory, "--max-memory") if max_memory is not None else None
     shard_size = parse_shard_size(max_shard_size) if max_shard_size is not None else None
     with remote_code_allowed(trust_remote_code):

@@ -72,8 +72,10 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     import sys
 
     from quantkit.check.run import run as check_checkpoint
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
+    check_model_folders([folder, target, source])
     progress = stderr_progress("check") if not as_json else None
     with remote_code_allowed(trust_remote_code):
         result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,

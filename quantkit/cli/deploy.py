@@ -78,10 +78,12 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
     a refused deployment (any error) prints no command. Exit 0 when no error was found, 1 otherwise, 2 for bad input.
     """
     from quantkit.deploy.run import run as deploy_manifest
+    from quantkit.io.files import check_model_folders
     from quantkit.results.deploy import DEPLOY_FILE
 
     write = out_dir is not None or not command_only
     out = out_dir if out_dir is not None else default_out("deploy", folder)
+    check_model_folders([folder, target], out if write else None)
     if write:
         check_writable_folder(out, "--out")
         check_file_free(out / DEPLOY_FILE, overwrite)

@@ -54,8 +54,10 @@ def eval_command(model: str, baseline: str, tasks: str, backend: str, limit: int
     lm-eval gives per-item scores). Quark checkpoints run through Quark's own loader in the hf backend.
     """
     from quantkit.evaluate.run import run_eval, write_result
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
+    check_model_folders([model, baseline], out_file)
     if out_file is not None:
         check_writable_file(out_file, "--out")
     with remote_code_allowed(trust_remote_code):

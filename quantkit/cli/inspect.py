@@ -51,7 +51,9 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, platfo
     """
     from quantkit.check.inspect import inspect_checkpoint
     from quantkit.io.checkpoint import target_layer_count
+    from quantkit.io.files import check_model_folders
 
+    check_model_folders([folder, target])
     n = target_layer_count(target) if target is not None else None
     result = inspect_checkpoint(folder, n, platform=platform, tp=tp, vllm_version=vllm_version)
     if as_json:

@@ -52,8 +52,10 @@ def publish_command(folder: Path, repo_id: str, private: bool, revision: str | N
     what was quantized and kept and why, the exact command and versions, how to serve the model with vLLM on ROCm,
     and the acceptance and eval tables from --report. Publishing identical content again makes no new commit.
     """
+    from quantkit.io.files import check_model_folders
     from quantkit.publish.hub import publish
 
+    check_model_folders([folder, target, base_model], dry_run_dir if dry_run else None, "--dry-run-dir")
     result = publish(folder, repo_id, private=private, revision=revision, create_pr=create_pr, report=report,
                      dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir,
                      platform=platform, tp=tp)

@@ -10,6 +10,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from quantkit.io import jsonout
+from quantkit.io.files import write_file_atomic
 from quantkit.results import (
     AcceptanceResult,
     BenchResult,
@@ -192,13 +193,12 @@ def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | N
     charts = write_charts(result, out)
     result.outputs = {k: str(v) for k, v in paths.items()}
     result.outputs.update({f"chart:{name}": str(out / f) for name, f in charts.items()})
-    paths["json"].write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    jsonout.write(paths["json"], result.to_dict())
     for name, rep in result.candidates.items():
-        (out / f"report-{name}.json").write_text(jsonout.dumps(rep.to_dict()) + "\n", encoding="utf-8")
+        jsonout.write(out / f"report-{name}.json", rep.to_dict())
     md = render_markdown(result, charts)
-    paths["markdown"].write_text(md, encoding="utf-8")
-    paths["junit"].parent.mkdir(parents=True, exist_ok=True)
-    paths["junit"].write_text(render_junit(result), encoding="utf-8")
+    write_file_atomic(paths["markdown"], md)
+    write_file_atomic(paths["junit"], render_junit(result))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:

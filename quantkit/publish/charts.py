@@ -9,10 +9,12 @@ re-publishing an unchanged report makes no new commit.
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantkit.io.files import write_file_atomic
 from quantkit.results import AcceptanceResult, EvalResult
 
 if TYPE_CHECKING:
@@ -201,7 +203,7 @@ def render_acceptance_chart(acceptance: AcceptanceResult | None, eval: EvalResul
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
     # No Software/time metadata: identical figures give identical bytes.
-    fig.savefig(out, format="png", metadata={"Software": None})
-    return out
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return write_file_atomic(out, buf.getvalue())
