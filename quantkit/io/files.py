@@ -374,9 +374,9 @@ def check_model_folders(models: Iterable[str | Path | None], output: str | Path 
                         option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = ()) -> None:
     """Both input checks of a command, before any work: no model folder is pickle-only, and no output (`option`
     OUTPUT, then each (option, path) of `extra_outputs`) is, lies inside or contains one of them."""
-    models = [m for m in models if m is not None]
-    for m in models:
+    given = [m for m in models if m is not None]
+    for m in given:
         refuse_pickle_only(m)
-    refuse_output_in_models(output, models, option)
+    refuse_output_in_models(output, given, option)
     for opt, path in extra_outputs:
-        refuse_output_in_models(path, models, opt)
+        refuse_output_in_models(path, given, opt)
