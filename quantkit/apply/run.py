@@ -267,7 +267,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         # under the MTP model's runtime names too (the family record's mtp_exclude, e.g. Qwen3.5's `re:mtp\.`,
         # DeepSeek-V3's `re:model\.layers\.61\.`)
         family = family_of(src.config)
-        entries = family.mtp_exclusions(src.config)
+        entries = family.mtp_exclusions(src.config, names)
         exclude = exclude + [e for e in entries if e not in exclude]
         from quantkit.naming.exclude import is_excluded
 
