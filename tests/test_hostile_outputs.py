@@ -102,3 +102,151 @@ def test_deploy_never_writes_through_a_planted_link(tmp_path: Path, overwrite: b
     else:
         _one_error(run, "deploy.json exists", "--overwrite")
         assert (out / "deploy.json").is_symlink()
+
+
+# --- item 10: one parameter type per kind of value -----------------------------------------------------------------
+
+BIG = "9" * 5000  # past Python's int-digit limit (4300): packaging and int() raise ValueError on it
+HUGE = "9" * 400  # float() gives inf
+
+
+def _model_copy(tmp_path: Path, name: str = "target") -> Path:
+    return copy_model(TINY / name, tmp_path / f"src-{name}")
+
+
+def _args(case: str, src: Path, out: Path) -> tuple[list[str], dict[str, str], tuple[str, ...], bool]:
+    """(argv, env, mentions, usage error?) of one out-of-range value."""
+    apply = ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out)]
+    acceptance = ["acceptance", "--target", str(src), "--draft", str(src), "--out", str(out / "a.json")]
+    return {
+        "rules-version-5000-digits": (["rules", "--vllm-version", BIG], {}, ("--vllm-version", "5000 characters"),
+                                      False),
+        "deploy-version-5000-digits": (["deploy", str(src), "--out", str(out), "--vllm-version", BIG], {},
+                                       ("--vllm-version",), False),
+        "check-version-5000-digits": (["check", str(src), "--vllm-version", BIG], {}, ("--vllm-version",), False),
+        "inspect-version-not-pep440": (["inspect", str(src), "--vllm-version", "0.32.0-cpu!!"], {},
+                                       ("--vllm-version",), False),
+        "apply-max-memory-400-digits": ([*apply, "--max-memory", HUGE], {}, ("--max-memory", "400 characters"), False),
+        "apply-max-memory-env-400-digits": (apply, {"QUANTKIT_MAX_MEMORY": HUGE}, ("QUANTKIT_MAX_MEMORY",), False),
+        "apply-max-memory-beyond-1-eib": ([*apply, "--max-memory", "2000000T"], {}, ("--max-memory", "1 EiB"), False),
+        "apply-max-memory-negative": ([*apply, "--max-memory", "-1G"], {}, ("--max-memory",), False),
+        "apply-max-shard-size-5000-digits": ([*apply, "--max-shard-size", BIG], {}, ("--max-shard-size",), False),
+        "apply-max-shard-size-beyond-1-eib": ([*apply, "--max-shard-size", "9999999999999999999GB"], {},
+                                              ("--max-shard-size", "1 EiB"), False),
+        "acceptance-temperature-nan": ([*acceptance, "--temperature", "nan"], {}, ("--temperature", "finite"), True),
+        "acceptance-temperature-inf": ([*acceptance, "--temperature", "inf"], {}, ("--temperature", "finite"), True),
+        "acceptance-temperature-1e400": ([*acceptance, "--temperature", "1e400"], {}, ("--temperature",), True),
+        "acceptance-top-p-nan": ([*acceptance, "--top-p", "NaN"], {}, ("--top-p",), True),
+        "acceptance-top-k-5000-digits": ([*acceptance, "--top-k", BIG], {}, ("--top-k", "5000 characters"), True),
+        "acceptance-top-k-beyond": ([*acceptance, "--top-k", "10000000000"], {}, ("--top-k",), True),
+        "check-load-timeout-nan": (["check", str(src), "--load-timeout", "nan"], {}, ("--load-timeout",), True),
+        "check-tp-5000-digits": (["check", str(src), "--tp", BIG], {}, ("--tp",), True),
+        "inspect-tp-beyond": (["inspect", str(src), "--tp", "100000000000"], {}, ("--tp",), True),
+        "deploy-tp-5000-digits": (["deploy", str(src), "--out", str(out), "--tp", BIG], {}, ("--tp",), True),
+        "eval-limit-5000-digits": (["eval", "--model", str(src), "--tasks", "x", "--limit", BIG], {}, ("--limit",),
+                                   True),
+        "eval-batch-size-beyond": (["eval", "--model", str(src), "--tasks", "x", "--batch-size", "10000000000"], {},
+                                   ("--batch-size",), True),
+    }[case]
+
+
+CASES_10 = ["rules-version-5000-digits", "deploy-version-5000-digits", "check-version-5000-digits",
+            "inspect-version-not-pep440", "apply-max-memory-400-digits", "apply-max-memory-env-400-digits",
+            "apply-max-memory-beyond-1-eib", "apply-max-memory-negative", "apply-max-shard-size-5000-digits",
+            "apply-max-shard-size-beyond-1-eib", "acceptance-temperature-nan", "acceptance-temperature-inf",
+            "acceptance-temperature-1e400", "acceptance-top-p-nan", "acceptance-top-k-5000-digits",
+            "acceptance-top-k-beyond", "check-load-timeout-nan", "check-tp-5000-digits", "inspect-tp-beyond",
+            "deploy-tp-5000-digits", "eval-limit-5000-digits", "eval-batch-size-beyond"]
+
+
+@pytest.mark.parametrize("case", CASES_10)
+def test_out_of_range_values_are_one_line_before_any_work(tmp_path: Path, case: str) -> None:
+    src = _model_copy(tmp_path)
+    out = tmp_path / "out"
+    argv, env, mentions, usage = _args(case, src, out)
+    before = tree_digest(src)
+    run = run_cli(argv, cwd=tmp_path, env=env, forbid_heavy=True, timeout=120)
+    where = f"\nexit {run.returncode}\nstderr: {run.stderr[-2000:]!r}"
+    assert "Traceback" not in run.stderr and run.returncode == 2, where
+    lines = error_lines(run.stderr, "Error:" if usage else "error:")
+    assert len(lines) == 1 and len(lines[0]) < 600, where  # the hostile value is never echoed whole
+    for m in mentions:
+        assert m in lines[0], f"{m!r} not in the error line" + where
+    assert run.stdout == "", where
+    assert not out.exists(), where
+    assert tree_digest(src) == before
+
+
+def _config_case(tmp_path: Path, edit: dict[str, object], raw: str | None = None) -> Path:
+    src = _model_copy(tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(edit)
+    cfg = {k: v for k, v in cfg.items() if v is not None}  # None: the key removed
+    text = json.dumps(cfg)
+    if raw is not None:  # a number json.dumps cannot write as such
+        text = text.replace('"RAW"', raw)
+    (src / "config.json").write_text(text)
+    return src
+
+
+@pytest.mark.parametrize(("label", "edit", "raw", "mentions"), [
+    ("positions-1e300", {"max_position_embeddings": "RAW"}, "1e300", ("max_position_embeddings", "config.json")),
+    ("positions-2-pow-40", {"max_position_embeddings": 2**40}, None, ("max_position_embeddings",)),
+    # the smallest length key wins (as in vLLM): seq_length alone
+    ("seq-length-1e30", {"seq_length": "RAW", "max_position_embeddings": None}, "1e30", ("seq_length",)),
+    ("yarn-factor-1e308", {"rope_scaling": {"rope_type": "yarn", "factor": 1e308,
+                                            "original_max_position_embeddings": 4096}}, None,
+     ("rope_scaling.factor", "config.json")),
+    ("linear-factor-1e300", {"rope_scaling": {"rope_type": "linear", "factor": 1e300}}, None,
+     ("rope_scaling.factor",)),
+    ("linear-factor-product", {"rope_scaling": {"rope_type": "linear", "factor": 900000.0},
+                               "max_position_embeddings": 1_000_000}, None, ("x rope factor",)),
+    ("rope-parameters-factor-negative", {"rope_parameters": {"rope_type": "linear", "factor": -2.0}}, None,
+     ("rope_parameters.factor",)),
+])
+def test_deploy_refuses_absurd_positions_in_one_line(tmp_path: Path, label: str, edit: dict[str, object],
+                                                      raw: str | None, mentions: tuple[str, ...]) -> None:
+    src = _config_case(tmp_path, edit, raw)
+    before = tree_digest(src)
+    out = tmp_path / "out"
+    run = run_cli(["deploy", str(src), "--platform", "cpu", "--out", str(out)], cwd=tmp_path, forbid_heavy=True,
+                  timeout=120)
+    line = _one_error(run, *mentions)
+    assert str(src) in line  # names the file
+    assert not out.exists()
+    assert tree_digest(src) == before
+
+
+def test_a_real_long_context_config_is_never_blamed(tmp_path: Path) -> None:
+    """Llama-4 Scout: 10,485,760 positions; a linear factor of 8 over 131,072: both are what published configs say."""
+    for edit in ({"max_position_embeddings": 10_485_760},
+                 {"max_position_embeddings": 131_072, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}):
+        src = _config_case(tmp_path / str(len(str(edit))), edit)
+        run = run_cli(["deploy", str(src), "--platform", "cpu", "--out", str(tmp_path / "o" / src.parent.name),
+                       "--json"], cwd=tmp_path, timeout=120)
+        assert run.returncode == 0, run.stderr
+        argv = json.loads(run.stdout)["argv"]
+        length = int(argv[argv.index("--max-model-len") + 1])
+        assert length == (10_485_760 if "rope_scaling" not in edit else 131_072 * 8)
+
+
+def test_rules_says_no_rule_knows_an_unknown_version(tmp_path: Path) -> None:
+    run = run_cli(["rules", "--vllm-version", "99999"], cwd=tmp_path, forbid_heavy=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "no rule knows vLLM 99999" in run.stdout and "newer than every version" in run.stdout
+    run = run_cli(["rules", "--vllm-version", "99999", "--json"], cwd=tmp_path, timeout=120)
+    assert "no rule knows vLLM 99999" in json.loads(run.stdout)["version_note"]
+    for known in ("0.32.0", "0.32", "0.25.1"):  # 0.32 is 0.32.0 (PEP 440)
+        run = run_cli(["rules", "--vllm-version", known, "--json"], cwd=tmp_path, timeout=120)
+        assert json.loads(run.stdout)["version_note"] is None, known
+    run = run_cli(["rules", "--vllm-version", "0.22.0", "--json"], cwd=tmp_path, timeout=120)
+    assert "between the versions" in json.loads(run.stdout)["version_note"]
+    assert "0.20.0's rules" in json.loads(run.stdout)["version_note"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [("8GiB", 8 * 2**30), ("500MiB", 500 * 2**20), ("1.5G", 3 * 2**29),
+                                                ("4096", 4096), ("1T", 2**40)])
+def test_sizes_within_range_read_as_before(text: str, expected: int) -> None:
+    from quantkit.io.sizes import parse_size
+
+    assert parse_size(text, "--max-memory") == expected
