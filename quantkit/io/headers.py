@@ -319,6 +319,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     config = load_json_file(path, "fix or regenerate it")
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: is a JSON {type(config).__name__}, expected an object")
+    from quantkit.io.counts import check_config_counts
+
+    check_config_counts(config, path)
     return validate_model_config(config, path)
 
 

@@ -13,6 +13,7 @@ from itertools import chain, compress, filterfalse, repeat
 from operator import eq, itemgetter
 from typing import Any
 
+from quantkit.io.counts import MAX_LAYERS  # the most layers a config may claim (checked before any per-layer loop)
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
 
 
@@ -412,11 +413,6 @@ def embed_and_head(
         exclude_renames=renames, source=source,
     )  # fmt: skip
     return embed, head
-
-
-# The most decoder layers a config may claim: ~40x the deepest published LLM (DeepSeek-V3's 61, Llama-3.1-405B's
-# 126). Counts drive the per-layer loops below; a larger one is refused before any loop (issue 35 item 5).
-MAX_LAYERS = 10_000
 
 
 def num_layers(config: Mapping[str, Any], what: str) -> int:
