@@ -250,3 +250,54 @@ def test_sizes_within_range_read_as_before(text: str, expected: int) -> None:
     from quantkit.io.sizes import parse_size
 
     assert parse_size(text, "--max-memory") == expected
+
+
+# --- item 11: remote-code refusals name a flag the command takes, or the step that does ------------------------------
+
+
+def test_every_commands_refusal_names_only_a_flag_it_takes() -> None:
+    from quantkit.cli import main
+    from quantkit.io.hf import hint_for_command
+
+    for name, command in main.commands.items():
+        takes = any(p.name == "trust_remote_code" for p in command.params)
+        hint = hint_for_command(name, takes)
+        if takes:
+            assert hint.startswith("pass --trust-remote-code"), name
+        else:
+            assert f"`quantkit {name}` takes no --trust-remote-code" in hint, name
+            assert "pass --trust-remote-code" not in hint, name
+    assert {n for n, c in main.commands.items() if any(p.name == "trust_remote_code" for p in c.params)} >= {
+        "apply", "check", "acceptance", "eval"}
+
+
+def _remote_code_folder(tmp_path: Path) -> tuple[Path, Path]:
+    from .hostile import add_remote_code
+
+    src = _model_copy(tmp_path)
+    marker = tmp_path / "hostile-code-ran"
+    add_remote_code(src, marker)
+    return src, marker
+
+
+def test_check_vllm_required_refuses_remote_code_in_one_line(tmp_path: Path) -> None:
+    """Before: a `vllm-load-failed` finding in the table, after the static checks. Now: one line naming the files and
+    the flag, exit 2, before any vLLM process starts."""
+    src, marker = _remote_code_folder(tmp_path)
+    before = tree_digest(src)
+    run = run_cli(["check", str(src), "--vllm", "required", "--platform", "cpu"], cwd=tmp_path, timeout=300)
+    line = _one_error(run, "tokenization_evil.py", "modeling_evil.py", "pass --trust-remote-code")
+    assert "vllm-load" not in run.stdout + run.stderr and run.stdout == "", line
+    assert not marker.exists()
+    assert tree_digest(src) == before
+
+
+def test_bench_refusal_names_the_step_that_takes_the_flag(tmp_path: Path) -> None:
+    src, marker = _remote_code_folder(tmp_path)
+    before = tree_digest(src)
+    run = run_cli(["bench", "--target", str(src), "--out", str(tmp_path / "bench-out")], cwd=tmp_path, timeout=300)
+    line = _one_error(run, "tokenization_evil.py", "`quantkit bench` takes no --trust-remote-code",
+                      "vllm serve --trust-remote-code")
+    assert "pass --trust-remote-code" not in line
+    assert not marker.exists()
+    assert tree_digest(src) == before
