@@ -301,3 +301,105 @@ def test_bench_refusal_names_the_step_that_takes_the_flag(tmp_path: Path) -> Non
     assert "pass --trust-remote-code" not in line
     assert not marker.exists()
     assert tree_digest(src) == before
+
+
+# --- Markdown and HTML injection; NaN in the card --------------------------------------------------------------------
+
+HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\x00 a|b\nnew row [link](javascript:x) **bold** `tick`"
+
+
+def test_md_text_and_md_code_escape_every_class() -> None:
+    from quantkit.io.markdown import Markup, md_code, md_text
+
+    text = md_text(HOSTILE)
+    assert "<" not in text and ">" not in text and "&lt;img" in text
+    assert "\x1b" not in text and "\x00" not in text and "\\x1b" in text and "\\x00" in text
+    assert "\n" not in text and "a\\|b" in text and "\\[link\\]" in text and "\\*\\*bold" in text
+    code = md_code(HOSTILE)
+    assert code.startswith("`") and code.endswith("`") and code.count("`") == 2
+    assert "\n" not in code and "\x1b" not in code and "\x00" not in code and "a\\|b" in code
+    assert md_text("x" * 5000).endswith("(4400 more characters)")
+    assert md_text(Markup("**all**")) == "**all**"
+    assert md_text("plain-name_1.5") == "plain-name\\_1.5"
+
+
+def _moe_card(tmp_path: Path, report: dict[str, object] | None = None) -> str:
+    from quantkit.publish.card import build_model_card
+
+    out = tmp_path / "moe-mxfp4"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"],
+                                                 "quantization_config": {"quant_method": "quark"}}))
+    manifest = {"model_kind": "moe-target", "architecture": "Qwen3MoeForCausalLM", "source": "Qwen/Qwen3-30B-A3B",
+                "recipe": {"name": "mxfp4-moe", "scheme": "mxfp4", "description": HOSTILE},
+                "exclude": ["lm_head", HOSTILE],
+                "layers": [{"runtime_name": "model.layers.0.mlp.experts", "role": "experts", "action": "quantize",
+                            "scheme": "mxfp4", "reason": HOSTILE, "checkpoint_modules": []},
+                           {"runtime_name": "lm_head", "role": "lm_head", "action": "keep", "scheme": None,
+                            "reason": "output head stays BF16", "checkpoint_modules": ["lm_head"]}]}
+    (out / "quantkit.json").write_text(json.dumps(manifest))
+    return str(build_model_card(out, repo_id="amd-test/moe-mxfp4", report=report).text)
+
+
+def _assert_no_injection(text: str) -> None:
+    """No raw HTML, link or emphasis outside code spans (inside one, Markdown renders nothing), and no control
+    character anywhere."""
+    import re
+
+    assert "\x1b" not in text and "\x00" not in text
+    prose = re.sub(r"`[^`\n]*`", "", text)
+    assert "<img" not in prose and "[link](javascript" not in prose and "**bold**" not in prose
+
+
+def test_model_card_escapes_everything_from_input(tmp_path: Path) -> None:
+    text = _moe_card(tmp_path)
+    _assert_no_injection(text)
+    row = next(line for line in text.splitlines() if "model.layers.0.mlp.experts" in line)
+    assert row.replace("\\|", "").count("|") == 6  # five columns: the pipe and the newline stayed inside their cell
+
+
+def test_card_says_not_measured_for_nan_figures(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    report = {"schema_version": 1, "model": "moe-mxfp4",
+              "acceptance": {"backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 2,
+                             "candidate_kind": "draft",
+                             "baseline": {"mean_acceptance_length": nan, "per_domain": {HOSTILE: nan}},
+                             "candidate": {"mean_acceptance_length": 2.5, "per_domain": {HOSTILE: 2.5}},
+                             "ratio": nan, "ratio_ci": [-inf, inf], "per_domain_ratio": {HOSTILE: nan}},
+              "eval": {"tasks": [{"task": HOSTILE, "metric": "acc", "baseline": nan, "candidate": 0.5,
+                                  "delta": nan, "recovery": inf}]}}
+    text = _moe_card(tmp_path, report)
+    _assert_no_injection(text)
+    assert "-inf" not in text and " inf]" not in text and "[nan" not in text
+    assert "AL ratio and its 95% CI: not measured (the gate report holds NaN or an infinity" in text
+    assert "| not measured |" in text
+
+
+def test_gate_report_md_escapes_names_domains_reasons_and_messages(tmp_path: Path) -> None:
+    from quantkit.gate.reports import render_markdown, write_reports
+    from quantkit.results import CandidateReport
+    from quantkit.results.gate import GateCheck, GateResult
+
+    report = CandidateReport.model_validate({
+        "acceptance": {"backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 2,
+                       "candidate_kind": "draft",
+                       "baseline": {"mean_acceptance_length": 2.0, "per_domain": {HOSTILE: 2.0}},
+                       "candidate": {"mean_acceptance_length": 2.0, "per_domain": {HOSTILE: 2.0}},
+                       "ratio": 1.0, "ratio_ci": [0.9, 1.1], "per_domain_ratio": {HOSTILE: 1.0}},
+        "eval": {"tasks": [{"task": HOSTILE, "metric": HOSTILE, "baseline": 0.5, "candidate": 0.5}]}})
+    result = GateResult(name=HOSTILE, config="g.yaml", passed=False, verdict="regression",
+                        reasons=[f"regression: {HOSTILE}"],
+                        checks=[GateCheck(candidate="c", step="acceptance", name=HOSTILE, value=0.5, threshold=0.9,
+                                          op=">=", passed=False, message=HOSTILE)],
+                        candidates={"c": report}, seconds=1.0)
+    md = render_markdown(result)
+    _assert_no_injection(md)
+    table = [line for line in md.splitlines() if line.startswith("| ") and "acceptance" in line]
+    assert table and all(line.replace("\\|", "").count("|") == 7 for line in table), table  # six columns
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "report.md").symlink_to(tmp_path / "outside.md")
+    (tmp_path / "outside.md").write_text("keep")
+    write_reports(result, out)
+    assert (tmp_path / "outside.md").read_text() == "keep" and not (out / "report.md").is_symlink()
+    _assert_no_injection((out / "report.md").read_text())
