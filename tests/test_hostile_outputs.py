@@ -403,3 +403,19 @@ def test_gate_report_md_escapes_names_domains_reasons_and_messages(tmp_path: Pat
     write_reports(result, out)
     assert (tmp_path / "outside.md").read_text() == "keep" and not (out / "report.md").is_symlink()
     _assert_no_injection((out / "report.md").read_text())
+
+
+def test_chart_draws_a_domain_named_like_tex(tmp_path: Path) -> None:
+    """A prompt domain `a$\\foo{$b` made matplotlib's mathtext raise ParseFatalException while the gate wrote its
+    report (exit 1, `error: unexpected`); names are drawn as the text they are."""
+    from quantkit.publish.charts import render_acceptance_chart
+    from quantkit.results import AcceptanceResult
+
+    domain = "a$\\foo{$b"
+    acc = AcceptanceResult.model_validate({
+        "backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 2,
+        "candidate_kind": "draft", "baseline": {"mean_acceptance_length": 2.0, "per_domain": {domain: 2.0}},
+        "candidate": {"mean_acceptance_length": 2.1, "per_domain": {domain: 2.1}}, "ratio": 1.05,
+        "ratio_ci": [0.9, 1.1], "per_domain_ratio": {domain: 1.05}})
+    out = render_acceptance_chart(acc, None, tmp_path / "c.png")
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
