@@ -324,6 +324,10 @@ def test_md_text_and_md_code_escape_every_class() -> None:
 
 
 def _moe_card(tmp_path: Path, report: dict[str, object] | None = None) -> str:
+    return str(_moe_card_object(tmp_path, report).text)
+
+
+def _moe_card_object(tmp_path: Path, report: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
     from quantkit.publish.card import build_model_card
 
     out = tmp_path / "moe-mxfp4"
@@ -338,7 +342,7 @@ def _moe_card(tmp_path: Path, report: dict[str, object] | None = None) -> str:
                            {"runtime_name": "lm_head", "role": "lm_head", "action": "keep", "scheme": None,
                             "reason": "output head stays BF16", "checkpoint_modules": ["lm_head"]}]}
     (out / "quantkit.json").write_text(json.dumps(manifest))
-    return str(build_model_card(out, repo_id="amd-test/moe-mxfp4", report=report).text)
+    return build_model_card(out, repo_id="amd-test/moe-mxfp4", report=report)
 
 
 def _assert_no_injection(text: str) -> None:
@@ -368,8 +372,13 @@ def test_card_says_not_measured_for_nan_figures(tmp_path: Path) -> None:
                              "ratio": nan, "ratio_ci": [-inf, inf], "per_domain_ratio": {HOSTILE: nan}},
               "eval": {"tasks": [{"task": HOSTILE, "metric": "acc", "baseline": nan, "candidate": 0.5,
                                   "delta": nan, "recovery": inf}]}}
-    text = _moe_card(tmp_path, report)
+    card = _moe_card_object(tmp_path, report)
+    text = str(card.text)
     _assert_no_injection(text)
+    # model-index (the card's YAML metadata) gets no entry for a figure that is NaN or infinite
+    assert ".nan" not in str(card.content) and ".inf" not in str(card.content)
+    values = [r.metric_value for r in card.data.eval_results or []]
+    assert all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf") for v in values), values
     assert "-inf" not in text and " inf]" not in text and "[nan" not in text
     assert "AL ratio and its 95% CI: not measured (the gate report holds NaN or an infinity" in text
     assert "| not measured |" in text

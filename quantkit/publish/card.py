@@ -6,7 +6,7 @@ import json
 import math
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from quantkit.io.markdown import Markup, md_code, md_text
 from quantkit.publish.bundle import Publication, prepare
@@ -109,12 +109,17 @@ def _dataset_name(prompts: str | None) -> str:
     return prompt_set_name(prompts) or "quantkit-prompts"
 
 
+def _finite(value: float | None) -> TypeGuard[float]:
+    return value is not None and math.isfinite(value)
+
+
 def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
     from huggingface_hub import EvalResult
 
     results = []
     acc = report.acceptance
-    if acc is not None and acc.candidate is not None and acc.candidate.mean_acceptance_length is not None:
+    # A figure that is NaN or infinite is not measured: model-index gets no entry for it (YAML would say .nan).
+    if acc is not None and acc.candidate is not None and _finite(acc.candidate.mean_acceptance_length):
         k = acc.settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
         dataset = _dataset_name(acc.settings.prompts)
         results.append(EvalResult(
@@ -122,14 +127,14 @@ def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
             dataset_type=dataset, dataset_name=dataset, metric_type="mean_acceptance_length",
             metric_name=f"mean acceptance length (k={k})",
             metric_value=round(acc.candidate.mean_acceptance_length, 4)))
-        if acc.ratio is not None:
+        if _finite(acc.ratio):
             results.append(EvalResult(
                 task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
                 dataset_type=dataset, dataset_name=dataset, metric_type="acceptance_length_ratio",
                 metric_name="acceptance length ratio vs the BF16 draft", metric_value=round(acc.ratio, 4)))
     if report.eval is not None:
         for t in report.eval.tasks:
-            if t.candidate is None:
+            if not _finite(t.candidate):
                 continue
             results.append(EvalResult(
                 task_type="text-generation", task_name=t.task, dataset_type=t.task, dataset_name=t.task,
