@@ -428,3 +428,13 @@ def test_chart_draws_a_domain_named_like_tex(tmp_path: Path) -> None:
         "ratio_ci": [0.9, 1.1], "per_domain_ratio": {domain: 1.05}})
     out = render_acceptance_chart(acc, None, tmp_path / "c.png")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_deploy_says_no_rule_knows_an_unknown_version(tmp_path: Path) -> None:
+    run = run_cli(["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "99999", "--out",
+                   str(tmp_path / "o")], cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "note: no rule knows vLLM 99999" in run.stdout and "0.32.0's rules" in run.stdout
+    run = run_cli(["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "0.32.0", "--out",
+                   str(tmp_path / "o2")], cwd=tmp_path, timeout=120)
+    assert run.returncode == 0 and "no rule knows" not in run.stdout

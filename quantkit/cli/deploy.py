@@ -147,6 +147,11 @@ def _render(manifest: DeployManifest, path: Path | None) -> None:
             echo(f"  >= {n.version}: {n.why} ({n.source})")
     else:
         echo(f"vLLM {manifest.vllm_version} checked; no rule asks for a newer vLLM")
+    from quantkit.rules.vllm_versions import unknown_version_note
+
+    note = unknown_version_note(manifest.vllm_version) if manifest.vllm_version else None
+    if note:
+        echo(f"note: {note}")
     if manifest.predicted_backends:
         echo("predicted backends: " + ", ".join(f"{k}={v}" for k, v in manifest.predicted_backends.items()))
     if path is not None:

@@ -68,5 +68,5 @@ def unknown_version_note(version: str) -> str | None:
     where = ("newer than every version" if v > known[-1] else "older than every version" if not below
              else "between the versions")
     return (f"no rule knows vLLM {version}: it is {where} the rule table was read from "
-            f"({', '.join(KNOWN_VLLM_VERSIONS)}); rules hold by version range, so the table shows what {nearest}'s "
+            f"({', '.join(KNOWN_VLLM_VERSIONS)}); rules hold by version range, so what is shown is what {nearest}'s "
             "rules say, unverified for this version")
