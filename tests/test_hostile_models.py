@@ -94,12 +94,6 @@ def _deploy_is_target(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
     return ["deploy", str(d), "--target", str(t), "--platform", "cpu", "--out", str(t)], t / "deploy.json", "--out"
 
 
-def _deploy_contains(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
-    t = m.copy("target", "models/t")
-    return ["deploy", str(t), "--platform", "cpu", "--out", str(tmp / "models")], tmp / "models" / "deploy.json", \
-        "contains"
-
-
 def _deploy_through_link(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
     t = m.copy("target", "t")
     (tmp / "link").symlink_to(t, target_is_directory=True)
@@ -156,7 +150,6 @@ def _gate_junit_inside_draft(m: Models, tmp: Path) -> tuple[list[str], Path, str
 OUTPUT_CASES: dict[str, OutputCase] = {
     "deploy --out inside the model": _deploy_inside,
     "deploy --out is the target": _deploy_is_target,
-    "deploy --out contains the model": _deploy_contains,
     "deploy --out through a link to the model": _deploy_through_link,
     "acceptance --out inside the draft": _acceptance_inside,
     "acceptance --out inside --candidate-target": _acceptance_candidate_target,
@@ -173,20 +166,31 @@ def test_no_command_writes_into_a_model_folder_it_reads(tmp_path: Path, name: st
     m = Models(tmp_path)
     args, output, option = OUTPUT_CASES[name](m, tmp_path)
     run = run_cli(args, cwd=tmp_path, forbid_heavy=True)
-    line = _contract(run, "model folder", option if option != "contains" else "--out")
-    if option == "contains":
-        assert "contains the model folder" in line, line
+    _contract(run, "model folder", option)
     assert not output.exists(), f"{output} was written"
     m.unchanged()
 
 
-def test_an_output_beside_the_models_is_still_written(tmp_path: Path) -> None:
-    """The check is no blanket refusal: a sibling folder whose name starts like the model's is outside it."""
+@pytest.mark.parametrize("out", ["t-deploy", "."])
+def test_an_output_beside_or_above_the_models_is_still_written(tmp_path: Path, out: str) -> None:
+    """No blanket refusal: a sibling folder whose name starts like the model's is outside it, and `--out .` next to
+    ./t writes deploy.json beside the model, touching none of its files (only apply, which replaces its whole output
+    folder, refuses an output that contains a source)."""
     m = Models(tmp_path)
     t = m.copy("target", "t")
-    run = run_cli(["deploy", str(t), "--platform", "cpu", "--out", str(tmp_path / "t-deploy")], cwd=tmp_path)
+    run = run_cli(["deploy", "t", "--platform", "cpu", "--out", out], cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert json.loads((tmp_path / "t-deploy" / "deploy.json").read_text())["ok"] is True
+    assert json.loads((tmp_path / out / "deploy.json").read_text())["ok"] is True
+    assert not (t / "deploy.json").exists()
+    m.unchanged()
+
+
+def test_apply_refuses_an_output_that_contains_its_source(tmp_path: Path) -> None:
+    m = Models(tmp_path)
+    t = m.copy("target", "models/t")
+    run = run_cli(["apply", "--recipe", "fp8-target", "--model", str(t), "--output", str(tmp_path / "models"),
+                   "--dry-run"], cwd=tmp_path, forbid_heavy=True)
+    _contract(run, "contains", str(t))
     m.unchanged()
 
 

@@ -76,7 +76,7 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
-    check_model_folders([model, target], output, "--output")
+    check_model_folders([model, target], output, "--output", contains=True)
     with remote_code_allowed(trust_remote_code):
         result = apply(recipe, model, output, devices=device or devices, path=run_path, engine=engine,
                        overwrite=overwrite, resume=resume, dry_run=dry_run, target=target, max_memory=max_memory,

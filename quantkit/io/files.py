@@ -319,10 +319,12 @@ PICKLE_WEIGHT_PATTERNS: tuple[str, ...] = ("*.bin", "*.pt", "*.pth")
 
 
 def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Path | None], option: str = "--out",
-                            error: type[QuantkitError] = OutputInModelError) -> None:
-    """THE check every command that writes makes before any work: its output (a folder or a file) must not be, lie
-    inside, or contain any model folder it reads (after resolving links, so a link to a source counts as the
-    source). A Hub id (no such local path) is skipped: its files live in the HF cache, which quantkit never writes
+                            error: type[QuantkitError] = OutputInModelError, *, contains: bool = False) -> None:
+    """THE check every command that writes makes before any work: its output (a folder or a file) must not be, or
+    lie inside, any model folder it reads (after resolving links, so a link to a source counts as the source). With
+    `contains`, for a command that replaces its whole output folder, an output that contains a model folder is
+    refused too; files written into a folder that merely holds a model (`deploy ./model --out .`) touch no model
+    file. A Hub id (no such local path) is skipped: its files live in the HF cache, which quantkit never writes
     into. One line, naming the option, the output and the model."""
     if output is None:
         return
@@ -335,7 +337,7 @@ def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Pa
             continue
         src = Path(os.path.realpath(path))
         relation = ("is" if out == src else "lies inside" if out.is_relative_to(src)
-                    else "contains" if src.is_relative_to(out) else None)
+                    else "contains" if contains and src.is_relative_to(out) else None)
         if relation:
             raise error(f"{option} {output}: {relation} the model folder {model}, which this command reads; quantkit "
                         "never writes into a model folder: pick an output outside it")
@@ -371,12 +373,14 @@ def refuse_pickle_only(folder: str | Path, what: str = "",
 
 
 def check_model_folders(models: Iterable[str | Path | None], output: str | Path | None = None,
-                        option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = ()) -> None:
+                        option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = (),
+                        *, contains: bool = False) -> None:
     """Both input checks of a command, before any work: no model folder is pickle-only, and no output (`option`
-    OUTPUT, then each (option, path) of `extra_outputs`) is, lies inside or contains one of them."""
+    OUTPUT, then each (option, path) of `extra_outputs`) is or lies inside one of them (or, with `contains`, for a
+    command that replaces its whole output folder, contains one)."""
     given = [m for m in models if m is not None]
     for m in given:
         refuse_pickle_only(m)
-    refuse_output_in_models(output, given, option)
+    refuse_output_in_models(output, given, option, contains=contains)
     for opt, path in extra_outputs:
-        refuse_output_in_models(path, given, opt)
+        refuse_output_in_models(path, given, opt, contains=contains)
