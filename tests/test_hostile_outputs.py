@@ -438,3 +438,27 @@ def test_deploy_says_no_rule_knows_an_unknown_version(tmp_path: Path) -> None:
     run = run_cli(["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "0.32.0", "--out",
                    str(tmp_path / "o2")], cwd=tmp_path, timeout=120)
     assert run.returncode == 0 and "no rule knows" not in run.stdout
+
+
+def test_refuse_remote_code_blames_only_code_that_would_run(tmp_path: Path) -> None:
+    """A config.json auto_map over a model_type transformers knows (DeepSeek-V3's releases ship one) loads with the
+    local class, as vLLM loads it: not refused. A tokenizer only its own code can build is refused, naming the
+    files; with the flag nothing is refused (and nothing runs here: the probe stops at the refusal)."""
+    from quantkit.errors import QuantkitError
+    from quantkit.io.hf import refuse_remote_code, remote_code_allowed
+
+    from .hostile import evil_module
+
+    marker = tmp_path / "hostile-code-ran"
+    config_only = _model_copy(tmp_path)
+    evil_module(config_only, "configuration_evil", marker)
+    cfg = json.loads((config_only / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig"}
+    (config_only / "config.json").write_text(json.dumps(cfg))
+    refuse_remote_code(config_only)
+    src, marker2 = _remote_code_folder(tmp_path / "b")
+    with pytest.raises(QuantkitError, match=r"tokenization_evil\.py.*pass --trust-remote-code"):
+        refuse_remote_code(src)
+    with remote_code_allowed(True):
+        refuse_remote_code(src)  # allowed: the probe returns before loading anything
+    assert not marker.exists() and not marker2.exists()
