@@ -341,3 +341,20 @@ def test_an_absurd_count_in_a_config_is_one_line(tmp_path: Path, command: list[s
     assert len(line) < 600, line
     assert not out.exists() or not any(out.iterdir())
     assert tree_digest(src) == before
+
+
+@pytest.mark.parametrize("kind", ["pickle", "output"])
+def test_a_hostile_folder_name_stays_on_one_line(tmp_path: Path, kind: str) -> None:
+    """A model folder named with a newline and an ESC sequence: the refusal is still one line, with no raw ESC."""
+    m = Models(tmp_path)
+    name = "evil\nerror: fake\x1b[31m"
+    if kind == "pickle":
+        folder = m.pickle_only("target", name)
+        args = ["inspect", str(folder)]
+    else:
+        folder = m.copy("target", name)
+        args = ["deploy", str(folder), "--platform", "cpu", "--out", str(folder / "o")]
+    run = run_cli(args, cwd=tmp_path, forbid_heavy=True)
+    _contract(run, "\\n", "\\x1b")
+    assert "\x1b" not in run.stderr
+    m.unchanged()

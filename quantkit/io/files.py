@@ -339,8 +339,8 @@ def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Pa
         relation = ("is" if out == src else "lies inside" if out.is_relative_to(src)
                     else "contains" if contains and src.is_relative_to(out) else None)
         if relation:
-            raise error(f"{option} {output}: {relation} the model folder {model}, which this command reads; quantkit "
-                        "never writes into a model folder: pick an output outside it")
+            raise error(f"{option} {shown_path(output)}: {relation} the model folder {shown_path(model)}, which this "
+                        "command reads; quantkit never writes into a model folder: pick an output outside it")
 
 
 def pickle_only_weights(folder: str | Path) -> list[str]:
@@ -367,9 +367,19 @@ def refuse_pickle_only(folder: str | Path, what: str = "",
         return
     from quantkit.io.headers import bin_conversion
 
-    shown = ", ".join(pickles[:4]) + (f" and {len(pickles) - 4} more" if len(pickles) > 4 else "")
-    raise error(f"{what + ' ' if what else ''}{folder}: weights only as {shown} (pickle); quantkit reads safetensors "
-                f"only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+    shown = ", ".join(shown_path(p, 80) for p in pickles[:4]) + (f" and {len(pickles) - 4} more" if len(pickles) > 4
+                                                                 else "")
+    raise error(f"{what + ' ' if what else ''}{shown_path(folder)}: weights only as {shown} (pickle); quantkit reads "
+                f"safetensors only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+
+
+def shown_path(path: str | Path, limit: int = 300) -> str:
+    """A path as an error line echoes it: as it is when printable, else its repr (a newline or an ESC in a folder
+    name never breaks the one line or reaches the terminal raw); longer than `limit` characters, cut with its
+    length."""
+    s = str(path)
+    s = s if s.isprintable() else repr(s)
+    return s if len(s) <= limit else f"{s[:limit]}... ({len(s):,} characters)"
 
 
 def check_model_folders(models: Iterable[str | Path | None], output: str | Path | None = None,
