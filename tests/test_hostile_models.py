@@ -358,3 +358,15 @@ def test_a_hostile_folder_name_stays_on_one_line(tmp_path: Path, kind: str) -> N
     _contract(run, "\\n", "\\x1b")
     assert "\x1b" not in run.stderr
     m.unchanged()
+
+
+def test_deploy_dot_refuses_its_default_output_inside_the_model(tmp_path: Path) -> None:
+    """`deploy .` from inside the model folder: the default ./quantkit-out/deploy-<name>/ would lie inside it, so the
+    line names the default --out (the user passed none) and nothing is written into the model."""
+    m = Models(tmp_path)
+    t = m.copy("target", "t")
+    m.before[t] = tree_digest(t)
+    run = run_cli(["deploy", ".", "--platform", "cpu"], cwd=t, forbid_heavy=True)
+    _contract(run, "the default --out", "model folder")
+    assert not (t / "quantkit-out").exists()
+    m.unchanged()

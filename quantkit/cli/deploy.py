@@ -84,7 +84,7 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
 
     write = out_dir is not None or not command_only
     out = out_dir if out_dir is not None else default_out("deploy", folder)
-    check_model_folders([folder, target], out if write else None)
+    check_model_folders([folder, target], out if write else None, "--out" if out_dir is not None else "the default --out")
     if write:
         check_writable_folder(out, "--out")
         check_file_free(out / DEPLOY_FILE, overwrite)
