@@ -5,6 +5,7 @@ Every QuantkitError becomes one line `error: <message>` with exit 2; an interrup
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -49,7 +50,8 @@ class QuantkitGroup(click.Group):
         args = [*(getattr(ctx, "_protected_args", None) or []), *ctx.args]
         wants_json = "--json" in args
         try:
-            result = super().invoke(ctx)
+            with _remote_code_hint(self, args):
+                result = super().invoke(ctx)
             if RECEIVED:  # a library swallowed the interrupt and the command ran on: still the interrupt
                 name, code = RECEIVED[-1]
                 click.echo(f"error: interrupted by {name}; the command's result is not to be trusted", err=True)
@@ -104,6 +106,19 @@ class QuantkitGroup(click.Group):
             click.echo(f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)",
                        err=True)
             ctx.exit(1)
+
+
+def _remote_code_hint(group: click.Group, args: list[str]) -> contextlib.AbstractContextManager[None]:
+    """A remote-code refusal names --trust-remote-code only where the command takes it, else the step that does
+    (quantkit.io.hf.hint_for_command)."""
+    name = args[0] if args and not args[0].startswith("-") else ""
+    command = group.commands.get(name)
+    if command is None:
+        return contextlib.nullcontext()
+    from quantkit.io.hf import hint_for_command, remote_code_hint
+
+    takes_flag = any(p.name == "trust_remote_code" for p in command.params)
+    return remote_code_hint(hint_for_command(name, takes_flag))
 
 
 def print_json_error(ctx: click.Context, args: list[str], error: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ import click
 
 from quantkit.cli.app import main
 from quantkit.cli.options import human_bytes, json_option, make_console, print_command, print_json, trust_option
+from quantkit.cli.params import Size
 from quantkit.progress import stderr_progress
 from quantkit.vocab import EAGLE3_DRAFT
 
@@ -46,11 +47,11 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--overwrite", is_flag=True,
               help="Replace the output folder if a previous `quantkit apply` wrote it (never a source, never a folder "
                    "holding files quantkit did not write); also discards an interrupted run's temporary folder.")
-@click.option("--max-memory", "max_memory", default=None, envvar="QUANTKIT_MAX_MEMORY",
+@click.option("--max-memory", "max_memory", type=Size(), default=None, envvar="QUANTKIT_MAX_MEMORY",
               help="Host memory the native executor may hold, e.g. 8GiB or 500MiB (default: from the machine's "
                    "memory and the device count). Memory does not grow with shard size; a budget below one "
                    "tensor's work is refused before anything is read.")
-@click.option("--max-shard-size", "max_shard_size", default=None,
+@click.option("--max-shard-size", "max_shard_size", type=Size(shard=True), default=None,
               help="Rewrite the output into shards of at most this size (5GB, 500MB, 2GiB: read as transformers reads "
                    "max_shard_size), named model-00001-of-0000N.safetensors; a tensor larger than that gets a shard of "
                    "its own. Default: the source's shards and names. Native engine only.")
@@ -64,7 +65,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @json_option("Print the result (what was quantized, what was kept and why, timings) as JSON.")
 def apply_command(recipe: str, model: str, output: Path, target: str | None, devices: str, device: str | None,
                   run_path: str | None, engine: str, resume: bool, dry_run: bool, overwrite: bool,
-                  max_memory: str | None, max_shard_size: str | None, draft_vocab: int | None, vocab_corpus: Path | None,
+                  max_memory: int | None, max_shard_size: int | None, draft_vocab: int | None, vocab_corpus: Path | None,
                   trust_remote_code: bool, as_json: bool) -> None:
     """Quantize a checkpoint with a recipe, so that vLLM loads it exactly as the recipe intends.
 
@@ -79,12 +80,10 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     (recipe, source hashes, versions, per-layer decisions with reasons, sizes, timings). Kept tensors are checked
     to be byte-identical to the source before the folder is put in place.
     """
-    from quantkit.apply.run import apply, parse_shard_size, parse_size
-    from quantkit.io.hf import remote_code_allowed
-
-    budget = parse_size(max_memory, "--max-memory") if max_memory is not None else None
-    shard_size = parse_shard_size(max_shard_size) if max_shard_size is not None else None
+    from quantkit.apply.run import apply
     from quantkit.errors import QuantkitError
+    from quantkit.io.files import check_model_folders
+    from quantkit.io.hf import remote_code_allowed
 
     if draft_vocab is None and vocab_corpus is not None:
         raise QuantkitError(input=f"--vocab-corpus {vocab_corpus}", reason="given without --draft-vocab",
@@ -96,7 +95,8 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
         raise QuantkitError(input="--recipe", reason="missing", fix="give a recipe (quantkit recipes list), or "
                             "--draft-vocab N to prune a draft's vocabulary alone")
     kwargs = dict(devices=device or devices, path=run_path, engine=engine, resume=resume, dry_run=dry_run,
-                  max_memory=budget, max_shard_size=shard_size)
+                  max_memory=max_memory, max_shard_size=max_shard_size)
+    check_model_folders([model, target], output, "--output", contains=True)
     with remote_code_allowed(trust_remote_code):
         if draft_vocab is not None:
             from quantkit.apply.vocab import apply_with_draft_vocab

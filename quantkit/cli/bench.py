@@ -73,7 +73,7 @@ def _check_out(out_dir: Path, overwrite: bool, sources: list[str | None]) -> Non
     from quantkit.cli.options import check_file_free
     from quantkit.io.files import check_model_folders
 
-    check_model_folders(sources, out_dir, "--out")
+    check_model_folders(sources, out_dir, "--out", contains=True)  # bench writes OUT/<arm>/: a model there too
     check_file_free(out_dir / "bench.json", overwrite)
     check_writable_folder(out_dir, "--out")
 

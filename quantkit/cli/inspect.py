@@ -16,6 +16,7 @@ from quantkit.cli.options import (
     render_kernels,
     vllm_version_option,
 )
+from quantkit.cli.params import Count
 from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--platform", "platform", type=click.Choice(PLATFORMS), default=None,
               help="Also say which vLLM kernel every MoE and linear layer takes there (gfx950 = MI355X, gfx942 = "
                    "MI300X, cuda = SM90, cpu), with its performance class and why.")
-@click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--tp", "tp", type=Count(1, 1024), default=1, show_default=True,
               help="Tensor-parallel size for --platform (per-rank shapes and padding).")
 @vllm_version_option()
 @json_option("Print every layer and group with precision, reason and bytes as JSON.")
@@ -52,7 +53,9 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, platfo
     """
     from quantkit.check.inspect import inspect_checkpoint
     from quantkit.io.checkpoint import target_layer_count
+    from quantkit.io.files import check_model_folders
 
+    check_model_folders([folder, target])
     n = target_layer_count(target) if target is not None else None
     result = inspect_checkpoint(folder, n, platform=platform, tp=tp, vllm_version=vllm_version)
     if as_json:

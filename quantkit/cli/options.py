@@ -23,7 +23,9 @@ def trust_option() -> Any:
 
 
 def vllm_version_option() -> Any:
-    return click.option("--vllm-version", "vllm_version", default=None, metavar="X.Y.Z",
+    from quantkit.cli.params import VllmVersion
+
+    return click.option("--vllm-version", "vllm_version", type=VllmVersion(), default=None, metavar="X.Y.Z",
                         help="The vLLM version the rules hold for (rules carry a version range). Default: the "
                              "installed vLLM, else the newest version the rule table knows.")
 

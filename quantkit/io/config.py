@@ -139,7 +139,13 @@ def num_hidden_layers(config: dict[str, Any], where: str | Path) -> int:
     """The text model's decoder layer count; a one-line error naming `where` when config.json has no valid one."""
     n = text_config(config).get("num_hidden_layers")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise CheckpointError(f"{where}: config.json has no valid num_hidden_layers ({n!r}); is this the target?")
+        raise CheckpointError(f"{where}: config.json has no valid num_hidden_layers ({str(n)[:40]!r}); is this the "
+                              "target?")
+    from quantkit.io.counts import MAX_LAYERS
+
+    if n > MAX_LAYERS:
+        raise CheckpointError(f"{where}: config.json has num_hidden_layers {str(n)[:40]}, more than {MAX_LAYERS:,} (no "
+                              "model has so many); fix config.json")
     return n
 
 
@@ -251,12 +257,30 @@ def _rope_parameters(text: dict[str, Any]) -> list[dict[str, Any]]:
     return [rope]
 
 
-def max_model_len(config: dict[str, Any]) -> MaxModelLen | None:
+# Bounds on what a config may say about positions: no model holds 2^31 positions (vLLM keeps max_model_len in an
+# int32 in places), and no RoPE scaling factor of a released model is near 10^6 (they are 2 to 64). Beyond them a
+# config is refused in one line naming the key, before a 300-digit --max-model-len reaches a manifest.
+MAX_POSITIONS = 2**31
+MAX_ROPE_FACTOR = 1e6
+
+
+def _check_rope_factors(text: dict[str, Any], where: str, file: str | Path) -> None:
+    key = "rope_scaling" if text.get("rope_scaling") else "rope_parameters"
+    for rp in _rope_parameters(text):
+        f = rp.get("factor")
+        if isinstance(f, (int, float)) and not isinstance(f, bool) and not 0 < f <= MAX_ROPE_FACTOR:
+            raise CheckpointError(f"{file} {where}{key}.factor {f:g}: outside (0, {MAX_ROPE_FACTOR:g}] (released "
+                                  "models scale RoPE by 2 to 64); fix config.json (or re-download it)")
+
+
+def max_model_len(config: dict[str, Any], file: str | Path = "config.json") -> MaxModelLen | None:
     """vLLM's derived max_model_len of a model from its config.json (vllm/config/model.py _get_and_verify_max_len: the
     smallest length key of the text config, times the RoPE scaling factor of non-prescaled RoPE types); None when no
-    key is present (vLLM then assumes 2048 but accepts any explicit max_model_len)."""
+    key is present (vLLM then assumes 2048 but accepts any explicit max_model_len). A RoPE factor beyond
+    MAX_ROPE_FACTOR, or a length beyond MAX_POSITIONS, is one CheckpointError naming `file` and the key."""
     text = text_config(config)
     where = "text_config." if text is not config else ""
+    _check_rope_factors(text, where, file)
     found = [(text[k], k) for k in MAX_LEN_KEYS
              if isinstance(text.get(k), (int, float)) and not isinstance(text.get(k), bool) and text[k] > 0]
     if not found:
@@ -272,6 +296,10 @@ def max_model_len(config: dict[str, Any]) -> MaxModelLen | None:
             if kind not in _PRESCALED_ROPE and isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0:
                 factor = float(f)
     label = f"{where}{key}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
+    if not value * factor <= MAX_POSITIONS:
+        raise CheckpointError(f"{file} {label}: {value:g}" + (f" x {factor:g}" if factor != 1.0 else "")
+                              + f" positions, more than {MAX_POSITIONS} (no model holds that many); fix config.json "
+                              "(or re-download it)")
     return MaxModelLen(int(value * factor), label)
 
 

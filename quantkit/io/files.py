@@ -319,10 +319,12 @@ PICKLE_WEIGHT_PATTERNS: tuple[str, ...] = ("*.bin", "*.pt", "*.pth")
 
 
 def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Path | None], option: str = "--out",
-                            error: type[QuantkitError] = OutputInModelError) -> None:
-    """THE check every command that writes makes before any work: its output (a folder or a file) must not be, lie
-    inside, or contain any model folder it reads (after resolving links, so a link to a source counts as the
-    source). A Hub id (no such local path) is skipped: its files live in the HF cache, which quantkit never writes
+                            error: type[QuantkitError] = OutputInModelError, *, contains: bool = False) -> None:
+    """THE check every command that writes makes before any work: its output (a folder or a file) must not be, or
+    lie inside, any model folder it reads (after resolving links, so a link to a source counts as the source). With
+    `contains`, for a command that replaces its whole output folder, an output that contains a model folder is
+    refused too; files written into a folder that merely holds a model (`deploy ./model --out .`) touch no model
+    file. A Hub id (no such local path) is skipped: its files live in the HF cache, which quantkit never writes
     into. One line, naming the option, the output and the model."""
     if output is None:
         return
@@ -335,10 +337,10 @@ def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Pa
             continue
         src = Path(os.path.realpath(path))
         relation = ("is" if out == src else "lies inside" if out.is_relative_to(src)
-                    else "contains" if src.is_relative_to(out) else None)
+                    else "contains" if contains and src.is_relative_to(out) else None)
         if relation:
-            raise error(f"{option} {output}: {relation} the model folder {model}, which this command reads; quantkit "
-                        "never writes into a model folder: pick an output outside it")
+            raise error(f"{option} {shown_path(output)}: {relation} the model folder {shown_path(model)}, which this "
+                        "command reads; quantkit never writes into a model folder: pick an output outside it")
 
 
 def pickle_only_weights(folder: str | Path) -> list[str]:
@@ -365,18 +367,30 @@ def refuse_pickle_only(folder: str | Path, what: str = "",
         return
     from quantkit.io.headers import bin_conversion
 
-    shown = ", ".join(pickles[:4]) + (f" and {len(pickles) - 4} more" if len(pickles) > 4 else "")
-    raise error(f"{what + ' ' if what else ''}{folder}: weights only as {shown} (pickle); quantkit reads safetensors "
-                f"only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+    shown = ", ".join(shown_path(p, 80) for p in pickles[:4]) + (f" and {len(pickles) - 4} more" if len(pickles) > 4
+                                                                 else "")
+    raise error(f"{what + ' ' if what else ''}{shown_path(folder)}: weights only as {shown} (pickle); quantkit reads "
+                f"safetensors only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+
+
+def shown_path(path: str | Path, limit: int = 300) -> str:
+    """A path as an error line echoes it: as it is when printable, else its repr (a newline or an ESC in a folder
+    name never breaks the one line or reaches the terminal raw); longer than `limit` characters, cut with its
+    length."""
+    s = str(path)
+    s = s if s.isprintable() else repr(s)
+    return s if len(s) <= limit else f"{s[:limit]}... ({len(s):,} characters)"
 
 
 def check_model_folders(models: Iterable[str | Path | None], output: str | Path | None = None,
-                        option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = ()) -> None:
+                        option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = (),
+                        *, contains: bool = False) -> None:
     """Both input checks of a command, before any work: no model folder is pickle-only, and no output (`option`
-    OUTPUT, then each (option, path) of `extra_outputs`) is, lies inside or contains one of them."""
+    OUTPUT, then each (option, path) of `extra_outputs`) is or lies inside one of them (or, with `contains`, for a
+    command that replaces its whole output folder, contains one)."""
     given = [m for m in models if m is not None]
     for m in given:
         refuse_pickle_only(m)
-    refuse_output_in_models(output, given, option)
+    refuse_output_in_models(output, given, option, contains=contains)
     for opt, path in extra_outputs:
-        refuse_output_in_models(path, given, opt)
+        refuse_output_in_models(path, given, opt, contains=contains)

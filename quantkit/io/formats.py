@@ -903,12 +903,21 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
     names = list(names)
     text, prefix = text_model_view(config, names)
     top = names_starting(names, ("mtp.",))
-    n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
+    key = next((k for k in ("num_nextn_predict_layers", "num_mtp_modules") if text.get(k)), None)
+    n = text.get(key) if key is not None else 0
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise SourceFormatError(f"config.json: {key} = {str(n)[:40]!r} is not a whole number of MTP layers; fix "
+                                "config.json")
     if n <= 0 or top:
         return top
     base = text.get("num_hidden_layers")
     if isinstance(base, bool) or not isinstance(base, int) or base < 1:
-        raise SourceFormatError(f"config.json has {n} MTP layer(s) but no valid num_hidden_layers ({base!r}) to number "
-                                "them from; fix config.json")
-    starts = tuple(f"{prefix}model.layers.{base + i}." for i in range(n))
-    return names_starting(names, starts)
+        raise SourceFormatError(f"config.json has {str(n)[:40]} MTP layer(s) but no valid num_hidden_layers "
+                                f"({str(base)[:40]!r}) to number them from; fix config.json")
+    # The layers STORED in [base, base + n), never a loop over the configured count: `num_nextn_predict_layers:
+    # 10000000` over one stored MTP layer is that one layer, found at once (issue 35 item 5).
+    head = f"{prefix}model.layers."
+    stored = {int(part) for part in {name[len(head):].partition(".")[0] for name in names_starting(names, (head,))}
+              if part.isascii() and part.isdigit() and len(part) < 10}
+    starts = tuple(f"{head}{i}." for i in sorted(stored) if base <= i < base + n)
+    return names_starting(names, starts) if starts else []

@@ -16,7 +16,8 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 LayerBuilder = Callable[[Mapping[str, Any], CheckpointModules, "int | None"], list[RuntimeLayer]]
 # (config.json, tensor names) -> the MTP draft's quantizable layers under the names vLLM's MTP model builds them with
 MtpDraftLayers = Callable[[Mapping[str, Any], Iterable[str]], list[RuntimeLayer]]
-MtpExclude = Callable[[Mapping[str, Any]], tuple[str, ...]]  # config.json -> `exclude` entries for the MTP draft
+# (config.json, tensor names) -> `exclude` entries for the MTP draft, for the MTP layers the checkpoint stores
+MtpExclude = Callable[[Mapping[str, Any], Iterable[str]], tuple[str, ...]]
 
 
 class QuarkTemplateError(QuantkitError):
@@ -89,9 +90,10 @@ class Family:
     draft: DraftLayout | None = None  # set for EAGLE-3 draft layouts
     exclude_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper substring renames applied to `exclude`
 
-    def mtp_exclusions(self, config: Mapping[str, Any]) -> tuple[str, ...]:
-        """The `exclude` entries vLLM's MTP draft of this config needs (none without a record of them)."""
-        return self.mtp_exclude(config) if self.mtp_exclude is not None else ()
+    def mtp_exclusions(self, config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
+        """The `exclude` entries vLLM's MTP draft of this config needs for the MTP layers among the tensor `names`
+        (none without a record of them)."""
+        return self.mtp_exclude(config, names) if self.mtp_exclude is not None else ()
 
     @property
     def is_draft(self) -> bool:

@@ -106,7 +106,7 @@ def test_exclude_names_the_mtp_block_only_while_it_is_kept(runs, layout):
     kept = _exclude(r["out"])
     assert kept.count(MTP_ENTRY) == 1 and kept[-1] == MTP_ENTRY
     src_cfg = json.loads((r["src"] / "config.json").read_text())
-    assert family_of(src_cfg).mtp_exclusions(src_cfg) == (MTP_ENTRY,)
+    assert family_of(src_cfg).mtp_exclusions(src_cfg, tensors(r["src"])) == (MTP_ENTRY,)
     cfg = json.loads((r["out"] / "config.json").read_text())
     names = json.loads((r["out"] / "model.safetensors.index.json").read_text())["weight_map"]
     for layer in runtime_layers(cfg, names):

@@ -123,8 +123,8 @@ def deepseek_v3_mtp_draft_layers(
     return mtp_decoder_layers(config, names, MTP_KEYS, decoder_slots(config, attn_extra), MTP_SOURCE)
 
 
-def mtp_exclude(config: Mapping[str, Any]) -> tuple[str, ...]:
-    return mtp_layers_exclude(config, MTP_KEYS)
+def mtp_exclude(config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
+    return mtp_layers_exclude(config, MTP_KEYS, names)
 
 
 FAMILY = Family(

@@ -91,6 +91,6 @@ FAMILY = Family(
     model_types=("glm4_moe",), quark_templates={"glm4_moe": "glm4_moe"},
     moe=MoeLayout(("n_routed_experts",),
                   shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
-    mtp_layer_keys=MTP_KEYS, mtp_exclude=lambda c: mtp_layers_exclude(c, MTP_KEYS),
+    mtp_layer_keys=MTP_KEYS, mtp_exclude=lambda c, names: mtp_layers_exclude(c, MTP_KEYS, names),
     mtp_draft_layers=glm4_moe_mtp_draft_layers,
 )  # fmt: skip
