@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from . import hostile
-from .conftest import TINY
-from .hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
+from tests.fixtures import hostile
+from tests.conftest import TINY
+from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
 
 def _contract(run: Run, *mentions: str, light: bool = True) -> str:
@@ -271,7 +271,7 @@ def test_pickle_only_folders_are_found_by_one_function(tmp_path: Path) -> None:
 
 
 def _replica(tmp: Path, family: str, **config: object) -> tuple[Path, dict[str, str]]:
-    from . import moe_replicas
+    from tests.fixtures import moe_replicas
 
     path = {"deepseek_v32": moe_replicas.deepseek_v32, "glm4_moe": moe_replicas.glm4_moe}[family](tmp / family)
     cfg = json.loads((path / "config.json").read_text())

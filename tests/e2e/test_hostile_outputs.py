@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TINY
-from .hostile import copy_model, error_lines, run_cli, tree_digest
+from tests.conftest import TINY
+from tests.fixtures.hostile import copy_model, error_lines, run_cli, tree_digest
 
 TARGET = TINY / "target"
 
@@ -272,7 +272,7 @@ def test_every_commands_refusal_names_only_a_flag_it_takes() -> None:
 
 
 def _remote_code_folder(tmp_path: Path) -> tuple[Path, Path]:
-    from .hostile import add_remote_code
+    from tests.fixtures.hostile import add_remote_code
 
     src = _model_copy(tmp_path)
     marker = tmp_path / "hostile-code-ran"
@@ -447,7 +447,7 @@ def test_refuse_remote_code_blames_only_code_that_would_run(tmp_path: Path) -> N
     from quantkit.errors import QuantkitError
     from quantkit.io.hf import refuse_remote_code, remote_code_allowed
 
-    from .hostile import evil_module
+    from tests.fixtures.hostile import evil_module
 
     marker = tmp_path / "hostile-code-ran"
     config_only = _model_copy(tmp_path)
