@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import hostile
 from tests.conftest import TINY
+from tests.fixtures import hostile
 from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 
 
@@ -301,7 +301,7 @@ def test_a_huge_mtp_count_over_one_stored_layer_plans_at_once(tmp_path: Path, fa
 def test_mtp_layers_are_the_stored_ones_in_the_configured_range() -> None:
     """By hand: layers 61 and 62 stored after 61 decoder layers; a count of 10^7 gives those two, a count of 1 the
     first, and a stored layer 70 beyond the configured range is not an MTP layer of this config."""
-    from quantkit.io.formats import mtp_tensor_names
+    from quantkit.naming.archs import mtp_tensor_names
     from quantkit.naming.builder import mtp_layer_indices, mtp_layers_exclude
 
     names = [f"model.layers.{i}.mlp.gate.weight" for i in (*range(61), 61, 62)] + ["model.layers.70.x.weight"]

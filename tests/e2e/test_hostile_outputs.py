@@ -446,7 +446,6 @@ def test_refuse_remote_code_blames_only_code_that_would_run(tmp_path: Path) -> N
     files; with the flag nothing is refused (and nothing runs here: the probe stops at the refusal)."""
     from quantkit.errors import QuantkitError
     from quantkit.io.hf import refuse_remote_code, remote_code_allowed
-
     from tests.fixtures.hostile import evil_module
 
     marker = tmp_path / "hostile-code-ran"

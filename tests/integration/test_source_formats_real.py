@@ -58,7 +58,7 @@ def test_fp8_block_checkpoints_decode_exactly(source_checkpoints, name):
             decoded += 1
     assert decoded == sum(1 for parts in plan.values() if len(parts) == 2) and partial > 0
     if name == "deepseek-v3-fp8":
-        mtp = F.mtp_tensor_names(config, infos)
+        mtp = archs.mtp_tensor_names(config, infos)
         assert mtp and all(n.startswith("model.layers.3.") for n in mtp)
         assert "model.layers.3.eh_proj.weight" in mtp and "model.layers.3.mlp.experts.0.up_proj.weight_scale_inv" in mtp
 
@@ -77,7 +77,7 @@ def test_int4_kimi_checkpoint_decodes_like_compressed_tensors(source_checkpoints
     fmt = F.detect_format(config, infos)
     assert (fmt.name, fmt.group_size, fmt.config_key) == ("int4-pack-quantized", 32, "text_config.quantization_config")
     plan = F.decoded_tensor_names(fmt, infos)
-    text, prefix = F.text_model_view(config, plan)
+    _family, text, prefix = archs.text_family(config)
     assert prefix == "language_model."
     archs.runtime_layers(text, [n[len(prefix):] for n in plan if n.startswith(prefix)])
     reference = CompressedTensorsDequantizer(folder)  # reads text_config.quantization_config itself
