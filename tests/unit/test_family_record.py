@@ -23,7 +23,7 @@ from quantkit.io.config import validate_model_config
 from quantkit.naming import archs
 from quantkit.naming.family import DraftLayout, Family, MoeLayout, Wrapper
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "quantkit"
 ARCHS = PKG / "naming" / "archs"
 # Keys whose value names a model family. `speculators_model_type` is a format marker (like quant_method), not one.
@@ -191,7 +191,7 @@ def test_every_config_key_the_records_read_is_typed():
 
 def test_replica_configs_of_every_family_pass_the_schema():
     """The configs the suite builds after the releases (tests/replicas.py, tests/moe_replicas.py) are valid."""
-    from tests import moe_replicas, replicas
+    from tests.fixtures import moe_replicas, replicas
 
     configs = {f"{m.__name__}.{k}": v for m in (replicas, moe_replicas) for k, v in vars(m).items()
                if k.endswith("_CONFIG") and isinstance(v, dict)}
