@@ -69,7 +69,9 @@ class ModelConfig(_Typed):
     n_shared_experts: Count | None = None
     num_experts_per_tok: PositiveInt | None = None
     first_k_dense_replace: Count | None = None
-    moe_layer_freq: PositiveInt | None = None
+    # an int (DeepSeek: every n-th layer is MoE), or MiniMax-M3's per-layer list of 0/1 (`[0, 0, 0, 1, ...]`: its
+    # vllm/transformers_utils/configs/minimax_m3.py reads moe_layer_freq[i] per layer)
+    moe_layer_freq: PositiveInt | list[Count] | None = None
     decoder_sparse_step: PositiveInt | None = None
     mlp_only_layers: list[Count] | None = None
     num_nextn_predict_layers: Count | None = None
