@@ -149,9 +149,14 @@ def architecture_of(config: Mapping[str, Any]) -> str:
         if arch in _BY_ARCH:
             return arch
     named = ", ".join(archs) if archs else "no architectures"
+    from quantkit.naming.catalog import nearest_family
+
+    near = nearest_family(config)
+    hint = (f"the nearest supported is family {near.name} ({', '.join(near.architectures)}); " if near is not None
+            else "")
     raise UnsupportedArchitectureError(
-        f"config.json architecture {named} is not supported; supported: {', '.join(supported_architectures())} "
-        f"(or a speculators eagle3 draft)"
+        f"config.json architecture {named} is not supported; {hint}`quantkit families` lists every supported family "
+        "and draft layout with the vLLM classes it builds"
     )
 
 
