@@ -472,7 +472,10 @@ def test_qwen3_5_moe_split_is_the_one_vllm_loads(qwen35_fused):
     n = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
     src = _tensors(qwen35_fused["src"])
     st_dtype = {torch.bfloat16: "BF16", torch.float32: "F32"}
-    fmt = detect_format(replicas.QWEN3_5_MOE_CONFIG, {k: (st_dtype[v.dtype], tuple(v.shape)) for k, v in src.items()})
+    from quantkit.naming.archs import fused_layouts
+
+    fmt = detect_format(replicas.QWEN3_5_MOE_CONFIG, {k: (st_dtype[v.dtype], tuple(v.shape)) for k, v in src.items()},
+                        fused=fused_layouts(replicas.QWEN3_5_MOE_CONFIG))
     x = "model.language_model.layers.1.mlp.experts"
     fused = {k: src[f"{x}.{k}"] for k in ("gate_up_proj", "down_proj")}
     decoded = decode_tensors(fmt, {f"{x}.{k}": v for k, v in fused.items()})

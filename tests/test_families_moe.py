@@ -295,9 +295,10 @@ def test_llama4_fused_experts_split_into_gate_and_up_halves(llama4):
 def _cases() -> dict:
     def names(build, config):
         from quantkit.io.formats import decoded_tensor_names, detect_format
+        from quantkit.naming.archs import fused_layouts
 
         shapes = build(config)
-        fmt = detect_format(config, {n: ("BF16", s) for n, (s, _) in shapes.items()})
+        fmt = detect_format(config, {n: ("BF16", s) for n, (s, _) in shapes.items()}, fused=fused_layouts(config))
         return list(decoded_tensor_names(fmt, shapes))
 
     gpt = {**replicas.GPT_OSS_CONFIG, "num_hidden_layers": 6}

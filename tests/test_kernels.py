@@ -25,10 +25,10 @@ from quantkit.rules.kernels import Image, MoeCase, select_moe_backend
 PLATFORMS = ("gfx950", "gfx942", "cuda", "cpu")
 # (model_type config keys) -> routing method as vLLM names it, by hand from the model files
 ROUTERS = {
-    "qwen3_moe": ({"model_type": "qwen3_moe", "norm_topk_prob": True}, "RenormalizeNaive"),
-    "kimi_k2": ({"model_type": "deepseek_v3", "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1,
+    "qwen3_moe": ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "norm_topk_prob": True}, "RenormalizeNaive"),
+    "kimi_k2": ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1,
                  "norm_topk_prob": True}, "DeepSeekV3"),
-    "minimax_m2": ({"model_type": "minimax_m2", "scoring_func": "sigmoid", "use_routing_bias": True}, "MiniMax2"),
+    "minimax_m2": ({"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "scoring_func": "sigmoid", "use_routing_bias": True}, "MiniMax2"),
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from quantkit.errors import QuantkitError
 from quantkit.io import formats as F
+from quantkit.naming import archs
 
 FP8_CFG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 INT4_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
@@ -80,6 +81,13 @@ def test_detects_plain_fp8_block_and_int4():
     assert json.dumps(kimi.to_dict())  # serialisable for provenance
 
 
+def test_any_mxfp4_release_is_already_mxfp4():
+    """quant_method mxfp4 is what vLLM's Mxfp4Config serves as it is, whatever the family: refused as already MXFP4
+    (the refusal depends on no model_type)."""
+    with pytest.raises(F.AlreadyMxfp4Error, match="already MXFP4"):
+        F.detect_format({"quantization_config": {"quant_method": "mxfp4"}}, {})
+
+
 @pytest.mark.parametrize(
     ("qcfg", "what"),
     [
@@ -103,7 +111,6 @@ def test_detects_plain_fp8_block_and_int4():
         ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
         ({"quant_method": "awq", "bits": 4}, "quant_method 'awq'"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
-        ({"quant_method": "mxfp4"}, "quant_method 'mxfp4' (MXFP4 (gpt-oss style))"),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "quant_method 'modelopt'"),
         (_with(FP8_CFG, weight_block_size=None), "per-tensor FP8 (quant_method fp8 without weight_block_size)"),
         (_with(FP8_CFG, fmt="e5m2"), "FP8 fmt 'e5m2'"),
@@ -212,23 +219,27 @@ KIMI_CONFIG = {
 
 
 def test_text_model_view_and_mtp_names():
+    """MTP names where the records put them: a wrapper's text family under its prefix (Kimi-K2.5 -> DeepSeek-V3 under
+    language_model.), the family's count keys (num_nextn_predict_layers, MiniMax-M2's num_mtp_modules)."""
     names = ["language_model.model.layers.0.mlp.down_proj.weight", "language_model.model.layers.2.eh_proj.weight",
              "language_model.lm_head.weight", "vision_tower.patch_embed.proj.weight", "mm_projector.proj.0.weight"]
-    text, prefix = F.text_model_view(KIMI_CONFIG, names)
+    family, text, prefix = archs.text_family(KIMI_CONFIG)
+    assert family is not None and family.name == "deepseek_v3"
     assert prefix == "language_model." and text["architectures"] == ["DeepseekV3ForCausalLM"]
-    assert F.mtp_tensor_names(KIMI_CONFIG, names) == ["language_model.model.layers.2.eh_proj.weight"]
-    with pytest.raises(F.SourceFormatError, match="legacy Kimi-K2.5 layout"):
-        F.text_model_view(KIMI_CONFIG, ["language_model.layers.0.mlp.down_proj.weight"])
+    assert archs.mtp_tensor_names(KIMI_CONFIG, names) == ["language_model.model.layers.2.eh_proj.weight"]
 
     ds = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "num_nextn_predict_layers": 1}
     ds_names = ["model.layers.60.mlp.gate.weight", "model.layers.61.enorm.weight", "model.layers.610.x.weight",
                 "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv"]
-    assert F.text_model_view(ds, ds_names) == (ds, "")
-    assert F.mtp_tensor_names(ds, ds_names) == ["model.layers.61.enorm.weight",
-                                                "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv"]
-    minimax = {"num_hidden_layers": 2, "num_mtp_modules": 1}
-    assert F.mtp_tensor_names(minimax, ["model.layers.1.a", "model.layers.2.a"]) == ["model.layers.2.a"]
-    assert F.mtp_tensor_names({"num_hidden_layers": 2}, ["model.layers.2.a"]) == []
+    assert archs.text_family(ds)[1:] == (ds, "")
+    assert archs.mtp_tensor_names(ds, ds_names) == ["model.layers.61.enorm.weight",
+                                                    "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv"]
+    minimax = {"architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 2, "num_mtp_modules": 1}
+    assert archs.mtp_tensor_names(minimax, ["model.layers.1.a", "model.layers.2.a"]) == ["model.layers.2.a"]
+    # num_mtp_modules is not a DeepSeek-V3 key: its record counts by num_nextn_predict_layers only
+    assert archs.mtp_tensor_names({**ds, "num_nextn_predict_layers": 0, "num_mtp_modules": 1},
+                                  ["model.layers.61.a"]) == []
+    assert archs.mtp_tensor_names({"num_hidden_layers": 2}, ["model.layers.2.a"]) == []
 
 
 # --- independent NumPy references ---------------------------------------------------------------------------------
@@ -467,7 +478,7 @@ def test_fp8_block_checkpoints_decode_exactly(source_checkpoints, name):
             decoded += 1
     assert decoded == sum(1 for parts in plan.values() if len(parts) == 2) and partial > 0
     if name == "deepseek-v3-fp8":
-        mtp = F.mtp_tensor_names(config, infos)
+        mtp = archs.mtp_tensor_names(config, infos)
         assert mtp and all(n.startswith("model.layers.3.") for n in mtp)
         assert "model.layers.3.eh_proj.weight" in mtp and "model.layers.3.mlp.experts.0.up_proj.weight_scale_inv" in mtp
 
@@ -487,7 +498,7 @@ def test_int4_kimi_checkpoint_decodes_like_compressed_tensors(source_checkpoints
     fmt = F.detect_format(config, infos)
     assert (fmt.name, fmt.group_size, fmt.config_key) == ("int4-pack-quantized", 32, "text_config.quantization_config")
     plan = F.decoded_tensor_names(fmt, infos)
-    text, prefix = F.text_model_view(config, plan)
+    _family, text, prefix = archs.text_family(config)
     assert prefix == "language_model."
     archs.runtime_layers(text, [n[len(prefix):] for n in plan if n.startswith(prefix)])
     reference = CompressedTensorsDequantizer(folder)  # reads text_config.quantization_config itself

@@ -44,8 +44,8 @@ def toy_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int 
     return out + [head]
 
 
-FAMILY = Family("toy_moe", (ARCHITECTURE,), SOURCE, toy_layers, model_types=("toy_moe",), quark_templates={},
-                moe=MoeLayout(("num_toy_experts",), router="mlp.router"))  # fmt: skip
+FAMILY = Family("toy_moe", (ARCHITECTURE,), SOURCE, toy_layers, quark_templates={},
+                moe=MoeLayout(("num_toy_experts",)))  # fmt: skip
 
 CONFIG = {
     "architectures": [ARCHITECTURE], "model_type": "toy_moe", "num_hidden_layers": LAYERS, "hidden_size": HIDDEN,

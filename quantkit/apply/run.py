@@ -189,12 +189,13 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                                               "not run natively)")}[chosen]
 
     src = resolve_source(model, copying=True)
-    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names, names_ending
+    from quantkit.io.formats import decoded_tensor_names, detect_format, names_ending
+    from quantkit.naming.archs import fused_layouts, mtp_tensor_names
 
     # The architecture first, as inspect does: a folder no record names gets the same reason from both commands,
     # never a source-format finding about a model quantkit could not quantize anyway.
     architecture_of(src.config)
-    fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"))
+    fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"), fused=fused_layouts(src.config))
     if fmt.name != "bf16":
         if chosen != "native":
             why = "--engine quark" if engine == "quark" else f"path {run_path}"
@@ -242,8 +243,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
-    # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
-    # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
+    # Experts stored fused in a layout no family record knows (MoeLayout.fused; those are decoded per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
     # only names ending so can be such a tensor: usually none (found in one search of the names that do not end in
     # `.weight`, which the layers' table holds apart), and then no module is looked at
@@ -259,7 +259,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                          "[out, in] each) and apply again")
     quark_exclude, layer_config = quark_exclusions(rec, decisions)
     # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
-    # loads them into the target (quantkit.io.formats.mtp_tensor_names), only its MTP draft does; kept BF16 so that
+    # loads them into the target (quantkit.naming.archs.mtp_tensor_names), only its MTP draft does; kept BF16 so that
     # MTP speculation stays possible.
     mtp_names = mtp_tensor_names(src.config, names)
     mtp = sorted({n.removesuffix(".weight") for n in mtp_names if n.endswith(".weight")})

@@ -115,10 +115,12 @@ def _source_format(ck: LoadedCheckpoint) -> str:
     """The source format `apply` would decode (bf16, fp8-block, int4-pack-quantized), or why it cannot."""
     from quantkit.errors import QuantkitError
     from quantkit.io.formats import detect_format
+    from quantkit.naming.archs import fused_layouts
 
     if ck.qc is not None and ck.qc.get("quant_method") == "quark":
         return "quark (already quantized by Quark)"
     try:
-        return detect_format(ck.config, ck.tensors, source=str(ck.path / "config.json")).description
+        return detect_format(ck.config, ck.tensors, source=str(ck.path / "config.json"),
+                             fused=fused_layouts(ck.config)).description
     except QuantkitError as e:
         return f"not decodable: {e}"

@@ -24,9 +24,14 @@ def family_entry(family: Family) -> FamilyEntry:
     else:
         kind = "MoE family" if family.moe is not None else "dense family"
     return FamilyEntry(name=family.name, architectures=list(family.architectures), vllm_source=family.vllm_source,
-                       kind=kind, model_types=list(family.model_types),
+                       kind=kind, model_types=model_types(family),
                        vllm_builds=family.draft is None or family.draft.vllm_refusal is None,
                        kept=kept_parts(family))  # fmt: skip
+
+
+def model_types(family: Family) -> list[str]:
+    """The config.json model_type values the record names (its Quark templates are keyed on them)."""
+    return [t for t in family.quark_templates if t != "*"]
 
 
 def kept_parts(family: Family) -> list[KeptPart]:
@@ -38,14 +43,11 @@ def kept_parts(family: Family) -> list[KeptPart]:
                                     "and acceptance depends on them"))  # fmt: skip
     else:
         kept.append(KeptPart(part="lm_head, embed_tokens", reason="vLLM gives them no Quark method"))
-    if family.moe is not None:
-        why = ("kept BF16 by every MoE recipe: routing decisions are sensitive to precision" if
-               family.moe.router_quantizable else "vLLM builds the router without quant_config")
-        kept.append(KeptPart(part=f"router ({family.moe.router}) and its bias", reason=why))
-        if family.moe.shared_expert_gate:
-            kept.append(KeptPart(part=family.moe.shared_expert_gate,
-                                 reason="a one-output gate: vLLM builds it without quant_config"))
-    if family.mtp_layer_keys or family.mtp_exclude is not None:
+    if family.moe is not None and family.moe.router is not None:
+        kept.append(KeptPart(part="router and its bias (the score-correction bias where the family has one)",
+                             reason="routing picks the experts: every MoE recipe keeps it BF16, excluded by name where "
+                                    "vLLM would give it a Quark method"))  # fmt: skip
+    if family.mtp_layer_keys or family.mtp_prefix or family.mtp_exclude is not None:
         kept.append(KeptPart(part="MTP layers", reason="vLLM's target never loads them; its MTP draft model reads "
                                                        "them with the target's quant config, so they stay BF16"))
     if family.wrapper is not None:
@@ -74,7 +76,7 @@ def nearest_family(config: Mapping[str, Any]) -> Family | None:
             if match:
                 return drafts[match[0]]
     records = [f for f in families() if f.draft is None]
-    by_type = {t: f for f in records for t in f.model_types}
+    by_type = {t: f for f in records for t in model_types(f)}
     if model_type:
         match = difflib.get_close_matches(model_type, list(by_type), n=1, cutoff=0.6)
         if match:
