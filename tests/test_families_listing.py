@@ -109,7 +109,7 @@ def test_families_lists_every_record_with_vllm_classes_and_kept_parts():
 
 
 @pytest.mark.parametrize(("config", "nearest"), [
-    ({"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}, "glm4_moe"),
+    ({"architectures": ["Glm4vMoeForConditionalGeneration"], "model_type": "glm4v_moe"}, "glm4_moe"),
     ({"architectures": ["DFlashDraftModel"], "model_type": "qwen3"}, None),  # a draft: a draft layout, not qwen3
     ({"architectures": ["SomethingElse"]}, None),
 ])  # fmt: skip
