@@ -449,8 +449,8 @@ def test_fp8_block_checkpoints_decode_exactly(source_checkpoints, name):
     import torch
     from compressed_tensors.entrypoints.convert.converters import FP8BlockDequantizer
 
-    from quantkit.naming import archs
     from quantkit.io.headers import checkpoint_tensors, read_config
+    from quantkit.naming import archs
 
     folder = source_checkpoints[name]
     config, infos = read_config(folder), checkpoint_tensors(folder)
@@ -490,8 +490,8 @@ def test_int4_kimi_checkpoint_decodes_like_compressed_tensors(source_checkpoints
         CompressedTensorsDequantizer,
     )
 
-    from quantkit.naming import archs
     from quantkit.io.headers import checkpoint_tensors, read_config
+    from quantkit.naming import archs
 
     folder = source_checkpoints["kimi-k25-int4"]
     config, infos = read_config(folder), checkpoint_tensors(folder)
