@@ -47,7 +47,8 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
     # The MLP of an MoE-layer draft (quantkit.naming.archs.eagle3_moe) is its router and experts, which its layer
     # builder requires; a dense draft's is mlp.down_proj.
     mlp = [] if dc.format == "eagle" and _moe_layer(config) else [f"{prefix}mlp.down_proj.weight"]
-    required = ["fc.weight", "lm_head.weight", "norm.weight", f"{prefix}self_attn.q_proj.weight", *mlp]
+    # o_proj: every draft layout's attention has it (Llama's q/k/v, MLA's q_a/kv_a: the layer builder names the rest)
+    required = ["fc.weight", "lm_head.weight", "norm.weight", f"{prefix}self_attn.o_proj.weight", *mlp]
     missing = [n for n in required if n not in tensors]
     if missing:
         raise DraftFormatError(
