@@ -112,6 +112,9 @@ class DraftLayout:
     # why vLLM cannot build this layout at all (a message with {arch} and {folder} fields, citing vLLM's
     # registry): check's vLLM load and deploy refuse with it in one line. None: vLLM builds it
     vllm_refusal: str | None = None
+    # the `method` of vLLM's --speculative-config for this layout (vllm/config/speculative.py SpeculativeConfig.method):
+    # what deploy writes
+    method: str = "eagle3"
 
 
 @dataclass(frozen=True)
