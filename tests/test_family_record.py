@@ -164,6 +164,31 @@ def test_every_record_key_is_in_the_schema_and_valid_configs_pass():
         assert validate_model_config(config, "config.json") is config
 
 
+def test_every_config_key_the_records_read_is_typed():
+    """Every key a record's code reads from config.json (`config.get("k")`, `text["k"]`, a router `Key("k")`) is typed
+    at the boundary: a field of io.config.ModelConfig or a key some record declares (Family.config_keys)."""
+    from quantkit.io.config import ModelConfig
+
+    declared = set(ModelConfig.model_fields) | {k for f in archs.families() for k in f.config_keys}
+    read: dict[str, str] = {}
+    for path in [*sorted(ARCHS.glob("*.py")), PKG / "naming" / "builder.py"]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            key = None
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                is_get = isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+                    ast.unparse(node.func.value) in ("config", "text", "c", "cfg", "layer_cfg")
+                if is_get or (isinstance(node.func, ast.Name) and node.func.id == "Key"):
+                    key = node.args[0].value
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+                    ast.unparse(node.value) in ("config", "text", "c", "cfg"):
+                key = node.slice.value
+            if isinstance(key, str):
+                read.setdefault(key, f"{path.name}:{node.lineno}")
+    assert len(read) >= 25  # the scan reads the records
+    untyped = {k: where for k, where in read.items() if k not in declared}
+    assert not untyped, f"config keys read by a record but typed nowhere (add them to its config_keys): {untyped}"
+
+
 def test_replica_configs_of_every_family_pass_the_schema():
     """The configs the suite builds after the releases (tests/replicas.py, tests/moe_replicas.py) are valid."""
     from tests import moe_replicas, replicas

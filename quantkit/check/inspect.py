@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from quantkit.naming.precision import (
     PLACEHOLDER,
@@ -22,8 +23,10 @@ from quantkit.naming.precision import (
     tensor_bytes,
 )
 from quantkit.results.check import InspectResult
+from quantkit.results.cost import DraftCost
 from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
+from quantkit.vocab import EAGLE3_DRAFT
 
 _LAYER_NUM = re.compile(r"(?<=\.layers\.)(\d+)(?=\.)")
 
@@ -91,13 +94,24 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None,
         lqc = ck.qc.get("layer_quant_config")
         quant = {"quant_method": ck.qc.get("quant_method"), "exclude": ck.qc.get("exclude"),
                  "keys": sorted(ck.qc), "layer_quant_config_keys": len(lqc) if isinstance(lqc, dict) else 0}
+    kernels = _kernels(ck, platform, tp, vllm_version)
     return InspectResult(
         path=str(ck.path), architecture=ck.architecture, model_kind=ck.model_kind,
         target_num_layers=ck.target_num_layers, quantization=quant, layers=resolved, groups=group_layers(resolved),
         bytes_by_precision=by_precision, other_bytes=total - in_layers, total_bytes=total,
         num_tensors=len(ck.tensors), config_problems=problems, seconds=time.perf_counter() - t0,
-        source_format=_source_format(ck), kernels=_kernels(ck, platform, tp, vllm_version),
+        source_format=_source_format(ck), kernels=kernels, draft_cost=_draft_cost(ck.model_kind, resolved, kernels),
     )  # fmt: skip
+
+
+def _draft_cost(kind: str, layers: list[Any], kernels: KernelReport | None) -> DraftCost | None:
+    """A draft's step cost by role, as stored and after fp8-draft (quantkit.rules.cost); None for a target."""
+    if kind != EAGLE3_DRAFT:
+        return None
+    from quantkit.recipes import load_recipe
+    from quantkit.rules.cost import draft_cost, kernel_paths_by_layer
+
+    return draft_cost(layers, kernel_paths_by_layer(kernels, layers) if kernels else None, load_recipe("fp8-draft"))
 
 
 def _kernels(ck: LoadedCheckpoint, platform: str | None, tp: int, vllm_version: str | None) -> KernelReport | None:

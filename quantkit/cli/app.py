@@ -17,7 +17,7 @@ from quantkit.errors import RECEIVED, QuantkitError, ResumableInterrupt, Termina
 
 MAX_MESSAGE = 600
 # `quantkit --help` lists the commands in the order a user runs them.
-PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "eval", "gate", "deploy", "publish", "demo")
+PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "tune", "eval", "gate", "deploy", "publish", "demo")
 
 
 class QuantkitGroup(click.Group):

@@ -65,6 +65,7 @@ class ModelConfig(_Typed):
     n_routed_experts: Count | None = None
     n_shared_experts: Count | None = None
     num_experts_per_tok: PositiveInt | None = None
+    hidden_act: str | None = None
     first_k_dense_replace: Count | None = None
     moe_layer_freq: PositiveInt | list[Count] | None = None  # MiniMax-M3 writes one 0/1 per layer
     decoder_sparse_step: PositiveInt | None = None

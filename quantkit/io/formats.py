@@ -126,7 +126,7 @@ FusedPart = tuple[str, str, str]
 class FusedLayout:
     """How one family stores its experts fused: the tensors, their orientation, the config key counting experts."""
 
-    name: str  # for messages and `inspect` ("gpt_oss", "SpecForge qwen3_moe")
+    name: str  # for messages and `inspect` (the model_type that stores it: "gpt_oss")
     parts: dict[str, tuple[FusedPart, ...]]
     transposed: bool  # True: weights [E, in, out]; False: [E, out, in], vLLM's own per-expert orientation
     experts_key: str  # text-config key: experts per fused tensor

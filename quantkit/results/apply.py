@@ -62,6 +62,23 @@ class ExecutorReport(Result):
     quantization_config: dict[str, Any] = {}  # as Quark's file-to-file path writes it (checkpoint names)
 
 
+class DraftVocabReport(Result):
+    """A draft's lm_head pruned to its most used target tokens (quantkit.apply.vocab): what was kept and from what."""
+
+    source: str
+    rows_before: int
+    rows_after: int
+    target_vocab_size: int
+    corpus: str
+    corpus_sha256: str | None = None
+    corpus_tokens: int = 0
+    corpus_distinct_tokens: int = 0
+    coverage: float | None = None  # share of the corpus's tokens the kept rows cover
+    always_kept: int = 0  # special and EOS tokens, kept whatever their count
+    lm_head_sha256: str = ""
+    reason: str = ""
+
+
 class ApplyResult(CommandResult):
     """Everything `apply` did; written as quantkit.json (the manifest) and printed by `--json`."""
 
@@ -100,6 +117,7 @@ class ApplyResult(CommandResult):
     dry_run: bool = False
     # *.safetensors in the source that its index does not name: neither quantized nor copied (the index is the truth)
     ignored_weight_files: list[str] = []
+    draft_vocab: DraftVocabReport | None = None  # --draft-vocab: the lm_head pruned before the recipe ran
 
     @property
     def quantized(self) -> list[LayerDecision]:
@@ -117,4 +135,4 @@ class ApplyResult(CommandResult):
 
 
 
-__all__ = ["ApplyResult", "ExecutorReport", "LayerDecision", "ShardSummary"]
+__all__ = ["DraftVocabReport", "ApplyResult", "ExecutorReport", "LayerDecision", "ShardSummary"]

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from quantkit.results.base import CommandResult, Result
+from quantkit.results.cost import DraftCost
 from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
 from quantkit.results.serve import SpecDecodeCounters
@@ -181,6 +182,7 @@ class InspectResult(CommandResult):
     seconds: float = 0.0
     source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
     kernels: KernelReport | None = None  # with --platform: the vLLM kernel path of every MoE / linear layer
+    draft_cost: DraftCost | None = None  # an EAGLE-3 draft: bytes a draft step reads by role (quantkit.rules.cost)
 
     def to_dict(self) -> dict[str, Any]:
         # inspect's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13)
@@ -192,6 +194,7 @@ class InspectResult(CommandResult):
             "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
             "source_format": self.source_format,
             "seconds": round(self.seconds, 3), "kernels": self.kernels.to_dict() if self.kernels else None,
+            "draft_cost": self.draft_cost.to_dict() if self.draft_cost else None,
         }  # fmt: skip
 
 

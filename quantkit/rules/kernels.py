@@ -74,7 +74,7 @@ def routing_method(config: dict[str, Any]) -> str:
     family, text, _prefix = text_family(config)
     if family is None or family.moe is None or family.moe.router is None:
         return "Unspecified"
-    return family.moe.router.method(text)
+    return family.moe.router.method(text_config(text))  # a family keeping its keys in text_config (Qwen3.5)
 
 
 def moe_activation(config: dict[str, Any]) -> str:
@@ -85,7 +85,7 @@ def moe_activation(config: dict[str, Any]) -> str:
 
     family, text, _prefix = text_family(config)
     act = family.moe.activation if family is not None and family.moe is not None else Key("hidden_act", "silu")
-    return str(act.of(text) if isinstance(act, Key) else act)
+    return str(act.of(text_config(text)) if isinstance(act, Key) else act)
 
 
 # --- the MoE oracle ------------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def moe_draft_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
 # SpecForge's SGLang loader (qwen3_moe_eagle3_sglang_plugin.py load_weights, `hard_coded_mapping`) splits them as
 # `loaded_weight[expert_id]` into `mlp.experts.<e>.gate_proj.weight` / `up_proj` / `down_proj`: the same split,
 # no transpose. The gpt-oss draft stores its experts as gpt-oss does (GPT_OSS_FUSED).
-SPECFORGE_STACKED = FusedLayout("SpecForge qwen3_moe", {
+SPECFORGE_STACKED = FusedLayout("qwen3_moe", {
     ".mlp.gate_weight": (("gate_proj", "weight", "all"),),
     ".mlp.up_weight": (("up_proj", "weight", "all"),),
     ".mlp.down_weight": (("down_proj", "weight", "all"),),

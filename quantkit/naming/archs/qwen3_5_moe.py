@@ -33,14 +33,14 @@ SOURCE = "vllm/model_executor/models/qwen3_5.py"
 #   mtp. -> None (MTP weights, loaded by qwen3_5_mtp.py); the class is not SupportsQuant, so configure_quant_config
 #   applies these renames to `exclude` too (not the None: get_rename_mapper drops it);
 # - the MTP block (mtp.fc, mtp.layers.0.*, its experts per expert in Qwen3.5 releases and fused in Qwen3.6's) is no
-#   target layer; the output keeps it BF16 byte for byte (fused experts unsplit: quantkit.io.formats FUSED_EXPERTS
+#   target layer; the output keeps it BF16 byte for byte (fused experts unsplit: QWEN3_5_FUSED below,
 #   stored_prefixes) and MTP_EXCLUDE (qwen3_next.py) excludes it for the MTP draft vLLM builds with this quant config;
 # - Qwen3.5's Gated DeltaNet is built with gqa_interleaved_layout=False: in_proj_qkvz is loaded from the checkpoint's
 #   in_proj_qkv + in_proj_z, in_proj_ba from in_proj_b + in_proj_a (Qwen3_5Model.hf_to_vllm_mapper), and the
 #   packed_modules_mapping (Qwen3_5ForConditionalGeneration) names those shards; everything else as Qwen3-Next
 #   (routers without quant_config, conv1d never quantized, shared_expert + shared_expert_gate);
 # - routed experts ship fused (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I], not transposed): the
-#   `fused-experts` source format (quantkit.io.formats FUSED_EXPERTS["qwen3_5_moe"]) splits them per expert into the
+#   `fused-experts` source format (QWEN3_5_FUSED below, decoded by quantkit.io.formats) splits them per expert into the
 #   experts.<e>.gate_proj / up_proj / down_proj names vLLM's RoutedExperts.load_weights maps to the same w1 / w3 / w2.
 QWEN3_5_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
                "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}  # fmt: skip

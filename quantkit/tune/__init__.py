@@ -1,0 +1,1 @@
+"""`quantkit tune`: the draft options swept, measured and estimated; one recommended."""
