@@ -19,7 +19,7 @@ from quantkit.naming.builder import (
     num_layers,
 )
 from quantkit.naming.family import Family, Key, MoeLayout, Router
-from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
+from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/models/minimax_m3/nvidia/model.py"
 
@@ -50,7 +50,7 @@ _SHARED = (Slot("block_sparse_moe.shared_experts.gate_up_proj", "fused_linear", 
 _DENSE = (Slot("mlp.gate_up_proj", "fused_linear", "dense_mlp", ("mlp.gate_proj", "mlp.up_proj")),
           Slot("mlp.down_proj", "linear", "dense_mlp", ("mlp.down_proj",)))
 _MAP = {**QKV_MAP, "gate_up_proj": ["gate_proj", "up_proj"]}
-_DEFAULT_FREQ = [0] * 3 + [1] * 57  # vllm/transformers_utils/configs/minimax_m3.py MiniMaxM3TextConfig defaults
+_DEFAULT_FREQ = [0] * 3 + [1] * 57  # vllm/transformers_utils/configs/minimax_m3.py MiniMaxM3TextConfig default moe_layer_freq
 
 
 def _per_layer(value: Any, i: int) -> bool:
@@ -60,16 +60,15 @@ def _per_layer(value: Any, i: int) -> bool:
 def minimax_m3_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None) -> list[RuntimeLayer]:
     n = num_layers(config, "model")
     moe_freq = config.get("moe_layer_freq", _DEFAULT_FREQ)
-    sparse_config = config.get("sparse_attention_config", {"sparse_attention_freq": _DEFAULT_FREQ})
-    if not isinstance(sparse_config, Mapping):
-        raise CheckpointLayoutError(f"config.json sparse_attention_config is {sparse_config!r}, not an object as "
-                                    f"{SOURCE} reads it; fix config.json (or re-download it)")
-    sparse = sparse_config.get("sparse_attention_freq")
+    # A sparse layer is told by its indexer projections rather than by sparse_attention_config.sparse_attention_freq:
+    # vLLM builds the indexer shards into qkv_proj exactly where that list says, and a checkpoint whose
+    # index_q_proj tensors disagree with it does not load, so the tensors say the same (and the free-form
+    # sparse_attention_config object needs no schema here).
     shared = bool(config.get("n_shared_experts", 1))
     embed, head = embed_and_head(ckpt, config, SOURCE)
     out = [embed]
     for i in range(n):
-        attn = _SPARSE_ATTN if _per_layer(sparse, i) else _ATTN
+        attn = _SPARSE_ATTN if ckpt.has(f"model.layers.{i}.self_attn.index_q_proj") else _ATTN
         slots = attn + ((_MOE + (_SHARED if shared else ())) if _per_layer(moe_freq, i) else _DENSE)
         out += decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, _MAP, SOURCE)
     check_layer_range(ckpt, "model.layers", n, SOURCE)
@@ -86,8 +85,6 @@ FAMILY = Family(
     # `*language_model.`); minimax_m2's (exclude lm_head, *block_sparse_moe.gate*, *self_attn*; gate_up w1/w3) fits its
     # names. Its KV pattern `*k_proj` also matches the indexer's `index_k_proj`: a KV-cache recipe is not checked here.
     quark_templates={"minimax_m3": "minimax_m2"},
-    # sparse_attention_config is read as vLLM reads it (a dict; anything else is refused by the builder): not declared,
-    # since a dict type cannot refuse a dict of the wrong keys without blaming a release that adds one
     config_keys={"scoring_func": str, "use_routing_bias": bool},
     mtp_prefix="mtp.",
 )  # fmt: skip
