@@ -78,7 +78,7 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
 def _shares_lm_head(config: dict[str, Any]) -> bool:
     from quantkit.naming.archs import speculative_method
 
-    return speculative_method(config) == "dflash" and not config.get("has_own_lm_head", False)
+    return speculative_method(config) in ("dflash", "dspark") and not config.get("has_own_lm_head", False)
 
 
 def _moe_layer(config: dict[str, Any]) -> bool:
