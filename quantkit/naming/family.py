@@ -115,6 +115,9 @@ class DraftLayout:
     # the `method` of vLLM's --speculative-config for this layout (vllm/config/speculative.py SpeculativeConfig.method):
     # what deploy writes
     method: str = "eagle3"
+    # the layout drafts all tokens in one pass (P-EAGLE's mask_hidden): deploy sets the speculative config's
+    # `parallel_drafting` (vllm/config/speculative.py; dflash / dspark set it themselves)
+    parallel_drafting: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
            "family_of", "fused_layouts", "is_draft", "mtp_tensor_names", "text_family", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
-           "checkpoint_layers", "runtime_layers", "speculative_method", "supported_architectures"]  # fmt: skip
+           "checkpoint_layers", "runtime_layers", "parallel_drafting", "speculative_method", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
 # (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
@@ -183,6 +183,15 @@ def speculative_method(config: Mapping[str, Any]) -> str:
     except UnsupportedArchitectureError:
         return "eagle3"
     return family.draft.method if family.draft is not None else "eagle3"
+
+
+def parallel_drafting(config: Mapping[str, Any]) -> bool:
+    """Whether this draft config.json's layout drafts in parallel (DraftLayout.parallel_drafting)."""
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        return False
+    return family.draft is not None and family.draft.parallel_drafting
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
