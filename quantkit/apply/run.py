@@ -162,6 +162,9 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     from quantkit.io.formats import decoded_tensor_names, detect_format, names_ending
     from quantkit.naming.archs import fused_layouts, mtp_tensor_names
 
+    # The architecture first, as inspect does: a folder no record names gets the same reason from both commands,
+    # never a source-format finding about a model quantkit could not quantize anyway.
+    architecture_of(src.config)
     fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"), fused=fused_layouts(src.config))
     if fmt.name != "bf16":
         if chosen != "native":
@@ -172,7 +175,6 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     decoded = decoded_tensor_names(fmt, src.tensors) if fmt.name != "bf16" else {}
     names = list(decoded) if fmt.name != "bf16" else list(src.tensors)
-    architecture_of(src.config)  # an architecture no record names is refused first, not after a recipe hint
     kind = model_kind(src.config)
     if chosen == "quark":
         quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported

@@ -12,6 +12,7 @@ from quantkit.cli import (  # noqa: F401
     demo,
     deploy,
     eval,
+    families,
     gate,
     inspect,
     publish,

@@ -25,7 +25,7 @@ from quantkit.io.config import config_int, text_config
 from quantkit.io.config import max_model_len as derived_max_model_len
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.naming.archs import is_draft as is_eagle3_draft
-from quantkit.naming.archs import require_vllm_model
+from quantkit.naming.archs import parallel_drafting, require_vllm_model, speculative_method
 from quantkit.results.check import Finding
 from quantkit.results.deploy import DeployManifest, EnvVar, MultiNode, VersionNeed
 from quantkit.results.kernels import KernelPath
@@ -137,7 +137,10 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         argv += ["--moe-backend", pin]
     spec: dict[str, Any] | None = None
     if draft_path is not None:
-        spec = {"method": "eagle3", "model": draft_ref or draft_path, "num_speculative_tokens": num_speculative_tokens}
+        spec = {"method": speculative_method(draft_config or {}), "model": draft_ref or draft_path,
+                "num_speculative_tokens": num_speculative_tokens}
+        if parallel_drafting(draft_config or {}):
+            spec["parallel_drafting"] = True
         if serving.draft_attention_backend not in (None, "auto"):
             spec["attention_backend"] = serving.draft_attention_backend
         if pin is not None and draft_has_experts(draft_config or {}):

@@ -375,6 +375,14 @@ def draft_config(config: Mapping[str, Any]) -> DraftConfig:
     top_eagle, layer_eagle = config.get("eagle_config"), layer.get("eagle_config")
     eagle: Mapping[str, Any] = (top_eagle if isinstance(top_eagle, dict) and top_eagle else
                                 layer_eagle if isinstance(layer_eagle, dict) else {})  # fmt: skip
+    # A DFlash draft's dflash_config overrides its eagle_config and names the target layers it reads as
+    # target_layer_ids (vllm/model_executor/models/qwen3_dflash.py DFlashQwen3Model: `drafter_config =
+    # eagle_config; drafter_config.update(dflash_config)`; the fc input is len(target_layer_ids) x target hidden)
+    dflash = config.get("dflash_config")
+    if isinstance(dflash, dict) and dflash:
+        eagle = {**eagle, **dflash}
+        if _ids(dflash.get("target_layer_ids")):
+            eagle["eagle_aux_hidden_state_layer_ids"] = dflash["target_layer_ids"]
     top_ids, eagle_ids = _ids(config.get("eagle_aux_hidden_state_layer_ids")), _ids(eagle.get(
         "eagle_aux_hidden_state_layer_ids"))
     vocab = config_int(layer.get("vocab_size"))

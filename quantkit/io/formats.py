@@ -13,6 +13,28 @@ Formats, as the target checkpoints ship them:
   `scaled_dequantize`: `(x_q.to(float32) * x_s).to(out_dtype)`; int8_utils.py `block_dequant` for partial blocks) and
   what compressed-tensors does (compressed_tensors/entrypoints/convert/converters/fp8block_dequantizer.py
   `FP8BlockDequantizer._create_dequantized_weight`). Any positive block size is decoded; [128, 128] is what ships.
+- `fp8-block` with E8M0 scales: the same arithmetic where a scale is stored as an E8M0 exponent byte (U8 or F8_E8M0:
+  value 2**(byte - 127), 255 is NaN per the OCP MX spec) instead of a float. Two releases store theirs so:
+  - MXFP8 (MiniMax-M3-MXFP8: `quant_method: "mxfp8"`, `weight_block_size` [1, 32], `scale_fmt` ue8m0): `<m>.weight`
+    F8_E4M3 [out, in] and `<m>.weight_scale_inv` U8 [out, ceil(in/32)], which vLLM loads with ModelOpt's MXFP8 config
+    (vllm/model_executor/layers/quantization/__init__.py maps "mxfp8" to ModelOptMxFp8Config; models/minimax_m3/amd/
+    model.py load_weights renames `weight_scale_inv` -> `weight_scale`). Decoded as vLLM's own
+    quantization/utils/mxfp8_utils.py `dequant_mxfp8_to_bf16` does: float32(w) * exp2(float32(s) - 127), then one
+    rounding to BF16.
+  - DeepSeek-V4 (`quant_method: "fp8"`, `scale_fmt: "ue8m0"`, `weight_block_size` [128, 128]): `<m>.weight` F8_E4M3
+    and `<m>.scale` F8_E8M0 [ceil(out/128), ceil(in/128)], DeepSeek's own names (vllm/models/deepseek_v4/cpu/model.py
+    `_make_deepseek_v4_weights_mapper` maps `.scale` -> `.weight_scale_inv`). SourceFormat.scale_suffix says which
+    name a checkpoint uses. E4M3 has 3 mantissa bits, so w * 2**k is exact in float32 and in BF16 (7 bits) wherever
+    the product is a normal BF16 number.
+- DeepSeek-V4's routed experts with `expert_dtype: "fp4"` (DeepSeek-V4-Flash): `layers.N.ffn.experts.E.w{1,2,3}.weight`
+  I8 [out, in/2] (torch.float4_e2m1fn_x2: two E2M1 codes per byte, the first in the low nibble) and `.scale` F8_E8M0
+  [out, in/32] (DeepSeek-V4 inference/model.py `Linear.__init__`: "Scale is [out, in//32] ... 1 scale per 32 fp4
+  elements along K"). That is OCP MXFP4 exactly: E2M1 elements, one E8M0 scale per 32 along the input dimension, low
+  nibble first, the layout Quark 0.13 stores (quantkit.schemes.mxfp4.quantize_mxfp4) and vLLM's Mxfp4MoEMethod loads
+  for DeepSeek-V4 (vllm/models/deepseek_v4/quant_config.py `DeepseekV4FP8Config.get_quant_method`). They are not
+  decoded and quantized again (a second rounding): `relayout_fp4_experts` renames them into Quark's
+  `<m>.weight` U8 / `<m>.weight_scale` U8, the bytes unchanged. FP4 experts in any other layout (another scale block,
+  E4M3 scales as NVFP4 has) are refused as already FP4 (AlreadyFp4Error): serve them as they are.
 - `int4-pack-quantized` (Kimi-K2-Thinking, Kimi-K2.5): `quant_method == "compressed-tensors"`, format
   `pack-quantized`, weights symmetric INT4 with strategy `group`. Each quantized linear stores `<m>.weight_packed` I32
   [out, ceil(in/8)] (8 values per int32, lowest nibble first, stored as value + 8), `<m>.weight_scale` (BF16) [out,
@@ -87,7 +109,8 @@ if TYPE_CHECKING:
 FormatName = Literal["bf16", "fp8-block", "int4-pack-quantized", "fused-experts"]
 FORMAT_NAMES: tuple[FormatName, ...] = ("bf16", "fp8-block", "int4-pack-quantized", "fused-experts")
 SUPPORTED_FORMATS = (
-    "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size), "
+    "bf16/fp16/fp32 (no quantization_config), fp8-block (quant_method fp8 with weight_block_size; float or E8M0 "
+    "scales, DeepSeek-V4's with OCP-MXFP4 experts), mxfp8 (quant_method mxfp8, E8M0 scales per 1x32), "
     "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), fused-experts (BF16 "
     "gpt-oss / Llama-4 / Qwen3.5-MoE with 3-D experts, SpecForge Qwen3-MoE EAGLE-3 drafts' stacked experts)"
 )
@@ -120,9 +143,13 @@ _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
 
 # Tensor-name suffixes that carry a source format and never reach the decoded output.
 FP8_SCALE_SUFFIX = ".weight_scale_inv"
+DSV4_SCALE_SUFFIX = ".scale"  # DeepSeek-V4's own name for a block scale (and for its FP4 experts' E8M0 scales)
+MX_BLOCK = 32  # OCP MX: one E8M0 scale per 32 elements along the input dimension
 INT4_PARTS = (".weight_packed", ".weight_scale", ".weight_shape")
 _FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 _SCALE_DTYPES = ("F32", "BF16", "F16")
+_E8M0_DTYPES = ("U8", "F8_E8M0")  # an E8M0 exponent byte, as MXFP8 (U8) and DeepSeek-V4 (F8_E8M0) store it
+_FP4_DTYPES = ("I8", "U8", "F4")  # two E2M1 codes per byte
 
 # Labels for the compressed-tensors formats quantkit refuses (compressed_tensors/config/base.py CompressionFormat).
 _CT_FORMAT_LABELS = {
@@ -158,6 +185,11 @@ class AlreadyMxfp4Error(UnsupportedSourceFormatError):
     """The source is OpenAI's MXFP4 gpt-oss release: its experts are MXFP4 already and vLLM serves it as it is."""
 
 
+class AlreadyFp4Error(UnsupportedSourceFormatError):
+    """The source's experts are FP4 already in a layout that is not OCP MXFP4: requantizing them would add a second
+    rounding; vLLM serves the checkpoint as it is."""
+
+
 class SplitModuleError(SourceFormatError):
     """A quantized module's parts lie in different shards and no lookup for the missing part was given."""
 
@@ -182,14 +214,22 @@ class SourceFormat:
     stored_dtypes: tuple[str, ...] = ()
     experts: int | None = None  # fused-experts: experts per fused tensor (config num_local_experts)
     fused: FusedLayout | None = None  # fused-experts: the layout, from the family's record
+    method: str | None = None  # fp8-block: the quant_method ("fp8", "mxfp8")
+    scale_suffix: str = FP8_SCALE_SUFFIX  # fp8-block: `<m>.weight_scale_inv`, or DeepSeek-V4's `<m>.scale`
+    e8m0_scales: bool = False  # fp8-block: scales are E8M0 exponent bytes (U8 / F8_E8M0), not floats
+    fp4_experts: int = 0  # fp8-block: DeepSeek-V4 OCP-MXFP4 expert modules, re-laid out without arithmetic
 
     @property
     def description(self) -> str:
         """One line for `inspect`."""
         if self.name == "fp8-block":
             assert self.block_size is not None
-            return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
-                    f"quant_method fp8); decoded to BF16")  # fmt: skip
+            scales = "E8M0 " if self.e8m0_scales else ""
+            label = "MXFP8: " if self.method == "mxfp8" else ""
+            fp4 = (f"; {self.fp4_experts} expert linears already OCP MXFP4 (E2M1, E8M0 per 32), re-laid out into "
+                   "Quark's layout with their bytes unchanged") if self.fp4_experts else ""
+            return (f"{label}FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} {scales}block scales "
+                    f"({self.scale_suffix.lstrip('.')}, quant_method {self.method or 'fp8'}); decoded to BF16{fp4}")
         if self.name == "fused-experts" and self.fused is not None and self.fused.container is not None:
             stacked = ", ".join(s.lstrip(".") for s in self.fused.parts)
             return (f"{self.fused.name} with {self.experts} experts stacked per layer ({stacked} [E, out, in]); "
@@ -284,9 +324,9 @@ def detect_format(
     method = str(qcfg.get("quant_method", "")).lower()
     if key == "compression_config" and not method:
         method = "compressed-tensors"  # the legacy key predates quant_method
-    if method == "fp8":
-        _typed("fp8", qcfg, key, source)
-        fmt = _fp8_format(qcfg, key, where, stored)
+    if method in ("fp8", "mxfp8"):
+        _typed(method, qcfg, key, source)
+        fmt = _fp8_format(qcfg, key, where, stored, method, infos, _fp4_experts_declared(config, qcfg))
         _check_fp8(fmt, infos, where)
     elif method == "compressed-tensors":
         _typed("compressed-tensors", qcfg, key, source)
@@ -401,18 +441,79 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _fp8_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tuple[str, ...]) -> SourceFormat:
+def _fp8_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tuple[str, ...], method: str,
+                infos: Mapping[str, tuple[str, tuple[int, ...]]], fp4_declared: bool) -> SourceFormat:
     fmt = str(qcfg.get("fmt") or "e4m3").lower()
     if "e4m3" not in fmt:
         raise _unsupported(where, f"FP8 fmt {fmt!r}")
     block = qcfg.get("weight_block_size")
+    if block is None and method == "mxfp8":
+        block = [1, MX_BLOCK]  # the OCP MX block vLLM's MXFP8 path assumes (mxfp8_utils.py MXFP8_BLOCK_SIZE)
     if block is None:
         raise _unsupported(where, "per-tensor FP8 (quant_method fp8 without weight_block_size)")
     if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(_positive_int(b) for b in block)):
         raise _unsupported(where, f"FP8 weight_block_size {block!r} (expected two positive integers)")
+    if method == "mxfp8" and list(block) != [1, MX_BLOCK]:
+        raise _unsupported(where, f"MXFP8 with weight_block_size {list(block)} (OCP MXFP8 is [1, {MX_BLOCK}])")
     ignore = qcfg.get("ignored_layers") or qcfg.get("modules_to_not_convert") or ()  # vllm fp8.py Fp8Config.from_config
+    # DeepSeek-V4 names a block scale `<m>.scale`; every other release `<m>.weight_scale_inv`.
+    dsv4 = not names_ending(infos, (FP8_SCALE_SUFFIX,)) and bool(names_ending(infos, (DSV4_SCALE_SUFFIX,)))
+    suffix = DSV4_SCALE_SUFFIX if dsv4 else FP8_SCALE_SUFFIX
+    e8m0 = method == "mxfp8" or any(
+        infos[n][0] in _E8M0_DTYPES for n in names_ending(infos, (suffix,))
+        if infos.get(_scaled_weight(suffix, n), ("",))[0] == "F8_E4M3")
+    fp4 = _fp4_expert_modules(infos, suffix, where) if (fp4_declared or dsv4) else []
     return SourceFormat("fp8-block", key, block_size=(int(block[0]), int(block[1])), ignore=tuple(ignore),
-                        stored_dtypes=stored)  # fmt: skip
+                        stored_dtypes=stored, method=method, scale_suffix=suffix, e8m0_scales=e8m0,
+                        fp4_experts=len(fp4))  # fmt: skip
+
+
+def _scaled_weight(suffix: str, scale_name: str) -> str:
+    """The weight a block scale belongs to: `x.weight` for `x.weight_scale_inv` and for DeepSeek-V4's `x.scale`."""
+    return scale_name[: -len(suffix)] + ".weight" if suffix == DSV4_SCALE_SUFFIX else scale_name[: -len("_scale_inv")]
+
+
+def scaled_weight_of(fmt: SourceFormat, scale_name: str) -> str:
+    """The weight whose block scale is `scale_name` (a name ending in fmt.scale_suffix)."""
+    return _scaled_weight(fmt.scale_suffix, scale_name)
+
+
+def fp8_scale_name(fmt: SourceFormat, weight_name: str) -> str:
+    """The block scale of FP8 weight `x.weight` in this checkpoint: `x.weight_scale_inv`, or DeepSeek-V4's `x.scale`."""
+    if fmt.scale_suffix == DSV4_SCALE_SUFFIX:
+        return weight_name[: -len(".weight")] + DSV4_SCALE_SUFFIX
+    return weight_name + "_scale_inv"
+
+
+def _fp4_experts_declared(config: Mapping[str, Any], qcfg: Mapping[str, Any]) -> bool:
+    """DeepSeek-V4's `expert_dtype: "fp4"`: top level, in text_config or in quantization_config, where vLLM and
+    DeepSeek's own loaders read it (vllm/transformers_utils/configs/deepseek_v41.py copies it from the latter)."""
+    text = config.get("text_config")
+    places = (config, text if isinstance(text, Mapping) else {}, qcfg)
+    return any(str(p.get("expert_dtype", "")).lower() == "fp4" for p in places)
+
+
+def _fp4_expert_modules(infos: Mapping[str, tuple[str, tuple[int, ...]]], suffix: str, where: str) -> list[str]:
+    """The modules whose `.weight` is packed FP4 beside a scale; each checked to be OCP MXFP4 (E2M1 two per byte, one
+    E8M0 scale per 32 along the input dimension) or refused as already FP4 (AlreadyFp4Error)."""
+    out = []
+    for name, (dtype, shape) in infos.items():
+        if dtype not in _FP4_DTYPES or not name.endswith(".weight") or len(shape) != 2:
+            continue
+        scale_name = name[: -len(".weight")] + suffix if suffix == DSV4_SCALE_SUFFIX else name + "_scale_inv"
+        scale = infos.get(scale_name)
+        if scale is None:
+            continue  # a plain integer tensor, not a quantized module
+        rows, packed = shape
+        mx = [rows, math.ceil(packed * 2 / MX_BLOCK)]
+        if scale[0] not in _E8M0_DTYPES or list(scale[1]) != mx:
+            raise AlreadyFp4Error(
+                f"{where}: {name} is packed FP4 ({dtype} {list(shape)}) with {scale_name} {scale[0]} "
+                f"{list(scale[1])}, not OCP MXFP4 (E8M0 {mx}: one scale per {MX_BLOCK}); already FP4: serve it as it "
+                "is with vLLM, or start from the model's BF16 release"
+            )
+        out.append(name[: -len(".weight")])
+    return out
 
 
 def _ct_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tuple[str, ...]) -> SourceFormat:
@@ -461,38 +562,43 @@ def _ct_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tup
 def _check_fp8(fmt: SourceFormat, infos: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> None:
     assert fmt.block_size is not None
     bn, bk = fmt.block_size
+    suffix = fmt.scale_suffix
+    scale_dtypes, scale_kind = (_E8M0_DTYPES, "E8M0 (U8 or F8_E8M0)") if fmt.e8m0_scales else (_SCALE_DTYPES, "F32")
     found = False
     for name, (dtype, shape) in infos.items():
         if dtype == "F8_E4M3":
             if not name.endswith(".weight") or len(shape) != 2:
                 raise SourceFormatError(f"{where}: tensor {name} is F8_E4M3 {list(shape)} but not a 2-D .weight; "
                                         f"the checkpoint does not match its fp8-block config")  # fmt: skip
-            scale = infos.get(name + "_scale_inv")
+            scale_name = fp8_scale_name(fmt, name)
+            scale = infos.get(scale_name)
             if scale is None:
-                raise SourceFormatError(f"{where}: {name} is F8_E4M3 but {name}_scale_inv is missing; the checkpoint "
+                raise SourceFormatError(f"{where}: {name} is F8_E4M3 but {scale_name} is missing; the checkpoint "
                                         f"is incomplete or not fp8-block, re-download it")  # fmt: skip
             want = [math.ceil(shape[0] / bn), math.ceil(shape[1] / bk)]
-            if scale[0] not in _SCALE_DTYPES or list(scale[1]) != want:
+            if scale[0] not in scale_dtypes or list(scale[1]) != want:
                 raise SourceFormatError(
-                    f"{where}: {name}_scale_inv is {scale[0]} {list(scale[1])}, expected F32 {want} for {name} "
+                    f"{where}: {scale_name} is {scale[0]} {list(scale[1])}, expected {scale_kind} {want} for {name} "
                     f"{list(shape)} with weight_block_size [{bn}, {bk}]; the checkpoint does not match its config"
                 )
             found = True
+        elif name.endswith(suffix):
+            weight_name = _scaled_weight(suffix, name)
+            weight = infos.get(weight_name)
+            if weight is None or weight[0] not in ("F8_E4M3", *(_FP4_DTYPES if fmt.fp4_experts else ())):
+                what = "F8_E4M3 weight" + (" (or packed FP4 expert weight)" if fmt.fp4_experts else "")
+                raise SourceFormatError(f"{where}: {name} has no {what} {weight_name} beside it; the checkpoint does "
+                                        f"not match its fp8-block config")  # fmt: skip
         elif dtype.startswith("F8_") or dtype == "F4":
-            raise SourceFormatError(f"{where}: tensor {name} is {dtype}; fp8-block decodes F8_E4M3 weights only")
-        elif name.endswith(FP8_SCALE_SUFFIX):
-            weight = infos.get(name[: -len("_scale_inv")])
-            if weight is None or weight[0] != "F8_E4M3":
-                raise SourceFormatError(
-                    f"{where}: {name} has no F8_E4M3 weight {name[: -len('_scale_inv')]} beside it; the checkpoint "
-                    f"does not match its fp8-block config"
-                )
+            raise SourceFormatError(f"{where}: tensor {name} is {dtype}, neither an F8_E4M3 weight nor a block scale "
+                                    f"named *{suffix} beside one; the checkpoint does not match its fp8-block "
+                                    "config")  # fmt: skip
         elif name.endswith(".input_scale"):
             raise SourceFormatError(f"{where}: tensor {name} is a static activation scale, which fp8-block "
                                     f"checkpoints (activation_scheme dynamic) do not have")  # fmt: skip
     if not found:
-        raise SourceFormatError(f"{where} says fp8, but no F8_E4M3 weight with weight_scale_inv is in the checkpoint; "
-                                f"the config does not match the weights")  # fmt: skip
+        raise SourceFormatError(f"{where} says {fmt.method or 'fp8'}, but no F8_E4M3 weight with {suffix.lstrip('.')} "
+                                f"is in the checkpoint; the config does not match the weights")  # fmt: skip
 
 
 def _check_int4(fmt: SourceFormat, infos: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> None:
@@ -568,8 +674,8 @@ def names_starting(names: Collection[str], prefixes: tuple[str, ...]) -> list[st
 
 def _primary_of(fmt: SourceFormat, name: str) -> str | None:
     """For a secondary part (scale, shape), the name of the part that anchors its module; None otherwise."""
-    if fmt.name == "fp8-block" and name.endswith(FP8_SCALE_SUFFIX):
-        return name[: -len("_scale_inv")]
+    if fmt.name == "fp8-block" and name.endswith(fmt.scale_suffix):
+        return _scaled_weight(fmt.scale_suffix, name)
     if fmt.name == "int4-pack-quantized" and name.endswith((".weight_scale", ".weight_shape")):
         return name.rpartition(".")[0] + ".weight_packed"
     return None
@@ -577,8 +683,8 @@ def _primary_of(fmt: SourceFormat, name: str) -> str | None:
 
 def _parts_of(fmt: SourceFormat, name: str, present: Callable[[str], bool]) -> tuple[str, list[str]] | None:
     """(decoded name, source parts) when `name` anchors a quantized module, else None."""
-    if fmt.name == "fp8-block" and name.endswith(".weight") and present(name + "_scale_inv"):
-        return name, [name, name + "_scale_inv"]
+    if fmt.name == "fp8-block" and name.endswith(".weight") and present(fp8_scale_name(fmt, name)):
+        return name, [name, fp8_scale_name(fmt, name)]
     if fmt.name == "int4-pack-quantized" and name.endswith(".weight_packed"):
         module = name[: -len(".weight_packed")]
         return module + ".weight", [name, module + ".weight_scale", module + ".weight_shape"]
@@ -674,13 +780,17 @@ def decode_tensors(
             # An FP8 weight anchors its module even when its scale is in another shard (lookup or SplitModuleError);
             # a non-E4M3 weight, or a BF16 one beside a scale_inv, is refused by _decode_fp8_block.
             is_fp8 = tensor.is_floating_point() and tensor.element_size() == 1
-            anchored = name.endswith(".weight") and (is_fp8 or f"{name}_scale_inv" in tensors)
-            parts = (name, [name, name + "_scale_inv"]) if anchored else None
+            scale_name = fp8_scale_name(fmt, name) if name.endswith(".weight") else ""
+            anchored = name.endswith(".weight") and (is_fp8 or scale_name in tensors)
+            parts = (name, [name, scale_name]) if anchored else None
         else:
             parts = _parts_of(fmt, name, tensors.__contains__)
         if parts is not None:
             decoded, sources = parts
             values = [tensors[p] if p in tensors else _fetch(p, decoded, lookup) for p in sources]
+            if fmt.name == "fp8-block" and _is_packed_fp4(values[0]):
+                out.update(relayout_fp4_experts(decoded, values[0], values[1]))
+                continue
             if fmt.name == "fp8-block":
                 result = _decode_fp8_block(decoded, values[0], values[1], fmt, out_dtype)
             else:
@@ -711,7 +821,7 @@ def decode_module(fmt: SourceFormat, name: str, parts: list[torch.Tensor], *, dt
     out_dtype = torch.bfloat16 if dtype is None else dtype
     if fmt.name == "fp8-block":
         result = _decode_fp8_block(name, parts[0], parts[1], fmt, out_dtype)
-        sources = [name, name + "_scale_inv"]
+        sources = [name, fp8_scale_name(fmt, name)]
     elif fmt.name == "int4-pack-quantized":
         result = _decode_int4(name, parts[0], parts[1], parts[2], fmt, out_dtype)
         module = name.removesuffix(".weight")
@@ -744,9 +854,12 @@ def _decode_fp8_block(
         raise SourceFormatError(f"{name} is {weight.dtype} {list(weight.shape)}, expected 2-D float8_e4m3fn")
     rows, cols = weight.shape
     want = [math.ceil(rows / bn), math.ceil(cols / bk)]
-    if list(scale_inv.shape) != want or not scale_inv.is_floating_point():
-        raise SourceFormatError(f"{name}_scale_inv is {scale_inv.dtype} {list(scale_inv.shape)}, expected float32 "
-                                f"{want} for weight_block_size [{bn}, {bk}]")  # fmt: skip
+    e8m0 = scale_inv.dtype in (torch.uint8, torch.float8_e8m0fnu)
+    if list(scale_inv.shape) != want or not (e8m0 or scale_inv.is_floating_point()):
+        raise SourceFormatError(f"{fp8_scale_name(fmt, name)} is {scale_inv.dtype} {list(scale_inv.shape)}, expected "
+                                f"float32 or E8M0 {want} for weight_block_size [{bn}, {bk}]")  # fmt: skip
+    if e8m0:
+        scale_inv = e8m0_to_float32(scale_inv)
     # float32(w) * float32(scale) per element, one rounding to out_dtype: DeepSeek weight_dequant_kernel, vLLM
     # scaled_dequantize / block_dequant, compressed-tensors FP8BlockDequantizer. Scales are expanded along columns
     # only and applied one row block at a time, so no weight-sized scale tensor is built.
@@ -755,6 +868,38 @@ def _decode_fp8_block(
     for i in range(want[0]):
         result[i * bn : (i + 1) * bn].mul_(col_scales[i])
     return result if out_dtype == torch.float32 else result.to(out_dtype)
+
+
+def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes (uint8 or float8_e8m0fnu) as float32 2**(byte - 127); 255 is NaN (OCP MX spec), so a
+    decoded block under it is refused as non-finite. The powers of two are exact in float32 (2**-127 is subnormal)."""
+    import torch
+
+    codes = scale.view(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale
+    values = torch.exp2(codes.to(torch.float32) - 127.0)
+    return torch.where(codes == 255, torch.full_like(values, float("nan")), values)
+
+
+def _is_packed_fp4(weight: torch.Tensor) -> bool:
+    import torch
+
+    return weight.dtype in (torch.int8, torch.uint8) or str(weight.dtype) == "torch.float4_e2m1fn_x2"
+
+
+def relayout_fp4_experts(name: str, weight: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """DeepSeek-V4's OCP-MXFP4 expert `name` (`x.weight` packed E2M1 [out, in/2], its E8M0 `x.scale` [out, in/32]) in
+    Quark 0.13's MXFP4 layout: `x.weight` uint8 [out, in/2] (low nibble first) and `x.weight_scale` uint8 [out, in/32].
+    Both are byte views of the stored tensors: no arithmetic, so no second rounding. SourceFormatError where the
+    shapes are not MXFP4's."""
+    import torch
+
+    packed = weight.view(torch.uint8)
+    codes = scale.view(torch.uint8)
+    if packed.ndim != 2 or codes.ndim != 2 or list(codes.shape) != [packed.shape[0], math.ceil(packed.shape[1] * 2 /
+                                                                                             MX_BLOCK)]:
+        raise SourceFormatError(f"{name}: packed FP4 {list(packed.shape)} with scale {list(codes.shape)} is not OCP "
+                                f"MXFP4 (one E8M0 scale per {MX_BLOCK} values); re-download the checkpoint")
+    return {name: packed, name + "_scale": codes}
 
 
 def _decode_int4(

@@ -26,6 +26,7 @@ class Fp8Config(Typed):
     ignored_layers: list[str] | None = None
     modules_to_not_convert: list[str] | None = None
     activation_scheme: str | None = None
+    scale_fmt: str | None = None  # "ue8m0": DeepSeek-V3.2/V4 and MXFP8 scales are powers of two
 
 
 class CtWeights(Typed):
@@ -55,7 +56,8 @@ class CtConfig(Typed):
     transform_config: dict[str, Any] | None = None
 
 
-MODELS: dict[str, type[Typed]] = {"fp8": Fp8Config, "compressed-tensors": CtConfig}  # by quant_method
+# by quant_method; an mxfp8 config has fp8's keys (vLLM's ModelOptMxFp8Config.from_config reads ignored_layers)
+MODELS: dict[str, type[Typed]] = {"fp8": Fp8Config, "mxfp8": Fp8Config, "compressed-tensors": CtConfig}
 
 
 def check_types(method: str, qcfg: Mapping[str, Any], key: str | None, source: str,

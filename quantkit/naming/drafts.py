@@ -47,7 +47,11 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
     # The MLP of an MoE-layer draft (quantkit.naming.archs.eagle3_moe) is its router and experts, which its layer
     # builder requires; a dense draft's is mlp.down_proj.
     mlp = [] if dc.format == "eagle" and _moe_layer(config) else [f"{prefix}mlp.down_proj.weight"]
-    required = ["fc.weight", "lm_head.weight", "norm.weight", f"{prefix}self_attn.q_proj.weight", *mlp]
+    # o_proj: every draft layout's attention has it (Llama's q/k/v, MLA's q_a/kv_a: the layer builder names the rest)
+    # lm_head: a DFlash draft without has_own_lm_head shares the target's (qwen3_dflash.py builds lm_head without a
+    # quant config and loads none), so it is checked where present
+    head = [] if _shares_lm_head(config) else ["lm_head.weight"]
+    required = ["fc.weight", *head, "norm.weight", f"{prefix}self_attn.o_proj.weight", *mlp]
     missing = [n for n in required if n not in tensors]
     if missing:
         raise DraftFormatError(
@@ -57,7 +61,7 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
     hidden = dc.hidden_size or int(tensors["fc.weight"].shape[0])
     vocab = dc.vocab_size or 0
     draft_vocab = dc.draft_vocab_size or vocab
-    if tensors["lm_head.weight"].shape[0] != draft_vocab:
+    if "lm_head.weight" in tensors and tensors["lm_head.weight"].shape[0] != draft_vocab:
         raise DraftFormatError(
             f"draft {where}: lm_head has {tensors['lm_head.weight'].shape[0]} rows but draft_vocab_size is "
             f"{draft_vocab}; fix draft_vocab_size in config.json"
@@ -69,6 +73,12 @@ def draft_info(config: dict[str, Any], tensors: dict[str, TensorInfo], where: st
         )
     ids = dc.aux_layer_ids
     return DraftInfo(dc.format, prefix, hidden, draft_vocab, vocab, list(ids) if ids else None, dict(dc.layer))
+
+
+def _shares_lm_head(config: dict[str, Any]) -> bool:
+    from quantkit.naming.archs import speculative_method
+
+    return speculative_method(config) in ("dflash", "dspark") and not config.get("has_own_lm_head", False)
 
 
 def _moe_layer(config: dict[str, Any]) -> bool:

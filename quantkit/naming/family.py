@@ -113,6 +113,12 @@ class DraftLayout:
     # why vLLM cannot build this layout at all (a message with {arch} and {folder} fields, citing vLLM's
     # registry): check's vLLM load and deploy refuse with it in one line. None: vLLM builds it
     vllm_refusal: str | None = None
+    # the `method` of vLLM's --speculative-config for this layout (vllm/config/speculative.py SpeculativeConfig.method):
+    # what deploy writes
+    method: str = "eagle3"
+    # the layout drafts all tokens in one pass (P-EAGLE's mask_hidden): deploy sets the speculative config's
+    # `parallel_drafting` (vllm/config/speculative.py; dflash / dspark set it themselves)
+    parallel_drafting: bool = False
 
 
 @dataclass(frozen=True)

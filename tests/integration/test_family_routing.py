@@ -87,6 +87,14 @@ CASES = {
                     lambda c: ("softmax", c.get("norm_topk_prob", True), None, False),
                     [{"norm_topk_prob": True}, {"norm_topk_prob": False}]),
     "llama4_text": ("Llama4ForCausalLM", None, [{}, {"norm_topk_prob": True}]),
+    # vllm/models/deepseek_v32/__init__.py: deepseek_v2.py GlmMoeDsaForCausalLM on CPU, DeepSeek's arguments
+    "glm_moe_dsa": ("GlmMoeDsaForCausalLM", _deepseek, [
+        {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "norm_topk_prob": True}, {}]),
+    # vllm/models/minimax_m3/nvidia/model.py MiniMaxM3MoE: FusedMoEFactory(scoring_func=config.scoring_func,
+    # e_score_correction_bias iff use_routing_bias, renormalize=True); MiniMaxM3TextConfig defaults sigmoid, True
+    "minimax_m3": ("MiniMaxM3SparseForCausalLM",
+                   lambda c: (c.get("scoring_func", "sigmoid"), True, None, bool(c.get("use_routing_bias", True))),
+                   [{}, {"use_routing_bias": False}, {"scoring_func": "softmax", "use_routing_bias": False}]),
 }
 WRAPPED = {"qwen3_5_moe"}  # its MoE keys live under text_config
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from quantkit.apply.shards.errors import ExecutorError
 from quantkit.apply.shards.f2f import ShardPlan, is_linear_weight_name, scheme_for
-from quantkit.io.formats import fused_expert_parts
+from quantkit.io.formats import fp8_scale_name, fused_expert_parts, scaled_weight_of
 from quantkit.io.safetensors import ST_ORDER, HeaderEntry, header_bytes, tensor_nbytes
 from quantkit.schemes import expected_layout
 
@@ -190,10 +190,11 @@ def shard_layouts(src: Path, plan: ShardPlan, *, scheme: str, exclude: list[str]
         for e in entries:
             anchor = Part(shard, e, start + e.begin)
             if fmt == "fp8-block" and e.name.endswith(".weight") and (e.dtype in FP8_DTYPES
-                                                                       or e.name + "_scale_inv" in where):
-                parts = [anchor, part(e.name + "_scale_inv", e.name)]
+                                                                       or fp8_scale_name(decode, e.name) in where):
+                parts = [anchor, part(fp8_scale_name(decode, e.name), e.name)]
                 units.append(Unit(e.name, "BF16", e.shape, "keep", None, parts, True, []))
-            elif fmt == "fp8-block" and e.name.endswith("_scale_inv") and e.name[:-len("_scale_inv")] in where:
+            elif fmt == "fp8-block" and e.name.endswith(decode.scale_suffix) and \
+                    scaled_weight_of(decode, e.name) in where:
                 continue  # decoded with its weight, wherever that is
             elif fmt == "int4-pack-quantized" and e.name.endswith(".weight_packed"):
                 module = e.name[:-len(".weight_packed")]

@@ -27,7 +27,7 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
            "family_of", "fused_layouts", "is_draft", "mtp_tensor_names", "text_family", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
-           "checkpoint_layers", "runtime_layers", "supported_architectures"]  # fmt: skip
+           "checkpoint_layers", "runtime_layers", "parallel_drafting", "speculative_method", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
 # (yet) part of quantkit reaches every quantkit process, the CLI subprocesses of a test included.
@@ -153,9 +153,14 @@ def architecture_of(config: Mapping[str, Any]) -> str:
         if arch in _BY_ARCH:
             return arch
     named = ", ".join(archs) if archs else "no architectures"
+    from quantkit.naming.catalog import nearest_family
+
+    near = nearest_family(config)
+    hint = (f"the nearest supported is family {near.name} ({', '.join(near.architectures)}); " if near is not None
+            else "")
     raise UnsupportedArchitectureError(
-        f"config.json architecture {named} is not supported; supported: {', '.join(supported_architectures())} "
-        f"(or a speculators eagle3 draft)"
+        f"config.json architecture {named} is not supported; {hint}`quantkit families` lists every supported family "
+        "and draft layout with the vLLM classes it builds"
     )
 
 
@@ -168,6 +173,25 @@ def require_vllm_model(config: Mapping[str, Any], folder: str) -> None:
         return
     if family.draft is not None and family.draft.vllm_refusal is not None:
         raise NoVllmModelError(family.draft.vllm_refusal.format(arch=architecture_of(config), folder=folder))
+
+
+def speculative_method(config: Mapping[str, Any]) -> str:
+    """The --speculative-config method vLLM needs for this draft config.json (its layout's DraftLayout.method);
+    "eagle3" for a draft no record names (deploy's behaviour before layouts had methods)."""
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        return "eagle3"
+    return family.draft.method if family.draft is not None else "eagle3"
+
+
+def parallel_drafting(config: Mapping[str, Any]) -> bool:
+    """Whether this draft config.json's layout drafts in parallel (DraftLayout.parallel_drafting)."""
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        return False
+    return family.draft is not None and family.draft.parallel_drafting
 
 
 def family_of(config: Mapping[str, Any]) -> Family:

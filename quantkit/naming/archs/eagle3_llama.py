@@ -33,7 +33,10 @@ SOURCE = "vllm/model_executor/models/llama_eagle3.py"
 # Eagle3Qwen3ForCausalLM (qwen3_eagle3.py) is the same except that its replacement qkv_proj is built with
 # prefix `model.layers.{N}.qkv_proj` (maybe_prefix(prefix, "qkv_proj") on the decoder layer's prefix, no self_attn).
 def eagle3_layers(config: Mapping[str, Any], ckpt: CheckpointModules, target_num_layers: int | None, *, qwen3: bool,
-                  source: str) -> list[RuntimeLayer]:  # fmt: skip
+                  source: str, layer_slots: tuple[Slot, ...] | None = None,
+                  fused_mapping: Mapping[str, list[str]] | None = None) -> list[RuntimeLayer]:  # fmt: skip
+    """The draft's layers; `layer_slots` / `fused_mapping`: another decoder layer than Llama's (the MLA draft's,
+    quantkit.naming.archs.eagle3_mla) and the packed_modules_mapping its fused layers expand by."""
     if target_num_layers is None:
         raise MissingTargetLayersError(
             "an EAGLE-3 draft's vLLM layer names depend on its target: pass the target model (or its "
@@ -65,7 +68,7 @@ def eagle3_layers(config: Mapping[str, Any], ckpt: CheckpointModules, target_num
     elif ckpt.has("fc"):  # load_weights drops fc.* when use_aux_hidden_state is off
         ckpt.take(["fc"])
     qkv_suffix = "qkv_proj" if qwen3 else "self_attn.qkv_proj"
-    slots = (
+    slots = layer_slots or (
         Slot(qkv_suffix, "fused_linear", "attention", QKV),
         ATTN_SLOTS[1],
         *DENSE_MLP_SLOTS,
@@ -74,7 +77,7 @@ def eagle3_layers(config: Mapping[str, Any], ckpt: CheckpointModules, target_num
         # vLLM rewrites any "midlayer." to "layers.0.", so only layer 0 can come from midlayer.*
         ckpt_prefix = "midlayer" if i == 0 and any(m.startswith("midlayer.") for m in ckpt.params) else f"layers.{i}"
         out += decoder_layer(ckpt, slots, f"model.layers.{target_num_layers + i}", ckpt_prefix,
-                              target_num_layers + i, {}, source, hint=hint)  # fmt: skip
+                              target_num_layers + i, fused_mapping or {}, source, hint=hint)  # fmt: skip
     check_layer_range(ckpt, "layers", n, source)
     head = ckpt.take(["lm_head"] if ckpt.has("lm_head") else [])
     out.append(RuntimeLayer("lm_head", "lm_head", "lm_head", (), head, quantizable=False, source=source))
