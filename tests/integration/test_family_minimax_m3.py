@@ -14,8 +14,7 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-
-from . import moe_replicas as replicas
+from tests.fixtures import moe_replicas as replicas
 
 H, MI, DI, E, V = replicas.H, replicas.MOE_I, 256, 4, replicas.VOCAB
 HEADS, KV, HD, IDX_HEADS, IDX_DIM = 4, 2, 32, 2, 32

@@ -12,10 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from quantkit.cli import main
-
-from . import moe_replicas as replicas
-from .source_checkpoints import write_checkpoint
-from .test_family_minimax_m3 import CONFIG, MOE_LAYERS, _tensors, m3_tensors
+from tests.fixtures import moe_replicas as replicas
+from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.integration.test_family_minimax_m3 import CONFIG, MOE_LAYERS, _tensors, m3_tensors
 
 MXFP8 = {"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32], "scale_fmt": "ue8m0",
          "ignored_layers": ["lm_head", "model.embed_tokens", "vision_tower", "block_sparse_moe.gate"]}  # fmt: skip

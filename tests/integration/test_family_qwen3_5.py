@@ -14,8 +14,7 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-
-from . import moe_replicas as replicas
+from tests.fixtures import moe_replicas as replicas
 
 DENSE_I = 256
 _MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",

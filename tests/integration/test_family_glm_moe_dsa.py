@@ -14,10 +14,9 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-
-from . import moe_replicas as replicas
-from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
-from .test_vllm_names import vllm_outcome
+from tests.fixtures import moe_replicas as replicas
+from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
+from tests.integration.test_vllm_names import vllm_outcome
 
 # zai-org/GLM-5.1's config.json keys (model_type glm_moe_dsa: DeepSeek-V3 MoE keys, MLA ranks, index_* for DSA, one
 # MTP layer), with the replicas' small sizes; first_k_dense_replace 1 instead of 3 for a 3-layer replica.
@@ -99,7 +98,7 @@ def test_written_exclude_resolves_in_vllms_matcher(vllm_names, run):  # noqa: F8
     v = vllm_names
     cls = v.deepseek_v2.GlmMoeDsaForCausalLM
     assert issubclass(cls, v.deepseek_v2.DeepseekV2ForCausalLM) and not issubclass(cls, v.SupportsQuant)
-    from .test_vllm_names import quark_config_dict
+    from tests.integration.test_vllm_names import quark_config_dict
 
     exclude = json.loads((run["out"] / "config.json").read_text())["quantization_config"]["exclude"]
     cfg = v.QuarkConfig.from_config(quark_config_dict(exclude))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from .families import cli, one_line_error
-from .source_checkpoints import write_checkpoint
+from tests.fixtures.families import cli, one_line_error
+from tests.fixtures.source_checkpoints import write_checkpoint
 
 VLLM_REGISTRY = Path(torch.__file__).parents[1] / "vllm" / "model_executor" / "models" / "registry.py"
 

@@ -15,11 +15,10 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-
-from . import moe_replicas as replicas
-from .source_checkpoints import write_checkpoint
-from .test_vllm_names import quark_config_dict, vllm_outcome
-from .test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
+from tests.fixtures import moe_replicas as replicas
+from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.integration.test_vllm_names import quark_config_dict, vllm_outcome
+from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 
 H, V, DRAFT_V = replicas.H, replicas.VOCAB, 1024
 HEADS, Q_LORA, KV_LORA, NOPE, ROPE, VD, MLP = 4, 64, 128, 32, 64, 32, 256
