@@ -135,7 +135,7 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     """
     from quantkit.bench.charts import draw
     from quantkit.bench.endpoints import parse_endpoints
-    from quantkit.bench.run import run_bench
+    from quantkit.bench.run import plan_arms, run_bench
     from quantkit.io import jsonout
 
     parsed = parse_endpoints(endpoints)
@@ -143,6 +143,8 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     out_dir = out_dir if out_dir is not None else default_out("bench", target)
     _check_out(out_dir, overwrite, models)
     _check_models(models)
+    # the arms (and the endpoints' arm names) refused before anything is written, the log included
+    arms = plan_arms(target, draft, list(candidates), candidate_target, ks, parsed)
     log = out_dir / THIRD_PARTY_LOG
     with third_party_output(log) as terminal:
         progress = stderr_progress("bench", stream=terminal)
@@ -150,7 +152,8 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
         result = run_bench(target, draft, list(candidates), candidate_target, concurrency=concurrency,
                            output_len=output_len, repeats=repeats, ks=ks, prompts=prompts, workload=workload,
                            endpoints=parsed, out_dir=out_dir, tp=tp, max_num_seqs=max_num_seqs,
-                           fast_start=fast_start, request_timeout_s=request_timeout_s, progress=progress)
+                           fast_start=fast_start, request_timeout_s=request_timeout_s, arms=arms,
+                           progress=progress)
         result.charts = draw(result, out_dir)
     result.charts["third-party log"] = str(log)
     if deploy_candidate is not None:
