@@ -79,6 +79,16 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
             if self.path.startswith("/v1/models"):
                 if fake.behaviour == "models-list":
                     self._send(200, json.dumps([{"id": fake.model}]).encode())
+                elif fake.behaviour == "endless":  # a JSON list that never ends
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"data": [')
+                    try:
+                        while True:
+                            self.wfile.write(b'{"id": "x"},' * 10_000)
+                    except OSError:
+                        self.close_connection = True
                 elif fake.behaviour == "huge-id":
                     self._send(200, json.dumps({"data": [{"id": "M" * 2_000_000, "root": "M" * 2_000_000}]}).encode())
                 else:
@@ -217,6 +227,7 @@ def test_broken_answers_fail_the_cell_in_one_line(models, tmp_path, behaviour):
 
 @pytest.mark.parametrize("behaviour,words", [("models-list", "not a vLLM server's answer"),
                                              ("huge-id", "more characters"),
+                                             ("endless", "more than 32 MB"),
                                              ("redirect-all", "redirect")])
 def test_broken_server_fails_its_arm_in_one_line(models, tmp_path, behaviour, words):
     with serve(Fake(str(models["target"]))) as other, serve(Fake(str(models["target"]), behaviour)) as fake:
