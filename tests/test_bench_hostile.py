@@ -326,3 +326,20 @@ def test_default_out_and_no_silent_overwrite(models, tmp_path):
     assert "target" in first.stdout  # the arm's name, whole, in the table
 
 
+
+
+def test_remote_code_target_refused_naming_a_flag_bench_takes(models, tmp_path):
+    """Issue 35.11: the refusal names --trust-remote-code, and bench takes it (no folder code runs without it)."""
+    from tests.hostile import add_remote_code, copy_model
+
+    marker = tmp_path / "ran"
+    target = copy_model(models["target"], tmp_path / "kimi")
+    add_remote_code(target, marker)
+    before = tree_digest(target)
+    r = run_cli(["bench", "--target", str(target), "--endpoint", "target=http://127.0.0.1:9", "--out",
+                 str(tmp_path / "out")], cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, r.stderr[-2000:]
+    assert "--trust-remote-code" in error_lines(r.stderr)[0] and "Traceback" not in r.stderr
+    assert not marker.exists() and tree_digest(target) == before
+    helped = run_cli(["bench", "--help"], cwd=tmp_path, timeout=60)
+    assert "--trust-remote-code" in helped.stdout

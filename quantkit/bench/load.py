@@ -56,6 +56,10 @@ def bench_argv(*, base_url: str, model: str, served_model_name: str, tokenizer: 
             "--num-warmups", str(num_warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,90,99", "--temperature", str(temperature), "--seed", str(seed),
             "--save-detailed", "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+    from quantkit.io.hf import trust_remote_code
+
+    if trust_remote_code():  # the client loads the target's tokenizer too
+        argv += ["--trust-remote-code"]
     for key, value in (headers or {}).items():  # vLLM redacts --header from the arguments it prints
         argv += ["--header", f"{key}={value}"]
     if top_p is not None:
