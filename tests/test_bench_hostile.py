@@ -343,3 +343,23 @@ def test_remote_code_target_refused_naming_a_flag_bench_takes(models, tmp_path):
     assert not marker.exists() and tree_digest(target) == before
     helped = run_cli(["bench", "--help"], cwd=tmp_path, timeout=60)
     assert "--trust-remote-code" in helped.stdout
+
+
+def test_links_planted_in_out_are_replaced_not_written_through(models, tmp_path):
+    """Issue 35.4's class for bench: bench.json, the charts and the per-cell files are written atomically (temp
+    file, rename): a link planted in --out is replaced, the file it pointed to is untouched."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.json", "pareto.png", "throughput.png"):
+        (out / name).symlink_to(outside)
+    (out / "target").mkdir()
+    (out / "target" / "c1-r0.json").symlink_to(outside)
+    (out / "target" / "prompts-c1.jsonl").symlink_to(outside)
+    with serve(Fake(str(models["target"]))) as fake:
+        r = bench(models, tmp_path, fake.url, "--overwrite", out=out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert outside.read_text() == "mine"
+    assert json.loads((out / "bench.json").read_text())["arms"][0]["cells"][0]["ok"]
+    assert not (out / "bench.json").is_symlink() and not (out / "pareto.png").is_symlink()

@@ -139,6 +139,7 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     from quantkit.bench.endpoints import parse_endpoints
     from quantkit.bench.run import plan_arms, run_bench
     from quantkit.io import jsonout
+    from quantkit.io.files import write_file_atomic
     from quantkit.io.hf import remote_code_allowed
 
     parsed = parse_endpoints(endpoints)
@@ -162,7 +163,7 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     result.charts["third-party log"] = str(log)
     if deploy_candidate is not None:
         _write_deploy(result, deploy_candidate, candidate_target or target, tp, out_dir)
-    (out_dir / "bench.json").write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    write_file_atomic(out_dir / "bench.json", jsonout.dumps(result.to_dict()) + "\n")  # never through a link
     if as_json:
         print_json(result.to_dict())
     else:
