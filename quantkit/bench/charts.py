@@ -3,8 +3,10 @@ against interactivity (tokens/s per user), the Pareto view InferenceX draws, one
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from quantkit.io.files import write_file_atomic
 from quantkit.results.bench import BenchResult
 
 
@@ -48,6 +50,8 @@ def draw(result: BenchResult, folder: str | Path) -> dict[str, str]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out / f"{name}.png"
-        fig.savefig(path, dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, dpi=100, format="png")
+        write_file_atomic(path, png.getvalue())  # never through a link planted in --out
         paths[name] = str(path)
     return paths

@@ -34,7 +34,9 @@ DROPPED = ("itls", "ttfts", "start_times", "queue_times", "generated_texts", "la
 def write_prompts(path: Path, texts: list[str], num_prompts: int) -> str:
     """The cell's JSONL for vLLM's custom dataset: `texts` cycled to `num_prompts` rows; returns their sha256."""
     rows = [texts[i % len(texts)] for i in range(num_prompts)]
-    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in rows), encoding="utf-8")
+    from quantkit.io.files import write_file_atomic
+
+    write_file_atomic(path, "".join(json.dumps({"prompt": t}) + "\n" for t in rows))
     return hashlib.sha256("\x00".join(rows).encode()).hexdigest()
 
 
@@ -56,6 +58,10 @@ def bench_argv(*, base_url: str, model: str, served_model_name: str, tokenizer: 
             "--num-warmups", str(num_warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,90,99", "--temperature", str(temperature), "--seed", str(seed),
             "--save-detailed", "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+    from quantkit.io.hf import trust_remote_code
+
+    if trust_remote_code():  # the client loads the target's tokenizer too
+        argv += ["--trust-remote-code"]
     for key, value in (headers or {}).items():  # vLLM redacts --header from the arguments it prints
         argv += ["--header", f"{key}={value}"]
     if top_p is not None:
@@ -145,5 +151,7 @@ def bench_run(result: dict[str, Any], prompts_digest: str, json_path: Path | Non
 
         saved = {k: v for k, v in result.items() if k not in DROPPED}
         saved["errors"] = errors
-        json_path.write_text(dumps(saved) + "\n", encoding="utf-8")
+        from quantkit.io.files import write_file_atomic
+
+        write_file_atomic(json_path, dumps(saved) + "\n")
     return run

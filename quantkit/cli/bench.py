@@ -18,6 +18,7 @@ from quantkit.cli.options import (
     make_console,
     print_json,
     third_party_output,
+    trust_option,
 )
 from quantkit.progress import stderr_progress
 
@@ -113,12 +114,13 @@ def _check_out(out_dir: Path, overwrite: bool, sources: list[str | None]) -> Non
               help="Folder for per-cell vLLM JSON, bench.json, the charts and vLLM's client log [default: "
                    "./quantkit-out/bench-<target name>].")
 @click.option("--overwrite", is_flag=True, help="Replace the bench.json (and charts) of an earlier run in --out.")
+@trust_option()
 @json_option("Print the result as JSON.")
 def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], candidate_target: str | None,
                   concurrency: list[int] | None, output_len: int, repeats: int, ks: list[int], prompts: str,
                   workload: str, endpoints: tuple[str, ...], tp: int, max_num_seqs: int | None, fast_start: bool,
                   deploy_candidate: str | None, request_timeout_s: int, out_dir: Path | None, overwrite: bool,
-                  as_json: bool) -> None:
+                  trust_remote_code: bool, as_json: bool) -> None:
     """Serve each arm in turn with identical settings and measure it with vLLM's own serving benchmark.
 
     \b
@@ -135,27 +137,33 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     """
     from quantkit.bench.charts import draw
     from quantkit.bench.endpoints import parse_endpoints
-    from quantkit.bench.run import run_bench
+    from quantkit.bench.run import plan_arms, run_bench
     from quantkit.io import jsonout
+    from quantkit.io.files import write_file_atomic
+    from quantkit.io.hf import remote_code_allowed
 
     parsed = parse_endpoints(endpoints)
     models = [target, draft, *candidates, candidate_target]
     out_dir = out_dir if out_dir is not None else default_out("bench", target)
     _check_out(out_dir, overwrite, models)
     _check_models(models)
+    # the arms (and the endpoints' arm names) refused before anything is written, the log included
+    arms = plan_arms(target, draft, list(candidates), candidate_target, ks, parsed)
     log = out_dir / THIRD_PARTY_LOG
-    with third_party_output(log) as terminal:
+    # a folder's code runs (tokenizer, vllm serve, vLLM's client) only with --trust-remote-code
+    with third_party_output(log) as terminal, remote_code_allowed(trust_remote_code):
         progress = stderr_progress("bench", stream=terminal)
         progress(f"vLLM's client and server messages go to {log}")
         result = run_bench(target, draft, list(candidates), candidate_target, concurrency=concurrency,
                            output_len=output_len, repeats=repeats, ks=ks, prompts=prompts, workload=workload,
                            endpoints=parsed, out_dir=out_dir, tp=tp, max_num_seqs=max_num_seqs,
-                           fast_start=fast_start, request_timeout_s=request_timeout_s, progress=progress)
+                           fast_start=fast_start, request_timeout_s=request_timeout_s, arms=arms,
+                           progress=progress)
         result.charts = draw(result, out_dir)
     result.charts["third-party log"] = str(log)
     if deploy_candidate is not None:
         _write_deploy(result, deploy_candidate, candidate_target or target, tp, out_dir)
-    (out_dir / "bench.json").write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    write_file_atomic(out_dir / "bench.json", jsonout.dumps(result.to_dict()) + "\n")  # never through a link
     if as_json:
         print_json(result.to_dict())
     else:

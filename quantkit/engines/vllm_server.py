@@ -294,6 +294,10 @@ class VllmServer:
             cmd += ["--enforce-eager"] + (["--distributed-executor-backend", "uni"] if self.fast_start else [])
         if max_len is not None:
             cmd += ["--max-model-len", str(max_len)]
+        from quantkit.io.hf import trust_remote_code
+
+        if trust_remote_code():  # the caller's --trust-remote-code (quantkit.io.hf.remote_code_allowed), else never
+            cmd += ["--trust-remote-code"]
         if self.draft is not None:
             spec = {"method": "eagle3", "model": self.draft, "num_speculative_tokens": self.num_speculative_tokens,
                     **self.speculative_overrides}

@@ -79,6 +79,16 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
             if self.path.startswith("/v1/models"):
                 if fake.behaviour == "models-list":
                     self._send(200, json.dumps([{"id": fake.model}]).encode())
+                elif fake.behaviour == "endless":  # a JSON list that never ends
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"data": [')
+                    try:
+                        while True:
+                            self.wfile.write(b'{"id": "x"},' * 10_000)
+                    except OSError:
+                        self.close_connection = True
                 elif fake.behaviour == "huge-id":
                     self._send(200, json.dumps({"data": [{"id": "M" * 2_000_000, "root": "M" * 2_000_000}]}).encode())
                 else:
@@ -217,6 +227,7 @@ def test_broken_answers_fail_the_cell_in_one_line(models, tmp_path, behaviour):
 
 @pytest.mark.parametrize("behaviour,words", [("models-list", "not a vLLM server's answer"),
                                              ("huge-id", "more characters"),
+                                             ("endless", "more than 32 MB"),
                                              ("redirect-all", "redirect")])
 def test_broken_server_fails_its_arm_in_one_line(models, tmp_path, behaviour, words):
     with serve(Fake(str(models["target"]))) as other, serve(Fake(str(models["target"]), behaviour)) as fake:
@@ -315,3 +326,40 @@ def test_default_out_and_no_silent_overwrite(models, tmp_path):
     assert "target" in first.stdout  # the arm's name, whole, in the table
 
 
+
+
+def test_remote_code_target_refused_naming_a_flag_bench_takes(models, tmp_path):
+    """Issue 35.11: the refusal names --trust-remote-code, and bench takes it (no folder code runs without it)."""
+    from tests.hostile import add_remote_code, copy_model
+
+    marker = tmp_path / "ran"
+    target = copy_model(models["target"], tmp_path / "kimi")
+    add_remote_code(target, marker)
+    before = tree_digest(target)
+    r = run_cli(["bench", "--target", str(target), "--endpoint", "target=http://127.0.0.1:9", "--out",
+                 str(tmp_path / "out")], cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, r.stderr[-2000:]
+    assert "--trust-remote-code" in error_lines(r.stderr)[0] and "Traceback" not in r.stderr
+    assert not marker.exists() and tree_digest(target) == before
+    helped = run_cli(["bench", "--help"], cwd=tmp_path, timeout=60)
+    assert "--trust-remote-code" in helped.stdout
+
+
+def test_links_planted_in_out_are_replaced_not_written_through(models, tmp_path):
+    """Issue 35.4's class for bench: bench.json, the charts and the per-cell files are written atomically (temp
+    file, rename): a link planted in --out is replaced, the file it pointed to is untouched."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.json", "pareto.png", "throughput.png"):
+        (out / name).symlink_to(outside)
+    (out / "target").mkdir()
+    (out / "target" / "c1-r0.json").symlink_to(outside)
+    (out / "target" / "prompts-c1.jsonl").symlink_to(outside)
+    with serve(Fake(str(models["target"]))) as fake:
+        r = bench(models, tmp_path, fake.url, "--overwrite", out=out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert outside.read_text() == "mine"
+    assert json.loads((out / "bench.json").read_text())["arms"][0]["cells"][0]["ok"]
+    assert not (out / "bench.json").is_symlink() and not (out / "pareto.png").is_symlink()
