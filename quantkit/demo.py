@@ -175,7 +175,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     write_file_atomic(config_path, yaml.safe_dump(config, sort_keys=False))
 
     from quantkit.gate.reports import write_reports
-    from quantkit.gate.run import run_gate
+    from quantkit.gate.run import run as run_gate
 
     gate_box: dict[str, Any] = {}
 

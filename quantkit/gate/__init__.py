@@ -2,7 +2,7 @@
 thresholds into one verdict (pass, regression, anomalous, infeasible)."""
 
 from quantkit.gate.reports import write_reports
-from quantkit.gate.run import run_gate
+from quantkit.gate.run import run
 from quantkit.results.gate import GateResult
 
-__all__ = ["GateResult", "run_gate", "write_reports"]
+__all__ = ["GateResult", "run", "write_reports"]

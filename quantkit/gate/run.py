@@ -108,7 +108,6 @@ def run(config_path: str | Path, progress: Progress | None = None) -> GateResult
                       seconds=time.perf_counter() - t0)
 
 
-run_gate = run  # the name quantkit.gate and quantkit.demo call it by
 
 
 def check_sequence_lengths(cfg: GateConfig, config_path: str | Path, targets: list[str]) -> None:

@@ -17,8 +17,6 @@ class ResultFileError(QuantkitError):
     """A result file (report, manifest) is missing, not JSON, of an unknown schema version, or has a wrong field."""
 
 
-# Kept for readers of older code: the gate report's error class.
-ReportError = ResultFileError
 
 
 class Result(BaseModel):
@@ -42,4 +40,4 @@ class CommandResult(Result):
     schema_version: int = SCHEMA_VERSION
 
 
-__all__ = ["SCHEMA_VERSION", "CommandResult", "ReportError", "Result", "ResultFileError"]
+__all__ = ["SCHEMA_VERSION", "CommandResult", "Result", "ResultFileError"]

@@ -30,7 +30,7 @@ from quantkit.publish.hub import (
     publish,
     read_manifest,
 )
-from quantkit.results import ReportError, load_report, parse_report
+from quantkit.results import ResultFileError, load_report, parse_report
 from tests.fixtures.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -547,7 +547,7 @@ def test_acceptance_sidecar_round_trips_through_the_hub(hub: HubServer, token: s
     # A reader of this version refuses a newer one, and ignores keys it does not know.
     data = json.loads(Path(local).read_text())
     assert AcceptanceSidecar.parse({**data, "added_later": 1}) == sidecar
-    with pytest.raises(ReportError, match="schema_version 3 is not supported"):
+    with pytest.raises(ResultFileError, match="schema_version 3 is not supported"):
         AcceptanceSidecar.parse({**data, "schema_version": 3})
     assert sidecar.speedup is None  # the report has no bench: no speedup section (schema 2's addition)
     old = AcceptanceSidecar.parse({**data, "schema_version": 1})  # a version-1 file still reads
@@ -779,14 +779,14 @@ def test_report_tolerates_missing_sections_and_refuses_unknown_versions(tmp_path
     assert partial.acceptance.candidate.mean_acceptance_length == 2.5 and partial.acceptance.baseline is None
     (tmp_path / "r.json").write_text(json.dumps(REPORT))
     assert load_report(tmp_path / "r.json").gate.passed is True
-    with pytest.raises(ReportError, match="schema_version 2 is not supported"):
+    with pytest.raises(ResultFileError, match="schema_version 2 is not supported"):
         parse_report({"schema_version": 2})
-    with pytest.raises(ReportError, match=r"field eval\.tasks\.0\.baseline"):
+    with pytest.raises(ResultFileError, match=r"field eval\.tasks\.0\.baseline"):
         parse_report({"eval": {"tasks": [{"task": "t", "metric": "acc", "baseline": "high"}]}})
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ReportError, match="not valid JSON"):
+    with pytest.raises(ResultFileError, match="not valid JSON"):
         load_report(tmp_path / "bad.json")
-    assert issubclass(ReportError, QuantkitError)
+    assert issubclass(ResultFileError, QuantkitError)
 
 
 # --- a real apply output ---------------------------------------------------------------------------------------
