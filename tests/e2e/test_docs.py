@@ -6,6 +6,7 @@ command and flag it shows exists."""
 from __future__ import annotations
 
 import html
+import os
 import re
 import shlex
 import subprocess
@@ -22,7 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs", reason="needs the docs extra: pip install -e '.[docs]'")
+    try:
+        import mkdocs  # noqa: F401
+    except ImportError:
+        if os.environ.get("QUANTKIT_REQUIRE_DOCS") == "1":  # CI: a broken install fails, never skips
+            pytest.fail("mkdocs is required (QUANTKIT_REQUIRE_DOCS=1) but does not import: pip install -e '.[docs]'")
+        pytest.skip("needs the docs extra: pip install -e '.[docs]'")
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
                           capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
