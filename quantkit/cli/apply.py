@@ -17,8 +17,9 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 
 
 @main.command("apply")
-@click.option("--recipe", "recipe", required=True, envvar="QUANTKIT_RECIPE",
-              help="A built-in recipe name (quantkit recipes list) or a path to your own recipe YAML.")
+@click.option("--recipe", "recipe", default=None, envvar="QUANTKIT_RECIPE",
+              help="A built-in recipe name (quantkit recipes list) or a path to your own recipe YAML. Required unless "
+                   "--draft-vocab prunes a draft alone.")
 @click.option("--model", "model", required=True, help="Source checkpoint: a local HF folder or a Hub repo id.")
 @click.option("--output", "output", required=True, type=click.Path(path_type=Path),
               help="Output folder; written to a temporary folder beside it and renamed when complete.")
@@ -53,11 +54,22 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               help="Rewrite the output into shards of at most this size (5GB, 500MB, 2GiB: read as transformers reads "
                    "max_shard_size), named model-00001-of-0000N.safetensors; a tensor larger than that gets a shard of "
                    "its own. Default: the source's shards and names. Native engine only.")
+@click.option("--draft-vocab", "draft_vocab", type=int, default=None,
+              help="EAGLE-3 drafts: cut the lm_head to the N most frequent target tokens of --vocab-corpus (special "
+                   "and EOS tokens always kept), writing d2t/t2d and draft_vocab_size as vLLM's llama_eagle3.py "
+                   "reads them; then the recipe, if any, runs on the pruned draft. Needs --target.")
+@click.option("--vocab-corpus", "vocab_corpus", default=None,
+              help="What ranks the tokens for --draft-vocab: a prompts JSONL, builtin, or speed-bench:CONFIG[/CAT], "
+                   "tokenized with the target's tokenizer.")
+@click.option("--speed-bench", "speed_bench", default=None, type=click.Path(path_type=Path),
+              help="A local SPEED-Bench folder for --vocab-corpus speed-bench:CONFIG (default: the Hub at the pinned "
+                   "revision).")
 @trust_option()
 @json_option("Print the result (what was quantized, what was kept and why, timings) as JSON.")
 def apply_command(recipe: str, model: str, output: Path, target: str | None, devices: str, device: str | None,
                   run_path: str | None, engine: str, resume: bool, dry_run: bool, overwrite: bool,
-                  max_memory: str | None, max_shard_size: str | None, trust_remote_code: bool, as_json: bool) -> None:
+                  max_memory: str | None, max_shard_size: str | None, draft_vocab: int | None,
+                  vocab_corpus: str | None, speed_bench: Path | None, trust_remote_code: bool, as_json: bool) -> None:
     """Quantize a checkpoint with a recipe, so that vLLM loads it exactly as the recipe intends.
 
     \b
@@ -65,6 +77,7 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --devices cuda:0,cuda:1
     quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --dry-run
     quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --resume     # after Ctrl-C or a crash
+    quantkit apply --recipe fp8-draft --draft-vocab 32000 --vocab-corpus prompts.jsonl --model DRAFT --target TARGET --output OUT
 
     The output holds the quantized safetensors, config.json with a quantization_config whose `exclude` uses
     vLLM's runtime module names (e.g. `model.fc`, not Quark's `fc`), the tokenizer files, and quantkit.json
@@ -76,15 +89,40 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
 
     budget = parse_size(max_memory, "--max-memory") if max_memory is not None else None
     shard_size = parse_shard_size(max_shard_size) if max_shard_size is not None else None
+    if recipe is None and draft_vocab is None:
+        raise click.UsageError("give --recipe (and/or --draft-vocab N --vocab-corpus FILE to prune a draft's lm_head)")
+    if recipe is None:
+        assert draft_vocab is not None
+        with remote_code_allowed(trust_remote_code):
+            pruned = _prune_only(model, output, draft_vocab, vocab_corpus, target, speed_bench, overwrite)
+        if as_json:
+            print_json(pruned.to_dict())
+            return
+        click.echo(f"-> {output}: {pruned.draft_vocab.reason if pruned.draft_vocab else ''}")
+        return
     with remote_code_allowed(trust_remote_code):
         result = apply(recipe, model, output, devices=device or devices, path=run_path, engine=engine,
                        overwrite=overwrite, resume=resume, dry_run=dry_run, target=target, max_memory=budget,
-                       max_shard_size=shard_size,
-                       progress=stderr_progress("apply"))
+                       max_shard_size=shard_size, draft_vocab=draft_vocab, vocab_corpus=vocab_corpus,
+                       speed_bench=speed_bench, progress=stderr_progress("apply"))
     if as_json:
         print_json(result.to_dict())
         return
     _render_apply(result)
+
+
+def _prune_only(model: str, output: Path, n: int, corpus: str | None, target: str | None, speed_bench: Path | None,
+                overwrite: bool) -> ApplyResult:
+    """`apply --draft-vocab N` without a recipe: the pruned draft, its quantkit.json read back as the result."""
+    from quantkit.apply.prune import DraftVocabError, prune_draft
+    from quantkit.results import load_manifest
+
+    if corpus is None or target is None:
+        raise DraftVocabError(f"--draft-vocab {n}: needs --vocab-corpus and --target (the target's tokenizer counts "
+                              "the corpus)")
+    prune_draft(model, output, n, corpus, target, speed_bench=speed_bench, overwrite=overwrite,
+                progress=stderr_progress("apply"))
+    return load_manifest(output)
 
 
 def _layer_rows(result: ApplyResult) -> list[tuple[str, str, str, str]]:
@@ -122,6 +160,10 @@ def _render_apply(result: ApplyResult) -> None:
     console.print(table)
     ratio = result.size_after_bytes / max(result.size_before_bytes, 1)
     console.print(f"exclude (vLLM names): {result.exclude}")
+    if result.draft_vocab is not None:
+        dv = result.draft_vocab
+        console.print(f"draft vocabulary: {dv.draft_vocab_before} -> {dv.draft_vocab_after} rows, covering "
+                      f"{dv.coverage_after:.1%} of the corpus's tokens ({dv.coverage_before:.1%} before)")
     if result.dry_run:
         before, after = human_bytes(result.size_before_bytes, result.size_after_bytes)
         console.print(f"plan: {len(result.quantized)} layers quantized, {len(result.kept)} kept; predicted size "

@@ -328,6 +328,12 @@ def render_card(pub: Publication) -> ModelCard:
              "names, which are what config.json's `exclude` lists, so vLLM loads every kept layer unquantized.", ""]
     body += _table(["role", "action", "scheme", "layers (vLLM names)", "why"], _layer_groups(layers))
     body += ["", f"`quantization_config.exclude`: {', '.join(f'`{e}`' for e in manifest.exclude) or 'none'}"]
+    if manifest.draft_vocab is not None:  # `apply --draft-vocab`: the lm_head rows kept, and why
+        dv = manifest.draft_vocab
+        body += ["", "## Draft vocabulary", "",
+                 f"The lm_head keeps {dv.draft_vocab_after:,} of {dv.draft_vocab_before:,} rows (target vocabulary "
+                 f"{dv.target_vocab_size:,}): {dv.reason}. Corpus `{dv.corpus}` (SHA-256 `{dv.corpus_sha256[:16]}`), "
+                 f"{dv.corpus_tokens:,} tokens counted with the tokenizer of `{dv.tokenizer}`."]
     if len(layers) > 3:
         body += ["", "<details><summary>Every layer</summary>", ""]
         body += _table(["vLLM layer", "checkpoint modules", "action", "scheme"],
