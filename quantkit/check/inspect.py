@@ -22,8 +22,10 @@ from quantkit.naming.precision import (
     tensor_bytes,
 )
 from quantkit.results.check import InspectResult
+from quantkit.results.cost import DraftCost
 from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
+from quantkit.vocab import EAGLE3_DRAFT
 
 _LAYER_NUM = re.compile(r"(?<=\.layers\.)(\d+)(?=\.)")
 
@@ -67,13 +69,16 @@ def group_layers(layers: Sequence[LayerPrecision]) -> list[PrecisionGroup]:
 # --- entry point -----------------------------------------------------------------------------------------------
 
 def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None, platform: str | None = None,
-                       tp: int = 1, vllm_version: str | None = None) -> InspectResult:
+                       tp: int = 1, vllm_version: str | None = None, gpu: str | None = None, k: int = 3,
+                       al: float | None = None, target: str | Path | None = None) -> InspectResult:
     """Every runtime layer of the checkpoint in `folder` with the precision vLLM will give it, and why.
 
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
     names; without it they are shown as `model.layers.{N}.*` (exclude entries naming a number will not match them).
     With `platform`, `kernels` says which vLLM kernel every MoE and linear layer takes there at TP `tp`
-    (quantkit.rules.kernels, replaying vLLM 0.32's selection).
+    (quantkit.rules.kernels, replaying vLLM 0.32's selection). For a draft, `cost` holds the bytes a draft step
+    reads by role; with `gpu` (quantkit.rules.cost.GPUS) the step times at TP `tp` and K `k`, with `target` the
+    target's decode and verify steps, with `al` the speedup bound: an ESTIMATE FROM BYTES.
     """
     t0 = time.perf_counter()
     ck = load_checkpoint(folder, target_num_layers)
@@ -97,7 +102,17 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None,
         bytes_by_precision=by_precision, other_bytes=total - in_layers, total_bytes=total,
         num_tensors=len(ck.tensors), config_problems=problems, seconds=time.perf_counter() - t0,
         source_format=_source_format(ck), kernels=_kernels(ck, platform, tp, vllm_version),
+        cost=_cost(ck, gpu, k, al, tp, target),
     )  # fmt: skip
+
+
+def _cost(ck: LoadedCheckpoint, gpu: str | None, k: int, al: float | None, tp: int,
+          target: str | Path | None) -> DraftCost | None:
+    if ck.model_kind != EAGLE3_DRAFT:
+        return None
+    from quantkit.rules.cost import cost_report
+
+    return cost_report(ck.config, ck.tensors, gpu=gpu, k=k, al=al, tp=tp, target=target)
 
 
 def _kernels(ck: LoadedCheckpoint, platform: str | None, tp: int, vllm_version: str | None) -> KernelReport | None:

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from quantkit.results.base import CommandResult, Result
+from quantkit.results.cost import DraftCost
 from quantkit.results.kernels import KernelReport
 from quantkit.results.precision import LayerPrecision, PrecisionGroup
 from quantkit.results.serve import SpecDecodeCounters
@@ -124,6 +125,7 @@ class CheckResult(CommandResult):
     seconds: float = 0.0
     vllm_version: str | None = None  # the vLLM the rules held for (--vllm-version)
     kernels: KernelReport | None = None  # the vLLM kernel path of every MoE / linear layer on `platform`
+    cost: DraftCost | None = None  # an EAGLE-3 draft's bytes per step by role (an ESTIMATE FROM BYTES)
 
     @property
     def errors(self) -> list[Finding]:
@@ -160,6 +162,7 @@ class CheckResult(CommandResult):
             "vllm_load": self.vllm_load.to_dict(), "numeric": self.numeric.to_dict() if self.numeric else None,
             "seconds": round(self.seconds, 3), "vllm_version": self.vllm_version,
             "kernels": self.kernels.to_dict() if self.kernels else None,
+            "cost": self.cost.to_dict() if self.cost else None,
         }  # fmt: skip
 
 
@@ -181,6 +184,7 @@ class InspectResult(CommandResult):
     seconds: float = 0.0
     source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
     kernels: KernelReport | None = None  # with --platform: the vLLM kernel path of every MoE / linear layer
+    cost: DraftCost | None = None  # an EAGLE-3 draft's bytes per step by role (an ESTIMATE FROM BYTES)
 
     def to_dict(self) -> dict[str, Any]:
         # inspect's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13)
@@ -192,6 +196,7 @@ class InspectResult(CommandResult):
             "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
             "source_format": self.source_format,
             "seconds": round(self.seconds, 3), "kernels": self.kernels.to_dict() if self.kernels else None,
+            "cost": self.cost.to_dict() if self.cost else None,
         }  # fmt: skip
 
 
