@@ -87,10 +87,7 @@ def _layer_contract(ck: LoadedCheckpoint, lp: LayerPrecision, layer: Any,
     if not lp.quantized:
         if quantized_tensors:
             if lp.role == "lm_head":
-                findings.add("error", "lm-head-quantized", lp.name,
-                             f"lm_head holds quantized tensors ({', '.join(quantized_tensors[:3])}); vLLM builds "
-                             "lm_head as a ParallelLMHead with no Quark method, so a quantized lm_head fails to load "
-                             "or loads FP8 bytes as BF16 values", "re-export with lm_head kept BF16 (exclude lm_head)")
+                return  # the lm-head-quantized rule's (quantkit.rules.draft.lm_head_quantized), version-ranged
             else:
                 why = ("vLLM never quantizes this kind of layer" if lp.source == "never_quantized" else
                        f"vLLM loads it unquantized ({lp.reason})")
