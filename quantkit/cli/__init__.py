@@ -17,6 +17,7 @@ from quantkit.cli import (  # noqa: F401
     publish,
     recipes,
     rules,
+    tune,
 )
 from quantkit.cli.app import main
 
