@@ -163,3 +163,33 @@ def test_pruned_draft_in_vllm(tiny, corpus, pruned):
     finally:
         del plain_llm
     assert [list(s) for s in spec] == [list(p) for p in plain]
+
+
+def test_a_full_vocabulary_draft_gets_a_d2t(tiny, corpus, tmp_path):
+    """A draft without d2t (lm_head over the whole target vocabulary) pruned to N: d2t is created, row i is the source
+    row of target id kept[i] (the row index is the target id when there is no d2t)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from quantkit.apply.prune import prune_draft
+
+    full = tmp_path / "full"
+    shutil.copytree(tiny / "eagle3-draft", full)
+    t = load_file(full / "model.safetensors")
+    ids = (torch.arange(1024) + t.pop("d2t")).tolist()
+    t.pop("t2d")
+    head = torch.randn(2048, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    head[ids] = t["lm_head.weight"]
+    t["lm_head.weight"] = head
+    save_file(t, full / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((full / "config.json").read_text())
+    cfg["draft_vocab_size"] = 2048
+    (full / "config.json").write_text(json.dumps(cfg))
+    result = prune_draft(full, tmp_path / "out", 300, str(corpus), tiny / "target")
+    assert not result.had_d2t and result.draft_vocab_before == 2048 and result.draft_vocab_after == 300
+    new = load_file(tmp_path / "out" / "model.safetensors")
+    kept = new["t2d"].nonzero().flatten().tolist()
+    assert len(kept) == 300 and new["d2t"].tolist() == [k - i for i, k in enumerate(kept)]
+    assert new["lm_head.weight"].view(torch.int16).equal(head[kept].view(torch.int16))
