@@ -212,8 +212,8 @@ def estimate(cost: DraftCost, tensors: Mapping[str, Any], gpu: str, *, k: int, a
             token_recipe += t_recipe
     fc = us(next((r.bf16_bytes for r in cost.roles if r.role == "fc"), 0))
     est = StepEstimate(gpu=g.name, platform=g.platform, hbm_tb_s=g.hbm_tb_s, bandwidth_source=g.source, tp=tp, k=k,
-                       al=al, batch=batch, draft_token_us_bf16=round(token_bf16, 2),
-                       draft_token_us_recipe=round(token_recipe, 2), fc_us=round(fc, 2))
+                       al=al, batch=batch, draft_token_us_bf16=round(token_bf16, 4),
+                       draft_token_us_recipe=round(token_recipe, 4), fc_us=round(fc, 4))
     steps: list[TargetStepBytes] = []
     if target is not None:
         decode = target_step_bytes(target[0], target[1], batch)
@@ -222,8 +222,8 @@ def estimate(cost: DraftCost, tensors: Mapping[str, Any], gpu: str, *, k: int, a
         t_dec, t_ver = us(decode.total_bytes), us(verify.total_bytes)
         r_bf16, r_recipe = fc + k * token_bf16 + t_ver, fc + k * token_recipe + t_ver
         est = est.model_copy(update=dict(
-            target_decode_us=round(t_dec, 2), target_verify_us=round(t_ver, 2), round_us_bf16=round(r_bf16, 2),
-            round_us_recipe=round(r_recipe, 2),
+            target_decode_us=round(t_dec, 4), target_verify_us=round(t_ver, 4), round_us_bf16=round(r_bf16, 4),
+            round_us_recipe=round(r_recipe, 4),
             speedup_bound_bf16=round(al * t_dec / r_bf16, 3) if al > 0 else None,
             speedup_bound_recipe=round(al * t_dec / r_recipe, 3) if al > 0 else None))
     return cost.model_copy(update={"roles": roles, "target": steps, "estimate": est})

@@ -85,11 +85,13 @@ def run_tune(target: str | Path, draft: str | Path, workdir: str | Path, *, gpu:
             cost = estimate(draft_cost(read_config(folder), tensors), tensors, gpu, k=k, al=al or 0.0, target=pair)
             e = cost.estimate
             assert e is not None
-            round_us = e.round_us_recipe
+            # a BF16 body is costed in BF16; an FP8 one as stored (its kernel path predicted on the GPU)
+            fp8 = body != "bf16"
+            round_us = e.round_us_recipe if fp8 else e.round_us_bf16
             options.append(TuneOption(
                 body=body, draft_vocab=n, k=k, al=al, baseline_al=base_al, al_ratio=acc.ratio, round_us=round_us,
                 us_per_accepted_token=round(round_us / al, 4) if round_us and al else None,
-                speedup_bound=e.speedup_bound_recipe, meets_floor=acc.ratio is not None and acc.ratio >= floor))
+                speedup_bound=e.speedup_bound_recipe if fp8 else e.speedup_bound_bf16, meets_floor=acc.ratio is not None and acc.ratio >= floor))
     _pareto(options)
     fit = [o for o in options if o.meets_floor and o.us_per_accepted_token is not None]
     best = min(fit, key=lambda o: o.us_per_accepted_token or 0.0) if fit else None
