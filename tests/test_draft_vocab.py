@@ -193,3 +193,22 @@ def test_a_full_vocabulary_draft_gets_a_d2t(tiny, corpus, tmp_path):
     kept = new["t2d"].nonzero().flatten().tolist()
     assert len(kept) == 300 and new["d2t"].tolist() == [k - i for i, k in enumerate(kept)]
     assert new["lm_head.weight"].view(torch.int16).equal(head[kept].view(torch.int16))
+
+
+def test_fp8_draft_with_draft_vocab_records_the_cut_in_manifest_and_card(tiny, corpus, tmp_path):
+    """--recipe fp8-draft --draft-vocab: the recipe runs on the pruned draft; quantkit.json names the real source and
+    the cut, the lm_head decision carries both reasons, and the card has a Draft vocabulary section."""
+    from quantkit.apply.run import apply
+    from quantkit.publish.card import build_model_card
+
+    out = tmp_path / "fp8-512"
+    r = apply("fp8-draft", tiny / "eagle3-draft", out, target=tiny / "target", draft_vocab=N,
+              vocab_corpus=str(corpus))
+    assert r.draft_vocab is not None and r.draft_vocab.draft_vocab_after == N
+    assert r.source == str((tiny / "eagle3-draft").resolve())
+    head = next(d for d in r.layers if d.role == "lm_head")
+    assert head.action == "keep" and "vLLM cannot load" in head.reason and "most frequent" in head.reason
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == N
+    assert not list(tmp_path.glob(".fp8-512*"))  # the pruned intermediate is gone
+    card = build_model_card(out, repo_id="org/draft").text
+    assert "## Draft vocabulary" in card and f"keeps {N} of 1,024 rows" in card
