@@ -61,7 +61,7 @@ for module, name, key in [(headers, "_checked_index", "index"), (headers, "read_
                           (headers, "read_parsed_header", "headers"), (run, "resolve_source", "resolve_source"),
                           (formats, "detect_format", "detect_format"), (archs, "checkpoint_layers", "layer_builder"),
                           (run, "plan_layers", "plan_layers"), (run, "vllm_exclude", "vllm_exclude"),
-                          (formats, "mtp_tensor_names", "mtp_names"), (run, "predicted_output_bytes", "size_prediction"),
+                          (archs, "mtp_tensor_names", "mtp_names"), (run, "predicted_output_bytes", "size_prediction"),
                           (run, "versions", "versions"), (run, "ignored_weight_files", "ignored_files")]:
     timed(module, name, key)
 c = time.process_time()

@@ -20,6 +20,7 @@ from typing import Any
 from quantkit.errors import BundledDataError
 from quantkit.io import jsonout
 from quantkit.io.checkpoint import OutputWriteError, check_output_free
+from quantkit.io.files import write_file_atomic
 from quantkit.io.paths import tiny_models_dir
 from quantkit.progress import Progress, or_silent
 from quantkit.results.demo import DemoResult
@@ -171,7 +172,7 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
 
     config_path = work / "gate.yaml"
     config = gate_config(work, tiny, DEMO_EVAL_TASKS, DEMO_EVAL_LIMIT, bench=bench)
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    write_file_atomic(config_path, yaml.safe_dump(config, sort_keys=False))
 
     from quantkit.gate.reports import write_reports
     from quantkit.gate.run import run_gate
@@ -211,5 +212,5 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     except ResultFileError:  # the gate stopped before writing its report: the steps say why
         result.conclusion = f"Not proven: the gate wrote no report; see {work / 'gate-report'}."
     result.seconds = time.perf_counter() - t0
-    (work / "demo.json").write_text(jsonout.dumps(result.to_dict()) + "\n")
+    jsonout.write(work / "demo.json", result.to_dict())
     return result

@@ -4,6 +4,7 @@ scrubber of secrets (URL credentials, tokens) that every message and log line pa
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 
@@ -84,6 +85,30 @@ def raise_if_signalled() -> None:
     output."""
     if RECEIVED:
         raise Terminated() if RECEIVED[-1][0] == "SIGTERM" else KeyboardInterrupt()
+
+
+# Files kept on purpose when a run fails or is interrupted (a `vllm serve` log), so that the interrupt line names
+# them instead of claiming that every temporary file was removed.
+KEPT_FILES: list[str] = []
+
+
+def keep_file(path: str | Path) -> None:
+    """Record that `path` was kept for the user after a failure or interrupt (named by `interrupted_hint`)."""
+    if str(path) not in KEPT_FILES:
+        KEPT_FILES.append(str(path))
+
+
+def interrupted_hint(hint: str | None = None) -> str:
+    """What the CLI's interrupt line says was left: `hint` (how to resume), or that nothing was left half-written;
+    then the files kept on purpose, by name. Never "temporary files removed" when one was kept."""
+    kept = ""
+    if KEPT_FILES:
+        kept = "kept for you: " + ", ".join(KEPT_FILES[:3]) + \
+            (f" and {len(KEPT_FILES) - 3} more" if len(KEPT_FILES) > 3 else "")
+    if hint:
+        return f"{hint}; {kept}" if kept else hint
+    return f"nothing was left half-written; {kept}" if kept else \
+        "nothing was left half-written (temporary files removed)"
 
 
 class ResumableInterrupt(KeyboardInterrupt):

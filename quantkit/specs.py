@@ -10,10 +10,11 @@ result echoes the settings it ran with. Imports nothing heavy: `import quantkit`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from quantkit.bench import MAX_CONCURRENCY, MAX_K, MAX_LIST, MAX_REQUEST_TIMEOUT_S
 from quantkit.errors import QuantkitError
 from quantkit.vocab import Platform, VllmMode
 
@@ -148,10 +149,11 @@ class BenchSpec(Spec):
     draft: PathLike | None = None
     candidates: list[PathLike] = []
     candidate_target: PathLike | None = None
-    concurrency: list[int] | None = None
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(default=None, min_length=1,
+                                                                                    max_length=MAX_LIST)
     output_len: int = Field(default=64, ge=2, le=MAX_TOKENS)
     repeats: int = Field(default=3, ge=1, le=100)
-    ks: list[int] | None = None
+    ks: list[Annotated[int, Field(ge=0, le=MAX_K)]] | None = Field(default=None, min_length=1, max_length=MAX_LIST)
     prompts: str = "builtin"
     workload: str = "prompts"
     endpoints: dict[str, str] | None = None
@@ -161,6 +163,7 @@ class BenchSpec(Spec):
     startup_timeout_s: float = Field(default=600, gt=0, le=86_400)
     temperature: float = Field(default=0.0, ge=0, le=100)
     max_prompt_texts: int | None = Field(default=None, ge=1)
+    request_timeout_s: float = Field(default=600, gt=0, le=MAX_REQUEST_TIMEOUT_S)
 
 
 class ServeSpec(Spec):

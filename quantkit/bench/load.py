@@ -41,7 +41,7 @@ def write_prompts(path: Path, texts: list[str], num_prompts: int) -> str:
 def bench_argv(*, base_url: str, model: str, served_model_name: str, tokenizer: str, dataset_path: Path,
                num_prompts: int, concurrency: int, output_len: int, num_warmups: int, seed: int = 0,
                temperature: float = 0.0, top_p: float | None = None, top_k: int | None = None,
-               random_input_len: int | None = None) -> list[str]:
+               random_input_len: int | None = None, headers: dict[str, str] | None = None) -> list[str]:
     """The `vllm bench serve` arguments of one cell: the prompt set from `dataset_path`, or with
     `random_input_len` vLLM's random dataset (random token ids, seeded: the same for every arm)."""
     if random_input_len is not None:
@@ -56,6 +56,8 @@ def bench_argv(*, base_url: str, model: str, served_model_name: str, tokenizer: 
             "--num-warmups", str(num_warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,90,99", "--temperature", str(temperature), "--seed", str(seed),
             "--save-detailed", "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+    for key, value in (headers or {}).items():  # vLLM redacts --header from the arguments it prints
+        argv += ["--header", f"{key}={value}"]
     if top_p is not None:
         argv += ["--top-p", str(top_p)]
     if top_k is not None:
@@ -63,28 +65,85 @@ def bench_argv(*, base_url: str, model: str, served_model_name: str, tokenizer: 
     return argv
 
 
-def run_vllm_bench(argv: list[str]) -> dict[str, Any]:
-    """vLLM's serving benchmark with `argv`, in-process; its printed report goes to stderr."""
+def run_vllm_bench(argv: list[str], request_timeout_s: float = 600.0) -> dict[str, Any]:
+    """vLLM's serving benchmark with `argv`, in-process; its printed report goes to stderr (the CLI sends that to a
+    log file, quantkit.cli.options.third_party_output).
+
+    Two of the client's session settings are quantkit's for the run (the module's `aiohttp` name is swapped, and put
+    back after): no request waits more than `request_timeout_s` for the server's next bytes (vLLM's own limit is 6
+    hours a request), and a redirect is not followed (the request fails with the 3xx status: a server that sends
+    requests elsewhere is not the server whose /v1/models and /metrics were checked)."""
+    import vllm.benchmarks.serve as serve
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     add_cli_args(parser)
     args = parser.parse_args(argv)
-    with contextlib.redirect_stdout(sys.stderr):
-        return main(args)
+    real = serve.aiohttp
+    serve.aiohttp = _ClientSettings(real, request_timeout_s)  # type: ignore[assignment]
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return main(args)
+    finally:
+        serve.aiohttp = real
+
+
+class _ClientSettings:
+    """The aiohttp module as vllm.benchmarks.serve sees it during one run: the same, but for the session's timeout
+    (`sock_read`: the longest wait for the server's next bytes) and a session that does not follow redirects."""
+
+    def __init__(self, aiohttp: Any, request_timeout_s: float) -> None:
+        self._aiohttp = aiohttp
+        self._timeout = request_timeout_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._aiohttp, name)
+
+    def ClientTimeout(self, **_: Any) -> Any:  # noqa: N802 (aiohttp's name)
+        return self._aiohttp.ClientTimeout(total=None, sock_connect=min(self._timeout, 30.0), sock_read=self._timeout)
+
+    def ClientSession(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (aiohttp's name)
+        session = self._aiohttp.ClientSession(*args, **kwargs)
+        request = session._request
+
+        def no_redirect(*a: Any, **kw: Any) -> Any:
+            return request(*a, **{**kw, "allow_redirects": False})
+
+        object.__setattr__(session, "_request", no_redirect)
+        return session
 
 
 def bench_run(result: dict[str, Any], prompts_digest: str, json_path: Path | None = None) -> BenchRun:
     """A BenchRun from vLLM's result dict (its field names kept); the whole dict, less the per-token lists, is
     written to `json_path`."""
+    from pydantic import ValidationError
+
+    from quantkit.bench.endpoints import BenchError, echo, nonfinite
+
+    if not isinstance(result, dict):
+        raise BenchError(reason=f"vLLM's benchmark client returned {type(result).__name__}, not its result")
     keep = {k: result.get(k) for k in VLLM_FIELDS + LATENCY_FIELDS if result.get(k) is not None}
-    run = BenchRun(**keep, input_lens=list(result.get("input_lens") or []),
-                   output_lens=[int(x) for x in result.get("output_lens") or []],
-                   errors=[str(e) for e in result.get("errors") or [] if e], prompts_digest=prompts_digest,
-                   json_path=str(json_path) if json_path else None)
+    bad = nonfinite({**keep, "input_lens": result.get("input_lens"), "output_lens": result.get("output_lens")})
+    if bad is not None:
+        raise BenchError(reason=f"the server's answers gave a non-finite {bad} (NaN or infinity in its usage?); not "
+                                "a vLLM server's answer")
+    # a failed request's error is vLLM's text, often a whole traceback of the client: its last line, capped
+    errors = [echo(str(e).strip().splitlines()[-1] if str(e).strip() else str(e)) for e in result.get("errors") or []
+              if e]
+    try:
+        run = BenchRun(**keep, input_lens=list(result.get("input_lens") or []),
+                       output_lens=list(result.get("output_lens") or []), errors=errors,
+                       prompts_digest=prompts_digest, json_path=str(json_path) if json_path else None)
+    except (ValidationError, TypeError) as e:
+        first: dict[str, Any] = dict(e.errors()[0]) if isinstance(e, ValidationError) and e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or type(e).__name__
+        raise BenchError(reason=f"the server's answers gave figures of the wrong type ({where}: "
+                                f"{echo(first.get('msg', e), 120)}); not a vLLM server's answer") from None
     if json_path is not None:
         from quantkit.io.jsonout import dumps
 
-        json_path.write_text(dumps({k: v for k, v in result.items() if k not in DROPPED}) + "\n", encoding="utf-8")
+        saved = {k: v for k, v in result.items() if k not in DROPPED}
+        saved["errors"] = errors
+        json_path.write_text(dumps(saved) + "\n", encoding="utf-8")
     return run

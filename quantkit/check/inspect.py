@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from quantkit.naming.precision import (
     PLACEHOLDER,
@@ -96,23 +97,24 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None,
         lqc = ck.qc.get("layer_quant_config")
         quant = {"quant_method": ck.qc.get("quant_method"), "exclude": ck.qc.get("exclude"),
                  "keys": sorted(ck.qc), "layer_quant_config_keys": len(lqc) if isinstance(lqc, dict) else 0}
+    kernels = _kernels(ck, platform, tp, vllm_version)
     return InspectResult(
         path=str(ck.path), architecture=ck.architecture, model_kind=ck.model_kind,
         target_num_layers=ck.target_num_layers, quantization=quant, layers=resolved, groups=group_layers(resolved),
         bytes_by_precision=by_precision, other_bytes=total - in_layers, total_bytes=total,
         num_tensors=len(ck.tensors), config_problems=problems, seconds=time.perf_counter() - t0,
-        source_format=_source_format(ck), kernels=_kernels(ck, platform, tp, vllm_version),
-        cost=_cost(ck, gpu, k, al, tp, target),
+        source_format=_source_format(ck), kernels=kernels, draft_cost=_draft_cost(ck.model_kind, resolved, kernels),
     )  # fmt: skip
 
 
-def _cost(ck: LoadedCheckpoint, gpu: str | None, k: int, al: float | None, tp: int,
-          target: str | Path | None) -> DraftCost | None:
-    if ck.model_kind != EAGLE3_DRAFT:
+def _draft_cost(kind: str, layers: list[Any], kernels: KernelReport | None) -> DraftCost | None:
+    """A draft's step cost by role, as stored and after fp8-draft (quantkit.rules.cost); None for a target."""
+    if kind != EAGLE3_DRAFT:
         return None
-    from quantkit.rules.cost import cost_report
+    from quantkit.recipes import load_recipe
+    from quantkit.rules.cost import draft_cost, kernel_paths_by_layer
 
-    return cost_report(ck.config, ck.tensors, gpu=gpu, k=k, al=al, tp=tp, target=target)
+    return draft_cost(layers, kernel_paths_by_layer(kernels, layers) if kernels else None, load_recipe("fp8-draft"))
 
 
 def _kernels(ck: LoadedCheckpoint, platform: str | None, tp: int, vllm_version: str | None) -> KernelReport | None:
@@ -130,10 +132,12 @@ def _source_format(ck: LoadedCheckpoint) -> str:
     """The source format `apply` would decode (bf16, fp8-block, int4-pack-quantized), or why it cannot."""
     from quantkit.errors import QuantkitError
     from quantkit.io.formats import detect_format
+    from quantkit.naming.archs import fused_layouts
 
     if ck.qc is not None and ck.qc.get("quant_method") == "quark":
         return "quark (already quantized by Quark)"
     try:
-        return detect_format(ck.config, ck.tensors, source=str(ck.path / "config.json")).description
+        return detect_format(ck.config, ck.tensors, source=str(ck.path / "config.json"),
+                             fused=fused_layouts(ck.config)).description
     except QuantkitError as e:
         return f"not decodable: {e}"

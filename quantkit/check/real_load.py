@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.engines.platform import installed_vllm, vllm_refusal
-from quantkit.io.hf import trust_remote_code
+from quantkit.io.hf import refuse_remote_code, trust_remote_code
 from quantkit.naming.precision import LoadedCheckpoint
 from quantkit.progress import Progress
 from quantkit.results.precision import LayerPrecision
@@ -59,6 +59,9 @@ def real_load(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision], target: st
     if refusal is not None:
         return skipped(refusal)
     model, spec = (str(target), str(ck.path)) if draft else (str(ck.path), None)
+    for folder in (model, spec):
+        if folder is not None:
+            refuse_remote_code(folder)  # one error line naming the files and the flag, not a failed-load finding
     progress(f"loading in {engine} (subprocess, timeout {timeout_s:.0f}s)")
     cmd = [sys.executable, "-m", "quantkit.check.vllm_worker", "--model", model]
     if trust_remote_code():

@@ -18,6 +18,7 @@ from quantkit.cli.options import (
     print_json,
     trust_option,
 )
+from quantkit.cli.params import Count, Real
 from quantkit.progress import stderr_progress
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
@@ -39,19 +40,19 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               help="Where SPEED-Bench is read from: a folder laid out as the Hub dataset (CONFIG/test-*.parquet, or "
                    "ModelOpt prepare_data.py's data/speed), or a Hub dataset id owner/name[@revision] (default: "
                    "nvidia/SPEED-Bench at the revision quantkit pins).")
-@click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0.0, 100.0), default=0.0, show_default=True,
+@click.option("--num-speculative-tokens", "k", type=Count(1, 64), default=3, show_default=True)
+@click.option("--temperature", type=Real(0.0, 100.0), default=0.0, show_default=True,
               help="0 = greedy (exact match); > 0 = vLLM's rejection sampling (reference backend on CPU).")
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
-@click.option("--top-k", type=click.IntRange(-1, None), default=0, show_default=True, help="0 or -1: no top-k.")
+@click.option("--top-p", type=Real(0.0, 1.0, lo_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=Count(-1, 1_000_000), default=0, show_default=True, help="0 or -1: no top-k.")
 @click.option("--draft-sample-method", type=click.Choice(["greedy", "probabilistic"]), default="greedy",
               show_default=True, help="vLLM's speculative_config draft_sample_method: greedy (the default) proposes "
                                       "the draft's argmax; probabilistic samples the draft and tests p/q.")
-@click.option("--num-seeds", type=click.IntRange(1, 1000), default=1, show_default=True,
+@click.option("--num-seeds", type=Count(1, 1000), default=1, show_default=True,
               help="With --temperature > 0: run every prompt with seeds SEED ... SEED+N-1.")
 @click.option("--chat-template-kwargs", "chat_template_kwargs", type=JsonObject(), default="{}",
               help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.')
-@click.option("--max-new-tokens", type=click.IntRange(1, 1_000_000), default=64, show_default=True)
+@click.option("--max-new-tokens", type=Count(1, 1_000_000), default=64, show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
               help="vllm when it can run the checkpoints here, else the PyTorch reference engine.")
 @click.option("--context-lengths", "lengths", type=TokenCounts(), default="", help="Comma-separated prompt lengths in tokens, e.g. 256,1024: "
@@ -59,7 +60,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--context-source", default=None,
               help="Long text the context buckets are cut from (target tokens): speed-bench:throughput_32k (any "
                    "SPEED-Bench config, read from --speed-bench) or a UTF-8 text file.")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
+@click.option("--seed", type=Count(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Device of the reference engine.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -87,9 +88,11 @@ def acceptance_command(target: str, draft: str, candidate: str, candidate_target
     --candidate-target, the quantized draft runs on the quantized target (the pair) against the BF16 pair.
     """
     from quantkit.acceptance.run import run_acceptance
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
     from quantkit.io.jsonout import write
 
+    check_model_folders([target, draft, candidate, candidate_target], out_file)
     if out_file is not None:
         check_writable_file(out_file, "--out")
     with remote_code_allowed(trust_remote_code), flags_for_spec_errors():

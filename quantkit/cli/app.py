@@ -5,6 +5,7 @@ Every QuantkitError becomes one line `error: <message>` with exit 2; an interrup
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -13,11 +14,18 @@ from typing import Any
 import click
 
 from quantkit import __version__
-from quantkit.errors import RECEIVED, QuantkitError, ResumableInterrupt, Terminated, scrub_secrets
+from quantkit.errors import (
+    RECEIVED,
+    QuantkitError,
+    ResumableInterrupt,
+    Terminated,
+    interrupted_hint,
+    scrub_secrets,
+)
 
 MAX_MESSAGE = 600
 # `quantkit --help` lists the commands in the order a user runs them.
-PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "eval", "gate", "deploy", "publish", "demo")
+PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "tune", "eval", "gate", "deploy", "publish", "demo")
 
 
 class QuantkitGroup(click.Group):
@@ -42,7 +50,8 @@ class QuantkitGroup(click.Group):
         args = [*(getattr(ctx, "_protected_args", None) or []), *ctx.args]
         wants_json = "--json" in args
         try:
-            result = super().invoke(ctx)
+            with _remote_code_hint(self, args):
+                result = super().invoke(ctx)
             if RECEIVED:  # a library swallowed the interrupt and the command ran on: still the interrupt
                 name, code = RECEIVED[-1]
                 click.echo(f"error: interrupted by {name}; the command's result is not to be trusted", err=True)
@@ -51,7 +60,7 @@ class QuantkitGroup(click.Group):
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated) or (isinstance(e, ResumableInterrupt) and e.terminated)
             name, code = ("SIGTERM", 143) if term else ("SIGINT", 130)
-            hint = getattr(e, "hint", None) or "nothing was left half-written (temporary files removed)"
+            hint = interrupted_hint(getattr(e, "hint", None))
             click.echo(scrub_secrets(f"error: interrupted by {name}; {hint}"), err=True)
             interrupted_exit(code)
         except RecursionError:
@@ -89,8 +98,7 @@ class QuantkitGroup(click.Group):
                 # A library caught the KeyboardInterrupt and raised something else (safetensors' loader turns one
                 # into a ValueError): it is still the interrupt, and cleanup already ran on the way here.
                 name, code = RECEIVED[-1]
-                click.echo(f"error: interrupted by {name}; nothing was left half-written (temporary files removed)",
-                           err=True)
+                click.echo(scrub_secrets(f"error: interrupted by {name}; {interrupted_hint()}"), err=True)
                 interrupted_exit(code)
             if os.environ.get("QUANTKIT_DEBUG") == "1":
                 raise
@@ -98,6 +106,19 @@ class QuantkitGroup(click.Group):
             click.echo(f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)",
                        err=True)
             ctx.exit(1)
+
+
+def _remote_code_hint(group: click.Group, args: list[str]) -> contextlib.AbstractContextManager[None]:
+    """A remote-code refusal names --trust-remote-code only where the command takes it, else the step that does
+    (quantkit.io.hf.hint_for_command)."""
+    name = args[0] if args and not args[0].startswith("-") else ""
+    command = group.commands.get(name)
+    if command is None:
+        return contextlib.nullcontext()
+    from quantkit.io.hf import hint_for_command, remote_code_hint
+
+    takes_flag = any(p.name == "trust_remote_code" for p in command.params)
+    return remote_code_hint(hint_for_command(name, takes_flag))
 
 
 def print_json_error(ctx: click.Context, args: list[str], error: dict[str, Any]) -> None:

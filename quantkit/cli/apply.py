@@ -9,6 +9,7 @@ import click
 
 from quantkit.cli.app import main
 from quantkit.cli.options import human_bytes, json_option, make_console, print_command, print_json, trust_option
+from quantkit.cli.params import Size
 from quantkit.progress import stderr_progress
 from quantkit.vocab import EAGLE3_DRAFT
 
@@ -18,8 +19,8 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 
 @main.command("apply")
 @click.option("--recipe", "recipe", default=None, envvar="QUANTKIT_RECIPE",
-              help="A built-in recipe name (quantkit recipes list) or a path to your own recipe YAML. Required unless "
-                   "--draft-vocab prunes a draft alone.")
+              help="A built-in recipe name (quantkit recipes list) or a path to your own recipe YAML. Required "
+                   "unless --draft-vocab prunes a draft on its own.")
 @click.option("--model", "model", required=True, help="Source checkpoint: a local HF folder or a Hub repo id.")
 @click.option("--output", "output", required=True, type=click.Path(path_type=Path),
               help="Output folder; written to a temporary folder beside it and renamed when complete.")
@@ -46,30 +47,26 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--overwrite", is_flag=True,
               help="Replace the output folder if a previous `quantkit apply` wrote it (never a source, never a folder "
                    "holding files quantkit did not write); also discards an interrupted run's temporary folder.")
-@click.option("--max-memory", "max_memory", default=None, envvar="QUANTKIT_MAX_MEMORY",
+@click.option("--max-memory", "max_memory", type=Size(), default=None, envvar="QUANTKIT_MAX_MEMORY",
               help="Host memory the native executor may hold, e.g. 8GiB or 500MiB (default: from the machine's "
                    "memory and the device count). Memory does not grow with shard size; a budget below one "
                    "tensor's work is refused before anything is read.")
-@click.option("--max-shard-size", "max_shard_size", default=None,
+@click.option("--max-shard-size", "max_shard_size", type=Size(shard=True), default=None,
               help="Rewrite the output into shards of at most this size (5GB, 500MB, 2GiB: read as transformers reads "
                    "max_shard_size), named model-00001-of-0000N.safetensors; a tensor larger than that gets a shard of "
                    "its own. Default: the source's shards and names. Native engine only.")
-@click.option("--draft-vocab", "draft_vocab", type=int, default=None,
-              help="EAGLE-3 drafts: cut the lm_head to the N most frequent target tokens of --vocab-corpus (special "
-                   "and EOS tokens always kept), writing d2t/t2d and draft_vocab_size as vLLM's llama_eagle3.py "
-                   "reads them; then the recipe, if any, runs on the pruned draft. Needs --target.")
-@click.option("--vocab-corpus", "vocab_corpus", default=None,
-              help="What ranks the tokens for --draft-vocab: a prompts JSONL, builtin, or speed-bench:CONFIG[/CAT], "
-                   "tokenized with the target's tokenizer.")
-@click.option("--speed-bench", "speed_bench", default=None, type=click.Path(path_type=Path),
-              help="A local SPEED-Bench folder for --vocab-corpus speed-bench:CONFIG (default: the Hub at the pinned "
-                   "revision).")
+@click.option("--draft-vocab", "draft_vocab", type=click.IntRange(1, 10_000_000), default=None,
+              help="EAGLE-3 drafts: prune the lm_head to the N target tokens --vocab-corpus uses most (special and "
+                   "EOS tokens always kept), writing d2t, t2d and draft_vocab_size as vLLM reads them; then the "
+                   "recipe runs on the pruned draft. Needs --target (its tokenizer).")
+@click.option("--vocab-corpus", "vocab_corpus", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The prompts (JSONL, as acceptance --prompts reads them) whose token counts choose the rows.")
 @trust_option()
 @json_option("Print the result (what was quantized, what was kept and why, timings) as JSON.")
 def apply_command(recipe: str, model: str, output: Path, target: str | None, devices: str, device: str | None,
                   run_path: str | None, engine: str, resume: bool, dry_run: bool, overwrite: bool,
-                  max_memory: str | None, max_shard_size: str | None, draft_vocab: int | None,
-                  vocab_corpus: str | None, speed_bench: Path | None, trust_remote_code: bool, as_json: bool) -> None:
+                  max_memory: int | None, max_shard_size: int | None, draft_vocab: int | None, vocab_corpus: Path | None,
+                  trust_remote_code: bool, as_json: bool) -> None:
     """Quantize a checkpoint with a recipe, so that vLLM loads it exactly as the recipe intends.
 
     \b
@@ -84,29 +81,42 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     (recipe, source hashes, versions, per-layer decisions with reasons, sizes, timings). Kept tensors are checked
     to be byte-identical to the source before the folder is put in place.
     """
-    from quantkit.apply.run import apply, parse_shard_size, parse_size
+    from quantkit.apply.run import apply
+    from quantkit.errors import QuantkitError
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
-    budget = parse_size(max_memory, "--max-memory") if max_memory is not None else None
-    shard_size = parse_shard_size(max_shard_size) if max_shard_size is not None else None
+    if draft_vocab is None and vocab_corpus is not None:
+        raise QuantkitError(input=f"--vocab-corpus {vocab_corpus}", reason="given without --draft-vocab",
+                            fix="add --draft-vocab N (the rows to keep)")
+    if draft_vocab is not None and (vocab_corpus is None or target is None):
+        raise QuantkitError(input=f"--draft-vocab {draft_vocab}", reason="needs --vocab-corpus FILE and --target "
+                            "(whose tokenizer counts the corpus)", fix="add both")
     if recipe is None and draft_vocab is None:
-        raise click.UsageError("give --recipe (and/or --draft-vocab N --vocab-corpus FILE to prune a draft's lm_head)")
-    if recipe is None:
-        assert draft_vocab is not None
-        with remote_code_allowed(trust_remote_code):
-            pruned = _prune_only(model, output, draft_vocab, vocab_corpus, target, speed_bench, overwrite)
-        if as_json:
-            print_json(pruned.to_dict())
-            return
-        click.echo(f"-> {output}: {pruned.draft_vocab.reason if pruned.draft_vocab else ''}")
-        return
+        raise QuantkitError(input="--recipe", reason="missing", fix="give a recipe (quantkit recipes list), or "
+                            "--draft-vocab N to prune a draft's vocabulary alone")
+    kwargs = dict(devices=device or devices, path=run_path, engine=engine, resume=resume, dry_run=dry_run,
+                  max_memory=max_memory, max_shard_size=max_shard_size)
+    check_model_folders([model, target], output, "--output", contains=True)
     with remote_code_allowed(trust_remote_code):
-        result = apply(recipe, model, output, devices=device or devices, path=run_path, engine=engine,
-                       overwrite=overwrite, resume=resume, dry_run=dry_run, target=target, max_memory=budget,
-                       max_shard_size=shard_size, draft_vocab=draft_vocab, vocab_corpus=vocab_corpus,
-                       speed_bench=speed_bench, progress=stderr_progress("apply"))
+        if draft_vocab is not None:
+            from quantkit.apply.vocab import apply_with_draft_vocab
+
+            assert vocab_corpus is not None and target is not None
+            result = apply_with_draft_vocab(recipe, model, output, n=draft_vocab, corpus=vocab_corpus, target=target,
+                                            overwrite=overwrite, progress=stderr_progress("apply"),
+                                            **(kwargs if recipe is not None else {}))
+        else:
+            assert recipe is not None
+            result = apply(recipe, model, output, overwrite=overwrite, target=target,
+                           progress=stderr_progress("apply"), **kwargs)  # type: ignore[arg-type]
     if as_json:
         print_json(result.to_dict())
+        return
+    if not hasattr(result, "layers"):  # the vocabulary pruned alone: its report
+        click.echo(f"{model} -> {output}: lm_head {result.rows_before} -> {result.rows_after} rows, covering "
+                   f"{result.coverage:.1%} of {result.corpus_tokens} corpus tokens; d2t, t2d and draft_vocab_size "
+                   "written (draft_vocab.json)")
         return
     _render_apply(result)
 

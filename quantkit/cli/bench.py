@@ -9,48 +9,73 @@ from typing import TYPE_CHECKING
 
 import click
 
+from quantkit.bench import MAX_CONCURRENCY, MAX_K, MAX_REQUEST_TIMEOUT_S
 from quantkit.cli.app import exit_failed, main
-from quantkit.cli.options import check_writable_folder, json_option, make_console, print_json
+from quantkit.cli.options import (
+    check_writable_folder,
+    default_out,
+    json_option,
+    make_console,
+    print_json,
+    third_party_output,
+)
 from quantkit.progress import stderr_progress
 
 if TYPE_CHECKING:
     from quantkit.results import BenchResult
 
 
+
+
 class IntList(click.ParamType):
-    """"1,4,8" or a range "0-5" (inclusive), distinct non-negative integers."""
+    """"1,4,8" or a range "0-5" (inclusive), distinct integers from `low` to `high`, at most 64 of them."""
 
     name = "list"
+
+    def __init__(self, low: int = 0, high: int = MAX_CONCURRENCY) -> None:
+        self.low, self.high = low, high
 
     def convert(self, value, param, ctx):
         if isinstance(value, list):
             return value
+        shown = str(value)[:80]
         out: list[int] = []
         for part in str(value).split(","):
             part = part.strip()
-            m = re.fullmatch(r"(\d+)-(\d+)", part)
-            if m and int(m.group(1)) <= int(m.group(2)) <= 64:
-                out += list(range(int(m.group(1)), int(m.group(2)) + 1))
-            elif part.isdigit():
+            m = re.fullmatch(r"(\d{1,6})-(\d{1,6})", part)
+            if m and int(m.group(1)) <= int(m.group(2)):
+                out += list(range(int(m.group(1)), min(int(m.group(2)), self.high + 1) + 1))
+            elif re.fullmatch(r"\d{1,6}", part):
                 out.append(int(part))
             else:
-                self.fail(f"{value!r}: give comma-separated integers or a range such as 0-5", param, ctx)
-        if not out or len(set(out)) != len(out):
-            self.fail(f"{value!r}: give distinct integers, e.g. 1,4,8", param, ctx)
+                self.fail(f"{shown!r}: give comma-separated integers or a range such as 0-5", param, ctx)
+        if any(not self.low <= n <= self.high for n in out):
+            self.fail(f"{shown!r}: each value must be {self.low} to {self.high}", param, ctx)
+        if not out or len(set(out)) != len(out) or len(out) > 64:
+            self.fail(f"{shown!r}: give at most 64 distinct integers, e.g. 1,4,8", param, ctx)
         return out
 
 
-def _endpoints(values: tuple[str, ...]) -> dict[str, str]:
-    from quantkit.errors import QuantkitError
+def _check_models(paths: list[str | None]) -> None:
+    """Refuse, before any server starts, a model folder vLLM would have to unpickle: the same check and one-line
+    error as apply, deploy and acceptance (quantkit.io.headers.safetensors_files). Hub ids are left to the Hub."""
+    from quantkit.io.headers import safetensors_files
 
-    out = {}
-    for v in values:
-        arm, sep, url = v.partition("=")
-        if not sep or not url.startswith(("http://", "https://")):
-            raise QuantkitError(f"--endpoint {v}: give ARM=URL, e.g. target+bf16=http://node:8000 (the arm names "
-                                "are printed by a run without endpoints)")
-        out[arm] = url
-    return out
+    for p in paths:
+        if p is not None and Path(p).expanduser().is_dir():
+            safetensors_files(Path(p).expanduser())
+
+
+def _check_out(out_dir: Path, overwrite: bool, sources: list[str | None]) -> None:
+    """bench writes into --out: never a model folder it reads, inside one, or a folder that holds one (bench writes
+    `OUT/<arm name>/`: `--out .` beside a folder named `target` would write into it), and no pickle-only model
+    folder: THE check of every command (quantkit.io.files.check_model_folders); never over an earlier run unasked."""
+    from quantkit.cli.options import check_file_free
+    from quantkit.io.files import check_model_folders
+
+    check_model_folders(sources, out_dir, "--out", contains=True)  # bench writes OUT/<arm>/: a model there too
+    check_file_free(out_dir / "bench.json", overwrite)
+    check_writable_folder(out_dir, "--out")
 
 
 @main.command("bench")
@@ -59,12 +84,12 @@ def _endpoints(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--candidate", "candidates", multiple=True, help="A quantized draft to bench (repeatable).")
 @click.option("--candidate-target", default=None,
               help="A quantized target: benched alone, with the BF16 draft and with each candidate too.")
-@click.option("--concurrency", type=IntList(), default=None,
+@click.option("--concurrency", type=IntList(1, MAX_CONCURRENCY), default=None,
               help="Closed-loop concurrencies, e.g. 1,4,8 [default: 1,4,8,16,32,64 on GPUs, 1,2,4 on CPU].")
-@click.option("--output-len", type=click.IntRange(2, 1_000_000), default=64, show_default=True,
+@click.option("--output-len", type=click.IntRange(2, 131_072), default=64, show_default=True,
               help="Output tokens per request (ignore_eos: every arm generates exactly this many).")
 @click.option("--repeats", type=click.IntRange(1, 100), default=3, show_default=True)
-@click.option("--k", "ks", type=IntList(), default="3", show_default=True,
+@click.option("--k", "ks", type=IntList(0, MAX_K), default="3", show_default=True,
               help="num_speculative_tokens; several (e.g. 0-5) sweep K and recommend a K per batch size.")
 @click.option("--prompts", default="builtin", show_default=True,
               help="'builtin' or a JSONL file of {messages|prompt, domain} records (cycled to 10 x C requests).")
@@ -81,13 +106,19 @@ def _endpoints(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--deploy-candidate", default=None,
               help="With a K sweep: write deploy.json for this draft (a --candidate or --draft) with its recommended "
                    "K schedule, served on --candidate-target or --target.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
-              show_default=True, help="Folder for per-cell vLLM JSON, bench.json and the charts.")
+@click.option("--request-timeout", "request_timeout_s", type=click.IntRange(1, MAX_REQUEST_TIMEOUT_S), default=600,
+              show_default=True, help="Seconds a request may wait for the server's next bytes before it fails its "
+                                      "cell (vLLM's client alone waits up to 6 hours).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for per-cell vLLM JSON, bench.json, the charts and vLLM's client log [default: "
+                   "./quantkit-out/bench-<target name>].")
+@click.option("--overwrite", is_flag=True, help="Replace the bench.json (and charts) of an earlier run in --out.")
 @json_option("Print the result as JSON.")
 def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], candidate_target: str | None,
                   concurrency: list[int] | None, output_len: int, repeats: int, ks: list[int], prompts: str,
                   workload: str, endpoints: tuple[str, ...], tp: int, max_num_seqs: int | None, fast_start: bool,
-                  deploy_candidate: str | None, out_dir: Path, as_json: bool) -> None:
+                  deploy_candidate: str | None, request_timeout_s: int, out_dir: Path | None, overwrite: bool,
+                  as_json: bool) -> None:
     """Serve each arm in turn with identical settings and measure it with vLLM's own serving benchmark.
 
     \b
@@ -103,15 +134,25 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
     CIs over repeats), c_step = TPOT_spec x AL / TPOT_base, the crossover concurrency. Exit 1 when a cell failed.
     """
     from quantkit.bench.charts import draw
+    from quantkit.bench.endpoints import parse_endpoints
     from quantkit.bench.run import run_bench
     from quantkit.io import jsonout
 
-    check_writable_folder(out_dir, "--out")
-    result = run_bench(target, draft, list(candidates), candidate_target, concurrency=concurrency,
-                       output_len=output_len, repeats=repeats, ks=ks, prompts=prompts, workload=workload,
-                       endpoints=_endpoints(endpoints), out_dir=out_dir, tp=tp, max_num_seqs=max_num_seqs,
-                       fast_start=fast_start, progress=stderr_progress("bench"))
-    result.charts = draw(result, out_dir)
+    parsed = parse_endpoints(endpoints)
+    models = [target, draft, *candidates, candidate_target]
+    out_dir = out_dir if out_dir is not None else default_out("bench", target)
+    _check_out(out_dir, overwrite, models)
+    _check_models(models)
+    log = out_dir / THIRD_PARTY_LOG
+    with third_party_output(log) as terminal:
+        progress = stderr_progress("bench", stream=terminal)
+        progress(f"vLLM's client and server messages go to {log}")
+        result = run_bench(target, draft, list(candidates), candidate_target, concurrency=concurrency,
+                           output_len=output_len, repeats=repeats, ks=ks, prompts=prompts, workload=workload,
+                           endpoints=parsed, out_dir=out_dir, tp=tp, max_num_seqs=max_num_seqs,
+                           fast_start=fast_start, request_timeout_s=request_timeout_s, progress=progress)
+        result.charts = draw(result, out_dir)
+    result.charts["third-party log"] = str(log)
     if deploy_candidate is not None:
         _write_deploy(result, deploy_candidate, candidate_target or target, tp, out_dir)
     (out_dir / "bench.json").write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
@@ -121,6 +162,9 @@ def bench_command(target: str, draft: str | None, candidates: tuple[str, ...], c
         render(result)
     if not result.ok:
         exit_failed()
+
+
+THIRD_PARTY_LOG = "third-party.log"
 
 
 def _write_deploy(result: BenchResult, draft: str, target: str, tp: int, out_dir: Path) -> None:
@@ -146,16 +190,20 @@ def _f(v: float | None, fmt: str = "{:.2f}") -> str:
 def render(result: BenchResult) -> None:
     from rich.table import Table
 
+    from quantkit.results.bench import Spread
+
     console = make_console()
     ident = result.identity
     console.print(f"{ident.hardware}, TP {ident.tensor_parallel_size}, {ident.vllm_version}, max_num_seqs "
                   f"{ident.max_num_seqs}, {ident.dataset}" + (f" [{ident.workload_label}]" if ident.workload_label
                                                             else ""))
-    table = Table("arm", "C", "tok/s (min-max)", "TPOT p50 ms", "TTFT p50 ms", "AL", "speedup (95% CI)",
-                  "vs BF16 draft", "c_step")
+    one = result.settings.repeats < 2
+    table = Table("arm", "C", "tok/s" + ("" if one else " (min-max)"), "TPOT p50 ms", "TTFT p50 ms", "AL",
+                  "speedup" + ("" if one else " (95% CI)"), "vs BF16 draft", "c_step")
+    table.columns[0].no_wrap = True  # an arm's name whole: `target+draft-f...` named nothing
     for arm in result.arms:
         if arm.error:
-            table.add_row(arm.name, "-", f"error: {arm.error[:60]}", "", "", "", "", "", "")
+            table.add_row(arm.name, "-", f"error: {arm.error[:200]}", "", "", "", "", "", "")
         for c in arm.cells:
             comp = result.comparison(arm.name, c.concurrency)
             t = c.output_throughput
@@ -164,9 +212,11 @@ def render(result: BenchResult) -> None:
                                          else "")
             vs = "" if comp is None or comp.vs_bf16_draft is None else f"{comp.vs_bf16_draft:.2f}"
             table.add_row(arm.name, str(c.concurrency),
-                          f"{_f(t.median, '{:.1f}')} ({_f(t.min, '{:.1f}')}-{_f(t.max, '{:.1f}')})"
+                          f"{_f(t.median, '{:.1f}')}" + ("" if one else f" ({_f(t.min, '{:.1f}')}-{_f(t.max, '{:.1f}')})")
                           + ("" if c.ok else " FAILED"),
-                          _f(c.latency_ms["p50_tpot"].median, "{:.1f}"), _f(c.latency_ms["p50_ttft"].median, "{:.0f}"),
+                          "not measured" if c.interactivity_reason and c.ok else
+                          _f(c.latency_ms.get("p50_tpot", Spread()).median, "{:.1f}"),
+                          _f(c.latency_ms.get("p50_ttft", Spread()).median, "{:.0f}"),
                           _f(c.acceptance_length, "{:.3f}"), sp, vs,
                           "" if comp is None else _f(comp.c_step) + ("*" if comp.c_step_from == "throughput" else ""))
     console.print(table)
@@ -181,6 +231,10 @@ def render(result: BenchResult) -> None:
     for s in result.k_schedules:
         console.print(f"K schedule {s.arm_prefix}: num_speculative_tokens_per_batch_size="
                       f"{[list(r) for r in s.num_speculative_tokens_per_batch_size]}")
+    for arm in result.arms:
+        for c in arm.cells:
+            for p in c.problems:
+                console.print(f"FAILED {arm.name}, C={c.concurrency}: {p}")
     for w in result.warnings:
         console.print(f"warning: {w}")
     for name, path in result.charts.items():

@@ -20,6 +20,7 @@ from quantkit.cli.options import (
     verdict_line,
     vllm_version_option,
 )
+from quantkit.cli.params import Count, Real
 from quantkit.progress import stderr_progress
 from quantkit.vocab import PLATFORMS, VLLM_MODES
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--target", "target", default=None, type=click.Path(path_type=Path),
               help="For an EAGLE-3 draft: its target checkpoint (layer names, aux layer ids, hidden sizes, real load).")
-@click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True, envvar="QUANTKIT_TP",
+@click.option("--tp", "tp", type=Count(1, 1024), default=1, show_default=True, envvar="QUANTKIT_TP",
               help="Tensor-parallel size to check per-shard divisibility for.")
 @click.option("--platform", "platform", type=click.Choice(PLATFORMS), default="gfx950",
               show_default=True, envvar="QUANTKIT_PLATFORM", help="Where the checkpoint will be served.")
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
               show_default=True, envvar="QUANTKIT_CHECK_VLLM",
               help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
                    "skipped or failed load is an error.")
-@click.option("--load-timeout", "load_timeout", type=click.FloatRange(0, 86400, min_open=True), default=900,
+@click.option("--load-timeout", "load_timeout", type=Real(0, 86400, lo_open=True), default=900,
               show_default=True,
               help="Seconds the vLLM load and generation may take.")
 @click.option("--numeric", is_flag=True, help="Also compare dequantized weights with --source (reads all weights).")
@@ -73,8 +74,10 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     import sys
 
     from quantkit.check.run import run as check_checkpoint
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
+    check_model_folders([folder, target, source])
     progress = stderr_progress("check") if not as_json else None
     with remote_code_allowed(trust_remote_code):
         result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,

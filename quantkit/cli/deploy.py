@@ -19,6 +19,7 @@ from quantkit.cli.options import (
     verdict_line,
     vllm_version_option,
 )
+from quantkit.cli.params import Count
 from quantkit.vocab import PLATFORMS
 
 if TYPE_CHECKING:  # the result type only; pydantic is imported when the command runs
@@ -30,13 +31,13 @@ if TYPE_CHECKING:  # the result type only; pydantic is imported when the command
 @click.option("--target", default=None, help="For an EAGLE-3 draft: the target it is served with (folder or Hub id).")
 @click.option("--platform", type=click.Choice(PLATFORMS), default="gfx950", show_default=True,
               envvar="QUANTKIT_PLATFORM", help="Where it will be served: MI355X (gfx950), MI300X (gfx942), CUDA, CPU.")
-@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--max-model-len", type=click.IntRange(16, 10_000_000), default=None,
+@click.option("--tp", type=Count(1, 64), default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--max-model-len", type=Count(16, 10_000_000), default=None,
               help="Default: the length vLLM derives from the target's config (max_position_embeddings, RoPE "
                    "scaling); a longer one is an error finding, as vLLM refuses it.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM --kv-cache-dtype.")
-@click.option("--num-speculative-tokens", "k", type=click.IntRange(1, 64), default=3, show_default=True)
-@click.option("--block-size", type=click.IntRange(1, 4096), default=None,
+@click.option("--num-speculative-tokens", "k", type=Count(1, 64), default=3, show_default=True)
+@click.option("--block-size", type=Count(1, 4096), default=None,
               help="vLLM --block-size (default: vLLM's). Never 1 with a draft.")
 @click.option("--dtype", default=None,
               help="vLLM --dtype: auto, half, float16, bfloat16, float, float32 (default: the config's).")
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # the result type only; pydantic is imported when the command
               help="Pin the MXFP4 MoE backend (--moe-backend aiter on ROCm): vLLM then raises instead of emulating.")
 @click.option("--model-ref", default=None, help="What the command names for the model (e.g. its Hub id once published).")
 @click.option("--draft-ref", default=None, help="Likewise for the draft.")
-@click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
+@click.option("--nodes", type=Count(1, 1024), default=1, show_default=True,
               help="Nodes to serve on: > 1 emits vLLM's multi-node launch over Ray (--tp GPUs per node, "
                    "--pipeline-parallel-size = nodes), checked per rank.")
 @vllm_version_option()
@@ -78,10 +79,12 @@ def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max
     a refused deployment (any error) prints no command. Exit 0 when no error was found, 1 otherwise, 2 for bad input.
     """
     from quantkit.deploy.run import run as deploy_manifest
+    from quantkit.io.files import check_model_folders
     from quantkit.results.deploy import DEPLOY_FILE
 
     write = out_dir is not None or not command_only
     out = out_dir if out_dir is not None else default_out("deploy", folder)
+    check_model_folders([folder, target], out if write else None, "--out" if out_dir is not None else "the default --out")
     if write:
         check_writable_folder(out, "--out")
         check_file_free(out / DEPLOY_FILE, overwrite)
@@ -144,6 +147,11 @@ def _render(manifest: DeployManifest, path: Path | None) -> None:
             echo(f"  >= {n.version}: {n.why} ({n.source})")
     else:
         echo(f"vLLM {manifest.vllm_version} checked; no rule asks for a newer vLLM")
+    from quantkit.rules.vllm_versions import unknown_version_note
+
+    note = unknown_version_note(manifest.vllm_version) if manifest.vllm_version else None
+    if note:
+        echo(f"note: {note}")
     if manifest.predicted_backends:
         echo("predicted backends: " + ", ".join(f"{k}={v}" for k, v in manifest.predicted_backends.items()))
     if path is not None:

@@ -15,6 +15,7 @@ from quantkit.cli.options import (
     print_json,
     trust_option,
 )
+from quantkit.cli.params import Count
 from quantkit.progress import stderr_progress
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
@@ -32,11 +33,11 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
                    "tiny_json_gen, for the bundled tiny models) or any lm-eval task whose data is available.")
 @click.option("--backend", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
               help="hf: lm-eval's HF backend (Quark checkpoints through Quark's loader); vllm: lm-eval's vLLM backend.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N items of each task.")
-@click.option("--num-fewshot", "num_fewshot", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--limit", type=Count(1, 100_000_000), default=None, help="Only the first N items of each task.")
+@click.option("--num-fewshot", "num_fewshot", type=Count(0, 1000), default=0, show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Device of the hf backend (cuda also means ROCm GPUs).")
-@click.option("--batch-size", "batch_size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--batch-size", "batch_size", type=Count(1, 100_000), default=16, show_default=True)
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the JSON result to this file.")
 @trust_option()
@@ -54,8 +55,10 @@ def eval_command(model: str, baseline: str, tasks: str, backend: str, limit: int
     lm-eval gives per-item scores). Quark checkpoints run through Quark's own loader in the hf backend.
     """
     from quantkit.evaluate.run import run_eval, write_result
+    from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
+    check_model_folders([model, baseline], out_file)
     if out_file is not None:
         check_writable_file(out_file, "--out")
     with remote_code_allowed(trust_remote_code):

@@ -52,9 +52,13 @@ def gate_command(config: Path, out_dir: Path, junit: Path | None, as_json: bool)
     (versioned), Markdown, JUnit XML and a chart per candidate, and appends the Markdown to $GITHUB_STEP_SUMMARY
     when it is set.
     """
+    from quantkit.gate.config import gate_model_folders, load_gate_config
     from quantkit.gate.reports import write_reports
     from quantkit.gate.run import run as gate
+    from quantkit.io.files import check_model_folders
 
+    check_model_folders(gate_model_folders(*load_gate_config(config)), out_dir,
+                        extra_outputs=[("--junit", junit)])
     result = gate(config, progress=stderr_progress("gate"))
     write_reports(result, out_dir, junit)
     if as_json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,11 +17,12 @@ from quantkit.cli.options import (
     render_kernels,
     vllm_version_option,
 )
-from quantkit.rules.cost import GPUS
+from quantkit.cli.params import Count
 from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
     from quantkit.results.check import InspectResult
+    from quantkit.results.cost import DraftCost
 
 
 @main.command("inspect")
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @click.option("--platform", "platform", type=click.Choice(PLATFORMS), default=None,
               help="Also say which vLLM kernel every MoE and linear layer takes there (gfx950 = MI355X, gfx942 = "
                    "MI300X, cuda = SM90, cpu), with its performance class and why.")
-@click.option("--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--tp", "tp", type=Count(1, 1024), default=1, show_default=True,
               help="Tensor-parallel size for --platform (per-rank shapes and padding).")
 @click.option("--gpu", "gpu", type=click.Choice(list(GPUS)), default=None,
               help="For an EAGLE-3 draft: estimate its step times from the bytes it reads on this GPU's peak HBM "
@@ -60,7 +61,9 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, platfo
     """
     from quantkit.check.inspect import inspect_checkpoint
     from quantkit.io.checkpoint import target_layer_count
+    from quantkit.io.files import check_model_folders
 
+    check_model_folders([folder, target])
     n = target_layer_count(target) if target is not None else None
     result = inspect_checkpoint(folder, n, platform=platform, tp=tp, vllm_version=vllm_version, gpu=gpu, k=k, al=al,
                                 target=target)
@@ -110,8 +113,8 @@ def _render_inspect(result: InspectResult, show_layers: bool) -> None:
         console.print(f"source format: {result.source_format}")
     if result.kernels is not None:
         render_kernels(console, result.kernels)
-    if result.cost is not None:
-        render_cost(console, result.cost)
+    if result.draft_cost is not None:
+        _render_draft_cost(console, result.draft_cost)
     console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")
     if result.quantization is None:
         _suggest_recipes(result)
@@ -132,3 +135,29 @@ def _suggest_recipes(result: InspectResult) -> None:
     if result.model_kind == EAGLE3_DRAFT:
         argv += ["--target", "TARGET"]
     print_command(argv, err=True)
+
+
+def _render_draft_cost(console: Any, cost: DraftCost) -> None:
+    """Bytes a draft step reads by role, and their shares of a draft token, as stored and after the recipe."""
+    from rich.table import Table
+
+    table = Table(title=f"Draft step by role ({cost.estimate})", title_justify="left")
+    table.add_column("role", no_wrap=True)
+    table.add_column("runs", no_wrap=True)
+    table.add_column("MB", justify="right")
+    table.add_column("share", justify="right")
+    after = {r.role: r for r in cost.after}
+    if after:
+        table.add_column(f"after {cost.after_recipe}: MB", justify="right")
+        table.add_column("share", justify="right")
+    for r in cost.roles:
+        share = "-" if r.share is None else f"{r.share:.2f}"
+        row = [r.role, "once per round" if r.role == "fc" else "per draft token", _mb(r.bytes), share]
+        if after:
+            a = after[r.role]
+            row += [_mb(a.bytes), "-" if a.share is None else f"{a.share:.2f}"]
+        table.add_row(*row)
+    console.print(table)
+    if cost.step_ratio_after is not None:
+        console.print(f"{cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f} of this "
+                      f"({cost.estimate}; row-scaled FP8 counted at its measured speed, not the ideal 0.5)")

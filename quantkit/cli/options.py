@@ -23,7 +23,9 @@ def trust_option() -> Any:
 
 
 def vllm_version_option() -> Any:
-    return click.option("--vllm-version", "vllm_version", default=None, metavar="X.Y.Z",
+    from quantkit.cli.params import VllmVersion
+
+    return click.option("--vllm-version", "vllm_version", type=VllmVersion(), default=None, metavar="X.Y.Z",
                         help="The vLLM version the rules hold for (rules carry a version range). Default: the "
                              "installed vLLM, else the newest version the rule table knows.")
 
@@ -187,6 +189,7 @@ def third_party_output(log: Path) -> Iterator[TextIO]:
     import sys
 
     log.parent.mkdir(parents=True, exist_ok=True)
+    quiet_interpreter_exit(log)
     sys.stderr.flush()
     saved = os.dup(2)
     terminal = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
@@ -204,6 +207,35 @@ def third_party_output(log: Path) -> Iterator[TextIO]:
             os.dup2(saved, 2)
             os.close(saved)
             terminal.close()
+
+
+_QUIET_EXIT: list[Path] = []
+
+
+def quiet_interpreter_exit(log: Path) -> None:
+    """From interpreter exit on (after the command's last line and its exit status are decided), send what is still
+    written on stderr to `log`. Triton's extension (triton/_C/libtriton.so, imported by vLLM) is built with nanobind,
+    whose cleanup handler runs at the very end of Py_Finalize (a Py_AtExit function, after every atexit callback)
+    and prints "nanobind: leaked N instances! ... leaked 514 functions!" for the objects vLLM still holds: it read
+    like a crash after a run that exited 0 (issue 36). nanobind's switch (set_leak_warnings) is C++ only, so the
+    file descriptor is what changes. Registered once per process (the first log wins)."""
+    if _QUIET_EXIT:
+        return
+    _QUIET_EXIT.append(log)
+    import atexit
+
+    def redirect() -> None:
+        import sys
+
+        try:
+            sys.stderr.flush()
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except (OSError, ValueError):
+            pass
+
+    atexit.register(redirect)
 
 
 def print_json(data: Any) -> None:

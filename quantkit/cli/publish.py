@@ -8,6 +8,7 @@ import click
 
 from quantkit.cli.app import main
 from quantkit.cli.options import json_option, make_console, print_json
+from quantkit.cli.params import Count
 from quantkit.vocab import PLATFORMS
 
 # --- publish -------------------------------------------------------------------------------------------------------
@@ -34,7 +35,7 @@ from quantkit.vocab import PLATFORMS
 @click.option("--endpoint", envvar="HF_ENDPOINT", default=None, help="Hub URL (default https://huggingface.co).")
 @click.option("--platform", type=click.Choice(PLATFORMS), default="gfx950", show_default=True,
               envvar="QUANTKIT_PLATFORM", help="Platform of the card's `vllm serve` command and deploy.json.")
-@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True,
+@click.option("--tp", type=Count(1, 64), default=1, show_default=True,
               help="Tensor-parallel size of the card's `vllm serve` command and deploy.json.")
 @json_option("Print the result (files, commit URL, or the dry-run plan) as JSON.")
 def publish_command(folder: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool,
@@ -52,8 +53,10 @@ def publish_command(folder: Path, repo_id: str, private: bool, revision: str | N
     what was quantized and kept and why, the exact command and versions, how to serve the model with vLLM on ROCm,
     and the acceptance and eval tables from --report. Publishing identical content again makes no new commit.
     """
+    from quantkit.io.files import check_model_folders
     from quantkit.publish.hub import publish
 
+    check_model_folders([folder, target, base_model], dry_run_dir if dry_run else None, "--dry-run-dir")
     result = publish(folder, repo_id, private=private, revision=revision, create_pr=create_pr, report=report,
                      dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir,
                      platform=platform, tp=tp)

@@ -30,7 +30,7 @@ def rules_command(platform: str | None, vllm_version: str | None, verbose: bool,
 def rules_result(platform: str | None, vllm_version: str | None):  # -> RulesResult (imported when run)
     from quantkit.results.kernels import RuleRow, RulesResult
     from quantkit.rules.table import RULES
-    from quantkit.rules.vllm_versions import KNOWN_VLLM_VERSIONS, resolve_vllm_version
+    from quantkit.rules.vllm_versions import KNOWN_VLLM_VERSIONS, resolve_vllm_version, unknown_version_note
 
     version = resolve_vllm_version(vllm_version) if vllm_version is not None else None
     filtered = platform is not None or version is not None
@@ -44,7 +44,7 @@ def rules_result(platform: str | None, vllm_version: str | None):  # -> RulesRes
                             vllm_max=r.vllm_max, decided_at=r.decided_at, when=r.when, needs=r.needs, reads=r.reads,
                             source=r.source, holds=holds))
     return RulesResult(platform=platform, vllm_version=version, known_vllm_versions=list(KNOWN_VLLM_VERSIONS),
-                       rules=rows)
+                       version_note=unknown_version_note(version) if version is not None else None, rules=rows)
 
 
 def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, verbose: bool = False) -> None:
@@ -80,6 +80,8 @@ def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, 
             row.append("yes" if r.holds else "no")
         table.add_row(*row)
     console.print(table)
+    if result.version_note:
+        console.print(f"note: {result.version_note}")
     if verbose:
         console.print("sources (the vLLM code each rule replays):")
         for r in result.rules:

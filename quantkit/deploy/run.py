@@ -104,7 +104,7 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         target_path, target_config, draft_path, draft_config, draft_tensors = str(folder), folder_config, None, None, None
     target_tensors = checkpoint_tensors(target_path)
     if max_model_len is None:
-        limit = derived_max_model_len(target_config)
+        limit = derived_max_model_len(target_config, Path(target_path) / "config.json")
         max_model_len = limit.tokens if limit is not None else None
     serving = ServingOptions(platform=platform, tp=tp, tp_option="--tensor-parallel-size", kv_cache_dtype=kv_cache_dtype,
                              num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len,

@@ -121,6 +121,63 @@ class ServedResult:
         }
 
 
+def _stream_chunk(data: str) -> tuple[Any, str | None]:
+    """One `data:` payload of the completions stream as a StreamChunk, or (None, why it is not one): what a server
+    streams is input, checked at the boundary (JSON, the fields read, finite non-negative counts)."""
+    from pydantic import ValidationError
+
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return None, f"a stream chunk that is not JSON ({' '.join(data.split())[:80]!r})"
+    try:
+        return _schemas()["StreamChunk"].model_validate(raw), None
+    except ValidationError as e:
+        first = e.errors()[0] if e.errors() else None
+        where = ".".join(str(p) for p in first["loc"]) if first else "chunk"
+        msg = first["msg"] if first else "invalid"
+        return None, f"a stream chunk that is not vLLM's ({where}: {msg})"[:300]
+
+
+_SCHEMAS: dict[str, Any] = {}
+
+
+def _schemas() -> dict[str, Any]:
+    """The pydantic models of a completions stream chunk (vllm/entrypoints/openai/protocol.py
+    CompletionStreamResponse, the fields read here), built on first use: pydantic is not on the import path of the
+    light commands."""
+    if _SCHEMAS:
+        return _SCHEMAS
+    from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+    class _Strict(BaseModel):
+        model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    class Choice(_Strict):
+        text: str | None = None
+        token_ids: list[NonNegativeInt] | None = None
+        finish_reason: str | None = None
+
+    class Usage(_Strict):
+        prompt_tokens: NonNegativeInt | None = None
+        completion_tokens: NonNegativeInt | None = None
+
+    class SpecMetrics(_Strict):
+        acceptance_histogram: list[NonNegativeInt] | None = None
+
+    class Metrics(_Strict):
+        speculative_decoding: SpecMetrics | None = None
+
+    class StreamChunk(_Strict):
+        choices: list[Choice] = Field(default_factory=list)
+        usage: Usage | None = None
+        error: Any = None
+        metrics: Metrics | None = None
+
+    _SCHEMAS["StreamChunk"] = StreamChunk
+    return _SCHEMAS
+
+
 def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str, max_tokens: int) -> RequestStats:
     body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
@@ -134,7 +191,7 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
     with client.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         if r.status_code != 200:
             detail = r.read().decode("utf-8", "replace")
-            with contextlib.suppress(ValueError, KeyError, TypeError):
+            with contextlib.suppress(ValueError, KeyError, TypeError, RecursionError):
                 detail = json.loads(detail)["error"]["message"]
             raise ServeRequestError(f"vllm serve {server.target}: request {index} got HTTP {r.status_code}: "
                                     f"{' '.join(str(detail).split())[:300]}")
@@ -145,23 +202,27 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
             if data == "[DONE]":
                 done = True
                 break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                problems.append(f"error chunk: {str(chunk['error'])[:200]}")
+            chunk, why = _stream_chunk(data)
+            if chunk is None:
+                if why not in problems:
+                    problems.append(why)  # type: ignore[arg-type]
                 continue
-            for c in chunk.get("choices") or []:
+            if chunk.error is not None:
+                problems.append(f"error chunk: {' '.join(str(chunk.error).split())[:200]}")
+                continue
+            for c in chunk.choices:
                 choices_seen += 1
-                delta_ids = c.get("token_ids") or []
-                if ttft is None and (delta_ids or c.get("text")):
+                delta_ids = c.token_ids or []
+                if ttft is None and (delta_ids or c.text):
                     ttft = time.perf_counter() - t0
-                text += c.get("text") or ""
+                text += c.text or ""
                 ids += delta_ids
-                finish = c.get("finish_reason") or finish
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            spec = (chunk.get("metrics") or {}).get("speculative_decoding")
-            if isinstance(spec, dict) and isinstance(spec.get("acceptance_histogram"), list):
-                hist = spec["acceptance_histogram"]
+                finish = c.finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage.model_dump()
+            spec = chunk.metrics.speculative_decoding if chunk.metrics is not None else None
+            if spec is not None and spec.acceptance_histogram is not None:
+                hist = spec.acceptance_histogram
                 drafts, accepted = sum(hist), sum(j * c for j, c in enumerate(hist))
     latency = time.perf_counter() - t0
     if not choices_seen:

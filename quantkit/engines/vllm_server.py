@@ -50,7 +50,7 @@ from typing import Any, Self
 
 from quantkit.engines.platform import is_vllm_cpu
 from quantkit.engines.server_log import ServerBackends, read_server_log
-from quantkit.errors import QuantkitError
+from quantkit.errors import QuantkitError, keep_file
 from quantkit.results.serve import SpecDecodeCounters
 
 Progress = Callable[[str], None]
@@ -215,7 +215,7 @@ class VllmServer:
                  port: int | None = None, max_model_len: int | None = None, startup_timeout_s: float = 600,
                  extra_env: dict[str, str] | None = None, extra_args: Iterable[str] = (),
                  fast_start: bool = False, progress: Progress | None = None,
-                 speculative_overrides: dict[str, Any] | None = None) -> None:
+                 speculative_overrides: dict[str, Any] | None = None, log_dir: str | Path | None = None) -> None:
         self.speculative_overrides = dict(speculative_overrides or {})  # more keys of --speculative-config
         self.target, self.draft = str(target), (str(draft) if draft is not None else None)
         self.num_speculative_tokens = num_speculative_tokens
@@ -230,6 +230,9 @@ class VllmServer:
         self.command: list[str] = []
         self.env: dict[str, str] = {}
         self.log_path: Path | None = None
+        # where the server's log goes: a folder of the user's (kept, named in the result), or None for a temporary
+        # file that is removed after a clean stop and kept (and named in the error or interrupt line) otherwise
+        self.log_dir = Path(log_dir) if log_dir is not None else None
         self.startup_s: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
@@ -327,7 +330,10 @@ class VllmServer:
                                    "or vLLM's ROCm/CUDA build")
         self.port = self.port or free_port()
         self.command, self.env = self.build_command(), self.build_env()
-        fd, log_name = tempfile.mkstemp(prefix="quantkit-vllm-serve-", suffix=".log")
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        fd, log_name = tempfile.mkstemp(prefix="quantkit-vllm-serve-" if self.log_dir is None else "vllm-serve-",
+                                        suffix=".log", dir=self.log_dir)
         self.log_path = Path(log_name)
         self._log_file = os.fdopen(fd, "wb")
         main_thread = threading.current_thread() is threading.main_thread()
@@ -345,7 +351,7 @@ class VllmServer:
                                        "this environment?") from None
             with _LIVE_LOCK:
                 _LIVE.add(self)
-            # the log is a temporary file, removed when the server stops cleanly: named only in errors, which keep it
+            # a temporary log is removed when the server stops cleanly: named only in errors, which keep it
             self.progress(f"started vllm serve {self.target} (pid {self._proc.pid}, port {self.port})")
             with httpx.Client(timeout=5.0) as client:
                 while True:
@@ -393,9 +399,11 @@ class VllmServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-            if not keep_log and self.log_path is not None:
+            if not keep_log and self.log_dir is None and self.log_path is not None:
                 with contextlib.suppress(OSError):
                     self.log_path.unlink()
+            elif self.log_path is not None and self.log_path.exists():
+                keep_file(self.log_path)  # a failed or interrupted run's log: the interrupt line names it
 
     def __enter__(self) -> Self:
         return self.start()

@@ -366,4 +366,4 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
 def write_result(result: EvalResult, path: str | Path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(jsonout.dumps(result.to_dict()) + "\n")
+    jsonout.write(p, result.to_dict())

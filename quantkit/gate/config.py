@@ -219,3 +219,10 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):  # a name too long for the file system, or one holding a NUL byte
         return False
+
+
+def gate_model_folders(cfg: GateConfig, base: Path) -> list[Path]:
+    """Every model folder a gate config names (target, draft, each candidate's path, baseline and target), resolved
+    against the config's folder: what no gate output may lie inside (quantkit.io.files.check_model_folders)."""
+    values = [cfg.target, cfg.draft] + [v for c in cfg.candidates for v in (c.path, c.baseline, c.target)]
+    return [base / v for v in values if v is not None]

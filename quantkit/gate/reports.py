@@ -10,6 +10,8 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from quantkit.io import jsonout
+from quantkit.io.files import write_file_atomic
+from quantkit.io.markdown import md_code, md_text
 from quantkit.results import (
     AcceptanceResult,
     BenchResult,
@@ -25,23 +27,23 @@ from quantkit.results import (
 
 def render_markdown(result: GateResult, charts: dict[str, str] | None = None) -> str:
     """The report as Markdown; `charts` maps a candidate to its chart's file name (relative to report.md)."""
-    lines = [f"## quantkit gate `{result.name}`: {'PASSED' if result.passed else 'FAILED'} (verdict: "
-             f"**{result.verdict}**)", ""]
+    lines = [f"## quantkit gate {md_code(result.name)}: {'PASSED' if result.passed else 'FAILED'} (verdict: "
+             f"**{md_text(result.verdict)}**)", ""]
     if result.reasons:
-        lines += ["Verdict reasons:", ""] + [f"- {r}" for r in result.reasons] + [""]
+        lines += ["Verdict reasons:", ""] + [f"- {md_text(r)}" for r in result.reasons] + [""]
     if result.failures:
-        lines += ["Failed:", ""] + [f"- {c.line()}" for c in result.failures] + [""]
+        lines += ["Failed:", ""] + [f"- {md_text(c.line())}" for c in result.failures] + [""]
     lines += ["| candidate | step | figure | value | threshold | result |", "|---|---|---|---|---|---|"]
     for c in result.checks:
         value = "-" if c.value is None else f"{c.value:.4g}"
         thr = "-" if c.threshold is None else f"{c.op} {c.threshold:.4g}"
-        verdict = "pass" if c.passed else f"**FAIL**{': ' + c.message if c.message else ''}"
-        lines.append(f"| {c.candidate} | {c.step} | `{c.name}` | {value} | {thr} | {verdict} |")
+        verdict = "pass" if c.passed else f"**FAIL**{': ' + md_text(c.message) if c.message else ''}"
+        lines.append(f"| {md_text(c.candidate)} | {md_text(c.step)} | {md_code(c.name)} | {value} | {thr} | {verdict} |")
     for name, rep in result.candidates.items():
-        lines += ["", f"### {name}: verdict {rep.verdict or '-'}"]
+        lines += ["", f"### {md_text(name)}: verdict {md_text(rep.verdict or '-')}"]
         lines += _acceptance_md(name, rep.acceptance) + _eval_md(name, rep.eval)
         if charts and name in charts:
-            lines += ["", f"![acceptance chart of {name}]({charts[name]})"]
+            lines += ["", f"![acceptance chart of {md_text(name)}]({md_text(charts[name])})"]
         lines += _serve_md(name, rep.serve) + _bench_md(name, rep.bench) + _release_md(name, rep.release) + _check_md(name, rep.check)
     return "\n".join(lines) + "\n"
 
@@ -53,10 +55,11 @@ def _f(v: float | None, digits: int = 3) -> str:
 def _acceptance_md(name: str, acc: AcceptanceResult | None) -> list[str]:
     if acc is None or acc.baseline is None or acc.candidate is None:
         return []
-    lines = ["", f"### {name}: acceptance length ({acc.backend}, K={acc.settings.num_speculative_tokens})", "",
+    lines = ["", f"### {md_text(name)}: acceptance length ({md_text(acc.backend)}, "
+             f"K={acc.settings.num_speculative_tokens})", "",
              "| domain | BF16 draft AL (pooled) | candidate AL (pooled) | ratio |", "|---|---|---|---|"]
     for d, r in acc.per_domain_ratio.items():
-        lines.append(f"| {d} | {_f(acc.baseline.domain_al(d))} | {_f(acc.candidate.domain_al(d))} | {_f(r)} |")
+        lines.append(f"| {md_text(d)} | {_f(acc.baseline.domain_al(d))} | {_f(acc.candidate.domain_al(d))} | {_f(r)} |")
     lo, hi = acc.ratio_ci or [None, None]
     lines.append(f"| **all** | {_f(acc.baseline.mean_acceptance_length)} | {_f(acc.candidate.mean_acceptance_length)} "
                  f"| {_f(acc.ratio)} (95% CI {_f(lo)}-{_f(hi)}) |")
@@ -66,10 +69,10 @@ def _acceptance_md(name: str, acc: AcceptanceResult | None) -> list[str]:
 def _eval_md(name: str, ev: EvalResult | None) -> list[str]:
     if ev is None:
         return []
-    lines = ["", f"### {name}: eval ({ev.backend}, limit {ev.limit})", "",
+    lines = ["", f"### {md_text(name)}: eval ({md_text(ev.backend)}, limit {ev.limit})", "",
              "| task | metric | baseline | quantized | delta | recovery |", "|---|---|---|---|---|---|"]
     for t in ev.tasks:
-        lines.append(f"| {t.task} | {t.metric} | {_f(t.baseline, 4)} | {_f(t.candidate, 4)} | {_f(t.delta, 4)} | "
+        lines.append(f"| {md_text(t.task)} | {md_text(t.metric)} | {_f(t.baseline, 4)} | {_f(t.candidate, 4)} | {_f(t.delta, 4)} | "
                      f"{_f(t.recovery, 4)} |")
     return lines
 
@@ -84,20 +87,20 @@ def _bench_md(name: str, res: BenchResult | None) -> list[str]:
         return []
     from quantkit.bench.tables import speedup_markdown
 
-    return ["", f"### {name}: served speedup (quantkit bench, arm {summary.candidate_arm})", "",
+    return ["", f"### {md_text(name)}: served speedup (quantkit bench, arm {md_text(summary.candidate_arm)})", "",
             *speedup_markdown(summary)]
 
 
 def _serve_md(name: str, sr: ServeReport | None) -> list[str]:
     if sr is None:
         return []
-    lines = ["", f"### {name}: served (`vllm serve`, K={sr.num_speculative_tokens}, {sr.num_prompts} prompts x "
+    lines = ["", f"### {md_text(name)}: served (`vllm serve`, K={sr.num_speculative_tokens}, {sr.num_prompts} prompts x "
              f"{sr.max_tokens} tokens, up in {_f(sr.startup_s, 1)} s)", ""]
     if sr.error:
-        lines += [f"Step failed: {sr.error}", ""]
+        lines += [f"Step failed: {md_text(sr.error)}", ""]
     if sr.batches:
         ref = sr.in_process_al
-        lines += [f"| batch | served AL | in-process AL ({sr.in_process_source}) | difference | TTFT p50 ms "
+        lines += [f"| batch | served AL | in-process AL ({md_text(sr.in_process_source)}) | difference | TTFT p50 ms "
                   "| TTFT p90 ms | TPOT ms | tokens/s | well-formed |", "|---|---|---|---|---|---|---|---|---|"]
         for b in sr.batches:
             al = b.mean_acceptance_length
@@ -115,20 +118,20 @@ def _release_md(name: str, rel: ReleaseFigures | None) -> list[str]:
     pred = f" (apply --dry-run predicts {rel.predicted_size_ratio:.4f})" if rel.predicted_size_ratio is not None else ""
     drift = rel.tokenizer_drift
     tok = "-" if drift is None else "byte-identical" if not drift else f"{len(drift)} files drift"
-    lines = ["", f"### {name}: release checks against `{rel.source}`", "",
+    lines = ["", f"### {md_text(name)}: release checks against {md_code(rel.source)}", "",
              f"- weight bytes: {_f(rel.size_ratio, 4)} of the source{pred}",
              f"- tokenizer: {tok}"]
-    lines += [f"  - {d}" for d in drift or []]
+    lines += [f"  - {md_text(d)}" for d in drift or []]
     return lines
 
 
 def _check_md(name: str, chk: CheckSummary | None) -> list[str]:
     if chk is None:
         return []
-    lines = ["", f"### {name}: check: {chk.errors} errors, {chk.warnings} warnings"]
+    lines = ["", f"### {md_text(name)}: check: {chk.errors} errors, {chk.warnings} warnings"]
     for f in chk.findings:
         if f.severity in ("error", "warning"):
-            lines.append(f"- {f.severity}: `{f.code}` {f.layer_or_tensor}: {f.message}")
+            lines.append(f"- {md_text(f.severity)}: {md_code(f.code)} {md_text(f.layer_or_tensor)}: {md_text(f.message)}")
     return lines
 
 
@@ -192,13 +195,12 @@ def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | N
     charts = write_charts(result, out)
     result.outputs = {k: str(v) for k, v in paths.items()}
     result.outputs.update({f"chart:{name}": str(out / f) for name, f in charts.items()})
-    paths["json"].write_text(jsonout.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    jsonout.write(paths["json"], result.to_dict())
     for name, rep in result.candidates.items():
-        (out / f"report-{name}.json").write_text(jsonout.dumps(rep.to_dict()) + "\n", encoding="utf-8")
+        jsonout.write(out / f"report-{name}.json", rep.to_dict())
     md = render_markdown(result, charts)
-    paths["markdown"].write_text(md, encoding="utf-8")
-    paths["junit"].parent.mkdir(parents=True, exist_ok=True)
-    paths["junit"].write_text(render_junit(result), encoding="utf-8")
+    write_file_atomic(paths["markdown"], md)
+    write_file_atomic(paths["junit"], render_junit(result))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:

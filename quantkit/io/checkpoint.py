@@ -30,7 +30,7 @@ from quantkit.errors import (
     raise_if_signalled,
 )
 from quantkit.io.config import num_hidden_layers
-from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, scan_folder
+from quantkit.io.files import DOWNLOAD_PATTERNS, MANIFEST_FILE, _umask, scan_folder
 from quantkit.io.headers import TensorInfo, checkpoint_tensors, read_config
 from quantkit.io.lock import output_lock
 from quantkit.progress import Progress
@@ -258,10 +258,6 @@ def full_disk_reason(e: BaseException) -> str | None:
     return None
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def publish_permissions(folder: Path) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from quantkit.errors import CheckpointError
 
@@ -22,9 +22,6 @@ Count = Annotated[int, Field(ge=0)]
 # write model_max_length as a float; a strict float takes JSON integers too).
 Length = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
-# Multimodal wrappers whose language model's config is `text_config` (vllm/model_executor/models/kimi_k25.py builds
-# its DeepseekV2ForCausalLM from it; quantkit.io.formats.text_model_view and quantkit.naming.archs read it).
-TEXT_CONFIG_WRAPPERS = {"KimiK25ForConditionalGeneration": "kimi_k25"}
 
 
 class _Typed(BaseModel):
@@ -68,8 +65,9 @@ class ModelConfig(_Typed):
     n_routed_experts: Count | None = None
     n_shared_experts: Count | None = None
     num_experts_per_tok: PositiveInt | None = None
+    hidden_act: str | None = None
     first_k_dense_replace: Count | None = None
-    moe_layer_freq: PositiveInt | None = None
+    moe_layer_freq: PositiveInt | list[Count] | None = None  # MiniMax-M3 writes one 0/1 per layer
     decoder_sparse_step: PositiveInt | None = None
     mlp_only_layers: list[Count] | None = None
     num_nextn_predict_layers: Count | None = None
@@ -96,15 +94,40 @@ class ModelConfig(_Typed):
     text_config: ModelConfig | None = None
     transformer_layer_config: ModelConfig | None = None
 
-    @model_validator(mode="after")
-    def _wrapper_needs_text_config(self) -> ModelConfig:
-        wrapper = next((a for a in self.architectures or () if a in TEXT_CONFIG_WRAPPERS), None)
-        if wrapper is None and self.model_type in TEXT_CONFIG_WRAPPERS.values():
-            wrapper = self.model_type
-        if wrapper is not None and self.text_config is None:
-            raise ValueError(f"{wrapper} keeps its language model's config (layers, experts, quantization_config) "
-                             "under text_config, which this config.json lacks")
-        return self
+
+
+# The keys the family records read beyond ModelConfig's, each with its type, and the wrapper architectures whose
+# language model's config sits under a key (text_config): declared by the records (quantkit.naming.family
+# Family.config_keys, Wrapper.text_config_key) and handed down here by the registry (quantkit.naming.archs.register ->
+# declare_keys), so the schema of config.json is built from the records and io/ imports nothing above it.
+_DECLARED: dict[str, tuple[str, Any]] = {}  # key -> (the record declaring it, its type)
+_WRAPPERS: dict[str, str] = {}  # wrapper architecture -> the key of its language model's config
+_SCHEMA: list[type[BaseModel]] = []  # the model built from _DECLARED, rebuilt after each declaration
+
+
+def declare_keys(owner: str, keys: Mapping[str, Any], wrappers: Mapping[str, str] | None = None) -> None:
+    """Add a record's config keys (key -> pydantic type) and wrapper architectures to the config.json schema. A key
+    that another record declares with another type is a ValueError: one key, one type."""
+    for key, typ in keys.items():
+        prev = _DECLARED.get(key)
+        if prev is not None and prev[1] != typ:
+            raise ValueError(f"family {owner!r} declares config key {key!r} as {typ}, family {prev[0]!r} as {prev[1]}")
+        if key in ModelConfig.model_fields:
+            raise ValueError(f"family {owner!r} declares config key {key!r}, which quantkit.io.config.ModelConfig types")
+        _DECLARED.setdefault(key, (owner, typ))
+    _WRAPPERS.update(wrappers or {})
+    _SCHEMA.clear()
+
+
+def _declared_schema() -> type[BaseModel]:
+    from pydantic import create_model
+
+    if not _SCHEMA:
+        fields: dict[str, Any] = {k: (typ | None, None) for k, (_o, typ) in _DECLARED.items()}
+        inner = create_model("DeclaredKeys", __base__=_Typed, **fields)
+        _SCHEMA.append(create_model("DeclaredConfig", __base__=inner, text_config=(inner | None, None),
+                                    transformer_layer_config=(inner | None, None)))
+    return _SCHEMA[0]
 
 
 def validate_model_config(config: Any, where: str | Path) -> dict[str, Any]:
@@ -116,13 +139,15 @@ def validate_model_config(config: Any, where: str | Path) -> dict[str, Any]:
 
     try:
         ModelConfig.model_validate(config)
+        _declared_schema().model_validate(config)
     except ValidationError as e:
-        errors = e.errors(include_url=False)
-        if errors[0]["type"] == "value_error" and "text_config" in str(errors[0]["msg"]):
-            raise CheckpointError(f"{where}: text_config: missing; "
-                                  f"{str(errors[0]['msg']).removeprefix('Value error, ')}: use the release's "
-                                  "config.json") from None
         raise CheckpointError(f"{where}: {describe_all(e)}; fix config.json (or re-download it)") from None
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    wrapper = next((a for a in archs or () if a in _WRAPPERS), None)
+    if wrapper is not None and not isinstance(config.get(_WRAPPERS[wrapper]), dict):
+        raise CheckpointError(f"{where}: {_WRAPPERS[wrapper]}: missing; {wrapper} keeps its language model's config "
+                              f"(layers, experts, quantization_config) under {_WRAPPERS[wrapper]}, which this "
+                              "config.json lacks: use the release's config.json")
     return config
 
 
@@ -139,7 +164,13 @@ def num_hidden_layers(config: dict[str, Any], where: str | Path) -> int:
     """The text model's decoder layer count; a one-line error naming `where` when config.json has no valid one."""
     n = text_config(config).get("num_hidden_layers")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise CheckpointError(f"{where}: config.json has no valid num_hidden_layers ({n!r}); is this the target?")
+        raise CheckpointError(f"{where}: config.json has no valid num_hidden_layers ({str(n)[:40]!r}); is this the "
+                              "target?")
+    from quantkit.io.counts import MAX_LAYERS
+
+    if n > MAX_LAYERS:
+        raise CheckpointError(f"{where}: config.json has num_hidden_layers {str(n)[:40]}, more than {MAX_LAYERS:,} (no "
+                              "model has so many); fix config.json")
     return n
 
 
@@ -251,12 +282,30 @@ def _rope_parameters(text: dict[str, Any]) -> list[dict[str, Any]]:
     return [rope]
 
 
-def max_model_len(config: dict[str, Any]) -> MaxModelLen | None:
+# Bounds on what a config may say about positions: no model holds 2^31 positions (vLLM keeps max_model_len in an
+# int32 in places), and no RoPE scaling factor of a released model is near 10^6 (they are 2 to 64). Beyond them a
+# config is refused in one line naming the key, before a 300-digit --max-model-len reaches a manifest.
+MAX_POSITIONS = 2**31
+MAX_ROPE_FACTOR = 1e6
+
+
+def _check_rope_factors(text: dict[str, Any], where: str, file: str | Path) -> None:
+    key = "rope_scaling" if text.get("rope_scaling") else "rope_parameters"
+    for rp in _rope_parameters(text):
+        f = rp.get("factor")
+        if isinstance(f, (int, float)) and not isinstance(f, bool) and not 0 < f <= MAX_ROPE_FACTOR:
+            raise CheckpointError(f"{file} {where}{key}.factor {f:g}: outside (0, {MAX_ROPE_FACTOR:g}] (released "
+                                  "models scale RoPE by 2 to 64); fix config.json (or re-download it)")
+
+
+def max_model_len(config: dict[str, Any], file: str | Path = "config.json") -> MaxModelLen | None:
     """vLLM's derived max_model_len of a model from its config.json (vllm/config/model.py _get_and_verify_max_len: the
     smallest length key of the text config, times the RoPE scaling factor of non-prescaled RoPE types); None when no
-    key is present (vLLM then assumes 2048 but accepts any explicit max_model_len)."""
+    key is present (vLLM then assumes 2048 but accepts any explicit max_model_len). A RoPE factor beyond
+    MAX_ROPE_FACTOR, or a length beyond MAX_POSITIONS, is one CheckpointError naming `file` and the key."""
     text = text_config(config)
     where = "text_config." if text is not config else ""
+    _check_rope_factors(text, where, file)
     found = [(text[k], k) for k in MAX_LEN_KEYS
              if isinstance(text.get(k), (int, float)) and not isinstance(text.get(k), bool) and text[k] > 0]
     if not found:
@@ -272,6 +321,10 @@ def max_model_len(config: dict[str, Any]) -> MaxModelLen | None:
             if kind not in _PRESCALED_ROPE and isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0:
                 factor = float(f)
     label = f"{where}{key}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
+    if not value * factor <= MAX_POSITIONS:
+        raise CheckpointError(f"{file} {label}: {value:g}" + (f" x {factor:g}" if factor != 1.0 else "")
+                              + f" positions, more than {MAX_POSITIONS} (no model holds that many); fix config.json "
+                              "(or re-download it)")
     return MaxModelLen(int(value * factor), label)
 
 

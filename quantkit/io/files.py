@@ -19,11 +19,13 @@ are not checked either.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,3 +259,138 @@ def copy_tree_checked(src: Path, dst: Path, roots: list[Path], error: type[Quant
             (dst / (Path(root) / name).relative_to(src)).mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy2(os.path.realpath(f), dst / f.relative_to(src))
+
+
+def write_file_atomic(path: str | Path, data: str | bytes,
+                      error: type[QuantkitError] | None = QuantkitError) -> Path:
+    """THE way quantkit writes a result file (report, manifest, card, chart, JSON): the bytes go to a temporary file
+    in the same folder, which then replaces `path` in one rename (os.replace).
+
+    So a reader never sees half a file, an interrupt leaves the previous file (or none), and a symbolic link planted
+    at `path` is itself replaced: the file it pointed to, outside the output, is never written. A folder at `path`
+    is refused in one line. The file gets the usual permissions (0666 less the umask), not mkstemp's 0600. An OSError
+    (a full disk) becomes one `error` line, or, with error=None, goes up as it is (apply's output turns it into its
+    own message)."""
+    import tempfile
+
+    raw = error is None
+    path = Path(path)
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    if error is None:
+        error = QuantkitError
+    elif path.is_dir() and not path.is_symlink():
+        raise error(f"{path}: is a folder; remove it or pick another output")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".quantkit-tmp", dir=path.parent)
+    except OSError as e:
+        if raw:
+            raise
+        raise error(f"{path}: cannot be written ({e.strerror or e}); pick a folder you can write to") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) and not raw:
+            raise error(f"{path}: cannot be written ({e.strerror or e}); free space or pick a folder you can write "
+                        "to") from None
+        raise
+    return path
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+class OutputInModelError(QuantkitError):
+    """An output path is, contains, or lies inside a model folder the command reads."""
+
+
+# Weight files that are Python pickles: torch.save's formats. A folder whose weights are only these is refused by
+# every command (refuse_pickle_only): quantkit reads safetensors only and never unpickles a file.
+PICKLE_WEIGHT_PATTERNS: tuple[str, ...] = ("*.bin", "*.pt", "*.pth")
+
+
+def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Path | None], option: str = "--out",
+                            error: type[QuantkitError] = OutputInModelError, *, contains: bool = False) -> None:
+    """THE check every command that writes makes before any work: its output (a folder or a file) must not be, or
+    lie inside, any model folder it reads (after resolving links, so a link to a source counts as the source). With
+    `contains`, for a command that replaces its whole output folder, an output that contains a model folder is
+    refused too; files written into a folder that merely holds a model (`deploy ./model --out .`) touch no model
+    file. A Hub id (no such local path) is skipped: its files live in the HF cache, which quantkit never writes
+    into. One line, naming the option, the output and the model."""
+    if output is None:
+        return
+    out = Path(os.path.realpath(Path(output).expanduser()))
+    for model in models:
+        if model is None or str(model) == "":
+            continue
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            continue
+        src = Path(os.path.realpath(path))
+        relation = ("is" if out == src else "lies inside" if out.is_relative_to(src)
+                    else "contains" if contains and src.is_relative_to(out) else None)
+        if relation:
+            raise error(f"{option} {shown_path(output)}: {relation} the model folder {shown_path(model)}, which this "
+                        "command reads; quantkit never writes into a model folder: pick an output outside it")
+
+
+def pickle_only_weights(folder: str | Path) -> list[str]:
+    """The pickle weight files (*.bin, *.pt, *.pth) of a folder that holds no *.safetensors, sorted; empty when it
+    has safetensors weights or no pickles (or is not a folder)."""
+    folder = Path(folder)
+    try:
+        names = [e.name for e in os.scandir(folder) if not e.name.startswith(".")]
+    except OSError:
+        return []
+    if any(n.endswith(".safetensors") for n in names):
+        return []
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in PICKLE_WEIGHT_PATTERNS))
+
+
+def refuse_pickle_only(folder: str | Path, what: str = "",
+                       error: type[QuantkitError] = CheckpointError) -> None:
+    """THE refusal of a model folder whose weights are only pickles (no safetensors), made by every command that
+    takes a model folder before it reads a tensor or starts a server: quantkit never unpickles a file, and a pickle
+    handed to vLLM or transformers would be (their weights-only loader is the last line, not the first). A Hub id or
+    a missing path is left to the command's own resolution."""
+    pickles = pickle_only_weights(folder)
+    if not pickles:
+        return
+    from quantkit.io.headers import bin_conversion
+
+    shown = ", ".join(shown_path(p, 80) for p in pickles[:4]) + (f" and {len(pickles) - 4} more" if len(pickles) > 4
+                                                                 else "")
+    raise error(f"{what + ' ' if what else ''}{shown_path(folder)}: weights only as {shown} (pickle); quantkit reads "
+                f"safetensors only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+
+
+def shown_path(path: str | Path, limit: int = 300) -> str:
+    """A path as an error line echoes it: as it is when printable, else its repr (a newline or an ESC in a folder
+    name never breaks the one line or reaches the terminal raw); longer than `limit` characters, cut with its
+    length."""
+    s = str(path)
+    s = s if s.isprintable() else repr(s)
+    return s if len(s) <= limit else f"{s[:limit]}... ({len(s):,} characters)"
+
+
+def check_model_folders(models: Iterable[str | Path | None], output: str | Path | None = None,
+                        option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = (),
+                        *, contains: bool = False) -> None:
+    """Both input checks of a command, before any work: no model folder is pickle-only, and no output (`option`
+    OUTPUT, then each (option, path) of `extra_outputs`) is or lies inside one of them (or, with `contains`, for a
+    command that replaces its whole output folder, contains one)."""
+    given = [m for m in models if m is not None]
+    for m in given:
+        refuse_pickle_only(m)
+    refuse_output_in_models(output, given, option, contains=contains)
+    for opt, path in extra_outputs:
+        refuse_output_in_models(path, given, opt, contains=contains)

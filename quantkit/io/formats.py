@@ -45,7 +45,8 @@ Formats, as the target checkpoints ship them:
   experts (`mtp.layers.0.mlp.experts.gate_up_proj`, Qwen3.6's layout) are kept as stored (FusedLayout.stored_prefixes).
   SpecForge's Qwen3-MoE EAGLE-3 draft (model_type qwen3_moe, `midlayer.mlp.gate_weight` / `up_weight` [E, I, H],
   `down_weight` [E, H, I]) is split the same way into `midlayer.mlp.experts.<e>.gate_proj / up_proj / down_proj.weight`,
-  as SpecForge's SGLang loader splits it (quantkit.naming.archs.eagle3_moe). The table is FUSED_EXPERTS.
+  as SpecForge's SGLang loader splits it (quantkit.naming.archs.eagle3_moe). Each layout is its family record's
+  (quantkit.naming.family MoeLayout.fused), handed to detect_format by the caller.
 - OpenAI's MXFP4 release (`quant_method: mxfp4`, `*_blocks` / `*_scales`) is refused as `already MXFP4`: its experts
   are MXFP4 already and the rest BF16 (modules_to_not_convert: self_attn, router, embed_tokens, lm_head), the layout
   quantkit's MoE recipes produce, and vLLM loads it natively (vllm/model_executor/layers/quantization/mxfp4.py
@@ -62,15 +63,15 @@ Quark 0.13's own file-to-file path feeds its quantizer (quark/torch/quantization
 `_weight_dequant_fp8` returns the float32 product; `_recover_compressed_tensors_weights` upcasts `weight_scale` to
 float32 before `decompress`), so an MXFP4 result byte-identical to Quark's file-to-file output needs float32 input.
 
-Nothing here imports torch at module level; `detect_format`, `decoded_tensor_names`, `decoded_origins`,
-`text_model_view` and `mtp_tensor_names` read names, dtypes and shapes only.
+Nothing here imports torch at module level; `detect_format`, `decoded_tensor_names`, `decoded_origins` and
+`mtp_tensor_names` read names, dtypes and shapes only.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from operator import itemgetter
@@ -90,17 +91,19 @@ SUPPORTED_FORMATS = (
     "int4-pack-quantized (compressed-tensors pack-quantized, symmetric INT4, group strategy), fused-experts (BF16 "
     "gpt-oss / Llama-4 / Qwen3.5-MoE with 3-D experts, SpecForge Qwen3-MoE EAGLE-3 drafts' stacked experts)"
 )
-# Fused 3-D expert tensors per model_type (see the module docstring): fused tensor suffix -> the per-expert tensors it
-# decodes to, each (module, param, part of the out dimension: "all", "first half", "second half"), plus the layout's
-# orientation: `transposed` weights are stored [E, in, out] (gpt-oss, Llama-4) and decoded transposed to vLLM's
-# [out, in]; the others are stored [E, out, in] (Qwen3.5-MoE) and decoded as they are. Biases [E, out] are sliced.
+# Fused 3-D expert tensors (see the module docstring): fused tensor suffix -> the per-expert tensors it decodes to,
+# each (module, param, part of the out dimension: "all", "first half", "second half"), plus the layout's orientation:
+# `transposed` weights are stored [E, in, out] (gpt-oss, Llama-4) and decoded transposed to vLLM's [out, in]; the
+# others are stored [E, out, in] (Qwen3.5-MoE) and decoded as they are. Biases [E, out] are sliced. Which family stores
+# which layout is its record's (quantkit.naming.family MoeLayout.fused); the caller hands detect_format the layouts.
 FusedPart = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
 class FusedLayout:
-    """How one model_type stores its experts fused: the tensors, their orientation, the config key counting experts."""
+    """How one family stores its experts fused: the tensors, their orientation, the config key counting experts."""
 
+    name: str  # for messages and `inspect` (the model_type that stores it: "gpt_oss")
     parts: dict[str, tuple[FusedPart, ...]]
     transposed: bool  # True: weights [E, in, out]; False: [E, out, in], vLLM's own per-expert orientation
     experts_key: str  # text-config key: experts per fused tensor
@@ -113,52 +116,6 @@ class FusedLayout:
     stored_prefixes: tuple[str, ...] = ()
 
 
-FUSED_EXPERTS: dict[str, FusedLayout] = {
-    # transformers GptOssExperts; vLLM gpt_oss.py _load_weights_quark reads experts.<e>.gate_up_proj (interleaved)
-    "gpt_oss": FusedLayout({
-        ".mlp.experts.gate_up_proj": (("gate_up_proj", "weight", "all"),),
-        ".mlp.experts.gate_up_proj_bias": (("gate_up_proj", "bias", "all"),),
-        ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
-        ".mlp.experts.down_proj_bias": (("down_proj", "bias", "all"),),
-    }, transposed=True, experts_key="num_local_experts"),
-    # transformers Llama4TextExperts (gate_up.chunk(2, dim=-1)); vLLM llama4.py load_moe_expert_weights reads
-    # experts.<e>.gate_proj / up_proj / down_proj when the checkpoint is not fused (fused: chunk(2, dim=-2) after the
-    # transpose: the same halves)
-    "llama4": FusedLayout({
-        ".feed_forward.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
-        ".feed_forward.experts.down_proj": (("down_proj", "weight", "all"),),
-    }, transposed=True, experts_key="num_local_experts"),
-    # transformers 5 Qwen3_5MoeExperts: gate_up_proj [E, 2I, H], down_proj [E, H, I], not transposed. vLLM 0.32 loads
-    # the fused tensors in vllm/model_executor/layers/fused_moe/routed_experts.py RoutedExperts.load_weights: the
-    # qwen3_next.py Qwen3NextSparseMoeBlock experts are built with is_fused_checkpoint_transposed=False
-    # (_orient_fused_weight leaves them as stored), w1 (gate) = fused.chunk(2, dim=1)[0] and w3 (up) = [1] (the fused
-    # entries of build_expert_params_mapping, `expert_id doubles as the chunk index`), w2 = down_proj per expert. The
-    # same function maps per-expert `experts.<e>.gate_proj / up_proj / down_proj.weight` (ckpt names gate_proj,
-    # down_proj, up_proj) to the same w1 / w3 / w2 of expert e: the names written here. Quark 0.13's qwen3_5_moe
-    # template splits the same way (template.py f2f_weight_converters, weight_convert.py SplitFusedExperts:
-    # torch.chunk(expert, 2, dim=0) -> gate, up).
-    # The MTP block's experts (mtp.layers.0.mlp.experts.*: fused in Qwen3.6 releases, per expert in Qwen3.5's) are
-    # kept as stored: the target never loads them (qwen3_5.py hf_to_vllm_mapper `"mtp.": None`), MTP tensors are
-    # kept BF16, and vLLM's MTP model loads the fused tensors with the same RoutedExperts.load_weights
-    # (qwen3_5_mtp.py Qwen3_5MultiTokenPredictor builds Qwen3_5DecoderLayer, hence Qwen3NextSparseMoeBlock experts,
-    # and load_weights renames mtp. -> model.), so splitting them would only change the bytes.
-    "qwen3_5_moe": FusedLayout({
-        ".mlp.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
-        ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
-    }, transposed=False, experts_key="num_experts", stored_prefixes=("mtp.",)),
-    # SpecForge's Qwen3-MoE EAGLE-3 draft (specforge/modeling/draft/qwen3_moe_eagle.py
-    # SpecForgeQwen3MoeSparseMoeBlock: `gate_weight` / `up_weight` [E, I, H] and `down_weight` [E, H, I] stacked from
-    # the per-expert Linears, its per-expert state_dict conversion commented out, so the draft saves them stacked).
-    # SpecForge's SGLang loader (qwen3_moe_eagle3_sglang_plugin.py load_weights, `hard_coded_mapping`) splits them as
-    # `loaded_weight[expert_id]` into `mlp.experts.<e>.gate_proj.weight` / `up_proj` / `down_proj`: the same split,
-    # no transpose. A Qwen3-MoE target has no `mlp.*_weight` tensor, so its checkpoints are untouched.
-    "qwen3_moe": FusedLayout({
-        ".mlp.gate_weight": (("gate_proj", "weight", "all"),),
-        ".mlp.up_weight": (("up_proj", "weight", "all"),),
-        ".mlp.down_weight": (("down_proj", "weight", "all"),),
-    }, transposed=False, experts_key="num_experts", container=".mlp.experts"),
-}  # fmt: skip
-FUSED_EXPERTS["llama4_text"] = FUSED_EXPERTS["llama4"]
 _FIX = "start from the model's BF16, FP8-block or INT4 pack-quantized release"
 
 # Tensor-name suffixes that carry a source format and never reach the decoded output.
@@ -224,7 +181,7 @@ class SourceFormat:
     ignore: tuple[str, ...] = ()
     stored_dtypes: tuple[str, ...] = ()
     experts: int | None = None  # fused-experts: experts per fused tensor (config num_local_experts)
-    model_type: str | None = None  # fused-experts: the FUSED_EXPERTS layout
+    fused: FusedLayout | None = None  # fused-experts: the layout, from the family's record
 
     @property
     def description(self) -> str:
@@ -233,13 +190,13 @@ class SourceFormat:
             assert self.block_size is not None
             return (f"FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} block scales (weight_scale_inv, "
                     f"quant_method fp8); decoded to BF16")  # fmt: skip
-        if self.name == "fused-experts" and FUSED_EXPERTS[self.model_type or ""].container is not None:
-            stacked = ", ".join(s.lstrip(".") for s in FUSED_EXPERTS[self.model_type or ""].parts)
-            return (f"{self.model_type} with {self.experts} experts stacked per layer ({stacked} [E, out, in]); "
+        if self.name == "fused-experts" and self.fused is not None and self.fused.container is not None:
+            stacked = ", ".join(s.lstrip(".") for s in self.fused.parts)
+            return (f"{self.fused.name} with {self.experts} experts stacked per layer ({stacked} [E, out, in]); "
                     "split per expert into mlp.experts.<e>.*, values unchanged")
-        if self.name == "fused-experts":
-            transposed = FUSED_EXPERTS[self.model_type or ""].transposed
-            return (f"{self.model_type} with {self.experts} experts fused per layer (experts.gate_up_proj "
+        if self.name == "fused-experts" and self.fused is not None:
+            transposed = self.fused.transposed
+            return (f"{self.fused.name} with {self.experts} experts fused per layer (experts.gate_up_proj "
                     f"{'[E, H, 2I]' if transposed else '[E, 2I, H]'}); split per expert"
                     f"{' and transposed' if transposed else ''}, values unchanged")
         if self.name == "int4-pack-quantized":
@@ -290,7 +247,8 @@ def _info(value: Any) -> tuple[str, tuple[int, ...]]:
 
 
 def detect_format(
-    config: Mapping[str, Any], tensors: Mapping[str, Any], *, source: str = "config.json"
+    config: Mapping[str, Any], tensors: Mapping[str, Any], *, source: str = "config.json",
+    fused: Sequence[FusedLayout] = (),
 ) -> SourceFormat:
     """The checkpoint's SourceFormat, from config.json and its tensors' (dtype, shape), without reading tensor data.
 
@@ -302,7 +260,7 @@ def detect_format(
     """
     if set(map(type, tensors.values())) == {TensorInfo}:  # from the headers: (dtype, shape) already typed
         qcfg, key = quantization_config_of(config)
-        if qcfg is None and str(config.get("model_type")) not in FUSED_EXPERTS:
+        if qcfg is None and not fused:
             # An unquantized source (the common case) needs only its dtypes and names, checked in C-level passes;
             # the general path below reads the same and names the first offending tensor.
             dtypes = set(map(_DTYPE_OF, tensors.values()))
@@ -318,10 +276,9 @@ def detect_format(
         _check_plain(infos, source)
         inner = config.get("text_config")
         text: Mapping[str, Any] = inner if isinstance(inner, dict) else config
-        layout = FUSED_EXPERTS.get(str(config.get("model_type")))
-        if layout is not None and any(n.endswith(tuple(layout.parts)) and not n.startswith(layout.stored_prefixes)
-                                      for n in infos):
-            return _fused_experts_format(config, text, infos, source, stored)
+        for layout in fused:
+            if any(n.endswith(tuple(layout.parts)) and not n.startswith(layout.stored_prefixes) for n in infos):
+                return _fused_experts_format(layout, text, infos, source, stored)
         return SourceFormat("bf16", stored_dtypes=stored)
     where = f"{source} {key}"
     method = str(qcfg.get("quant_method", "")).lower()
@@ -335,7 +292,7 @@ def detect_format(
         _typed("compressed-tensors", qcfg, key, source)
         fmt = _ct_format(qcfg, key, where, stored)
         _check_int4(fmt, infos, where)
-    elif method == "mxfp4" and config.get("model_type") == "gpt_oss":
+    elif method == "mxfp4":  # vLLM's Mxfp4Config loads it as it is
         folder = source.removesuffix("config.json").rstrip("/") or "."
         raise AlreadyMxfp4Error(
             f"{where}: already MXFP4 (quant_method 'mxfp4', gpt-oss *_blocks/*_scales experts; attention, router, "
@@ -354,13 +311,12 @@ def detect_format(
     return fmt
 
 
-def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
+def _fused_experts_format(layout: FusedLayout, text: Mapping[str, Any],
                           infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
                           stored: tuple[str, ...]) -> SourceFormat:
     """The fused-experts format, each fused tensor checked against the layout's expert count (num_local_experts,
     num_experts)."""
-    model_type = str(config.get("model_type"))
-    layout = FUSED_EXPERTS[model_type]
+    model_type = layout.name
     key = layout.experts_key
     experts = text.get(key)
     if not _positive_int(experts):
@@ -378,7 +334,7 @@ def _fused_experts_format(config: Mapping[str, Any], text: Mapping[str, Any],
                                     f"{', gate and up halves' if halves else ''}); check that config.json belongs to "
                                     "these weights")
     assert isinstance(experts, int)
-    return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, model_type=model_type)
+    return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, fused=layout)
 
 
 def fused_expert_parts(fmt: SourceFormat, name: str, shape: tuple[int, ...]) -> list[tuple[str, int, str,
@@ -389,7 +345,8 @@ def fused_expert_parts(fmt: SourceFormat, name: str, shape: tuple[int, ...]) -> 
     if not decoded_parts or not fmt.experts:
         return []
     per_expert = len(decoded_parts) // fmt.experts
-    transposed = FUSED_EXPERTS[fmt.model_type or ""].transposed
+    assert fmt.fused is not None
+    transposed = fmt.fused.transposed
     out = []
     for i, (decoded, part) in enumerate(decoded_parts):
         if decoded.endswith(".bias"):
@@ -408,7 +365,7 @@ def fused_expert_tensor(fmt: SourceFormat, fused: torch.Tensor, expert: int, dec
     expert_t = fused[expert]
     if decoded.endswith(".bias"):
         return expert_t
-    value = expert_t.t() if FUSED_EXPERTS[fmt.model_type or ""].transposed else expert_t
+    value = expert_t.t() if fmt.fused is not None and fmt.fused.transposed else expert_t
     half = value.shape[0] // 2
     value = {"all": value, "first half": value[:half], "second half": value[half:]}[part].contiguous()
     return value if dtype is None else value.to(dtype)
@@ -416,7 +373,7 @@ def fused_expert_tensor(fmt: SourceFormat, fused: torch.Tensor, expert: int, dec
 
 def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     """(per-expert tensor name, part) a fused expert tensor decodes to, expert by expert (none for other tensors)."""
-    layout = FUSED_EXPERTS.get(fmt.model_type or "")
+    layout = fmt.fused
     suffix = next((s for s in layout.parts if name.endswith(s)), None) if layout is not None else None
     if layout is None or suffix is None or fmt.experts is None or name.startswith(layout.stored_prefixes):
         return []
@@ -846,51 +803,14 @@ def _check_finite(name: str, tensor: torch.Tensor, sources: list[str]) -> None:
 
 # --- model views --------------------------------------------------------------------------------------------------
 
-KIMI_K25_ARCHITECTURES = ("KimiK25ForConditionalGeneration",)
-# Kimi-K2.5's text model as it ships: language_model.model.layers.N.*, language_model.model.embed_tokens,
-# language_model.model.norm, language_model.lm_head (transformers models/kimi_k25 conversion_mapping.py renames
-# `language_model.model` -> `model.language_model` and `language_model.lm_head` -> `lm_head` on load). vLLM builds the
-# language model under the prefix `language_model` as a DeepseekV2ForCausalLM (vllm/model_executor/models/kimi_k25.py
-# KimiK25ForConditionalGeneration.__init__: init_vllm_registered_model(..., prefix="language_model",
-# architectures=["DeepseekV2ForCausalLM"])), so its runtime names are the same `language_model.` + DeepSeek-V3 names.
-# Its hf_to_vllm_mapper maps `language_model.layers.` -> `language_model.model.layers.` only "for legacy NVFP4
-# checkpoint compatibility" (kimi_k25.py hf_to_vllm_mapper), i.e. the released checkpoints already use `.model.`.
-KIMI_TEXT_PREFIX = "language_model."
 
-
-def text_model_view(config: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[str, Any], str]:
-    """(text model config, tensor-name prefix) so a multimodal wrapper's language model reads as a plain text model.
-
-    For Kimi-K2.5 (`KimiK25ForConditionalGeneration`, model_type `kimi_k25`) the text config is `text_config` (a
-    DeepSeek-V3 config; architectures defaulted to ["DeepseekV3ForCausalLM"] when absent) and the prefix is
-    "language_model.": strip it from `language_model.model.layers.3.mlp...` / `language_model.lm_head.weight` to get the
-    DeepSeek-V3 checkpoint names `model.layers.3.mlp...` / `lm_head.weight`; prepend it to DeepSeek-V3 vLLM runtime
-    names to get the wrapper's runtime names. Tensors without the prefix (vision_tower.*, mm_projector.*) are outside
-    the text model. Every other config is its own text model: (config, ""). Raises SourceFormatError for the legacy
-    `language_model.layers.` layout, which vLLM renames on load but quantkit does not.
-    """
-    archs = tuple(config.get("architectures") or ())
-    if config.get("model_type") != "kimi_k25" and not set(archs) & set(KIMI_K25_ARCHITECTURES):
-        return dict(config), ""
-    text = config.get("text_config")
-    if not isinstance(text, Mapping):
-        raise SourceFormatError("config.json: a Kimi-K2.5 config without text_config; use the release's config.json")
-    names = list(names)
-    legacy = names_starting(names, (KIMI_TEXT_PREFIX + "layers.",))
-    if legacy:
-        raise SourceFormatError(f"tensor {legacy[0]} uses the legacy Kimi-K2.5 layout (language_model.layers.*); "
-                                f"use a checkpoint with language_model.model.layers.* names")  # fmt: skip
-    if names and not any(map(str.startswith, names, repeat(KIMI_TEXT_PREFIX + "model."))):
-        raise SourceFormatError("Kimi-K2.5 config, but no tensor is named language_model.model.*; the checkpoint "
-                                "does not match its config.json")  # fmt: skip
-    text = dict(text)
-    text.setdefault("architectures", ["DeepseekV3ForCausalLM"])
-    return text, KIMI_TEXT_PREFIX
-
-
-def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
-    """Names of the multi-token-prediction layers' tensors: `model.layers.{L+i}.*` for i < num_nextn_predict_layers
-    (DeepSeek-V3/R1) or num_mtp_modules (MiniMax-M2), L = num_hidden_layers, under the text model's prefix.
+def mtp_tensor_names(text: Mapping[str, Any], names: Iterable[str], *, count_keys: Sequence[str], prefix: str = "",
+                     stored_prefix: str | None = None) -> list[str]:
+    """Names of the multi-token-prediction layers' tensors, as the family's record places them (its caller,
+    quantkit.naming.archs.mtp_tensor_names, hands the record's facts): under `stored_prefix` when the family keeps its
+    MTP block apart (Qwen3-Next's and Qwen3.5's `mtp.`), else `{prefix}model.layers.{L+i}.*` for i < the first
+    positive `count_keys` value of the text config `text` (DeepSeek-V3's num_nextn_predict_layers, MiniMax-M2's
+    num_mtp_modules), L = num_hidden_layers, `prefix` the wrapper's text-model prefix.
 
     vLLM never loads them into the target model: DeepseekV2Model.load_weights skips every weight for which
     get_spec_layer_idx_from_weight_name (vllm/model_executor/models/utils.py) returns a layer (deepseek_v2.py,
@@ -901,14 +821,19 @@ def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[st
     qwen3_5_mtp.py load.
     """
     names = list(names)
-    text, prefix = text_model_view(config, names)
-    top = names_starting(names, ("mtp.",))
-    n = int(text.get("num_nextn_predict_layers") or text.get("num_mtp_modules") or 0)
-    if n <= 0 or top:
-        return top
+    if stored_prefix is not None:
+        return names_starting(names, (stored_prefix,))
+    n = next((v for v in (text.get(k) for k in count_keys) if isinstance(v, int) and v > 0), 0)
+    if n <= 0:
+        return []
     base = text.get("num_hidden_layers")
     if isinstance(base, bool) or not isinstance(base, int) or base < 1:
-        raise SourceFormatError(f"config.json has {n} MTP layer(s) but no valid num_hidden_layers ({base!r}) to number "
-                                "them from; fix config.json")
-    starts = tuple(f"{prefix}model.layers.{base + i}." for i in range(n))
-    return names_starting(names, starts)
+        raise SourceFormatError(f"config.json has {str(n)[:40]} MTP layer(s) but no valid num_hidden_layers "
+                                f"({str(base)[:40]!r}) to number them from; fix config.json")
+    # The layers STORED in [base, base + n), never a loop over the configured count: `num_nextn_predict_layers:
+    # 10000000` over one stored MTP layer is that one layer, found at once (issue 35 item 5).
+    head = f"{prefix}model.layers."
+    stored = {int(part) for part in {name[len(head):].partition(".")[0] for name in names_starting(names, (head,))}
+              if part.isascii() and part.isdigit() and len(part) < 10}
+    starts = tuple(f"{head}{i}." for i in sorted(stored) if base <= i < base + n)
+    return names_starting(names, starts) if starts else []

@@ -189,22 +189,22 @@ def _shard_files(folder: Path, index: _Index | None) -> list[str]:
         return files
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
-        bins = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
-        if bins:
-            raise CheckpointError(f"{folder}: weights only as {', '.join(bins)} (pickle); quantkit reads safetensors "
-                                  f"only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+        from quantkit.io.files import refuse_pickle_only
+
+        refuse_pickle_only(folder)
         raise CheckpointError(f"{folder}: no .safetensors files and no {INDEX_FILE}; is this a HF checkpoint folder?")
     return files
 
 
 def bin_conversion(folder: str | Path) -> str:
-    """The one command that rewrites a folder's pytorch_model*.bin as safetensors beside them, loading each with
+    """The one command that rewrites a folder's pickle weights (*.bin, *.pt, *.pth) as safetensors beside them, loading each with
     torch's weights-only unpickler (tensors and plain containers only, never arbitrary objects)."""
+    import json
     import shlex
 
-    code = ("import glob, torch; from safetensors.torch import save_file; "
-            f"[save_file(torch.load(f, weights_only=True), f[:-4] + '.safetensors') for f in sorted(glob.glob("
-            f"{str(Path(folder) / 'pytorch_model*.bin')!r}))]")
+    code = ("import glob, os, torch; from safetensors.torch import save_file; "
+            '[save_file(torch.load(f, weights_only=True), os.path.splitext(f)[0] + ".safetensors") for p in '
+            f'("*.bin", "*.pt", "*.pth") for f in sorted(glob.glob(os.path.join({json.dumps(str(folder))}, p)))]')
     return f"python -c {shlex.quote(code)}"
 
 
@@ -319,6 +319,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     config = load_json_file(path, "fix or regenerate it")
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: is a JSON {type(config).__name__}, expected an object")
+    from quantkit.io.counts import check_config_counts
+
+    check_config_counts(config, path)
     return validate_model_config(config, path)
 
 

@@ -20,6 +20,11 @@ from quantkit.errors import QuantkitError
 from quantkit.io.files import require_regular_file
 
 _TRUST = contextvars.ContextVar("quantkit_trust_remote_code", default=False)
+# What a refusal tells the user to do: the flag of a command that takes it, or (set by the CLI for a command that
+# does not: bench, gate, deploy, ...) the step that does. The default speaks to the Python API and to commands with
+# the flag.
+TAKES_FLAG = "pass --trust-remote-code (trust_remote_code=True in the Python API), only for folders you trust"
+_HOW = contextvars.ContextVar("quantkit_remote_code_hint", default=TAKES_FLAG)
 
 
 class TokenizerError(QuantkitError):
@@ -38,6 +43,30 @@ def remote_code_allowed(allowed: bool) -> Iterator[None]:
         yield
     finally:
         _TRUST.reset(token)
+
+
+@contextlib.contextmanager
+def remote_code_hint(how: str) -> Iterator[None]:
+    """Within the block, a remote-code refusal ends with `how` (what to do instead) in place of TAKES_FLAG."""
+    token = _HOW.set(how)
+    try:
+        yield
+    finally:
+        _HOW.reset(token)
+
+
+def hint_for_command(command: str, takes_flag: bool) -> str:
+    """What a refusal of `quantkit COMMAND` tells the user to do: the flag when the command takes it, else the
+    commands that do (never a flag the command would reject)."""
+    if takes_flag:
+        return "pass --trust-remote-code (only for folders you trust)"
+    steps = {
+        "bench": "serve it yourself with `vllm serve --trust-remote-code` and measure it with vLLM's own "
+                 "`vllm bench serve`",
+        "gate": "run its steps as `quantkit acceptance --trust-remote-code` and `quantkit eval --trust-remote-code`",
+    }
+    return (f"`quantkit {command}` takes no --trust-remote-code and never runs a folder's code; "
+            + steps.get(command, "`quantkit check --trust-remote-code` loads such a folder"))
 
 
 def trust_remote_code() -> bool:
@@ -68,7 +97,27 @@ def _refusal(folder: str | Path, e: Exception) -> RemoteCodeError:
     modules = auto_map_modules(folder)
     what = f" ({', '.join(modules)})" if modules else ""
     return RemoteCodeError(f"{folder}: loading it would run Python code shipped in the folder{what}; quantkit never "
-                           "runs a model folder's code unless you pass --trust-remote-code (only for folders you trust)")
+                           f"runs a model folder's code unasked: {_HOW.get()}")
+
+
+def refuse_remote_code(folder: str | Path) -> None:
+    """THE check, before a loader runs in another process (check's vLLM load), that loading `folder`'s config and
+    tokenizer needs none of the folder's own code, or that the user allowed it; one RemoteCodeError line naming
+    the files otherwise. Only a folder whose config.json or tokenizer_config.json has an auto_map is probed, with
+    transformers and trust_remote_code=False (as vLLM would load it: its config aliases registered). A folder
+    without a tokenizer, or one transformers fails on for another reason, is left to the load itself."""
+    if trust_remote_code() or not Path(folder).is_dir() or not auto_map_modules(folder):
+        return
+    from transformers import AutoConfig
+
+    register_vllm_config_aliases()
+    try:
+        AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (ValueError, OSError, TypeError, KeyError) as e:
+        if _needs_remote_code(e):
+            raise _refusal(folder, e) from None
+    with contextlib.suppress(TokenizerError):
+        load_tokenizer(folder)
 
 
 def _needs_remote_code(e: Exception) -> bool:

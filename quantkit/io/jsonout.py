@@ -29,4 +29,7 @@ def dumps(obj: Any, indent: int | None = 2) -> str:
 
 
 def write(path: str | Path, obj: Any) -> None:
-    Path(path).write_text(dumps(obj) + "\n")
+    """Strict JSON into `path`, atomically and never through a link (quantkit.io.files.write_file_atomic)."""
+    from quantkit.io.files import write_file_atomic
+
+    write_file_atomic(path, dumps(obj) + "\n")

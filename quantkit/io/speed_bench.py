@@ -158,6 +158,11 @@ def load_speed_bench(spec: str, source: str | Path | None = None) -> SpeedBenchS
     if not files:
         raise SpeedBenchError(f"{where}: no {config}/test-*.parquet in {root}; lay the folder out as the Hub dataset "
                               "repo (CONFIG/test-00000-of-00001.parquet) or as prepare_data.py writes it")
+    from quantkit.io.files import require_regular_file
+
+    for f in files:  # a pipe, a device or a link loop is no parquet file: say so, not "fetch it again"
+        require_regular_file(f, f"{where}: {f.relative_to(root)}", fix="put the real parquet file there (a pipe or "
+                             "device is never read)", error=SpeedBenchError)
     records: list[PromptRecord] = []
     placeholders = 0
     for f in files:

@@ -13,6 +13,7 @@ from itertools import chain, compress, filterfalse, repeat
 from operator import eq, itemgetter
 from typing import Any
 
+from quantkit.io.counts import MAX_LAYERS  # the most layers a config may claim (checked before any per-layer loop)
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
 
 
@@ -416,9 +417,14 @@ def embed_and_head(
 
 def num_layers(config: Mapping[str, Any], what: str) -> int:
     n = config.get("num_hidden_layers")
-    if not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CheckpointLayoutError(
-            f"config.json of this {what} has no valid num_hidden_layers ({n!r}); fix config.json"
+            f"config.json of this {what} has no valid num_hidden_layers ({str(n)[:40]!r}); fix config.json"
+        )
+    if n > MAX_LAYERS:
+        raise CheckpointLayoutError(
+            f"config.json of this {what} has num_hidden_layers {str(n)[:40]}, more than {MAX_LAYERS:,} (no model has "
+            "so many); fix config.json"
         )
     return n
 
@@ -453,23 +459,28 @@ def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
 # --- MTP layers numbered after the decoder layers (DeepSeek-V3, GLM-4.5) ---------------------------------------
 
 
-def mtp_layer_indices(config: Mapping[str, Any], keys: Sequence[str]) -> range:
-    """The indices num_hidden_layers + k (k < the first of `keys` set in config.json) of the MTP layers stored as
+def mtp_layer_indices(config: Mapping[str, Any], keys: Sequence[str], names: Iterable[str]) -> list[int]:
+    """The indices num_hidden_layers + k (k < the first of `keys` set in config.json) of the MTP layers STORED as
     model.layers.<index>.*, as vLLM's MTP models number them (deepseek_mtp.py DeepSeekMultiTokenPredictor:
-    mtp_start_layer_idx = num_hidden_layers); empty without MTP layers or a valid num_hidden_layers."""
+    mtp_start_layer_idx = num_hidden_layers); empty without MTP layers or a valid num_hidden_layers.
+
+    Bounded by what the checkpoint stores, never by the configured count alone: a config saying
+    `num_nextn_predict_layers: 10000000` over one stored MTP layer gives that one layer, at once (issue 35 item 5;
+    the count used to drive a loop and a regex of ten million alternatives)."""
     n = config.get("num_hidden_layers")
     count = next((config[k] for k in keys if config.get(k)), 0)
     if not isinstance(n, int) or isinstance(n, bool) or n < 1 or not isinstance(count, int) or count < 1:
-        return range(0)
-    return range(n, n + count)
+        return []
+    present = CheckpointModules(names).layer_indices("model.layers")
+    return sorted(i for i in present if n <= i < n + count)
 
 
-def mtp_layers_exclude(config: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, ...]:
-    """One `exclude` entry for every module of the MTP layers model.layers.<L>.* (L from mtp_layer_indices):
+def mtp_layers_exclude(config: Mapping[str, Any], keys: Sequence[str], names: Iterable[str]) -> tuple[str, ...]:
+    """One `exclude` entry for every module of the stored MTP layers model.layers.<L>.* (L from mtp_layer_indices):
     `re:model\\.layers\\.61\\.` (several: `re:model\\.layers\\.(?:61|62)\\.`). vLLM matches it from the start of the
     name, the final `\\.` keeps layer 6 from matching, and no target layer has such an index (they stop at
     num_hidden_layers - 1)."""
-    indices = mtp_layer_indices(config, keys)
+    indices = mtp_layer_indices(config, keys, names)
     if not indices:
         return ()
     alt = str(indices[0]) if len(indices) == 1 else "(?:" + "|".join(str(i) for i in indices) + ")"
@@ -484,12 +495,10 @@ def mtp_decoder_layers(
     layer's own prefix model.layers.<L> (DeepSeekMTP, Glm4MoeMTP pass `prefix` to the decoder layer unchanged, so
     their runtime names are the checkpoint's, fused as the target's packed_modules_mapping fuses them): `layer(L)`
     gives the slots and fused mapping of decoder layer L. A layer without stored tensors (dropped) is left out."""
+    names = list(names)
     ckpt = CheckpointModules(names)
-    present = ckpt.layer_indices("model.layers")
     out: list[RuntimeLayer] = []
-    for i in mtp_layer_indices(config, keys):
-        if i not in present:
-            continue
+    for i in mtp_layer_indices(config, keys, names):
         slots, mapping = layer(i)
         try:
             built = decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, mapping, source)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantkit.errors import QuantkitError
+from quantkit.io.formats import FusedLayout
 from quantkit.naming.builder import CheckpointModules
 from quantkit.naming.layers import RuntimeLayer
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
@@ -16,7 +17,8 @@ from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 LayerBuilder = Callable[[Mapping[str, Any], CheckpointModules, "int | None"], list[RuntimeLayer]]
 # (config.json, tensor names) -> the MTP draft's quantizable layers under the names vLLM's MTP model builds them with
 MtpDraftLayers = Callable[[Mapping[str, Any], Iterable[str]], list[RuntimeLayer]]
-MtpExclude = Callable[[Mapping[str, Any]], tuple[str, ...]]  # config.json -> `exclude` entries for the MTP draft
+# (config.json, tensor names) -> `exclude` entries for the MTP draft, for the MTP layers the checkpoint stores
+MtpExclude = Callable[[Mapping[str, Any], Iterable[str]], tuple[str, ...]]
 
 
 class QuarkTemplateError(QuantkitError):
@@ -24,16 +26,67 @@ class QuarkTemplateError(QuantkitError):
 
 
 @dataclass(frozen=True)
+class Key:
+    """A config.json key the record reads, with the value vLLM's model file uses when the key is absent
+    (`getattr(config, name, default)`); `equals`: the fact is whether the value equals it (DeepSeek's
+    `topk_method == "noaux_tc"` builds the score-correction bias)."""
+
+    name: str
+    default: Any = None
+    equals: Any = None
+
+    def of(self, config: Mapping[str, Any]) -> Any:
+        value = config.get(self.name, self.default)
+        return value == self.equals if self.equals is not None else value
+
+
+@dataclass(frozen=True)
+class Router:
+    """The arguments vLLM's model file passes to its FusedMoE that decide the routing method
+    (vllm/model_executor/layers/fused_moe/config.py get_routing_method_type, called by the router
+    router/router_factory.py builds): each a constant or a config Key. `custom`: the model passes a
+    custom_routing_function, whose router reports this method itself (router/custom_routing_router.py: Llama-4's)."""
+
+    scoring_func: str | Key = "softmax"
+    renormalize: bool | Key = True
+    num_expert_group: int | Key | None = None  # None: use_grouped_topk is not set
+    score_bias: bool | Key = False  # the model passes an e_score_correction_bias
+    custom: str | None = None
+
+    def method(self, config: Mapping[str, Any]) -> str:
+        """The RoutingMethodType name: get_routing_method_type's branches, over this router's arguments."""
+        if self.custom is not None:
+            return self.custom
+        scoring, renormalize = str(_value(self.scoring_func, config)), bool(_value(self.renormalize, config))
+        groups = _value(self.num_expert_group, config) if self.num_expert_group is not None else None
+        if scoring == "sqrtsoftplus":
+            return "DeepseekV4" if renormalize else "Unspecified"
+        if bool(_value(self.score_bias, config)):
+            if scoring != "sigmoid" or not renormalize:
+                return "Unspecified"
+            return "DeepSeekV3" if isinstance(groups, int) and groups > 0 else "MiniMax2"
+        if scoring == "sigmoid":
+            return "SigmoidRenorm" if renormalize else "Sigmoid"
+        if scoring == "softmax":
+            return "RenormalizeNaive" if renormalize else "Default"
+        return "Unspecified"
+
+
+def _value(v: Any, config: Mapping[str, Any]) -> Any:
+    return v.of(config) if isinstance(v, Key) else v
+
+
+@dataclass(frozen=True)
 class MoeLayout:
-    """Where a family's config and checkpoint put its mixture of experts."""
+    """Where a family's config and checkpoint put its mixture of experts, and how vLLM routes and activates it."""
 
     expert_count_keys: tuple[str, ...]  # text-config keys whose value > 1 makes a checkpoint MoE ("num_experts")
-    experts: str = "mlp.experts"  # runtime suffix of the routed experts (a FusedMoE)
-    router: str = "mlp.gate"  # runtime suffix of the router
-    router_quantizable: bool = False  # True where vLLM builds it WITH quant_config (Qwen3-MoE GateLinear)
-    shared_experts: tuple[str, ...] = ()  # runtime suffixes of shared-expert linears
-    shared_expert_gate: str | None = None  # Qwen3-MoE "mlp.shared_expert_gate"
-    checkpoint_prefix: str | None = None  # checkpoint container when it differs from the runtime one (MiniMax)
+    # the routing arguments vLLM's model file passes (rules/kernels.py reads the method); None: vLLM builds no router
+    router: Router | None = Router()
+    activation: str | Key = Key("hidden_act", "silu")  # the experts' activation as vLLM names it (MoEActivation)
+    # how a source may store the experts fused (3-D tensors), each decoded per expert by quantkit.io.formats, which is
+    # handed these layouts by its caller (naming.archs.fused_layouts)
+    fused: tuple[FusedLayout, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,7 +110,6 @@ class DraftLayout:
     # (speculators_model_type, transformer_layer_config.model_type) pairs vLLM maps to this layout
     # (vllm/transformers_utils/configs/speculators/algos.py update_eagle3's eagle3_arch_map)
     speculators: tuple[tuple[str, str], ...] = ()
-    layer_prefixes: tuple[str, ...] = ("midlayer.", "layers.0.")
     # why vLLM cannot build this layout at all (a message with {arch} and {folder} fields, citing vLLM's
     # registry): check's vLLM load and deploy refuse with it in one line. None: vLLM builds it
     vllm_refusal: str | None = None
@@ -71,12 +123,12 @@ class Family:
     architectures: tuple[str, ...]  # config.json architectures, as vllm/model_executor/models/registry.py maps them
     vllm_source: str  # the vLLM model file the builder follows
     build_layers: LayerBuilder | None  # runtime layers and fusions; None only for a pure wrapper
-    model_types: tuple[str, ...] = ()  # config.json model_type values
     # model_type -> LLMTemplate name in Quark 0.13 ("*" = any model_type of this family). EMPTY: the Quark engine
     # refuses in one line naming the family and `--engine native` (never a llama fallback)
     quark_templates: Mapping[str, str] = field(default_factory=dict)
     moe: MoeLayout | None = None  # None: dense
     mtp_layer_keys: tuple[str, ...] = ()  # config keys counting MTP layers after num_hidden_layers (vLLM skips them)
+    mtp_prefix: str | None = None  # the MTP block stored apart under this prefix (Qwen3-Next's "mtp.")
     # vLLM `exclude` entries under which the family's MTP draft model (built with the TARGET's quant config) keeps
     # every layer unquantized, from config.json (Qwen3.5's `re:mtp\.`, DeepSeek-V3's `re:model\.layers\.61\.`);
     # written when the output keeps MTP tensors BF16 (recipe `mtp: keep`). None: none written (the family has no MTP
@@ -88,10 +140,15 @@ class Family:
     wrapper: Wrapper | None = None
     draft: DraftLayout | None = None  # set for EAGLE-3 draft layouts
     exclude_renames: tuple[tuple[str, str], ...] = ()  # hf_to_vllm_mapper substring renames applied to `exclude`
+    # the config.json keys this record's builder and router read beyond quantkit.io.config.ModelConfig's, with their
+    # types (a pydantic annotation): the registry adds them to the config.json schema (io.config.declare_keys), so a
+    # mistyped one is a one-line error naming the key and the file, never a crash in the builder
+    config_keys: Mapping[str, Any] = field(default_factory=dict)
 
-    def mtp_exclusions(self, config: Mapping[str, Any]) -> tuple[str, ...]:
-        """The `exclude` entries vLLM's MTP draft of this config needs (none without a record of them)."""
-        return self.mtp_exclude(config) if self.mtp_exclude is not None else ()
+    def mtp_exclusions(self, config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
+        """The `exclude` entries vLLM's MTP draft of this config needs for the MTP layers among the tensor `names`
+        (none without a record of them)."""
+        return self.mtp_exclude(config, names) if self.mtp_exclude is not None else ()
 
     @property
     def is_draft(self) -> bool:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
+from quantkit.io.markdown import Markup, md_code, md_text
 from quantkit.publish.bundle import Publication, prepare
 from quantkit.publish.charts import CHART
 from quantkit.publish.folder import (
@@ -52,12 +54,18 @@ def card_tags(manifest: ApplyResult) -> list[str]:
 
 
 def _cell(value: Any) -> str:
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A table cell: input escaped (quantkit.io.markdown.md_text: HTML, controls, pipes, newlines); Markup as is."""
+    return md_text(value)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    """A figure: `-` when absent, "not measured" when the report holds NaN or an infinity instead of a figure."""
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if math.isfinite(value) else NOT_MEASURED
+
+
+NOT_MEASURED = "not measured"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -89,8 +97,8 @@ def _layer_groups(layers: list[LayerDecision]) -> list[list[Any]]:
         groups.setdefault(key, []).append(d.runtime_name)
     rows = []
     for (role, action, scheme, reason), names in groups.items():
-        shown = ", ".join(f"`{n}`" for n in names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
-        rows.append([role, action, scheme, shown, reason])
+        shown = ", ".join(md_code(n) for n in names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+        rows.append([role, action, scheme, Markup(shown), reason])
     return rows
 
 
@@ -101,12 +109,17 @@ def _dataset_name(prompts: str | None) -> str:
     return prompt_set_name(prompts) or "quantkit-prompts"
 
 
+def _finite(value: float | None) -> TypeGuard[float]:
+    return value is not None and math.isfinite(value)
+
+
 def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
     from huggingface_hub import EvalResult
 
     results = []
     acc = report.acceptance
-    if acc is not None and acc.candidate is not None and acc.candidate.mean_acceptance_length is not None:
+    # A figure that is NaN or infinite is not measured: model-index gets no entry for it (YAML would say .nan).
+    if acc is not None and acc.candidate is not None and _finite(acc.candidate.mean_acceptance_length):
         k = acc.settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
         dataset = _dataset_name(acc.settings.prompts)
         results.append(EvalResult(
@@ -114,14 +127,14 @@ def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
             dataset_type=dataset, dataset_name=dataset, metric_type="mean_acceptance_length",
             metric_name=f"mean acceptance length (k={k})",
             metric_value=round(acc.candidate.mean_acceptance_length, 4)))
-        if acc.ratio is not None:
+        if _finite(acc.ratio):
             results.append(EvalResult(
                 task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
                 dataset_type=dataset, dataset_name=dataset, metric_type="acceptance_length_ratio",
                 metric_name="acceptance length ratio vs the BF16 draft", metric_value=round(acc.ratio, 4)))
     if report.eval is not None:
         for t in report.eval.tasks:
-            if t.candidate is None:
+            if not _finite(t.candidate):
                 continue
             results.append(EvalResult(
                 task_type="text-generation", task_name=t.task, dataset_type=t.task, dataset_name=t.task,
@@ -168,7 +181,7 @@ def _serve_section(pub: Publication) -> list[str]:
             from quantkit.results.check import Finding
 
             body += ["", "Found by `quantkit deploy` for this command:", ""]
-            body += [f"- {Finding.model_validate(f).sentence()}" for f in findings]
+            body += [f"- {md_text(Finding.model_validate(f).sentence())}" for f in findings]
     else:
         body += ["On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads "
                  "the Quark `quantization_config` from config.json, no extra flag is needed.", ""]
@@ -181,24 +194,24 @@ def _serve_section(pub: Publication) -> list[str]:
             body += ["```bash", f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{spec}'", "```"]
         else:
             body += ["```bash", f"vllm serve {repo}", "```"]
-        body += ["", f"No `deploy.json` in this repo: {pub.deploy_missing}; `quantkit deploy` with the checkpoint "
+        body += ["", f"No `deploy.json` in this repo: {md_text(pub.deploy_missing)}; `quantkit deploy` with the checkpoint "
                  "folders writes the checked command and environment."]
     if kind == EAGLE3_DRAFT and pub.k_schedule:
         body += ["", "The speculative config carries the K per batch size that `quantkit bench` measured fastest "
                  f"(`num_speculative_tokens_per_batch_size` {[list(r) for r in pub.k_schedule]}: inclusive batch-size "
                  "ranges and their K; see the speedup section for where it was measured)."]
     elif kind == EAGLE3_DRAFT and pub.k_schedule_note:
-        body += ["", f"No K schedule in the command: {pub.k_schedule_note}."]
+        body += ["", f"No K schedule in the command: {md_text(pub.k_schedule_note)}."]
     if kind == EAGLE3_DRAFT and pub.measured_target:
-        about = f" ({pub.measured_target_about})" if pub.measured_target_about else ""
-        body += ["", f"This is the pair the gate measured: this draft served on `{pub.measured_target}`{about}; the "
+        about = f" ({md_text(pub.measured_target_about)})" if pub.measured_target_about else ""
+        body += ["", f"This is the pair the gate measured: this draft served on {md_code(pub.measured_target)}{about}; the "
                  "acceptance figures below, the command and the predicted backends are for that target."]
     if kind == EAGLE3_DRAFT:
         if not target:
             n = manifest.target_num_layers
             layers = f" ({n} decoder layers)" if n else ""
             body += ["", f"Replace `{TARGET_PLACEHOLDER}` with "
-                     + (f"the Hub id of `{pub.measured_target}`{layers}, the target the gate measured this draft on."
+                     + (f"the Hub id of {md_code(pub.measured_target)}{layers}, the target the gate measured this draft on."
                         if pub.measured_target else f"the target model this draft was trained for{layers}.")]
         body += ["", "This repo is a draft: it only runs next to its target model."]
     return body
@@ -213,10 +226,11 @@ def _acceptance_section(pub: Publication) -> list[str]:
         b, c = acc.baseline, acc.candidate
         prompts = side.prompt_set
         settings = ", ".join(x for x in (
-            f"backend {side.engine}" + (f" {side.engine_version}" if side.engine_version else "") if side.engine else "",
+            f"backend {md_text(side.engine)}" + (f" {md_text(side.engine_version)}" if side.engine_version else "")
+            if side.engine else "",
             f"{side.num_speculative_tokens} speculative tokens" if side.num_speculative_tokens else "",
             f"{prompts.num_prompts} prompts" if prompts.num_prompts else "",
-            f"prompt set {prompts.name}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
+            f"prompt set {md_text(prompts.name)}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
             if prompts.name else "") if x)
         pair = acc.candidate_kind == "pair"
         body += ["Acceptance length, pooled (AL = 1 + sum of accepted draft tokens / sum of drafts over all requests, "
@@ -232,22 +246,28 @@ def _acceptance_section(pub: Publication) -> list[str]:
                 (cv / bv if bv and cv is not None else None)
             cm = (c.macro_acceptance_length if domain == "all" else
                   (c.per_domain[domain].macro_acceptance_length if domain in c.per_domain else None)) if c else None
-            rows.append([f"**{domain}**" if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio), _fmt(cm)])
+            rows.append([Markup("**all**") if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio), _fmt(cm)])
         body += _table(["domain", "BF16 draft AL (pooled)", "quantized draft AL (pooled)", "ratio (pooled)",
                         "quantized draft AL (macro)"], rows)
         st = acc.settings
         if st.temperature:
             body += ["", f"Sampled: temperature {st.temperature}, top_p {st.top_p}, top_k {st.top_k}, draft sampling "
-                         f"{st.draft_sample_method}, {st.num_seeds} seed(s)"
+                         f"{md_text(st.draft_sample_method)}, {st.num_seeds} seed(s)"
                          + (f"; expected AL ratio {_fmt(acc.expected_ratio)}" if acc.expected_ratio else "") + "."]
         src = st.prompt_source
         if src is not None and src.kind == "speed-bench":
-            body += ["", f"Prompts: {src.name} from `{src.repo or 'a local copy'}`"
-                         + (f" at revision `{src.revision}`" if src.revision else "")
+            body += ["", f"Prompts: {md_text(src.name)} from {md_code(src.repo or 'a local copy')}"
+                         + (f" at revision {md_code(src.revision)}" if src.revision else "")
                          + (f", files sha256 `{src.content_sha256[:16]}`" if src.content_sha256 else "")
                          + " (not redistributed here: NVIDIA Evaluation Dataset License)."]
         if acc.ratio_ci:
-            body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
+            figures = [acc.ratio, *acc.ratio_ci]
+            if all(v is not None and math.isfinite(v) for v in figures):
+                body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
+            else:
+                body += ["", f"AL ratio and its 95% CI: {NOT_MEASURED} (the gate report holds NaN or an infinity "
+                             "in place of a figure: too few drafts or prompts to compute them; run the gate again "
+                             "with more prompts)."]
         if pub.chart:
             body += ["", f"![Acceptance rate per position and AL per domain, BF16 vs quantized]({CHART})"]
         body += ["", f"`{SIDECAR}` in this repo holds these figures (per-position rates, AL per domain, K, the "
@@ -311,12 +331,12 @@ def render_card(pub: Publication) -> ModelCard:
         data.model_name, data.eval_results = name, results
 
     what = {EAGLE3_DRAFT: "EAGLE-3 draft model", MOE_TARGET: "mixture-of-experts model"}.get(kind, "model")
-    source_md = f"[{base}](https://huggingface.co/{base})" if base else f"`{manifest.source or 'unknown'}`"
-    body: list[str] = [f"# {name}", ""]
-    body.append(f"{' + '.join(f.upper() for f in formats) or 'Quantized'} {what} ({manifest.architecture}), "
+    source_md = f"[{md_text(base)}](https://huggingface.co/{base})" if base else md_code(manifest.source or "unknown")
+    body: list[str] = [f"# {md_text(name)}", ""]
+    body.append(f"{' + '.join(f.upper() for f in formats) or 'Quantized'} {what} ({md_text(manifest.architecture)}), "
                 f"quantized from {source_md} with [AMD Quark]({QUARK_URL}) by quantkit recipe "
-                f"`{recipe.get('name')}` (Quark scheme `{recipe.get('scheme')}`)"
-                + (f": {str(recipe['description']).rstrip('.')}." if recipe.get("description") else "."))
+                f"{md_code(recipe.get('name'))} (Quark scheme {md_code(recipe.get('scheme'))})"
+                + (f": {md_text(str(recipe['description']).rstrip('.'))}." if recipe.get("description") else "."))
     before, after = manifest.size_before_bytes, manifest.size_after_bytes
     if before > 0:
         body += ["", f"Weights: {before / 1e6:,.2f} MB -> {after / 1e6:,.2f} MB ({after / before:.2f}x)."]
@@ -327,13 +347,7 @@ def render_card(pub: Publication) -> ModelCard:
              f"{n_q} layers quantized, {len(layers) - n_q} kept in high precision. Layer names are vLLM's runtime "
              "names, which are what config.json's `exclude` lists, so vLLM loads every kept layer unquantized.", ""]
     body += _table(["role", "action", "scheme", "layers (vLLM names)", "why"], _layer_groups(layers))
-    body += ["", f"`quantization_config.exclude`: {', '.join(f'`{e}`' for e in manifest.exclude) or 'none'}"]
-    if manifest.draft_vocab is not None:  # `apply --draft-vocab`: the lm_head rows kept, and why
-        dv = manifest.draft_vocab
-        body += ["", "## Draft vocabulary", "",
-                 f"The lm_head keeps {dv.draft_vocab_after:,} of {dv.draft_vocab_before:,} rows (target vocabulary "
-                 f"{dv.target_vocab_size:,}): {dv.reason}. Corpus `{dv.corpus}` (SHA-256 `{dv.corpus_sha256[:16]}`), "
-                 f"{dv.corpus_tokens:,} tokens counted with the tokenizer of `{dv.tokenizer}`."]
+    body += ["", f"`quantization_config.exclude`: {', '.join(md_code(e) for e in manifest.exclude) or 'none'}"]
     if len(layers) > 3:
         body += ["", "<details><summary>Every layer</summary>", ""]
         body += _table(["vLLM layer", "checkpoint modules", "action", "scheme"],

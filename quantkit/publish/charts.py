@@ -9,10 +9,12 @@ re-publishing an unchanged report makes no new commit.
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantkit.io.files import write_file_atomic
 from quantkit.results import AcceptanceResult, EvalResult
 
 if TYPE_CHECKING:
@@ -177,31 +179,34 @@ def render_acceptance_chart(acceptance: AcceptanceResult | None, eval: EvalResul
     if not panels:
         return None
 
+    from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    cols = 2 if len(panels) == 4 else len(panels)
-    nrows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(5.2 * cols, 4.2 * nrows), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, cols, squeeze=False).flatten()
-    for ax, (kind, data) in zip(axes, panels, strict=False):
-        assert acceptance is not None or kind == "eval"
-        if kind == "positions":
-            assert acceptance is not None
-            _draw_positions(ax, acceptance, data)
-        elif kind == "domains":
-            assert acceptance is not None
-            _draw_domains(ax, data, acceptance.settings.num_speculative_tokens, _labels(acceptance))
-        elif kind == "ratio":
-            assert acceptance is not None
-            _draw_ratio(ax, acceptance, data)
-        else:
-            _draw_eval(ax, data)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # No Software/time metadata: identical figures give identical bytes.
-    fig.savefig(out, format="png", metadata={"Software": None})
-    return out
+    # Names are data, not TeX: a domain named `$\\foo{$` would make mathtext raise (issue 35, escaping).
+    with rc_context({"text.parse_math": False}):
+        cols = 2 if len(panels) == 4 else len(panels)
+        nrows = math.ceil(len(panels) / cols)
+        fig = Figure(figsize=(5.2 * cols, 4.2 * nrows), dpi=100, layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(nrows, cols, squeeze=False).flatten()
+        for ax, (kind, data) in zip(axes, panels, strict=False):
+            assert acceptance is not None or kind == "eval"
+            if kind == "positions":
+                assert acceptance is not None
+                _draw_positions(ax, acceptance, data)
+            elif kind == "domains":
+                assert acceptance is not None
+                _draw_domains(ax, data, acceptance.settings.num_speculative_tokens, _labels(acceptance))
+            elif kind == "ratio":
+                assert acceptance is not None
+                _draw_ratio(ax, acceptance, data)
+            else:
+                _draw_eval(ax, data)
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        out = Path(path)
+        buf = io.BytesIO()
+        # No Software/time metadata: identical figures give identical bytes.
+        fig.savefig(buf, format="png", metadata={"Software": None})
+    return write_file_atomic(out, buf.getvalue())

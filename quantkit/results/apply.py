@@ -62,25 +62,20 @@ class ExecutorReport(Result):
     quantization_config: dict[str, Any] = {}  # as Quark's file-to-file path writes it (checkpoint names)
 
 
-class DraftVocabResult(Result):
-    """What `apply --draft-vocab N` did to an EAGLE-3 draft's lm_head (quantkit.apply.prune): which target tokens
-    kept a row, from which corpus, and why."""
+class DraftVocabReport(Result):
+    """A draft's lm_head pruned to its most used target tokens (quantkit.apply.vocab): what was kept and from what."""
 
-    source: str = ""  # the draft the rows were taken from
-    corpus: str = ""  # --vocab-corpus as given (a JSONL prompts file, `builtin` or `speed-bench:CONFIG`)
-    corpus_sha256: str = ""  # of the prompts file, or SPEED-Bench's content hash
-    tokenizer: str = ""  # the folder whose tokenizer counted the corpus (the target's)
-    corpus_tokens: int = 0  # token occurrences counted
-    distinct_tokens: int = 0  # distinct target tokens of the corpus the draft's vocabulary holds
-    target_vocab_size: int = 0
-    draft_vocab_before: int = 0
-    draft_vocab_after: int = 0
-    had_d2t: bool = False  # the source already mapped a reduced vocabulary; the kept rows are a subset of it
-    always_kept: list[int] = []  # special and EOS token ids kept whatever their count
-    special_not_in_draft: list[int] = []  # special ids the source draft's vocabulary never held (no row to keep)
-    coverage_before: float = 0.0  # share of the corpus's tokens the source draft's vocabulary holds
-    coverage_after: float = 0.0  # the same for the kept rows
-    kept_target_ids_sha256: str = ""  # of the kept target ids as little-endian int64, in draft-id order
+    source: str
+    rows_before: int
+    rows_after: int
+    target_vocab_size: int
+    corpus: str
+    corpus_sha256: str | None = None
+    corpus_tokens: int = 0
+    corpus_distinct_tokens: int = 0
+    coverage: float | None = None  # share of the corpus's tokens the kept rows cover
+    always_kept: int = 0  # special and EOS tokens, kept whatever their count
+    lm_head_sha256: str = ""
     reason: str = ""
 
 
@@ -122,7 +117,7 @@ class ApplyResult(CommandResult):
     dry_run: bool = False
     # *.safetensors in the source that its index does not name: neither quantized nor copied (the index is the truth)
     ignored_weight_files: list[str] = []
-    draft_vocab: DraftVocabResult | None = None  # `--draft-vocab N`: the lm_head pruned before the recipe
+    draft_vocab: DraftVocabReport | None = None  # --draft-vocab: the lm_head pruned before the recipe ran
 
     @property
     def quantized(self) -> list[LayerDecision]:
@@ -140,4 +135,4 @@ class ApplyResult(CommandResult):
 
 
 
-__all__ = ["ApplyResult", "DraftVocabResult", "ExecutorReport", "LayerDecision", "ShardSummary"]
+__all__ = ["DraftVocabReport", "ApplyResult", "ExecutorReport", "LayerDecision", "ShardSummary"]

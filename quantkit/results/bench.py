@@ -142,6 +142,7 @@ class BenchCell(Result):
     output_throughput_per_gpu: Spread = Spread()  # tok/s / tensor_parallel_size
     latency_ms: dict[str, Spread] = {}  # "<p50|p90|p99|mean>_<ttft|tpot|itl|e2el>" -> spread over repeats
     interactivity: float | None = None  # tokens/s per user: 1000 / median TPOT (InferenceX's intvty)
+    interactivity_reason: str = ""  # why `interactivity` is None (a TPOT of 0 from a merged stream is no TPOT)
     acceptance_length: float | None = None  # pooled over repeats: 1 + accepted / drafts
     per_position_acceptance: list[float] = []  # pooled: accepted at position i / drafts
     spec: SpecDecodeCounters | None = None  # summed over repeats

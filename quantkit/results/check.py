@@ -184,7 +184,7 @@ class InspectResult(CommandResult):
     seconds: float = 0.0
     source_format: str = ""  # how the weights are stored, for a source checkpoint (quantkit.io.formats)
     kernels: KernelReport | None = None  # with --platform: the vLLM kernel path of every MoE / linear layer
-    cost: DraftCost | None = None  # an EAGLE-3 draft's bytes per step by role (an ESTIMATE FROM BYTES)
+    draft_cost: DraftCost | None = None  # an EAGLE-3 draft: bytes a draft step reads by role (quantkit.rules.cost)
 
     def to_dict(self) -> dict[str, Any]:
         # inspect's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13)
@@ -196,7 +196,7 @@ class InspectResult(CommandResult):
             "total_bytes": self.total_bytes, "num_tensors": self.num_tensors, "config_problems": self.config_problems,
             "source_format": self.source_format,
             "seconds": round(self.seconds, 3), "kernels": self.kernels.to_dict() if self.kernels else None,
-            "cost": self.cost.to_dict() if self.cost else None,
+            "draft_cost": self.draft_cost.to_dict() if self.draft_cost else None,
         }  # fmt: skip
 
 

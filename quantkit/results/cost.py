@@ -1,75 +1,41 @@
-"""Results of the cost estimate (quantkit.rules.cost): the bytes a draft step and a target step read, by role, and
-the step times and speedup bound they give on a named GPU. Every figure here is an ESTIMATE FROM BYTES, never a
-measurement."""
+"""The draft-step cost report (quantkit.rules.cost): bytes a draft step reads by role, an estimate from bytes."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from quantkit.results.base import Result
 
-ESTIMATE_LABEL = "ESTIMATE FROM BYTES (weights read once per step at the GPU's peak HBM bandwidth; not a measurement)"
+ESTIMATE = "estimate from bytes (weights read over HBM bandwidth), not a measurement"
 
 
-class RoleBytes(Result):
-    """Weight bytes one step reads for one role, and their share of the per-draft-token step."""
+class RoleCost(Result):
+    """The bytes one role reads per draft token (fc: per round), as stored and as the step's time counts them."""
 
-    role: str  # fc | attention | mlp | lm_head
-    per: str  # "round" (fc: once per drafting round) | "draft token" (the rest)
-    bf16_bytes: int
-    recipe_bytes: int  # after the recipe (FP8 weights + per-channel scales for quantized roles, BF16 for kept)
-    bf16_share: float  # of the per-draft-token step (fc excluded: it runs once per round)
-    recipe_share: float
-    quantized: bool = False
-    kernel: str = ""  # the FP8 kernel path rules/kernels predicts on the platform, for a quantized role
-    perf_class: str = ""
-
-
-class StepEstimate(Result):
-    """Step times on one GPU, and the speedup bound over decoding without a draft, for one (AL, K, batch)."""
-
-    gpu: str
-    platform: str  # the kernel platform (gfx942, gfx950, cuda)
-    hbm_tb_s: float
-    bandwidth_source: str
-    tp: int = 1
-    k: int
-    al: float  # 0: not given (no speedup bound)
-    batch: int = 1
-    draft_token_us_bf16: float
-    draft_token_us_recipe: float
-    fc_us: float
-    target_decode_us: float | None = None  # one target step for `batch` tokens (None: no target given)
-    target_verify_us: float | None = None  # one target step for batch x (K+1) tokens
-    round_us_bf16: float | None = None  # fc + K draft tokens + verify
-    round_us_recipe: float | None = None
-    speedup_bound_bf16: float | None = None  # AL x decode / round: an upper bound (acceptance and overheads aside)
-    speedup_bound_recipe: float | None = None
-    label: str = ESTIMATE_LABEL
-
-
-class TargetStepBytes(Result):
-    """Bytes one target step reads when `tokens` tokens go through it (decode: batch; verify: batch x (K+1))."""
-
-    tokens: int
-    experts: int = 0  # routed experts per MoE layer (0: dense)
-    top_k: int = 0
-    expected_experts_per_layer: float = 0.0  # E * (1 - (1 - k/E) ** tokens)
-    expert_bytes: int = 0  # routed-expert bytes read (expected)
-    other_bytes: int = 0  # attention, shared experts, dense MLPs, router, lm_head: read once per step
-    total_bytes: int = 0
+    role: str
+    bytes: int
+    weighted_bytes: float  # bytes x the kernel path's factor: what the time estimate divides by the bandwidth
+    share: float | None = None  # of a draft token's weighted bytes (None for fc, which runs once per round)
 
 
 class DraftCost(Result):
-    """A draft's cost per step: bytes by role before and after the recipe, and, with a platform, step times."""
+    """The bytes a draft step reads by role, as the folder stores them and as the recipe would store them."""
 
-    recipe: str  # the recipe the "after" figures assume, or "as stored" for an already quantized draft
-    draft_vocab_size: int
-    vocab_size: int
-    roles: list[RoleBytes]
-    draft_token_bf16_bytes: int  # attention + MLP + lm_head
-    draft_token_recipe_bytes: int
-    target: list[TargetStepBytes] = []  # decode and verify (with --target)
-    estimate: StepEstimate | None = None
-    label: str = ESTIMATE_LABEL
+    estimate: str = ESTIMATE
+    roles: list[RoleCost]
+    per_token_bytes: float  # weighted: attention + MLP + lm_head (+ router, experts)
+    fc_bytes: float
+    lm_head_share: float | None
+    after: list[RoleCost] = Field(default_factory=list)  # with `recipe` applied (empty: the folder is the result)
+    after_recipe: str | None = None
+    lm_head_share_after: float | None = None
+    step_ratio_after: float | None = None  # draft-token time after / as stored
+
+    def round_bytes(self, k: int, after: bool = False) -> float:
+        """Weighted bytes of one drafting round of `k` tokens: fc once, the rest k times."""
+        roles = self.after if after and self.after else self.roles
+        fc = sum(r.weighted_bytes for r in roles if r.role == "fc")
+        return fc + k * sum(r.weighted_bytes for r in roles if r.role != "fc")
 
 
-__all__ = ["ESTIMATE_LABEL", "DraftCost", "RoleBytes", "StepEstimate", "TargetStepBytes"]
+__all__ = ["ESTIMATE", "DraftCost", "RoleCost"]

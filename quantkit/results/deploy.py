@@ -122,9 +122,9 @@ class DeployManifest(CommandResult):
     def write(self, folder: str | Path) -> Path:
         """Write `deploy.json` into `folder` and return its path."""
         path = Path(folder) / DEPLOY_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        return path
+        from quantkit.io.files import write_file_atomic
+
+        return write_file_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 __all__ = ["DEPLOY_FILE", "DEPLOY_SCHEMA_VERSION", "DeployManifest", "EnvVar", "MultiNode", "VersionNeed"]

@@ -66,6 +66,9 @@ class RulesResult(CommandResult):
     platform: str | None = None
     vllm_version: str | None = None
     known_vllm_versions: list[str] = Field(default_factory=list)
+    # Set when vllm_version is none of known_vllm_versions: no rule was read from that version's source, and the
+    # `holds` column is what the rules' version ranges say, unverified for it.
+    version_note: str | None = None
     rules: list[RuleRow] = Field(default_factory=list)
 
 

@@ -1,38 +1,43 @@
-"""Results of `quantkit tune`: every draft option swept (body precision x draft vocabulary x K), its measured AL
-against the BF16 full-vocabulary draft, its ESTIMATE FROM BYTES of cost per accepted token, and the recommendation."""
+"""Results of `tune`: every draft option tried on a target, its acceptance against the unpruned BF16 draft, its step
+cost estimated from bytes, and the option recommended."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from quantkit.results.base import CommandResult, Result
-from quantkit.results.cost import ESTIMATE_LABEL
+from quantkit.results.cost import ESTIMATE
 
 
 class TuneOption(Result):
-    body: str  # "bf16" | "fp8" (the fp8-draft recipe)
-    draft_vocab: int
+    """One draft option: its body precision, draft vocabulary and K, what it measured and what it costs."""
+
+    body: str  # "bf16" or "fp8" (the fp8-draft recipe)
+    draft_vocab: int  # lm_head rows
     k: int
-    al: float | None  # measured (reference engine or vLLM), the candidate's mean acceptance length
-    baseline_al: float | None  # the BF16 full-vocabulary draft at the same K, same prompts
-    al_ratio: float | None
-    round_us: float | None  # ESTIMATE FROM BYTES: fc + K draft tokens + the target's verify step
-    us_per_accepted_token: float | None  # round_us / AL
-    speedup_bound: float | None  # AL x t_decode / round_us
+    al: float | None = None  # mean acceptance length with this option
+    baseline_al: float | None = None  # the unpruned BF16 draft's, at the same K, on the same prompts
+    al_ratio: float | None = None
+    round_us: float | None = None  # target verify + K draft tokens + fc, estimated from bytes
+    us_per_token: float | None = None  # round_us / AL: the estimated cost of an accepted token
+    cost_ratio: float | None = None  # us_per_token / the unpruned BF16 draft's at its best K
     pareto: bool = False
-    meets_floor: bool = False
+    error: str | None = None
 
 
 class TuneResult(CommandResult):
+    """`quantkit tune --json`: the table of options, the Pareto front and the recommendation."""
+
     target: str
     draft: str
-    gpu: str
-    corpus: str
-    backend: str
-    al_ratio_floor: float
-    options: list[TuneOption] = []
+    platform: str
+    tp: int = 1
+    floor: float
+    estimate: str = ESTIMATE
+    options: list[TuneOption] = Field(default_factory=list)
     recommended: TuneOption | None = None
-    applied_to: str | None = None
+    applied: str | None = None  # --apply: the folder the recommended draft was written to
     chart: str | None = None
-    label: str = ESTIMATE_LABEL
 
 
 __all__ = ["TuneOption", "TuneResult"]

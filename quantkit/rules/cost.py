@@ -1,251 +1,183 @@
-"""What a draft step and a target step cost, estimated from the bytes of weights they read: an ESTIMATE FROM BYTES.
+"""What a speculative-decoding step costs, estimated from the bytes it reads: the draft's step by role, the target's
+decode and verify steps, and the speedup bound they give on a named platform. An ESTIMATE FROM BYTES, never a
+measurement: at decode batch sizes the linear layers are bandwidth-bound (weights read at ~0.875 of the HBM peak
+on an H200 for BF16 GEMMs from batch 1 to 64: benchmarks/draft_step_gpu.py), so a step's time is the bytes its
+weights take over the platform's bandwidth, with the kernel path each layer takes (quantkit.rules.kernels) deciding
+what a quantized layer's bytes buy.
 
-Why bytes: at decode sizes a draft's GEMMs are bandwidth-bound (one H200, Kimi-K2.5-shaped drafts: weight reads at
-about 4.2 TB/s, flat from batch 1 to 64; shared/research/draft_cost.md), so a step's time is close to the bytes it
-reads over the HBM bandwidth. What each step reads, as vLLM 0.32 runs an EAGLE-3 draft
-(vllm/model_executor/models/llama_eagle3.py): `combine_hidden_states` runs fc once per drafting round on the target's
-aux hidden states; every draft token then runs the decoder layer (attention, MLP) and `compute_logits` (the lm_head
-of `draft_vocab_size` rows). The embedding is a lookup of a few rows and is left out, as are norms.
-
-What FP8 buys depends on the kernel (draft_cost.md: a per-tensor FP8 GEMM halves the BF16 time; a row- and
-column-scaled one saves only 13-29%): each quantized role takes the path quantkit.rules.kernels.select_fp8_linear
-predicts on the platform; a "native" path gets the byte ratio, a "fallback" (row-scaled hipBLASLt / torch
-_scaled_mm) path is charged FALLBACK_FP8_TIME of the BF16 time, an emulated one the BF16 time.
-
-The target: a decode step for b tokens and a verify step for b x (K+1) tokens read the attention, dense and shared
-weights once, and of each MoE layer's E routed experts with top-k routing the expected number of distinct experts
-that many uniformly routed tokens touch, E * (1 - (1 - k/E) ** tokens). Uniform routing is an assumption (real
-routing is skewed, which touches fewer experts). Tensor parallelism divides every weight evenly over `tp` GPUs.
+The shares are defined per draft token: a draft token runs attention, MLP and lm_head once; fc runs once per
+drafting round of K tokens, so a round reads fc + K x (attention + MLP + lm_head). Checked against the H200
+(benchmarks/results/draft_step_gpu.json): the lm_head's share of a 163,840-row Kimi-K2.5 draft token is 0.635 by
+bytes and 0.63-0.67 measured; of a 32,000-row one, 0.22 and 0.21-0.22.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from quantkit.errors import QuantkitError
-from quantkit.io.config import draft_config, text_config
-from quantkit.io.safetensors import DTYPE_BYTES
-from quantkit.results.cost import DraftCost, RoleBytes, StepEstimate, TargetStepBytes
-from quantkit.rules.kernels import select_fp8_linear
+from quantkit.results.cost import ESTIMATE, DraftCost, RoleCost
+
+# HBM bandwidth (TB/s) of each platform, from its vendor's public data sheet.
+BANDWIDTH_TBS: dict[str, tuple[float, str]] = {
+    "MI300X": (5.3, "AMD Instinct MI300X data sheet: 5.3 TB/s HBM3"),
+    "MI325X": (6.0, "AMD Instinct MI325X data sheet: 6 TB/s HBM3E"),
+    "MI355X": (8.0, "AMD Instinct MI355X data sheet: 8 TB/s HBM3E"),
+    "H100": (3.35, "NVIDIA H100 SXM data sheet: 3.35 TB/s HBM3"),
+    "H200": (4.8, "NVIDIA H200 data sheet: 4.8 TB/s HBM3e"),
+    "B200": (8.0, "NVIDIA B200 (DGX B200) data sheet: 8 TB/s HBM3e"),
+}
+# The fraction of the peak that decode GEMMs reach: 4.2 of 4.8 TB/s measured on an H200 (BF16, CUDA graphs, batch
+# 1-64; benchmarks/draft_step_gpu.py), taken for every platform.
+ATTAINED = 0.875
+# How much longer a layer takes than its bytes say, by kernel path. A per-tensor FP8 GEMM moves its bytes as fast as
+# BF16 does (1.0). A row- and column-scaled FP8 GEMM (ptpc_fp8, per-token activations) took 0.71-0.87 of the BF16
+# time on the H200 where its bytes say 0.5 (research/draft_cost.md): 1.6. An emulated path dequantizes the weights and
+# runs them in BF16: at least the BF16 time, 9-15x slower than native in the field: 9 x its bytes' time, a floor.
+PATH_FACTOR = {"bf16": 1.0, "per_tensor": 1.0, "row_scaled": 1.6, "emulation": 9.0}
+# roles of a draft step: fc once per round, the others once per draft token
+PER_TOKEN_ROLES = ("attention", "linear_attention", "indexer", "dense_mlp", "router", "shared_experts", "experts",
+                   "lm_head")
+
+
+def _path(layer: Any, paths: dict[str, str]) -> str:
+    if not layer.quantized:
+        return "bf16"
+    kind = paths.get(layer.name)
+    if kind == "emulation":
+        return "emulation"
+    scheme = str(getattr(layer, "precision", "")).lower()
+    return "row_scaled" if "ptpc" in scheme or "per_channel" in scheme or "per-channel" in scheme else "per_tensor"
+
+
+def _roles(layers: Iterable[Any], paths: dict[str, str], after: Sequence[str] = ()) -> list[RoleCost]:
+    """Bytes by role; roles in `after` count as quantized by a row-scaled FP8 recipe (half their BF16 bytes)."""
+    out: dict[str, list[float]] = {}
+    for layer in layers:
+        stored = float(layer.bytes)
+        if layer.role in after and not layer.quantized:
+            stored, factor = stored / 2, PATH_FACTOR["row_scaled"]
+        else:
+            factor = PATH_FACTOR[_path(layer, paths)]
+        acc = out.setdefault(layer.role, [0.0, 0.0])
+        acc[0] += stored
+        acc[1] += stored * factor
+    token = sum(w for role, (_, w) in out.items() if role != "fc")
+    return [RoleCost(role=role, bytes=int(b), weighted_bytes=w, share=None if role == "fc" or not token else w / token)
+            for role, (b, w) in out.items()]
+
+
+def quantized_roles(recipe: Any) -> list[str]:
+    """The layer roles `recipe` quantizes (its `quantize` roles, `decoder_linears` spelled out, less its `keep`)."""
+    from quantkit.naming.layers import ROLES, in_role
+
+    keep = {k.role for k in recipe.keep if getattr(k, "role", None)}
+
+    class _Layer:
+        def __init__(self, role: str) -> None:
+            self.role = role
+
+    quantize = recipe.quantize if recipe.quantize is not None else ["decoder_linears", "experts", "lm_head", "fc"]
+    return [r for r in ROLES if r not in keep and r != "decoder_linears"
+            and any(in_role(_Layer(r), q) for q in quantize)]  # type: ignore[arg-type]
+
+
+def kernel_paths_by_layer(report: Any, layers: Sequence[Any]) -> dict[str, str]:
+    """Each layer's kernel perf class (native, emulation, ...) from a KernelReport, whose rows may name a group
+    (`model.layers.{0-1}.mlp.experts`)."""
+    import re
+
+    out: dict[str, str] = {}
+    for path in getattr(report, "paths", None) or []:
+        pattern = re.compile("".join("[^.]+" if part.startswith("{") else re.escape(part)
+                                     for part in re.split(r"(\{[^}]*\})", path.layer)) + "$")
+        for layer in layers:
+            if pattern.match(layer.name):
+                out[layer.name] = str(path.perf_class)
+    return out
+
+
+def draft_cost(layers: Sequence[Any], kernel_paths: dict[str, str] | None = None,
+               recipe: Any = None) -> DraftCost:
+    """The cost report of a draft's `layers` (LayerPrecision rows of `inspect`); with `recipe` (a Recipe), also the
+    bytes after it for the layers it would quantize that the folder stores unquantized."""
+    paths = kernel_paths or {}
+    roles = _roles(layers, paths)
+    token = sum(r.weighted_bytes for r in roles if r.role != "fc")
+    lm = next((r.share for r in roles if r.role == "lm_head"), None)
+    cost = DraftCost(roles=roles, per_token_bytes=token, lm_head_share=lm,
+                     fc_bytes=sum(r.weighted_bytes for r in roles if r.role == "fc"))
+    if recipe is not None and any(not layer.quantized and layer.role in quantized_roles(recipe) for layer in layers):
+        after = _roles(layers, paths, after=quantized_roles(recipe))
+        after_token = sum(r.weighted_bytes for r in after if r.role != "fc")
+        cost.after, cost.after_recipe = after, recipe.name
+        cost.lm_head_share_after = next((r.share for r in after if r.role == "lm_head"), None)
+        cost.step_ratio_after = after_token / token if token else None
+    return cost
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected number of distinct experts `tokens` tokens touch in one layer, each routed to `top_k` of
+    `num_experts` uniformly: E x (1 - (1 - k/E)^tokens)."""
+    if num_experts <= 0 or tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 @dataclass(frozen=True)
-class Gpu:
-    name: str
-    hbm_tb_s: float  # peak HBM bandwidth per GPU, TB/s (10^12 bytes/s)
-    platform: str  # the kernel platform rules/kernels predicts for
-    source: str  # the vendor's public spec page the figure is from
+class TargetShape:
+    """What a target decode step reads: the weights every token needs (attention, dense and shared layers, lm_head)
+    and, per MoE layer, its experts."""
+
+    always_bytes: float  # read once per step whatever the batch
+    moe_layers: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    expert_bytes: float = 0.0  # one expert of one layer
+
+    def step_bytes(self, tokens: int) -> float:
+        """Bytes of one forward over `tokens` tokens (decode: the batch; verify: batch x (K + 1))."""
+        return self.always_bytes + self.moe_layers * self.expert_bytes * expected_distinct_experts(
+            self.num_experts, self.top_k, tokens)
 
 
-# Peak HBM bandwidth per GPU, from each vendor's public spec page. B200 is SM100; rules/kernels has one "cuda"
-# platform (its FP8 linear path is CUTLASS on SM89+ either way).
-GPUS: dict[str, Gpu] = {g.name: g for g in (
-    Gpu("MI300X", 5.3, "gfx942", "AMD Instinct MI300X accelerator product page (amd.com): 5.3 TB/s peak memory "
-                                 "bandwidth, 192 GB HBM3"),
-    Gpu("MI325X", 6.0, "gfx942", "AMD Instinct MI325X accelerator product page (amd.com): 6 TB/s, 256 GB HBM3E"),
-    Gpu("MI355X", 8.0, "gfx950", "AMD Instinct MI355X GPU product page (amd.com): 8 TB/s, 288 GB HBM3E"),
-    Gpu("H100", 3.35, "cuda", "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com), H100 SXM: 3.35 TB/s, 80 GB"),
-    Gpu("H200", 4.8, "cuda", "NVIDIA H200 Tensor Core GPU product page (nvidia.com): 4.8 TB/s, 141 GB HBM3e"),
-    Gpu("B200", 8.0, "cuda", "NVIDIA DGX B200 / HGX B200 spec page (nvidia.com): 64 TB/s HBM3e for 8 GPUs, "
-                             "8 TB/s each"),
-)}
+@dataclass(frozen=True)
+class SpeedupBound:
+    """The speedup a draft can give, from bytes alone (no scheduling, sampling or KV-cache reads): `speedup` is the
+    bound (verifying b x (K+1) tokens reads no more experts than decoding b: tokens of one sequence reuse theirs),
+    `speedup_uniform` the estimate with every token routed uniformly at random (the most experts a verify can read)."""
 
-# Time of a row- and column-scaled FP8 GEMM against BF16 at decode sizes: 0.71-0.87 measured on one H200
-# (torch._scaled_mm, draft_cost.md); the middle of that range.
-FALLBACK_FP8_TIME = 0.8
-FP8_RECIPE_ROLES = ("attention", "mlp")  # fp8-draft: decoder linears (and an MoE draft's experts); fc, lm_head BF16
-
-_ROLE_PATTERNS = (("fc", re.compile(r"(^|\.)fc\.weight$")), ("lm_head", re.compile(r"(^|\.)lm_head\.weight$")),
-                  ("attention", re.compile(r"self_attn\.[^.]+\.weight$")), ("mlp", re.compile(r"mlp\..*weight$")))
-_FP8 = ("F8_E4M3", "F8_E5M2")
+    platform: str
+    bandwidth_tbs: float
+    source: str
+    target_decode_us: float
+    target_verify_us: float  # uniform routing
+    draft_round_us: float
+    speedup: float
+    speedup_uniform: float
+    notes: list[str] = field(default_factory=list)
 
 
-class CostError(QuantkitError):
-    """A cost estimate cannot be made as asked (an unknown GPU, a checkpoint without a draft's layers)."""
+def microseconds(weighted_bytes: float, platform: str, tp: int = 1) -> float:
+    """The time `weighted_bytes` take to read on `platform`, split over `tp` GPUs."""
+    tbs, _ = BANDWIDTH_TBS[platform]
+    return weighted_bytes / tp / (tbs * 1e12 * ATTAINED) * 1e6
 
 
-def draft_role(name: str) -> str | None:
-    """The cost role of a draft tensor (fc, attention, mlp, lm_head), None for norms, d2t/t2d, the embedding."""
-    if name.endswith(("_scale", "scale_inv")):
-        return None
-    for role, pattern in _ROLE_PATTERNS:
-        if pattern.search(name):
-            return role
-    return None
+def speedup_bound(target: TargetShape, draft_round_bytes: float, al: float, k: int, batch: int, platform: str,
+                  tp: int = 1) -> SpeedupBound:
+    """Tokens per second with speculation over without: a round (draft K tokens, verify b x (K+1)) yields AL tokens
+    per sequence where a plain decode step yields one."""
+    tbs, source = BANDWIDTH_TBS[platform]
+    decode = microseconds(target.step_bytes(batch), platform, tp)
+    verify = microseconds(target.step_bytes(batch * (k + 1)), platform, tp)
+    draft = microseconds(draft_round_bytes, platform, tp)
+    return SpeedupBound(platform=platform, bandwidth_tbs=tbs, source=source, target_decode_us=decode,
+                        target_verify_us=verify, draft_round_us=draft, speedup=al * decode / (decode + draft),
+                        speedup_uniform=al * decode / (verify + draft), notes=[ESTIMATE])
 
 
-def _numel(shape: Any) -> int:
-    return math.prod(int(x) for x in shape)
-
-
-def _bf16_bytes(info: Any) -> int:
-    return _numel(info.shape) * 2
-
-
-def _fp8_bytes(info: Any) -> int:
-    """FP8 weight + one FP32 scale per output channel (ptpc_fp8)."""
-    return _numel(info.shape) + int(info.shape[0]) * 4 if len(info.shape) >= 2 else _bf16_bytes(info)
-
-
-def draft_cost(config: Mapping[str, Any], tensors: Mapping[str, Any], quantized_roles: tuple[str, ...] |
-               None = FP8_RECIPE_ROLES, recipe: str = "fp8-draft") -> DraftCost:
-    """Bytes by role of one draft step, in BF16 and after the recipe (`quantized_roles` in FP8). A draft whose
-    weights are already FP8 is costed as stored (`quantized_roles=None` forces that)."""
-    stored_fp8 = any(getattr(i, "dtype", "") in _FP8 for i in tensors.values())
-    bf16: dict[str, int] = {}
-    after: dict[str, int] = {}
-    quantized: set[str] = set()
-    for name, info in tensors.items():
-        role = draft_role(name)
-        if role is None:
-            continue
-        bf16[role] = bf16.get(role, 0) + _bf16_bytes(info)
-        if stored_fp8 or quantized_roles is None:
-            size = _numel(info.shape) * DTYPE_BYTES.get(info.dtype, 2)
-            scale = tensors.get(name.removesuffix(".weight") + ".weight_scale")
-            size += _numel(scale.shape) * DTYPE_BYTES.get(scale.dtype, 4) if scale is not None else 0
-            if info.dtype in _FP8:
-                quantized.add(role)
-        elif role in quantized_roles:
-            size = _fp8_bytes(info)
-            quantized.add(role)
-        else:
-            size = _bf16_bytes(info)
-        after[role] = after.get(role, 0) + size
-    step_roles = ("attention", "mlp", "lm_head")
-    token_bf16 = sum(bf16.get(r, 0) for r in step_roles)
-    token_after = sum(after.get(r, 0) for r in step_roles)
-    if token_bf16 == 0:
-        raise CostError("no attention, MLP or lm_head weights found: not an EAGLE-3 draft")
-    roles = [RoleBytes(role=r, per="round" if r == "fc" else "draft token", bf16_bytes=bf16.get(r, 0),
-                       recipe_bytes=after.get(r, 0), quantized=r in quantized,
-                       bf16_share=0.0 if r == "fc" else round(bf16.get(r, 0) / token_bf16, 4),
-                       recipe_share=0.0 if r == "fc" else round(after.get(r, 0) / max(token_after, 1), 4))
-             for r in ("fc", *step_roles)]
-    dc = draft_config(dict(config))
-    return DraftCost(recipe="as stored" if stored_fp8 or quantized_roles is None else recipe,
-                     draft_vocab_size=dc.draft_vocab_size or 0, vocab_size=dc.vocab_size or 0, roles=roles,
-                     draft_token_bf16_bytes=token_bf16, draft_token_recipe_bytes=token_after)
-
-
-_EXPERT = re.compile(r"^(.*\.layers\.\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\.")
-_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
-_TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k")
-
-
-def expected_experts(experts: int, top_k: int, tokens: int) -> float:
-    """Expected distinct experts touched when `tokens` tokens each pick `top_k` of `experts` uniformly."""
-    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
-
-
-def _config_int(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int:
-    for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return 0
-
-
-def target_step_bytes(config: Mapping[str, Any], tensors: Mapping[str, Any], tokens: int) -> TargetStepBytes:
-    """Bytes one target step reads for `tokens` tokens: the routed experts' expected share, all else once. The
-    embedding (a lookup) is left out."""
-    cfg = text_config(dict(config))
-    n_exp, top_k = _config_int(cfg, _EXPERT_KEYS), _config_int(cfg, _TOPK_KEYS)
-    per_layer: dict[str, int] = {}
-    other = 0
-    for name, info in tensors.items():
-        size = _numel(info.shape) * DTYPE_BYTES.get(info.dtype, 2)
-        if "embed_tokens" in name or "vision" in name or "mm_projector" in name:
-            continue
-        m = _EXPERT.match(name)
-        if m is not None and n_exp:
-            per_layer[m.group(1)] = per_layer.get(m.group(1), 0) + size
-        else:
-            other += size
-    share = expected_experts(n_exp, top_k, tokens) / n_exp if n_exp and top_k else 1.0
-    experts = int(sum(per_layer.values()) * share)
-    return TargetStepBytes(tokens=tokens, experts=n_exp, top_k=top_k,
-                           expected_experts_per_layer=round(share * n_exp, 3) if n_exp else 0.0,
-                           expert_bytes=experts, other_bytes=other, total_bytes=experts + other)
-
-
-def _fp8_time_factor(platform: str, tensors: Mapping[str, Any], role: str) -> tuple[float, str, str]:
-    """(time of the role in FP8 relative to its bytes' ideal, kernel, perf class): 1.0 on a native path."""
-    shapes = [i.shape for n, i in tensors.items() if draft_role(n) == role and len(i.shape) == 2]
-    if not shapes:
-        return 1.0, "", ""
-    n, k = (int(x) for x in shapes[0])
-    kernel, perf, _why = select_fp8_linear(platform, True, n, k)
-    return (1.0 if perf == "native" else -1.0 if perf == "emulation" else FALLBACK_FP8_TIME), kernel or "", perf
-
-
-def estimate(cost: DraftCost, tensors: Mapping[str, Any], gpu: str, *, k: int, al: float, batch: int = 1,
-             tp: int = 1, target: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> DraftCost:
-    """`cost` with step times on `gpu` at TP `tp`, and (with `target` = (config, tensors)) the target's decode and
-    verify steps and the speedup bound AL x t_decode / (t_fc + K t_draft + t_verify). An ESTIMATE FROM BYTES."""
-    if gpu not in GPUS:
-        raise CostError(f"unknown GPU {gpu!r}; use one of {', '.join(GPUS)}")
-    g = GPUS[gpu]
-    bw = g.hbm_tb_s * 1e12 * tp  # bytes/s over tp GPUs (weights split evenly)
-
-    def us(nbytes: float) -> float:
-        return nbytes / bw * 1e6
-
-    roles = []
-    token_bf16 = token_recipe = 0.0
-    for r in cost.roles:
-        t_bf16 = us(r.bf16_bytes)
-        t_recipe = us(r.recipe_bytes)
-        kernel = perf = ""
-        if r.quantized:
-            factor, kernel, perf = _fp8_time_factor(g.platform, tensors, r.role)
-            # fallback: a fixed fraction of the BF16 time; emulation: no gain
-            t_recipe = t_recipe if factor == 1.0 else t_bf16 if factor < 0 else t_bf16 * factor
-        roles.append(r.model_copy(update={"kernel": kernel, "perf_class": perf}))
-        if r.role != "fc":
-            token_bf16 += t_bf16
-            token_recipe += t_recipe
-    fc = us(next((r.bf16_bytes for r in cost.roles if r.role == "fc"), 0))
-    est = StepEstimate(gpu=g.name, platform=g.platform, hbm_tb_s=g.hbm_tb_s, bandwidth_source=g.source, tp=tp, k=k,
-                       al=al, batch=batch, draft_token_us_bf16=round(token_bf16, 4),
-                       draft_token_us_recipe=round(token_recipe, 4), fc_us=round(fc, 4))
-    steps: list[TargetStepBytes] = []
-    if target is not None:
-        decode = target_step_bytes(target[0], target[1], batch)
-        verify = target_step_bytes(target[0], target[1], batch * (k + 1))
-        steps = [decode, verify]
-        t_dec, t_ver = us(decode.total_bytes), us(verify.total_bytes)
-        r_bf16, r_recipe = fc + k * token_bf16 + t_ver, fc + k * token_recipe + t_ver
-        est = est.model_copy(update=dict(
-            target_decode_us=round(t_dec, 4), target_verify_us=round(t_ver, 4), round_us_bf16=round(r_bf16, 4),
-            round_us_recipe=round(r_recipe, 4),
-            speedup_bound_bf16=round(al * t_dec / r_bf16, 3) if al > 0 else None,
-            speedup_bound_recipe=round(al * t_dec / r_recipe, 3) if al > 0 else None))
-    return cost.model_copy(update={"roles": roles, "target": steps, "estimate": est})
-
-
-def cost_report(config: Mapping[str, Any], tensors: Mapping[str, Any], *, gpu: str | None = None, k: int = 3,
-                al: float | None = None, tp: int = 1, batch: int = 1,
-                target: str | Path | None = None) -> DraftCost | None:
-    """What inspect and check show for a draft: bytes by role (None for a checkpoint that is not an EAGLE-3
-    draft), and with `gpu` the step times there; with `target` (a folder: config.json and headers only) the
-    target's decode and verify steps, and with `al` the speedup bound."""
-    from quantkit.io.headers import checkpoint_tensors, read_config
-
-    try:
-        cost = draft_cost(config, tensors)
-    except CostError:
-        return None
-    if gpu is None:
-        return cost
-    pair = (read_config(target), checkpoint_tensors(target)) if target is not None else None
-    return estimate(cost, tensors, gpu, k=k, al=al or 0.0, batch=batch, tp=tp, target=pair)
-
-
-__all__ = ["FALLBACK_FP8_TIME", "FP8_RECIPE_ROLES", "GPUS", "CostError", "Gpu", "cost_report", "draft_cost", "draft_role",
-           "estimate", "expected_experts", "target_step_bytes"]
+__all__ = ["ATTAINED", "BANDWIDTH_TBS", "ESTIMATE", "PATH_FACTOR", "DraftCost", "RoleCost", "SpeedupBound",
+           "TargetShape", "draft_cost", "expected_distinct_experts", "kernel_paths_by_layer", "microseconds",
+           "quantized_roles", "speedup_bound"]

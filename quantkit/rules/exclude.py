@@ -54,7 +54,7 @@ def _mtp_draft_excluded(ck: LoadedCheckpoint, findings: Findings) -> None:
         except ExcludeListError:
             return  # exclude-matching reports the list itself
     if missed:
-        entries = ck.family.mtp_exclusions(ck.config) if ck.family is not None else ()
+        entries = ck.family.mtp_exclusions(ck.config, ck.tensors) if ck.family is not None else ()
         findings.add("warning", "mtp-draft-quantized", "quantization_config.exclude",
                      f"the MTP layers {', '.join(missed)} keep float weights, but exclude does not exclude them under "
                      "the runtime names of the MTP draft vLLM builds with this quant config (speculative method mtp): "

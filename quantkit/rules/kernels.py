@@ -67,35 +67,25 @@ class Image:
 
 def routing_method(config: dict[str, Any]) -> str:
     """The RoutingMethodType name vLLM gives the model's router (fused_moe/config.py get_routing_method_type), from
-    the config keys the model files pass: scoring_func, renormalize (norm_topk_prob; MiniMax-M2 always True,
-    models/minimax_m2.py), num_expert_group (n_group, DeepSeek/Kimi grouped top-k) and the e_score_correction_bias
-    (DeepSeek/Kimi topk_method noaux_tc, MiniMax-M2 use_routing_bias)."""
-    text = text_config(config)
-    mt = str(text.get("model_type", ""))
-    scoring = str(text.get("scoring_func", "softmax"))
-    minimax = mt.startswith("minimax")
-    renormalize = True if minimax else bool(text.get("norm_topk_prob", mt.startswith("deepseek") or "kimi" in mt))
-    has_bias = text.get("topk_method") == "noaux_tc" or bool(text.get("use_routing_bias"))
-    groups = text.get("n_group") if mt.startswith("deepseek") or "kimi" in mt else None
-    if scoring == "sqrtsoftplus":
-        return "DeepseekV4" if renormalize else "Unspecified"
-    if has_bias:
-        if scoring != "sigmoid" or not renormalize:
-            return "Unspecified"
-        return "DeepSeekV3" if (groups or 0) > 0 else "MiniMax2"
-    if scoring == "sigmoid":
-        return "SigmoidRenorm" if renormalize else "Sigmoid"
-    if scoring == "softmax":
-        return "RenormalizeNaive" if renormalize else "Default"
-    return "Unspecified"
+    the routing arguments its family's record says vLLM's model file passes (naming.family Router); "Unspecified"
+    for a config no record names or a family vLLM builds no router for."""
+    from quantkit.naming.archs import text_family
+
+    family, text, _prefix = text_family(config)
+    if family is None or family.moe is None or family.moe.router is None:
+        return "Unspecified"
+    return family.moe.router.method(text_config(text))  # a family keeping its keys in text_config (Qwen3.5)
 
 
 def moe_activation(config: dict[str, Any]) -> str:
-    """The experts' activation as vLLM names it (MoEActivation value): hidden_act, GPT-OSS's swigluoai."""
-    text = text_config(config)
-    if str(text.get("model_type", "")) == "gpt_oss":
-        return "swigluoai"
-    return str(text.get("hidden_act", "silu"))
+    """The experts' activation as vLLM names it (MoEActivation value), from the family's record (MoeLayout.activation:
+    GPT-OSS's swigluoai, else the config's hidden_act)."""
+    from quantkit.naming.archs import text_family
+    from quantkit.naming.family import Key
+
+    family, text, _prefix = text_family(config)
+    act = family.moe.activation if family is not None and family.moe is not None else Key("hidden_act", "silu")
+    return str(act.of(text_config(text)) if isinstance(act, Key) else act)
 
 
 # --- the MoE oracle ------------------------------------------------------------------------------------------------

@@ -94,19 +94,20 @@ RULES: tuple[Rule, ...] = (
          f"{_QUARK}quark.py get_layer_quant_config_from_name (substring of the key, or fnmatch for keys with *)",
          _CHECK, check=quark_config.layer_config_keys),
     Rule("layer-tensors", "each layer's tensors against what vLLM builds for it", "error",
-         ("fused-config-mismatch", "unsupported-scheme", "router-quantized", "unexpected-quantized-tensor", "weight-not-quantized", "weight-missing", "weight-dtype", "scale-missing",
+         ("fused-config-mismatch", "unsupported-scheme", "router-quantized",
+          "unexpected-quantized-tensor", "weight-not-quantized", "weight-missing", "weight-dtype", "scale-missing",
           "scale-dtype", "weight-shape", "scale-shape"),
          f"{_QUARK}schemes/quark_w8a8_fp8.py create_weights; {_QUARK}schemes/quark_ocp_mx.py create_weights; "
          f"{_QUARK}quark_moe.py QuarkOCP_MX_MoEMethod.create_weights; {_QUARK}quark.py _get_scheme_cls_from_config; "
-         "vllm/model_executor/layers/linear.py UnquantizedLinearMethod", _BOTH, check_layer=tensors.layer_tensors,
-         deploy_needs="draft"),
-    # vllm_max: set it to the first vLLM whose Quark path loads a quantized ParallelLMHead, and the rule is lifted
-    Rule("lm-head-quantized", "a quantized lm_head (vLLM loads no quantized ParallelLMHead)", "error",
+         "vllm/model_executor/layers/linear.py UnquantizedLinearMethod; vllm/model_executor/models/llama_eagle3.py "
+         "(lm_head is a ParallelLMHead)", _BOTH, check_layer=tensors.layer_tensors, deploy_needs="draft"),
+    # vllm_max: set to the first vLLM release whose Quark path loads a quantized lm_head, and the rule stops holding
+    Rule("lm-head-quantized", "a quantized lm_head (a draft's above all), which vLLM cannot load", "error",
          ("lm-head-quantized",),
          f"{_QUARK}quark.py QuarkConfig.get_quant_method / get_quant_method_target (a method only for LinearBase, "
-         "Attention, routed experts); vllm/model_executor/layers/vocab_parallel_embedding.py ParallelLMHead (a "
-         "VocabParallelEmbedding, not a LinearBase); vllm/model_executor/models/llama_eagle3.py (the draft's lm_head)",
-         _BOTH, check_layer=draft.lm_head_quantized, deploy_needs="draft"),
+         "Attention and routed experts); vllm/model_executor/layers/vocab_parallel_embedding.py ParallelLMHead (a "
+         "VocabParallelEmbedding, not a LinearBase)", _BOTH, check_layer=tensors.lm_head_quantized,
+         deploy_needs="draft", vllm_max=None),
     Rule("tp-split", "each quantized layer's tensor-parallel shards", "error", ("tp-indivisible", "tp-mxfp4-group"),
          f"{_QUARK}schemes/quark_ocp_mx.py create_weights (input per partition % 32); {_QUARK}quark_moe.py "
          "QuarkOCP_MX_MoEMethod.create_weights (intermediate_size_per_partition // 32 scales); "

@@ -87,7 +87,7 @@ def _layer_contract(ck: LoadedCheckpoint, lp: LayerPrecision, layer: Any,
     if not lp.quantized:
         if quantized_tensors:
             if lp.role == "lm_head":
-                return  # the lm-head-quantized rule's (quantkit.rules.draft.lm_head_quantized), version-ranged
+                return  # rule lm-head-quantized (lm_head_quantized below), ranged by vLLM version
             else:
                 why = ("vLLM never quantizes this kind of layer" if lp.source == "never_quantized" else
                        f"vLLM loads it unquantized ({lp.reason})")
@@ -201,3 +201,27 @@ def mxfp4_weights(tensors: dict[str, TensorInfo]) -> dict[str, int]:
         if scale.shape[-1] * MXFP4_GROUP == in_dim:
             out[module] = in_dim
     return out
+
+
+def lm_head_quantized(ctx: RuleContext, lp: LayerPrecision) -> None:
+    """lm-head-quantized: an lm_head holding quantized tensors. vLLM builds lm_head as a ParallelLMHead, a
+    VocabParallelEmbedding and not a LinearBase, and QuarkConfig.get_quant_method_target gives such a layer no method
+    (vllm/model_executor/layers/quantization/quark/quark.py; vocab_parallel_embedding.py ParallelLMHead), so its
+    quantized bytes fail to load or load as BF16 values. Ranged in the rule table: lift it (vllm_max) when a vLLM
+    release loads one."""
+    view = ctx.subject
+    if lp.role != "lm_head" or lp.quantized or not view.replayed or lp.source in ("partial_fused_exclusion",
+                                                                                  "invalid_exclude"):
+        return
+    if any(f.layer_or_tensor == lp.name and f.code == "exclude-not-applied" for f in ctx.findings):
+        return  # its tensors are described in that finding
+    quantized = sorted(t for m in lp.checkpoint_modules for t, i in view.modules.get(m, [])
+                       if i.dtype in QUANTIZED_DTYPES and not t.endswith(".bias")
+                       or t.endswith((".weight_scale", ".weight_scale_inv")))
+    if quantized:
+        ctx.findings.add("error", "lm-head-quantized", lp.name,
+                         f"lm_head holds quantized tensors ({', '.join(quantized[:3])}); vLLM builds lm_head as a "
+                         "ParallelLMHead, which QuarkConfig.get_quant_method gives no method, so a quantized lm_head "
+                         "fails to load or loads FP8 bytes as BF16 values",
+                         "re-export with lm_head kept BF16 (exclude lm_head); to cut the lm_head's cost, prune the "
+                         "draft vocabulary instead")

@@ -1,1 +1,1 @@
-"""`quantkit tune`: sweep a draft's options on its pair, measure AL, estimate cost, recommend one."""
+"""`quantkit tune`: the draft options swept, measured and estimated; one recommended."""

@@ -1,129 +1,168 @@
-"""`quantkit tune`: the draft options of a target + draft pair, swept and ranked.
+"""`quantkit tune`: sweep the draft options for a target and draft pair (body BF16 or FP8, draft vocabulary sizes,
+K), measure each option's acceptance against the unpruned BF16 draft, estimate its cost per accepted token from
+bytes on a platform (quantkit.rules.cost), and recommend the cheapest option that keeps an AL-ratio floor.
 
-Options: body BF16 or FP8 (the fp8-draft recipe) x draft vocabularies (the draft's own, and each smaller N pruned by
-quantkit.apply.prune from a corpus) x K. Each option's AL is measured against the BF16 draft at the same K on the
-same prompts (quantkit.acceptance.run_acceptance: reference engine or vLLM); its cost per round and per accepted
-token is an ESTIMATE FROM BYTES on `gpu` (quantkit.rules.cost). The Pareto set is the options no other beats on
-both AL ratio and cost per accepted token; the recommendation is the cheapest per accepted token whose AL ratio
-meets the floor (default 0.98).
+Acceptance is measured (the reference engine or vLLM, as `quantkit acceptance`); cost is an estimate from bytes,
+never a measurement: a bench on the deployment GPU confirms the recommendation.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from quantkit.errors import QuantkitError
-from quantkit.io.headers import checkpoint_tensors, read_config
 from quantkit.progress import Progress, or_silent
 from quantkit.results.tune import TuneOption, TuneResult
-from quantkit.rules.cost import GPUS, draft_cost, estimate
 
 
 class TuneError(QuantkitError):
-    """`tune` cannot run as asked."""
+    """tune was asked for options it cannot build (a vocabulary above the draft's, no K)."""
+
+
+def _target_shape(target: str | Path) -> Any:
+    """What the target's decode step reads, from its headers (quantkit.rules.cost.TargetShape)."""
+    from quantkit.check.inspect import inspect_checkpoint
+    from quantkit.io.checkpoint import resolve_config
+    from quantkit.rules.cost import TargetShape
+
+    result = inspect_checkpoint(target)
+    experts = [layer for layer in result.layers if layer.role == "experts" and layer.experts]
+    always = sum(layer.bytes for layer in result.layers if layer.role not in ("experts", "embedding"))
+    if not experts:
+        return TargetShape(always_bytes=always)
+    config = resolve_config(target)
+    text = config.get("text_config") or config
+    top_k = int(text.get("num_experts_per_tok") or text.get("moe_topk") or 1)
+    per_expert = experts[0].bytes / max(experts[0].experts or 1, 1)
+    return TargetShape(always_bytes=always, moe_layers=len(experts), num_experts=int(experts[0].experts or 0),
+                       top_k=top_k, expert_bytes=per_expert)
+
+
+def _draft_rows(draft: str | Path) -> int:
+    from quantkit.io.checkpoint import resolve_source
+
+    src = resolve_source(draft)
+    return int(src.tensors["lm_head.weight"].shape[0])
 
 
 def _pareto(options: list[TuneOption]) -> None:
-    scored = [o for o in options if o.al_ratio is not None and o.us_per_accepted_token is not None]
-    for o in scored:
-        assert o.al_ratio is not None and o.us_per_accepted_token is not None
-        o.pareto = not any(
-            p is not o and p.al_ratio is not None and p.us_per_accepted_token is not None
-            and p.al_ratio >= o.al_ratio and p.us_per_accepted_token <= o.us_per_accepted_token
-            and (p.al_ratio > o.al_ratio or p.us_per_accepted_token < o.us_per_accepted_token)
-            for p in scored)
+    """Mark the options no other option beats on both AL ratio (higher) and cost per accepted token (lower)."""
+    done = [o for o in options if o.al_ratio is not None and o.us_per_token is not None]
+    for o in done:
+        o.pareto = not any(p is not o and p.al_ratio >= o.al_ratio and p.us_per_token <= o.us_per_token  # type: ignore[operator]
+                           and (p.al_ratio > o.al_ratio or p.us_per_token < o.us_per_token)  # type: ignore[operator]
+                           for p in done)
 
 
-def run_tune(target: str | Path, draft: str | Path, workdir: str | Path, *, gpu: str = "MI355X",
-             vocab_sizes: list[int] | None = None, ks: list[int] | None = None, bodies: tuple[str, ...] = ("bf16", "fp8"),
-             corpus: str = "builtin", prompts: str = "builtin", backend: str = "reference", max_new_tokens: int = 32,
-             floor: float = 0.98, apply_to: str | Path | None = None, chart: str | Path | None = None,
-             progress: Progress | None = None) -> TuneResult:
-    """Sweep, measure, estimate, recommend; `apply_to` writes the recommended draft there (through `apply`)."""
+def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_corpus: str | Path | None = None,
+         vocabs: Sequence[int] | None = None, ks: Sequence[int] = (2, 3, 4), bodies: Sequence[str] = ("bf16", "fp8"),
+         prompts: str = "builtin", max_new_tokens: int = 32, backend: str = "reference", platform: str = "MI355X",
+         tp: int = 1, batch: int = 1, floor: float = 0.98, apply_to: str | Path | None = None,
+         progress: Progress | None = None) -> TuneResult:
+    """Every combination of `bodies` x `vocabs` (lm_head rows; default: full, 1/2, 1/4) x `ks`, measured and
+    estimated; the recommendation is the lowest estimated cost per accepted token with AL ratio >= `floor`."""
     from quantkit.acceptance.run import run_acceptance
-    from quantkit.apply.prune import prune_draft
     from quantkit.apply.run import apply
+    from quantkit.apply.vocab import prune_draft
+    from quantkit.check.inspect import inspect_checkpoint
+    from quantkit.rules.cost import BANDWIDTH_TBS, draft_cost, microseconds
 
     progress = or_silent(progress)
-    if gpu not in GPUS:
-        raise TuneError(f"--gpu {gpu!r}: use one of {', '.join(GPUS)}")
-    if not 0 < floor <= 1.5:
-        raise TuneError(f"--floor {floor}: an AL ratio such as 0.98")
+    if platform not in BANDWIDTH_TBS:
+        raise TuneError(input=f"--platform {platform}", reason="no bandwidth on record",
+                        fix=f"use one of {', '.join(BANDWIDTH_TBS)}")
+    if not ks:
+        raise TuneError(input="--k", reason="no K given", fix="give at least one K")
+    full = _draft_rows(draft)
+    sizes = sorted(set(vocabs or [full, full // 2, full // 4]), reverse=True)
+    if sizes[0] > full:
+        raise TuneError(input=f"--vocab {sizes[0]}", reason=f"above the draft's {full} rows", fix=f"at most {full}")
+    if any(v < full for v in sizes) and vocab_corpus is None:
+        raise TuneError(input="--vocab-corpus", reason="missing: pruned vocabularies are chosen from a corpus",
+                        fix="give --vocab-corpus FILE, or only --vocab " + str(full))
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
-    dcfg = read_config(draft)
-    full = int(dcfg.get("draft_vocab_size") or dcfg.get("vocab_size") or 0)
-    sizes = sorted({full, *(vocab_sizes or [])}, reverse=True)
-    if any(n > full or n < 1 for n in sizes):
-        raise TuneError(f"--vocab {','.join(map(str, sizes))}: the draft has {full} lm_head rows; give sizes up to it")
-    pair = (read_config(target), checkpoint_tensors(target))
-    folders: dict[tuple[str, int], Path] = {}
-    for n in sizes:
-        base = Path(draft) if n == full else work / f"bf16-v{n}"
-        if n != full and not base.exists():
-            progress(f"pruning the draft's vocabulary to {n}")
-            prune_draft(draft, base, n, corpus, target)
-        for body in bodies:
-            if body == "bf16":
-                folders[body, n] = base
-            else:
-                out = work / f"fp8-v{n}"
-                if not out.exists():
-                    progress(f"fp8-draft on the {n}-token draft")
-                    apply("fp8-draft", base, out, target=target)
-                folders[body, n] = out
+    shape = _target_shape(target)
+    variants: dict[tuple[str, int], Path] = {}
     options: list[TuneOption] = []
-    for k in ks or [2, 3, 4]:
-        for (body, n), folder in folders.items():
-            progress(f"AL of body {body}, vocabulary {n}, K {k} ({backend})")
-            acc = run_acceptance(target, draft, folder, backend=backend, num_speculative_tokens=k,
-                                 max_new_tokens=max_new_tokens, prompts=prompts)
-            al = acc.candidate.mean_acceptance_length if acc.candidate else None
-            base_al = acc.baseline.mean_acceptance_length if acc.baseline else None
-            tensors = checkpoint_tensors(folder)
-            cost = estimate(draft_cost(read_config(folder), tensors), tensors, gpu, k=k, al=al or 0.0, target=pair)
-            e = cost.estimate
-            assert e is not None
-            # a BF16 body is costed in BF16; an FP8 one as stored (its kernel path predicted on the GPU)
-            fp8 = body != "bf16"
-            round_us = e.round_us_recipe if fp8 else e.round_us_bf16
-            options.append(TuneOption(
-                body=body, draft_vocab=n, k=k, al=al, baseline_al=base_al, al_ratio=acc.ratio, round_us=round_us,
-                us_per_accepted_token=round(round_us / al, 4) if round_us and al else None,
-                speedup_bound=e.speedup_bound_recipe if fp8 else e.speedup_bound_bf16, meets_floor=acc.ratio is not None and acc.ratio >= floor))
+    for rows in sizes:
+        pruned = Path(draft) if rows == full else work / f"draft-v{rows}"
+        if rows != full:
+            progress(f"draft vocabulary {rows}: pruning")
+            prune_draft(draft, pruned, target=target, corpus=vocab_corpus, n=rows, overwrite=True)  # type: ignore[arg-type]
+        for body in bodies:
+            folder = pruned
+            if body == "fp8":
+                folder = work / f"draft-v{rows}-fp8"
+                progress(f"draft vocabulary {rows}, FP8 body: applying fp8-draft")
+                apply("fp8-draft", pruned, folder, target=target, overwrite=True)
+            variants[(body, rows)] = folder
+    for (body, rows), folder in variants.items():
+        cost = draft_cost(inspect_checkpoint(folder).layers)
+        for k in ks:
+            option = TuneOption(body=body, draft_vocab=rows, k=k)
+            progress(f"{body} body, {rows} rows, K={k}: acceptance")
+            try:
+                acc = run_acceptance(target, draft, folder, num_speculative_tokens=k, prompts=prompts,
+                                     max_new_tokens=max_new_tokens, backend=backend)
+            except QuantkitError as e:
+                option.error = str(e)
+                options.append(option)
+                continue
+            option.al = acc.candidate.mean_acceptance_length if acc.candidate else None
+            option.baseline_al = acc.baseline.mean_acceptance_length if acc.baseline else None
+            option.al_ratio = acc.ratio
+            option.round_us = (microseconds(shape.step_bytes(batch * (k + 1)), platform, tp)
+                               + microseconds(cost.round_bytes(k), platform, tp))
+            option.us_per_token = option.round_us / option.al if option.al else None
+            options.append(option)
+    reference = [o.us_per_token for o in options if o.body == "bf16" and o.draft_vocab == full and o.us_per_token]
+    for o in options:
+        if reference and o.us_per_token:
+            o.cost_ratio = o.us_per_token / min(reference)
     _pareto(options)
-    fit = [o for o in options if o.meets_floor and o.us_per_accepted_token is not None]
-    best = min(fit, key=lambda o: o.us_per_accepted_token or 0.0) if fit else None
-    result = TuneResult(target=str(target), draft=str(draft), gpu=gpu, corpus=corpus, backend=backend,
-                        al_ratio_floor=floor, options=options, recommended=best)
-    if chart is not None:
-        result.chart = str(_chart(result, Path(chart)))
+    keeping = [o for o in options if o.al_ratio is not None and o.al_ratio >= floor and o.us_per_token]
+    best = min(keeping, key=lambda o: o.us_per_token) if keeping else None  # type: ignore[arg-type,return-value]
+    result = TuneResult(target=str(target), draft=str(draft), platform=platform, tp=tp, floor=floor, options=options,
+                        recommended=best)
+    result.chart = str(_chart(result, work / "tune.png"))
     if apply_to is not None and best is not None:
-        src = folders[best.body, best.draft_vocab]
-        shutil.copytree(src, Path(apply_to))
-        result.applied_to = str(apply_to)
+        out = Path(apply_to)
+        if out.exists():
+            raise TuneError(input=f"--apply {out}", reason="exists", fix="pick a new folder")
+        shutil.copytree(variants[(best.body, best.draft_vocab)], out)
+        (out / "tune.json").write_text(best.model_dump_json(indent=2) + "\n")
+        result.applied = str(out)
     return result
 
 
 def _chart(result: TuneResult, path: Path) -> Path:
-    """AL ratio against estimated cost per accepted token, one point per option, the Pareto set joined."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """AL ratio against estimated cost per accepted token, one point per option, the recommendation ringed."""
+    import matplotlib
 
-    fig = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    pts = [(o, float(o.us_per_accepted_token), float(o.al_ratio)) for o in result.options
-           if o.al_ratio is not None and o.us_per_accepted_token is not None]
-    for o, x, y in pts:
-        ax.scatter(x, y, marker="o" if o.body == "bf16" else "s", color="tab:blue" if o.pareto else "tab:gray")
-        ax.annotate(f"{o.body} v{o.draft_vocab} K{o.k}", (x, y), fontsize=7)
-    front = sorted((x, y) for o, x, y in pts if o.pareto)
-    ax.plot([x for x, _ in front], [y for _, y in front], color="tab:blue", linewidth=1)
-    ax.axhline(result.al_ratio_floor, color="tab:red", linestyle="--", linewidth=1)
-    ax.set_xlabel(f"us per accepted token on {result.gpu} (ESTIMATE FROM BYTES)")
-    ax.set_ylabel("AL ratio vs BF16 full-vocabulary draft (measured)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for o in result.options:
+        if o.al_ratio is None or o.cost_ratio is None:
+            continue
+        ax.scatter(o.cost_ratio, o.al_ratio, color="tab:red" if o.body == "fp8" else "tab:blue")
+        ax.annotate(f"{o.draft_vocab}/K{o.k}", (o.cost_ratio, o.al_ratio), fontsize=7)
+    if result.recommended and result.recommended.cost_ratio is not None and result.recommended.al_ratio is not None:
+        ax.scatter(result.recommended.cost_ratio, result.recommended.al_ratio, s=200, facecolors="none",
+                   edgecolors="black")
+    ax.axhline(result.floor, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel(f"estimated cost per accepted token vs BF16 draft ({result.platform}; estimate from bytes)")
+    ax.set_ylabel("AL ratio vs unpruned BF16 draft (measured)")
+    ax.set_title("quantkit tune (blue: BF16 body, red: FP8 body)")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path
+
+
+__all__ = ["TuneError", "tune"]

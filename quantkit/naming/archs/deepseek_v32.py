@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from quantkit.naming.archs.deepseek_v3 import MTP_KEYS, deepseek_v3_layers, deepseek_v3_mtp_draft_layers, mtp_exclude
+from quantkit.io.config import PositiveInt
+from quantkit.naming.archs.deepseek_v3 import (
+    DEEPSEEK_KEYS,
+    DEEPSEEK_ROUTER,
+    MTP_KEYS,
+    deepseek_v3_layers,
+    deepseek_v3_mtp_draft_layers,
+    mtp_exclude,
+)
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import RuntimeLayer
@@ -60,8 +68,10 @@ def deepseek_v32_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str
 
 FAMILY = Family(
     "deepseek_v32", ("DeepseekV32ForCausalLM",), SOURCE, deepseek_v32_layers,
-    model_types=("deepseek_v32",), quark_templates={"deepseek_v32": "deepseek_v32"},
-    moe=MoeLayout(("n_routed_experts",),
-                  shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
+    quark_templates={"deepseek_v32": "deepseek_v32"},
+    moe=MoeLayout(("n_routed_experts",), router=DEEPSEEK_ROUTER),
+    # _indexer_slots reads these (the DeepseekV32 indexer pattern: a string of S / F per layer, or a list of them)
+    config_keys={**DEEPSEEK_KEYS, "index_topk": int, "index_topk_freq": PositiveInt, "index_skip_topk_offset": int,
+                 "index_topk_pattern": str | list[str] | None},
     mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v32_mtp_draft_layers,
 )  # fmt: skip

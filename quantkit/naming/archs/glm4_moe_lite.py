@@ -4,6 +4,7 @@ with GLM-4.5's MoE block, MTP layers dropped."""
 from __future__ import annotations
 
 from quantkit.naming.archs.deepseek_v3 import deepseek_v3_layers
+from quantkit.naming.archs.glm4_moe import GLM_KEYS, GLM_ROUTER
 from quantkit.naming.family import Family, MoeLayout
 
 SOURCE = "vllm/model_executor/models/glm4_moe_lite.py"
@@ -23,8 +24,8 @@ SOURCE = "vllm/model_executor/models/glm4_moe_lite.py"
 FAMILY = Family(
     "glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), SOURCE,
     lambda c, k, t: deepseek_v3_layers(c, k, t, source=SOURCE),
-    model_types=("glm4_moe_lite",), quark_templates={"glm4_moe_lite": "glm4_moe_lite"},
-    moe=MoeLayout(("n_routed_experts",),
-                  shared_experts=("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")),
+    quark_templates={"glm4_moe_lite": "glm4_moe_lite"},
+    # glm4_moe_lite.py Glm4MoeLite(Glm4MoE): the GLM-4.5 MoE block, so its router
+    moe=MoeLayout(("n_routed_experts",), router=GLM_ROUTER), config_keys=GLM_KEYS,
     mtp_layer_keys=("num_nextn_predict_layers",),
 )  # fmt: skip

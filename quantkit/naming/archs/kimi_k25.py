@@ -17,7 +17,7 @@ SOURCE = "vllm/model_executor/models/kimi_k25.py"
 # mapper renames mm_projector.proj.0/2 to mm_projector.linear_1/2.
 FAMILY = Family(
     "kimi_k25", ("KimiK25ForConditionalGeneration",), SOURCE, None,
-    model_types=("kimi_k25",), quark_templates={"kimi_k25": "kimi_k25"},
+    quark_templates={"kimi_k25": "kimi_k25"},
     wrapper=Wrapper(
         "language_model.", ("vision_tower.", "mm_projector."),
         (("mm_projector.proj.0", "mm_projector.linear_1"), ("mm_projector.proj.2", "mm_projector.linear_2")),

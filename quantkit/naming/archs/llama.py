@@ -38,4 +38,4 @@ def dense_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: in
 
 
 FAMILY = Family("llama", ("LlamaForCausalLM",), SOURCE, lambda c, k, t: dense_layers(c, k, t, source=SOURCE),
-                model_types=("llama",), quark_templates={"llama": "llama"})  # fmt: skip
+                quark_templates={"llama": "llama"})  # fmt: skip

@@ -14,7 +14,7 @@ SOURCE = "vllm/model_executor/models/mllama4.py"
 # weights must stay BF16. No hf_to_vllm_mapper renames (load_weights only maps legacy model.* names).
 FAMILY = Family(
     "llama4", ("Llama4ForConditionalGeneration",), SOURCE, None,
-    model_types=("llama4",), quark_templates={"llama4": "llama4"},
+    quark_templates={"llama4": "llama4"},
     wrapper=Wrapper("language_model.", ("vision_model.", "multi_modal_projector."),
                     text_architecture_by_model_type={"llama4_text": "Llama4ForCausalLM"}, encoders_quantizable=False),
 )  # fmt: skip

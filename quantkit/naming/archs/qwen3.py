@@ -8,4 +8,4 @@ from quantkit.naming.family import Family
 SOURCE = "vllm/model_executor/models/qwen3.py"
 
 FAMILY = Family("qwen3", ("Qwen3ForCausalLM",), SOURCE, lambda c, k, t: dense_layers(c, k, t, source=SOURCE),
-                model_types=("qwen3",), quark_templates={"qwen3": "qwen3"})  # fmt: skip
+                quark_templates={"qwen3": "qwen3"})  # fmt: skip

