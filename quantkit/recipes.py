@@ -255,8 +255,7 @@ class Recipe(_Strict):
             problems.append((
                 "keep",
                 "an eagle3-draft recipe must keep lm_head in high precision (vLLM cannot load a quantized "
-                "EAGLE-3 draft lm_head: rule lm-head-quantized, QuarkConfig.get_quant_method gives its "
-                "ParallelLMHead no method); add '- role: lm_head' with a reason, or prune it with --draft-vocab N",
+                "EAGLE-3 draft lm_head); add '- role: lm_head' with a reason",
             ))
         placed_roles = [(f"quantize[{i}]", role) for i, role in enumerate(self.quantize or [])]
         placed_roles += [(f"keep[{i}].role", k.role) for i, k in enumerate(self.keep) if k.role is not None]

@@ -466,8 +466,7 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
           devices: str | list[str] | None = "auto", path: str | None = None, engine: str = "auto",
           overwrite: bool = False, resume: bool = False, dry_run: bool = False, target: str | Path | None = None,
           max_memory: int | None = None, max_shard_size: int | None = None,
-          draft_vocab: int | None = None, vocab_corpus: str | None = None, speed_bench: str | Path | None = None,
-          progress: Progress | None = None, _pruned: Any = None) -> ApplyResult:
+          progress: Progress | None = None) -> ApplyResult:
     """Quantize `model` with `recipe` into `output` (written to a temporary folder, renamed when complete).
 
     `devices`: auto | cpu | cuda | "cuda:0,cuda:1" (`device` is the older single-device spelling). `max_memory`:
@@ -475,16 +474,9 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     at most that many bytes, named model-0000i-of-0000N.safetensors (None: the source's shards and names; native
     engine only). `resume`
     continues an interrupted native run from its temporary folder. `dry_run` returns the plan (layers, exclude,
-    predicted size, device plan) without reading tensor data or writing anything. `draft_vocab` N with
-    `vocab_corpus`: an EAGLE-3 draft's lm_head is first cut to the N most frequent target tokens of the corpus
-    (quantkit.apply.prune; needs `target` for its tokenizer), then the recipe runs on the pruned draft.
+    predicted size, device plan) without reading tensor data or writing anything.
     """
     progress = or_silent(progress)
-    if draft_vocab is not None:
-        return _apply_pruned(recipe, model, Path(output), draft_vocab, vocab_corpus, target, speed_bench,
-                             dry_run=dry_run, overwrite=overwrite, resume=resume, progress=progress,
-                             options=dict(device=device, devices=devices, path=path, engine=engine,
-                                          max_memory=max_memory, max_shard_size=max_shard_size))
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     output = Path(output)
@@ -514,11 +506,6 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
         target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name,
         not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files, max_shard_size=max_shard_size)
-    if _pruned is not None:  # the recipe ran on the pruned draft: the manifest names the real source and the cut
-        base.update(source=_pruned.source, draft_vocab=_pruned)
-        for d in decisions:
-            if d.role == "lm_head":
-                d.reason = f"{d.reason}; {_pruned.reason}" if d.reason else _pruned.reason
     if plan.ignored_files:
         progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
                  f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
@@ -594,27 +581,3 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         (tmp / "quantkit.json").write_text(jsonout.dumps(result.to_dict()) + "\n")
     progress(f"wrote {result.output} in {timings['total']:.1f}s")
     return result
-
-
-def _apply_pruned(recipe: str | Path | Recipe, model: str | Path, output: Path, n: int, corpus: str | None,
-                  target: str | Path | None, speed_bench: str | Path | None, *, dry_run: bool, overwrite: bool,
-                  resume: bool, progress: Progress, options: dict[str, Any]) -> ApplyResult:
-    """`--draft-vocab N`: prune the draft into a hidden folder beside the output, run the recipe on it, remove it."""
-    import shutil
-
-    from quantkit.apply.prune import DraftVocabError, prune_to_temporary
-
-    if corpus is None:
-        raise DraftVocabError(f"--draft-vocab {n}: needs --vocab-corpus (a prompts JSONL, builtin, or "
-                              "speed-bench:CONFIG) to rank the target's tokens")
-    if target is None:
-        raise DraftVocabError(f"--draft-vocab {n}: needs --target (the target's tokenizer counts the corpus)")
-    if dry_run or resume:
-        raise DraftVocabError(f"--draft-vocab {n}: not with {'--dry-run' if dry_run else '--resume'}; run without it")
-    check_output_free(output, overwrite, [model, target])
-    work, pruned = prune_to_temporary(model, output, n, corpus, target, speed_bench=speed_bench, progress=progress)
-    try:
-        return apply(recipe, work, output, overwrite=overwrite, target=target, progress=progress, _pruned=pruned,
-                     **options)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

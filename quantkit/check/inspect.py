@@ -70,16 +70,13 @@ def group_layers(layers: Sequence[LayerPrecision]) -> list[PrecisionGroup]:
 # --- entry point -----------------------------------------------------------------------------------------------
 
 def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None, platform: str | None = None,
-                       tp: int = 1, vllm_version: str | None = None, gpu: str | None = None, k: int = 3,
-                       al: float | None = None, target: str | Path | None = None) -> InspectResult:
+                       tp: int = 1, vllm_version: str | None = None) -> InspectResult:
     """Every runtime layer of the checkpoint in `folder` with the precision vLLM will give it, and why.
 
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
     names; without it they are shown as `model.layers.{N}.*` (exclude entries naming a number will not match them).
     With `platform`, `kernels` says which vLLM kernel every MoE and linear layer takes there at TP `tp`
-    (quantkit.rules.kernels, replaying vLLM 0.32's selection). For a draft, `cost` holds the bytes a draft step
-    reads by role; with `gpu` (quantkit.rules.cost.GPUS) the step times at TP `tp` and K `k`, with `target` the
-    target's decode and verify steps, with `al` the speedup bound: an ESTIMATE FROM BYTES.
+    (quantkit.rules.kernels, replaying vLLM 0.32's selection).
     """
     t0 = time.perf_counter()
     ck = load_checkpoint(folder, target_num_layers)

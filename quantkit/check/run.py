@@ -43,7 +43,6 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
     the rules hold for (default: the installed one, else the newest the table knows; quantkit.rules.vllm_versions).
     Raises QuantkitError (CLI exit 2) for input that is not a readable checkpoint.
     """
-    from quantkit.rules.cost import cost_report
     from quantkit.rules.kernels import report_for
     from quantkit.rules.vllm_versions import resolve_vllm_version
 
@@ -94,7 +93,6 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
         findings=_ordered(findings), layers=layers, vllm_load=VllmLoad.model_validate(load),
         numeric=NumericResult.model_validate(numeric_result) if numeric_result is not None else None,
         seconds=time.perf_counter() - t0, vllm_version=version, kernels=report_for(view, ctx.serving),
-        cost=cost_report(ck.config, ck.tensors) if ck.model_kind == EAGLE3_DRAFT else None,
     )  # fmt: skip
 
 

@@ -74,7 +74,6 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --devices cuda:0,cuda:1
     quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --dry-run
     quantkit apply --recipe mxfp4-moe --model MOE --output MOE-MXFP4 --resume     # after Ctrl-C or a crash
-    quantkit apply --recipe fp8-draft --draft-vocab 32000 --vocab-corpus prompts.jsonl --model DRAFT --target TARGET --output OUT
 
     The output holds the quantized safetensors, config.json with a quantization_config whose `exclude` uses
     vLLM's runtime module names (e.g. `model.fc`, not Quark's `fc`), the tokenizer files, and quantkit.json
@@ -121,20 +120,6 @@ def apply_command(recipe: str, model: str, output: Path, target: str | None, dev
     _render_apply(result)
 
 
-def _prune_only(model: str, output: Path, n: int, corpus: str | None, target: str | None, speed_bench: Path | None,
-                overwrite: bool) -> ApplyResult:
-    """`apply --draft-vocab N` without a recipe: the pruned draft, its quantkit.json read back as the result."""
-    from quantkit.apply.prune import DraftVocabError, prune_draft
-    from quantkit.results import load_manifest
-
-    if corpus is None or target is None:
-        raise DraftVocabError(f"--draft-vocab {n}: needs --vocab-corpus and --target (the target's tokenizer counts "
-                              "the corpus)")
-    prune_draft(model, output, n, corpus, target, speed_bench=speed_bench, overwrite=overwrite,
-                progress=stderr_progress("apply"))
-    return load_manifest(output)
-
-
 def _layer_rows(result: ApplyResult) -> list[tuple[str, str, str, str]]:
     """One row per layer, or per group of layers that differ only in their layer number (large models)."""
     import re
@@ -170,10 +155,6 @@ def _render_apply(result: ApplyResult) -> None:
     console.print(table)
     ratio = result.size_after_bytes / max(result.size_before_bytes, 1)
     console.print(f"exclude (vLLM names): {result.exclude}")
-    if result.draft_vocab is not None:
-        dv = result.draft_vocab
-        console.print(f"draft vocabulary: {dv.draft_vocab_before} -> {dv.draft_vocab_after} rows, covering "
-                      f"{dv.coverage_after:.1%} of the corpus's tokens ({dv.coverage_before:.1%} before)")
     if result.dry_run:
         before, after = human_bytes(result.size_before_bytes, result.size_after_bytes)
         console.print(f"plan: {len(result.quantized)} layers quantized, {len(result.kept)} kept; predicted size "

@@ -13,7 +13,6 @@ from quantkit.cli.options import (
     json_option,
     make_console,
     print_json,
-    render_cost,
     render_kernels,
     trust_option,
     verbose_option,
@@ -132,12 +131,3 @@ def _render_check(result: CheckResult, verbose: bool = False) -> None:
             predicted = ", ".join(f"{k}={v}" for k, v in kernels.predicted_backends.items())
             console.print(f"kernels vLLM {kernels.vllm_version} is predicted to take on {kernels.platform}: "
                           f"{predicted or '-'} ({len(kernels.paths)} layer groups: --verbose, or --json)")
-    if result.cost is not None:
-        if verbose:
-            render_cost(console, result.cost)
-        else:
-            lm = next(r for r in result.cost.roles if r.role == "lm_head")
-            console.print(f"draft step (ESTIMATE FROM BYTES): lm_head {lm.bf16_share:.2f} of a BF16 draft token's "
-                          f"weight reads, {lm.recipe_share:.2f} after {result.cost.recipe}; per draft token "
-                          f"{result.cost.draft_token_recipe_bytes / max(result.cost.draft_token_bf16_bytes, 1):.2f}x "
-                          "the BF16 bytes (--verbose for the roles; quantkit inspect --gpu for step times)")

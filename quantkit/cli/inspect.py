@@ -13,7 +13,6 @@ from quantkit.cli.options import (
     make_console,
     print_command,
     print_json,
-    render_cost,
     render_kernels,
     vllm_version_option,
 )
@@ -36,17 +35,10 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
                    "MI300X, cuda = SM90, cpu), with its performance class and why.")
 @click.option("--tp", "tp", type=Count(1, 1024), default=1, show_default=True,
               help="Tensor-parallel size for --platform (per-rank shapes and padding).")
-@click.option("--gpu", "gpu", type=click.Choice(list(GPUS)), default=None,
-              help="For an EAGLE-3 draft: estimate its step times from the bytes it reads on this GPU's peak HBM "
-                   "bandwidth (an ESTIMATE FROM BYTES; with --target, the target's decode and verify steps too).")
-@click.option("--k", "k", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Draft tokens per round for --gpu.")
-@click.option("--al", "al", type=click.FloatRange(min=1.0), default=None,
-              help="Acceptance length for --gpu --target: gives the speedup upper bound.")
 @vllm_version_option()
 @json_option("Print every layer and group with precision, reason and bytes as JSON.")
 def inspect_command(folder: Path, target: Path | None, show_layers: bool, platform: str | None, tp: int,
-                    gpu: str | None, k: int, al: float | None, vllm_version: str | None, as_json: bool) -> None:
+                    vllm_version: str | None, as_json: bool) -> None:
     """Show the precision vLLM will give every layer of a checkpoint, and why.
 
     \b
@@ -65,8 +57,7 @@ def inspect_command(folder: Path, target: Path | None, show_layers: bool, platfo
 
     check_model_folders([folder, target])
     n = target_layer_count(target) if target is not None else None
-    result = inspect_checkpoint(folder, n, platform=platform, tp=tp, vllm_version=vllm_version, gpu=gpu, k=k, al=al,
-                                target=target)
+    result = inspect_checkpoint(folder, n, platform=platform, tp=tp, vllm_version=vllm_version)
     if as_json:
         print_json(result.to_dict())
         return

@@ -73,41 +73,6 @@ def render_kernels(console: Any, report: Any) -> None:
     console.print(table)
 
 
-def render_cost(console: Any, cost: Any) -> None:
-    """A draft's cost per step (quantkit.rules.cost): bytes by role before and after the recipe, and the estimate."""
-    from rich.table import Table
-
-    table = Table(title=f"Draft step cost by role: {cost.label}", title_justify="left")
-    for col in ("role", "runs once per", "BF16 MB", "share", f"{cost.recipe} MB", "share", "FP8 kernel"):
-        table.add_column(col, justify="left" if col in ("role", "runs once per", "FP8 kernel") else "right")
-    for r in cost.roles:
-        fc = r.role == "fc"
-        kernel = f"{r.kernel} ({r.perf_class})" if r.kernel else ("FP8" if r.quantized else "BF16")
-        table.add_row(r.role, r.per, f"{r.bf16_bytes / 1e6:,.2f}", "-" if fc else f"{r.bf16_share:.2f}",
-                      f"{r.recipe_bytes / 1e6:,.2f}", "-" if fc else f"{r.recipe_share:.2f}", kernel)
-    console.print(table)
-    console.print(f"lm_head: {cost.draft_vocab_size:,} rows (target vocabulary {cost.vocab_size:,}); per draft token "
-                  f"{cost.draft_token_bf16_bytes / 1e6:,.2f} MB in BF16, {cost.draft_token_recipe_bytes / 1e6:,.2f} MB "
-                  f"with {cost.recipe} ({cost.draft_token_recipe_bytes / max(cost.draft_token_bf16_bytes, 1):.2f}x)")
-    e = cost.estimate
-    if e is None:
-        console.print("(step times: pass --gpu MI300X|MI325X|MI355X|H100|H200|B200)")
-        return
-    console.print(f"ESTIMATE FROM BYTES on {e.gpu} ({e.hbm_tb_s} TB/s peak HBM, {e.bandwidth_source}), TP {e.tp}, "
-                  f"K {e.k}: draft token {e.draft_token_us_bf16:.3g} us BF16 -> {e.draft_token_us_recipe:.3g} us; "
-                  f"fc {e.fc_us:.3g} us per round")
-    for t in cost.target:
-        console.print(f"  target step for {t.tokens} token(s): {t.total_bytes / 1e6:,.2f} MB"
-                      + (f" ({t.expected_experts_per_layer:.1f} of {t.experts} experts per layer expected)"
-                         if t.experts else ""))
-    if e.round_us_bf16 is not None:
-        console.print(f"  round (fc + K drafts + verify): {e.round_us_bf16:.3g} us BF16 draft, {e.round_us_recipe:.3g} us "
-                      f"with {cost.recipe}; target decode {e.target_decode_us:.3g} us")
-    if e.speedup_bound_bf16 is not None:
-        console.print(f"  speedup upper bound at AL {e.al}: {e.speedup_bound_bf16:.2f}x BF16 draft, "
-                      f"{e.speedup_bound_recipe:.2f}x with {cost.recipe} (ESTIMATE FROM BYTES, not a measurement)")
-
-
 def json_option(help_text: str = "Print JSON on stdout instead of a table.") -> Any:
     return click.option("--json", "as_json", is_flag=True, help=help_text)
 

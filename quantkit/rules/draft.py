@@ -15,7 +15,6 @@ from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 from quantkit.results.check import Finding
 from quantkit.rules.deploy_context import DeployContext, finding
 from quantkit.rules.rule import Findings, RuleContext
-from quantkit.rules.tensors import QUANTIZED_DTYPES
 
 AUX_IDS = "eagle_aux_hidden_state_layer_ids"
 
@@ -248,27 +247,3 @@ def qkv_prefix(ctx: RuleContext) -> None:
                          "with vLLM 0.26, PR #48068): the exclude entry that keeps it BF16 does not match there, so "
                          "vLLM quantizes the 2*hidden qkv and fails to load it",
                          f"serve with vLLM >= 0.26, or add the exclude entry {old.name!r}")
-
-
-def lm_head_quantized(ctx: RuleContext, lp: Any) -> None:
-    """lm-head-quantized: an lm_head (a draft's above all: fp8-draft keeps it BF16) holding quantized tensors.
-
-    vLLM 0.32 builds every lm_head, a draft's included (llama_eagle3.py Eagle3LlamaForCausalLM), as a
-    `ParallelLMHead`, a `VocabParallelEmbedding` (vocab_parallel_embedding.py), not a `LinearBase`; Quark's
-    `QuarkConfig.get_quant_method` (quark/quark.py, through get_quant_method_target) gives a method only to
-    LinearBase layers, Attention (KV cache) and routed experts, and returns None for anything else. So the lm_head
-    gets the unquantized embedding method, and FP8 bytes would be loaded as BF16 values or fail on shape/dtype.
-    Version-ranged in the rule table so it can be lifted when a vLLM loads a quantized lm_head."""
-    if lp.role != "lm_head" or not ctx.subject.replayed:
-        return
-    modules = ctx.subject.modules
-    quantized = sorted(t for m in lp.checkpoint_modules for t, i in modules.get(m, [])
-                       if i.dtype in QUANTIZED_DTYPES and not t.endswith(".bias")
-                       or t.endswith((".weight_scale", ".weight_scale_inv")))
-    if quantized:
-        ctx.findings.add("error", "lm-head-quantized", lp.name,
-                         f"lm_head holds quantized tensors ({', '.join(quantized[:3])}); vLLM builds lm_head as a "
-                         "ParallelLMHead (not a LinearBase), for which QuarkConfig.get_quant_method returns no "
-                         "method, so a quantized lm_head fails to load or loads FP8 bytes as BF16 values",
-                         "re-export with lm_head kept BF16 (exclude lm_head; a draft's recipe keeps role lm_head); "
-                         "to cut the lm_head's cost, prune it instead: quantkit apply --draft-vocab N")
