@@ -179,19 +179,13 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
 def tuned_k(draft: Path) -> int | None:
     """The K of the option `quantkit tune --apply` wrote into `draft` (its tune.json, a results.TuneOption); None
     when the folder has none. A tune.json that does not read as one is refused in one line."""
-    from pydantic import ValidationError
+    from quantkit.results import ResultFileError, load_tune_option
 
-    from quantkit.results.tune import TuneOption
-
-    path = draft / "tune.json"
-    if not path.is_file():
-        return None
     try:
-        option = TuneOption.model_validate_json(path.read_text(encoding="utf-8"))
-    except (ValidationError, UnicodeDecodeError, OSError) as e:
-        raise DeployInputError(f"{path}: not the tune.json quantkit tune --apply writes ({type(e).__name__}); "
-                               "re-run quantkit tune --apply, or remove it and pass --num-speculative-tokens") from None
-    return option.k
+        option = load_tune_option(draft)
+    except ResultFileError as e:
+        raise DeployInputError(f"{e}; or pass --num-speculative-tokens") from None
+    return option.k if option is not None else None
 
 
 def min_version_needs(rules: RuleContext) -> list[VersionNeed]:
