@@ -100,12 +100,13 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None,
         target_num_layers=ck.target_num_layers, quantization=quant, layers=resolved, groups=group_layers(resolved),
         bytes_by_precision=by_precision, other_bytes=total - in_layers, total_bytes=total,
         num_tensors=len(ck.tensors), config_problems=problems, seconds=time.perf_counter() - t0,
-        source_format=_source_format(ck), kernels=kernels, draft_cost=_draft_cost(ck.model_kind, resolved, kernels),
+        source_format=_source_format(ck), kernels=kernels, draft_cost=draft_step_cost(ck.model_kind, resolved, kernels),
     )  # fmt: skip
 
 
-def _draft_cost(kind: str, layers: list[Any], kernels: KernelReport | None) -> DraftCost | None:
-    """A draft's step cost by role, as stored and after fp8-draft (quantkit.rules.cost); None for a target."""
+def draft_step_cost(kind: str, layers: list[Any], kernels: KernelReport | None) -> DraftCost | None:
+    """A draft's step cost by role, as stored and after fp8-draft (quantkit.rules.cost); None for a target. inspect
+    and check both report it."""
     if kind != EAGLE3_DRAFT:
         return None
     from quantkit.recipes import load_recipe

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from quantkit.check.inspect import draft_step_cost
 from quantkit.check.numeric import numeric_agreement, numeric_logits
 from quantkit.check.real_load import real_load
 from quantkit.errors import QuantkitError
@@ -82,6 +83,7 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
     progress("static contract")
     run_rules(ctx, "check")
     layers, modules = view.layers, view.modules
+    kernels = report_for(view, ctx.serving)
     load = real_load(ck, layers, target, n_target, vllm, findings, load_timeout_s, progress)
     numeric_result = numeric_agreement(ck, layers, modules, Path(source), findings, progress) if numeric and source else None
     if numeric_result is not None:
@@ -92,7 +94,8 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
         target=str(target) if target is not None else None, target_num_layers=n_target, tp=tp, platform=platform,
         findings=_ordered(findings), layers=layers, vllm_load=VllmLoad.model_validate(load),
         numeric=NumericResult.model_validate(numeric_result) if numeric_result is not None else None,
-        seconds=time.perf_counter() - t0, vllm_version=version, kernels=report_for(view, ctx.serving),
+        seconds=time.perf_counter() - t0, vllm_version=version, kernels=kernels,
+        draft_cost=draft_step_cost(ck.model_kind, layers, kernels),
     )  # fmt: skip
 
 

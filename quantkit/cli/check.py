@@ -13,6 +13,7 @@ from quantkit.cli.options import (
     json_option,
     make_console,
     print_json,
+    render_draft_cost,
     render_kernels,
     trust_option,
     verbose_option,
@@ -131,3 +132,12 @@ def _render_check(result: CheckResult, verbose: bool = False) -> None:
             predicted = ", ".join(f"{k}={v}" for k, v in kernels.predicted_backends.items())
             console.print(f"kernels vLLM {kernels.vllm_version} is predicted to take on {kernels.platform}: "
                           f"{predicted or '-'} ({len(kernels.paths)} layer groups: --verbose, or --json)")
+    cost = result.draft_cost
+    if cost is not None:
+        if verbose:
+            render_draft_cost(console, cost)
+        elif cost.lm_head_share is not None:
+            after = (f"; {cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f}"
+                     if cost.step_ratio_after is not None else "")
+            console.print(f"draft step ({cost.estimate}): lm_head {cost.lm_head_share:.2f} of a draft token's reads"
+                          f"{after} (--verbose for every role)")

@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # the result type only; pydantic is imported when the command
               help="Default: the length vLLM derives from the target's config (max_position_embeddings, RoPE "
                    "scaling); a longer one is an error finding, as vLLM refuses it.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM --kv-cache-dtype.")
-@click.option("--num-speculative-tokens", "k", type=Count(1, 64), default=3, show_default=True)
+@click.option("--num-speculative-tokens", "k", type=Count(1, 64), default=None,
+              help="Draft tokens per round. Default: the K `quantkit tune --apply` wrote into the draft folder "
+                   "(tune.json), else 3.")
 @click.option("--block-size", type=Count(1, 4096), default=None,
               help="vLLM --block-size (default: vLLM's). Never 1 with a draft.")
 @click.option("--dtype", default=None,
@@ -62,7 +64,7 @@ if TYPE_CHECKING:  # the result type only; pydantic is imported when the command
                    "refused.")
 @json_option("Print the manifest as JSON.")
 def deploy_command(folder: Path, target: str | None, platform: str, tp: int, max_model_len: int | None,
-                   kv_cache_dtype: str, k: int, block_size: int | None, dtype: str | None,
+                   kv_cache_dtype: str, k: int | None, block_size: int | None, dtype: str | None,
                    draft_attention_backend: str | None, pin_backends: bool, model_ref: str | None,
                    draft_ref: str | None, nodes: int, vllm_version: str | None, out_dir: Path | None, overwrite: bool,
                    command_only: bool, as_json: bool) -> None:

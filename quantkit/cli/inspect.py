@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +13,7 @@ from quantkit.cli.options import (
     make_console,
     print_command,
     print_json,
+    render_draft_cost,
     render_kernels,
     vllm_version_option,
 )
@@ -21,7 +22,6 @@ from quantkit.vocab import EAGLE3_DRAFT, PLATFORMS
 
 if TYPE_CHECKING:  # result types only; the modules are imported when the command runs
     from quantkit.results.check import InspectResult
-    from quantkit.results.cost import DraftCost
 
 
 @main.command("inspect")
@@ -105,7 +105,7 @@ def _render_inspect(result: InspectResult, show_layers: bool) -> None:
     if result.kernels is not None:
         render_kernels(console, result.kernels)
     if result.draft_cost is not None:
-        _render_draft_cost(console, result.draft_cost)
+        render_draft_cost(console, result.draft_cost)
     console.print(f"{result.num_tensors} tensors, {len(result.layers)} layers, {result.seconds:.2f}s")
     if result.quantization is None:
         _suggest_recipes(result)
@@ -126,29 +126,3 @@ def _suggest_recipes(result: InspectResult) -> None:
     if result.model_kind == EAGLE3_DRAFT:
         argv += ["--target", "TARGET"]
     print_command(argv, err=True)
-
-
-def _render_draft_cost(console: Any, cost: DraftCost) -> None:
-    """Bytes a draft step reads by role, and their shares of a draft token, as stored and after the recipe."""
-    from rich.table import Table
-
-    table = Table(title=f"Draft step by role ({cost.estimate})", title_justify="left")
-    table.add_column("role", no_wrap=True)
-    table.add_column("runs", no_wrap=True)
-    table.add_column("MB", justify="right")
-    table.add_column("share", justify="right")
-    after = {r.role: r for r in cost.after}
-    if after:
-        table.add_column(f"after {cost.after_recipe}: MB", justify="right")
-        table.add_column("share", justify="right")
-    for r in cost.roles:
-        share = "-" if r.share is None else f"{r.share:.2f}"
-        row = [r.role, "once per round" if r.role == "fc" else "per draft token", _mb(r.bytes), share]
-        if after:
-            a = after[r.role]
-            row += [_mb(a.bytes), "-" if a.share is None else f"{a.share:.2f}"]
-        table.add_row(*row)
-    console.print(table)
-    if cost.step_ratio_after is not None:
-        console.print(f"{cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f} of this "
-                      f"({cost.estimate}; row-scaled FP8 counted at its measured speed, not the ideal 0.5)")

@@ -269,3 +269,33 @@ def flags_for_spec_errors() -> Iterator[None]:
         field = (e.input or "").rpartition(".")[2]
         flag = "--" + field.replace("_", "-") if field else None
         raise SpecError(input=flag, reason=e.reason, fix="see --help") from None
+
+
+def _megabytes(n: float) -> str:
+    return f"{n / 1e6:,.2f}"
+
+
+def render_draft_cost(console: Any, cost: Any) -> None:
+    """Bytes a draft step reads by role, and their shares of a draft token, as stored and after the recipe."""
+    from rich.table import Table
+
+    table = Table(title=f"Draft step by role ({cost.estimate})", title_justify="left")
+    table.add_column("role", no_wrap=True)
+    table.add_column("runs", no_wrap=True)
+    table.add_column("MB", justify="right")
+    table.add_column("share", justify="right")
+    after = {r.role: r for r in cost.after}
+    if after:
+        table.add_column(f"after {cost.after_recipe}: MB", justify="right")
+        table.add_column("share", justify="right")
+    for r in cost.roles:
+        share = "-" if r.share is None else f"{r.share:.2f}"
+        row = [r.role, "once per round" if r.role == "fc" else "per draft token", _megabytes(r.bytes), share]
+        if after:
+            a = after[r.role]
+            row += [_megabytes(a.bytes), "-" if a.share is None else f"{a.share:.2f}"]
+        table.add_row(*row)
+    console.print(table)
+    if cost.step_ratio_after is not None:
+        console.print(f"{cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f} of this "
+                      f"({cost.estimate}; row-scaled FP8 counted at its measured speed, not the ideal 0.5)")

@@ -44,7 +44,7 @@ class DeployInputError(QuantkitError):
 
 
 def run(folder: str | Path, target: str | Path | None = None, platform: str = "gfx950", tp: int = 1,
-                    max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int = 3,
+                    max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int | None = None,
                     *, model_ref: str | None = None, draft_ref: str | None = None, block_size: int | None = None,
                     draft_attention_backend: str | None = None, dtype: str | None = None,
                     pin_backends: bool = False, vllm_version: str | None = None, nodes: int = 1,
@@ -59,7 +59,9 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     the deployment needs and why, and the kernel each layer kind is predicted to take (`predicted_backends`).
     `k_schedule` (quantkit bench's recommendation) goes into the speculative config as
     vLLM 0.32's `num_speculative_tokens_per_batch_size` (vllm/config/speculative.py; inclusive (range_start,
-    range_end, K) ranges), with `num_speculative_tokens` its largest K. `nodes` > 1 emits vLLM's multi-node launch over Ray (TP `tp` per node, PP = nodes).
+    range_end, K) ranges), with `num_speculative_tokens` its largest K. `num_speculative_tokens` None: the K that
+    `quantkit tune --apply` wrote into the draft folder's tune.json, else 3 (`num_speculative_tokens_source` says
+    which). `nodes` > 1 emits vLLM's multi-node launch over Ray (TP `tp` per node, PP = nodes).
 
     With a draft on ROCm the speculative config names the drafter's attention backend (`draft_attention_backend`,
     default ROCM_AITER_UNIFIED_ATTN: quantkit.rules.serving; "auto" leaves vLLM's pick). `pin_backends` pins the
@@ -103,6 +105,10 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
                                    "alone, or pass the draft as the folder)")
         target_path, target_config, draft_path, draft_config, draft_tensors = str(folder), folder_config, None, None, None
     target_tensors = checkpoint_tensors(target_path)
+    k_source = "--num-speculative-tokens" if num_speculative_tokens is not None else "default"
+    if num_speculative_tokens is None:
+        tuned = tuned_k(Path(draft_path)) if draft_path is not None else None
+        num_speculative_tokens, k_source = (tuned, "tune.json (quantkit tune --apply)") if tuned else (3, "default")
     if max_model_len is None:
         limit = derived_max_model_len(target_config, Path(target_path) / "config.json")
         max_model_len = limit.tokens if limit is not None else None
@@ -167,9 +173,22 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     return DeployManifest(model=model, draft=(draft_ref or draft_path) if draft_path else None, platform=platform,
                           tensor_parallel_size=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
                           num_speculative_tokens=num_speculative_tokens if draft_path else None,
+                          num_speculative_tokens_source=k_source if draft_path else None,
                           speculative_config=spec, argv=argv, env=platform_env(ctx), findings=findings,
                           vllm_version=version, vllm_min_version=minimum, vllm_min_version_why=needs,
                           predicted_backends=predicted, kernel_paths=paths, multi_node=multi)
+
+
+def tuned_k(draft: Path) -> int | None:
+    """The K of the option `quantkit tune --apply` wrote into `draft` (its tune.json, a results.TuneOption); None
+    when the folder has none. A tune.json that does not read as one is refused in one line."""
+    from quantkit.results import ResultFileError, load_tune_option
+
+    try:
+        option = load_tune_option(draft)
+    except ResultFileError as e:
+        raise DeployInputError(f"{e}; or pass --num-speculative-tokens") from None
+    return option.k if option is not None else None
 
 
 def min_version_needs(rules: RuleContext) -> list[VersionNeed]:

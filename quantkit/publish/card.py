@@ -309,6 +309,34 @@ def _redaction_note(pub: Publication) -> list[str]:
             f"{what}.{other}"]
 
 
+def _draft_vocab_lines(pub: Publication) -> list[str]:
+    """A pruned draft's lm_head (`apply --draft-vocab`: rows kept, from which corpus, why) and the option `quantkit
+    tune --apply` chose (tune.json: AL ratio measured, saving estimated from bytes); [] when neither."""
+    from quantkit.results import load_tune_option
+
+    dv = pub.manifest.draft_vocab
+    tuned = load_tune_option(pub.folder)
+    if dv is None and tuned is None:
+        return []
+    out = ["", "## Draft vocabulary and tuning", ""]
+    if dv is not None:
+        coverage = f", covering {dv.coverage:.1%} of its {dv.corpus_tokens:,} tokens" if dv.coverage is not None else ""
+        out.append(f"The lm_head keeps {dv.rows_after:,} of {dv.rows_before:,} rows (target vocabulary "
+                   f"{dv.target_vocab_size:,}): the most frequent target tokens of `{Path(dv.corpus).name}`{coverage}, "
+                   f"special and EOS tokens always kept. Why: {dv.reason}")
+    if tuned is not None:
+        ratio = f"{tuned.al_ratio:.3f}" if tuned.al_ratio is not None else "not measured"
+        saving = (f"{1 - tuned.cost_ratio:.0%} less time per accepted token than the unpruned BF16 draft "
+                  f"(estimate from bytes, not a measurement)" if tuned.cost_ratio is not None else
+                  "no cost estimate")
+        if dv is not None:
+            out.append("")
+        out += [f"Chosen by `quantkit tune`: body {tuned.body}, {tuned.draft_vocab:,} "
+                f"rows, K {tuned.k}; AL ratio against the unpruned BF16 draft {ratio} (measured); {saving}. "
+                "`quantkit deploy` serves it with this K."]
+    return out
+
+
 def render_card(pub: Publication) -> ModelCard:
     """The card of a prepared publication (bundle.prepare)."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -348,6 +376,7 @@ def render_card(pub: Publication) -> ModelCard:
              "names, which are what config.json's `exclude` lists, so vLLM loads every kept layer unquantized.", ""]
     body += _table(["role", "action", "scheme", "layers (vLLM names)", "why"], _layer_groups(layers))
     body += ["", f"`quantization_config.exclude`: {', '.join(md_code(e) for e in manifest.exclude) or 'none'}"]
+    body += _draft_vocab_lines(pub)
     if len(layers) > 3:
         body += ["", "<details><summary>Every layer</summary>", ""]
         body += _table(["vLLM layer", "checkpoint modules", "action", "scheme"],

@@ -125,6 +125,7 @@ class CheckResult(CommandResult):
     seconds: float = 0.0
     vllm_version: str | None = None  # the vLLM the rules held for (--vllm-version)
     kernels: KernelReport | None = None  # the vLLM kernel path of every MoE / linear layer on `platform`
+    draft_cost: DraftCost | None = None  # an EAGLE-3 draft: bytes a draft step reads by role (quantkit.rules.cost)
 
     @property
     def errors(self) -> list[Finding]:
@@ -161,6 +162,7 @@ class CheckResult(CommandResult):
             "vllm_load": self.vllm_load.to_dict(), "numeric": self.numeric.to_dict() if self.numeric else None,
             "seconds": round(self.seconds, 3), "vllm_version": self.vllm_version,
             "kernels": self.kernels.to_dict() if self.kernels else None,
+            "draft_cost": self.draft_cost.to_dict() if self.draft_cost else None,
         }  # fmt: skip
 
 

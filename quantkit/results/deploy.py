@@ -80,6 +80,8 @@ class DeployManifest(CommandResult):
     max_model_len: int | None
     kv_cache_dtype: str
     num_speculative_tokens: int | None
+    # where K came from: --num-speculative-tokens, "tune.json (quantkit tune --apply)" or "default" (None: no draft)
+    num_speculative_tokens_source: str | None = None
     speculative_config: dict[str, Any] | None
     argv: list[str]
     env: list[EnvVar]

@@ -96,4 +96,20 @@ def load_manifest(folder: str | Path) -> ApplyResult:
     return _validate(ApplyResult, data, str(p))
 
 
-__all__ = ["load_gate_report", "load_manifest", "load_report", "parse_report", "select_candidate"]
+def load_tune_option(folder: str | Path) -> Any:
+    """The option `quantkit tune --apply` wrote into a draft folder (its tune.json, a TuneOption), or None when the
+    folder has none; ResultFileError for one that does not read as a TuneOption. deploy takes its K, the card its
+    AL ratio and estimated saving."""
+    from quantkit.results.tune import TuneOption
+
+    path = Path(folder) / "tune.json"
+    if not path.is_file():
+        return None
+    try:
+        return TuneOption.model_validate_json(path.read_text(encoding="utf-8"))
+    except (ValidationError, UnicodeDecodeError, OSError) as e:
+        raise ResultFileError(f"{path}: not the tune.json quantkit tune --apply writes ({type(e).__name__}); re-run "
+                              "quantkit tune --apply, or remove it") from None
+
+
+__all__ = ["load_gate_report", "load_manifest", "load_report", "load_tune_option", "parse_report", "select_candidate"]
