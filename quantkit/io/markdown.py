@@ -8,7 +8,7 @@ Input is data, never markup. So:
 - a newline, carriage return, tab or Unicode line/paragraph separator becomes a space: a value stays on its line
   and inside its table row;
 - HTML is shown, not rendered: `&`, `<`, `>` become entities (`<script>`, `<img onerror=...>`, `<!--`);
-- Markdown's inline punctuation is backslash-escaped (`\\`, `` ` ``, `*`, `_`, `[`, `]`, `|`, `~`): no emphasis,
+- Markdown's inline punctuation is backslash-escaped (`\\`, `` ` ``, `*`, `_` at a word's edge, `[`, `]`, `|`, `~`): no emphasis,
   code, link, image or strike-through can be injected, and a value never splits a table row.
 
 `md_code` is for a value shown as code (`` `name` ``): inside a code span nothing is rendered (HTML neither) and
@@ -26,7 +26,9 @@ _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _BREAK = re.compile("[\t\n\r\u2028\u2029]")
 # Markdown's inline punctuation. Line-start markers (`#`, `-`, `+`, `1.`) need no escape: quantkit never starts a
 # line with a value; `(` and `!` form a link or image only next to `[` or `]`, which are escaped.
-_MD_PUNCT = re.compile(r"([\\`*_\[\]|~])")
+# `_` between two letters or digits is left alone: CommonMark never opens or closes emphasis inside a word
+# (flanking rules), so identifiers such as lm_head and VLLM_ROCM_USE_AITER stay as written.
+_MD_PUNCT = re.compile(r"([\\`*\[\]|~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
 MAX_CELL = 600  # characters: what a message echoing input may take (README's cap), in a report as on a terminal
 
 
