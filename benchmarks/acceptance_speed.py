@@ -45,8 +45,13 @@ def main() -> None:
         n = 0
         with torch.no_grad():
             for p in ids:
-                out = model.generate(torch.tensor([p]), max_new_tokens=args.max_new_tokens, do_sample=False,
-                                     eos_token_id=eos, pad_token_id=tok.pad_token_id)
+                out = model.generate(
+                    torch.tensor([p]),
+                    max_new_tokens=args.max_new_tokens,
+                    do_sample=False,
+                    eos_token_id=eos,
+                    pad_token_id=tok.pad_token_id,
+                )
                 n += out.shape[1] - len(p)
         return n
 
@@ -92,8 +97,10 @@ def main() -> None:
             return sum(len(o.outputs[0].token_ids) for o in outs)
 
         v_s, v_tokens = timed(vllm_run)
-        print(f"vllm      spec decode (K=3, batch) {v_s:7.2f}s  {v_tokens} tokens  ratio {v_s / base_s:.2f}  "
-              f"(engine start {start:.1f}s, not included)")
+        print(
+            f"vllm      spec decode (K=3, batch) {v_s:7.2f}s  {v_tokens} tokens  ratio {v_s / base_s:.2f}  "
+            f"(engine start {start:.1f}s, not included)"
+        )
         del llm, run_vllm
 
 

@@ -57,10 +57,13 @@ def peak_rss_mb():
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 """
 
-QUARK_SCRIPT = """
+QUARK_SCRIPT = (
+    """
 import contextlib, json, os, resource, sys, time
 os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
-""" + CPU_SECONDS + """
+"""
+    + CPU_SECONDS
+    + """
 
 def main():
     args = json.loads(sys.argv[1])
@@ -80,11 +83,15 @@ def main():
 if __name__ == "__main__":
     main()
 """
+)
 
-NATIVE_SCRIPT = """
+NATIVE_SCRIPT = (
+    """
 import json, os, resource, sys, time
 from pathlib import Path
-""" + CPU_SECONDS + """
+"""
+    + CPU_SECONDS
+    + """
 
 def main():
     args = json.loads(sys.argv[1])
@@ -109,6 +116,7 @@ def main():
 if __name__ == "__main__":
     main()
 """
+)
 
 
 def build_checkpoint(out: Path, size_mb: float, shard_mb: float) -> tuple[list[str], int]:
@@ -124,15 +132,17 @@ def build_checkpoint(out: Path, size_mb: float, shard_mb: float) -> tuple[list[s
 
     def layer(i: int, experts: int) -> dict[str, torch.Tensor]:
         p = f"model.layers.{i}"
-        t = {f"{p}.input_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
-             f"{p}.self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
-             f"{p}.self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-             f"{p}.self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-             f"{p}.self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-             f"{p}.self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
-             f"{p}.self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
-             f"{p}.post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
-             f"{p}.mlp.gate.weight": rand(EXPERTS, HIDDEN)}
+        t = {
+            f"{p}.input_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+            f"{p}.self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
+            f"{p}.self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+            f"{p}.self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+            f"{p}.self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
+            f"{p}.self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
+            f"{p}.self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
+            f"{p}.post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+            f"{p}.mlp.gate.weight": rand(EXPERTS, HIDDEN),
+        }
         for e in range(experts):
             t[f"{p}.mlp.experts.{e}.gate_proj.weight"] = rand(MOE_INTER, HIDDEN)
             t[f"{p}.mlp.experts.{e}.up_proj.weight"] = rand(MOE_INTER, HIDDEN)
@@ -174,13 +184,27 @@ def build_checkpoint(out: Path, size_mb: float, shard_mb: float) -> tuple[list[s
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in tensors})
         written += (out / fname).stat().st_size
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": written},
-                                                                   "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": HIDDEN,
-        "moe_intermediate_size": MOE_INTER, "num_hidden_layers": layers, "num_experts": EXPERTS,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": VOCAB,
-        "torch_dtype": "bfloat16"}, indent=2))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": written}, "weight_map": weight_map}, indent=2)
+    )
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "model_type": "qwen3_moe",
+                "hidden_size": HIDDEN,
+                "moe_intermediate_size": MOE_INTER,
+                "num_hidden_layers": layers,
+                "num_experts": EXPERTS,
+                "num_attention_heads": HEADS,
+                "num_key_value_heads": KV_HEADS,
+                "head_dim": HEAD_DIM,
+                "vocab_size": VOCAB,
+                "torch_dtype": "bfloat16",
+            },
+            indent=2,
+        )
+    )
     return sorted(kept), written
 
 
@@ -226,39 +250,67 @@ def run_child(script: str, args: dict, env_extra: dict[str, str] | None = None) 
         f.write(textwrap.dedent(script))
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, f.name, json.dumps(args)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, f.name, json.dumps(args)], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
     wall = time.perf_counter() - t0
     os.unlink(f.name)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {**json.loads(lines[-1][len("RESULT "):]), "wall_s": wall}
+    return {**json.loads(lines[-1][len("RESULT ") :]), "wall_s": wall}
 
 
 def run_cli(src: Path, dst: Path, devices: list[str], max_memory: str | None) -> dict:
     """`quantkit apply --recipe mxfp4-moe` as a user runs it, in a fresh process: wall time (process start, plan,
     quantize, verify, final files), its own timings, and the process's peak RSS (as apply reports it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
-           str(dst), "--devices", ",".join(devices), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "quantkit",
+        "apply",
+        "--recipe",
+        "mxfp4-moe",
+        "--model",
+        str(src),
+        "--output",
+        str(dst),
+        "--devices",
+        ",".join(devices),
+        "--json",
+    ]
     if max_memory:
         cmd += ["--max-memory", max_memory]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-                              timeout=float(os.environ.get("APPLY_CLI_TIMEOUT", "86400")))
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=float(os.environ.get("APPLY_CLI_TIMEOUT", "86400")),
+        )
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
-        return {"wall_s": time.perf_counter() - t0, "work_s": time.perf_counter() - t0,
-                "failed": "timed out; last progress: " + err[-800:]}
+        return {
+            "wall_s": time.perf_counter() - t0,
+            "work_s": time.perf_counter() - t0,
+            "failed": "timed out; last progress: " + err[-800:],
+        }
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         print(f"quantkit apply failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
         return {"wall_s": wall, "work_s": wall, "failed": proc.stderr[-500:]}
     result = json.loads(proc.stdout)
-    return {"wall_s": wall, "work_s": wall, "timings_s": result.get("timings_s"),
-            "peak_rss_mb": result.get("peak_rss_mb")}
+    return {
+        "wall_s": wall,
+        "work_s": wall,
+        "timings_s": result.get("timings_s"),
+        "peak_rss_mb": result.get("peak_rss_mb"),
+    }
 
 
 INDEX = "model.safetensors.index.json"
@@ -284,28 +336,46 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=float, default=865)
     ap.add_argument("--shard-mb", type=float, default=200)
-    ap.add_argument("--devices", action="append", default=None,
-                    help="cpu | cuda | cuda:0,cuda:1 (Quark gets the same list); repeat to measure several sets")
+    ap.add_argument(
+        "--devices",
+        action="append",
+        default=None,
+        help="cpu | cuda | cuda:0,cuda:1 (Quark gets the same list); repeat to measure several sets",
+    )
     ap.add_argument("--scheme", default="mxfp4", choices=["mxfp4", "ptpc_fp8"])
     ap.add_argument("--threads", type=int, default=4, help="streams for the parallel floor")
     ap.add_argument("--skip-quark", action="store_true")
     ap.add_argument("--skip-floor1", action="store_true", help="skip the one-stream floor")
     ap.add_argument("--quark-once", action="store_true", help="run Quark for the first --devices set only")
     ap.add_argument("--max-memory", default=None, help="quantkit's --max-memory (e.g. 3GiB); default: its own")
-    ap.add_argument("--cli", action="store_true",
-                    help="also time `quantkit apply` end to end (CLI, first device set) against the same floor")
-    ap.add_argument("--cpu-scaling", default=None, metavar="N,N,...",
-                    help="the first device set, if CPU-only: also run quantkit quantizing in threads (QUANTKIT_CPU_PROCESSES=0, "
-                         "the pre-process path) and in processes on the first N cores only, each compared byte for "
-                         "byte with the full run, e.g. 1,4,8,16")
-    ap.add_argument("--cpu-children", default=None, metavar="N,N,...",
-                    help="with --cpu-scaling: also run processes on every core with N quantizer children "
-                         "(QUANTKIT_CPU_CHILDREN=N), e.g. 8,16")
+    ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="also time `quantkit apply` end to end (CLI, first device set) against the same floor",
+    )
+    ap.add_argument(
+        "--cpu-scaling",
+        default=None,
+        metavar="N,N,...",
+        help="the first device set, if CPU-only: also run quantkit quantizing in threads (QUANTKIT_CPU_PROCESSES=0, "
+        "the pre-process path) and in processes on the first N cores only, each compared byte for "
+        "byte with the full run, e.g. 1,4,8,16",
+    )
+    ap.add_argument(
+        "--cpu-children",
+        default=None,
+        metavar="N,N,...",
+        help="with --cpu-scaling: also run processes on every core with N quantizer children "
+        "(QUANTKIT_CPU_CHILDREN=N), e.g. 8,16",
+    )
     ap.add_argument("--hot", action="store_true", help="keep the source in the page cache between stages")
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the checkpoint (default: a tmp dir)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
-    ap.add_argument("--record", action="store_true",
-                    help="append the rows to benchmarks/results/apply_throughput.json (rendered by the docs)")
+    ap.add_argument(
+        "--record",
+        action="store_true",
+        help="append the rows to benchmarks/results/apply_throughput.json (rendered by the docs)",
+    )
     args = ap.parse_args()
     device_sets = [[d.strip() for d in spec.split(",") if d.strip()] for spec in (args.devices or ["cpu"])]
 
@@ -339,15 +409,22 @@ def main() -> None:
 
         def dump() -> None:  # rows so far, for a run cut short
             if os.environ.get("APPLY_PARTIAL"):
-                Path(os.environ["APPLY_PARTIAL"]).write_text(json.dumps({"rows": rows, "identity": identity}, default=str))
+                Path(os.environ["APPLY_PARTIAL"]).write_text(
+                    json.dumps({"rows": rows, "identity": identity}, default=str)
+                )
 
         dump()
         several = len(device_sets) > 1
         single_quark: Path | None = None  # a single-device Quark folder: deterministic, compared byte for byte
         for k, devices in enumerate(device_sets):
             tag = f" [{','.join(devices)}]" if several else ""
-            child_args = {"src": str(src), "scheme": args.scheme, "exclude": kept, "devices": devices,
-                          "max_memory": parse_size(args.max_memory) if args.max_memory else None}
+            child_args = {
+                "src": str(src),
+                "scheme": args.scheme,
+                "exclude": kept,
+                "devices": devices,
+                "max_memory": parse_size(args.max_memory) if args.max_memory else None,
+            }
             quark_dst, native_dst = root / f"quark-{k}", root / f"native-{k}"
             quark_here = not args.skip_quark and not (args.quark_once and k > 0)
             if quark_here:
@@ -363,9 +440,12 @@ def main() -> None:
             if quark_here:
                 mapping = len(devices) > 1
                 same, files, differ = same_tree(quark_dst, native_dst, index_as_mapping=mapping)
-                check["vs_quark_same_devices"] = {"identical": same, "files": files, "differ": differ,
-                                                  "index": "as mapping (Quark's multi-device index order varies)"
-                                                  if mapping else "bytes"}
+                check["vs_quark_same_devices"] = {
+                    "identical": same,
+                    "files": files,
+                    "differ": differ,
+                    "index": "as mapping (Quark's multi-device index order varies)" if mapping else "bytes",
+                }
             if single_quark is not None:
                 same, files, differ = same_tree(single_quark, native_dst)
                 check["vs_quark_single_device_bytes"] = {"identical": same, "files": files, "differ": differ}
@@ -376,71 +456,109 @@ def main() -> None:
                     shutil.rmtree(quark_dst)
             if args.cpu_scaling and k == 0 and all(d == "cpu" for d in devices):
                 variants: list[tuple[str, dict[str, str], int | None]] = [
-                    ("threads", {"QUANTKIT_CPU_PROCESSES": "0"}, None)]
-                variants += [(f"processes, {n} cores", {"QUANTKIT_CPU_PROCESSES": "1"}, int(n))
-                             for n in args.cpu_scaling.split(",") if n.strip()]
-                variants += [(f"processes, {n} children", {"QUANTKIT_CPU_PROCESSES": "1", "QUANTKIT_CPU_CHILDREN": n},
-                              None) for n in (args.cpu_children or "").split(",") if n.strip()]
+                    ("threads", {"QUANTKIT_CPU_PROCESSES": "0"}, None)
+                ]
+                variants += [
+                    (f"processes, {n} cores", {"QUANTKIT_CPU_PROCESSES": "1"}, int(n))
+                    for n in args.cpu_scaling.split(",")
+                    if n.strip()
+                ]
+                variants += [
+                    (f"processes, {n} children", {"QUANTKIT_CPU_PROCESSES": "1", "QUANTKIT_CPU_CHILDREN": n}, None)
+                    for n in (args.cpu_children or "").split(",")
+                    if n.strip()
+                ]
                 for label, env_extra, cores in variants:
                     prepare()
                     log(f"running quantkit's executor on {','.join(devices)}, {label}")
                     dst = root / "native-variant"
-                    rows[f"quantkit {label}{tag}"] = run_child(NATIVE_SCRIPT, {**child_args, "dst": str(dst),
-                                                                               "cores": cores}, env_extra)
+                    rows[f"quantkit {label}{tag}"] = run_child(
+                        NATIVE_SCRIPT, {**child_args, "dst": str(dst), "cores": cores}, env_extra
+                    )
                     same, files, differ = same_tree(native_dst, dst)
                     check[f"{label}_vs_default_bytes"] = {"identical": same, "files": files, "differ": differ}
                     shutil.rmtree(dst)
                     dump()
             shutil.rmtree(native_dst)
             for name, c in check.items():
-                log(f"{','.join(devices)} {name}: identical {c['identical']} ({c['files']} files)"
-                    f"{'' if c['identical'] else ' differ: ' + str(c['differ'])}")
+                log(
+                    f"{','.join(devices)} {name}: identical {c['identical']} ({c['files']} files)"
+                    f"{'' if c['identical'] else ' differ: ' + str(c['differ'])}"
+                )
             identity[",".join(devices)] = check
             dump()
         if args.cli:
             prepare()
             log(f"running quantkit apply (CLI) on {','.join(device_sets[0])}")
             rows[f"quantkit apply CLI, end to end [{','.join(device_sets[0])}]"] = run_cli(
-                src, root / "cli", device_sets[0], args.max_memory)
+                src, root / "cli", device_sets[0], args.max_memory
+            )
             shutil.rmtree(root / "cli", ignore_errors=True)
         for r in rows.values():
             r["mb_per_s"] = size / MB / r["work_s"]
         floor_mb_s = rows[parallel]["mb_per_s"]
         for name, r in rows.items():
             r["vs_floor"] = r["mb_per_s"] / floor_mb_s
-            quark = rows.get("quark f2f" + (name[name.index(" ["):] if " [" in name else ""))
+            quark = rows.get("quark f2f" + (name[name.index(" [") :] if " [" in name else ""))
             if quark:
                 r["wall_vs_quark"] = r["wall_s"] / quark["wall_s"]
                 r["throughput_vs_quark"] = r["mb_per_s"] / quark["mb_per_s"]
     checks = [c["identical"] for check in identity.values() for c in check.values()]
-    result = {"size_mb": round(size / MB, 1), "shards": shards, "scheme": args.scheme, "devices": device_sets,
-              "cpu_cores": len(os.sched_getaffinity(0)), "page_cache": "hot" if args.hot else "evicted per stage",
-              "byte_identical": all(checks) if checks else None, "identity": identity, "rows": rows}
+    result = {
+        "size_mb": round(size / MB, 1),
+        "shards": shards,
+        "scheme": args.scheme,
+        "devices": device_sets,
+        "cpu_cores": len(os.sched_getaffinity(0)),
+        "page_cache": "hot" if args.hot else "evicted per stage",
+        "byte_identical": all(checks) if checks else None,
+        "identity": identity,
+        "rows": rows,
+    }
     if args.record:
         from record import record
 
         what = f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices {device_sets}"
-        record("apply_throughput", [{"figure": f"{name}: " + ", ".join(
-            f"{k} {r[k]:.2f}" for k in ("mb_per_s", "vs_floor", "throughput_vs_quark", "wall_s") if k in r)}
-            for name, r in rows.items()], what=what)
+        record(
+            "apply_throughput",
+            [
+                {
+                    "figure": f"{name}: "
+                    + ", ".join(
+                        f"{k} {r[k]:.2f}" for k in ("mb_per_s", "vs_floor", "throughput_vs_quark", "wall_s") if k in r
+                    )
+                }
+                for name, r in rows.items()
+            ],
+            what=what,
+        )
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices "
-          f"{' and '.join(','.join(d) for d in device_sets)}, {result['cpu_cores']} CPU cores, page cache "
-          f"{result['page_cache']}")
-    print(f"{'':44s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'vs floor':>9s} "
-          f"{'wall/Quark':>11s} {'MB/s / Quark':>13s} {'peak RSS MB':>12s} {'procs':>6s}")
+    print(
+        f"{size / MB:.0f} MB bf16 in {shards} shards, {args.scheme}, devices "
+        f"{' and '.join(','.join(d) for d in device_sets)}, {result['cpu_cores']} CPU cores, page cache "
+        f"{result['page_cache']}"
+    )
+    print(
+        f"{'':44s} {'wall s':>8s} {'import s':>9s} {'work s':>8s} {'CPU s':>7s} {'MB/s':>8s} {'vs floor':>9s} "
+        f"{'wall/Quark':>11s} {'MB/s / Quark':>13s} {'peak RSS MB':>12s} {'procs':>6s}"
+    )
     for name, r in rows.items():
+
         def f(key: str, fmt: str, r: dict = r) -> str:
             return format(r[key], fmt) if key in r else "-"
-        print(f"{name:44s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
-              f"{f('mb_per_s', '8.0f')} {f('vs_floor', '9.2f')} {f('wall_vs_quark', '11.2f')} "
-              f"{f('throughput_vs_quark', '13.2f')} {f('peak_rss_mb', '12.0f')} {f('cpu_processes', '6d')}")
+
+        print(
+            f"{name:44s} {f('wall_s', '8.2f')} {f('import_s', '9.2f')} {f('work_s', '8.2f')} {f('cpu_s', '7.2f')} "
+            f"{f('mb_per_s', '8.0f')} {f('vs_floor', '9.2f')} {f('wall_vs_quark', '11.2f')} "
+            f"{f('throughput_vs_quark', '13.2f')} {f('peak_rss_mb', '12.0f')} {f('cpu_processes', '6d')}"
+        )
     for device_set, check in identity.items():
         for name, c in check.items():
             extra = f", index {c['index']}" if "index" in c else ""
             print(f"quantkit on {device_set} {name}: {'identical' if c['identical'] else 'DIFFERENT'}{extra}")
+
 
 if __name__ == "__main__":
     main()

@@ -79,7 +79,7 @@ def main() -> None:
     view = memoryview(data)
     with ThreadPoolExecutor(4) as pool:
         t0 = time.perf_counter()
-        list(pool.map(lambda i: hashlib.sha256(view[i * 128 * MB:(i + 1) * 128 * MB]).digest(), range(4)))
+        list(pool.map(lambda i: hashlib.sha256(view[i * 128 * MB : (i + 1) * 128 * MB]).digest(), range(4)))
     print(f"sha256 4 threads: {512 / (time.perf_counter() - t0):.0f} MB/s")
 
 

@@ -31,9 +31,11 @@ DRAFTS = {
 def shapes(intermediate: int, vocab: int) -> dict[str, list[tuple[int, int]]]:
     """(in, out) of each linear of one draft token, by role; EAGLE-3's midlayer attention reads 2 x hidden."""
     q = kv = HEADS * HEAD_DIM
-    return {"attention": [(2 * HIDDEN, q + 2 * kv), (q, HIDDEN)],
-            "mlp": [(HIDDEN, 2 * intermediate), (intermediate, HIDDEN)],
-            "lm_head": [(HIDDEN, vocab)]}
+    return {
+        "attention": [(2 * HIDDEN, q + 2 * kv), (q, HIDDEN)],
+        "mlp": [(HIDDEN, 2 * intermediate), (intermediate, HIDDEN)],
+        "lm_head": [(HIDDEN, vocab)],
+    }
 
 
 def time_gemm(torch, m: int, k: int, n: int, fp8: bool, replays: int = 200) -> float:
@@ -81,16 +83,22 @@ def main() -> None:
         by_role = shapes(**cfg)
         for m in batches:
             for fp8 in (False, True):
-                t = {role: sum(time_gemm(torch, m, k, n, fp8 and role != "lm_head") for k, n in gemms)
-                     for role, gemms in by_role.items()}
+                t = {
+                    role: sum(time_gemm(torch, m, k, n, fp8 and role != "lm_head") for k, n in gemms)
+                    for role, gemms in by_role.items()
+                }
                 measured[(name, m, fp8)] = t
     for name, cfg in DRAFTS.items():
         weights = {role: sum(k * n for k, n in gemms) for role, gemms in shapes(**cfg).items()}
         bytes_share = weights["lm_head"] / sum(weights.values())
         for m in batches:
             t = measured[(name, m, False)]
-            rows.append({"what": f"{name}: lm_head share of a BF16 draft token, batch {m}",
-                         "figure": f"measured {t['lm_head'] / sum(t.values()):.2f}, bytes estimate {bytes_share:.2f}"})
+            rows.append(
+                {
+                    "what": f"{name}: lm_head share of a BF16 draft token, batch {m}",
+                    "figure": f"measured {t['lm_head'] / sum(t.values()):.2f}, bytes estimate {bytes_share:.2f}",
+                }
+            )
     full, pruned = "torchspec-kimi-k25-eagle3", "torchspec-kimi-k25-eagle3, lm_head pruned to 32,000"
     for body_fp8 in (False, True):
         wf = {r: sum(k * n for k, n in g) for r, g in shapes(**DRAFTS[full]).items()}
@@ -99,9 +107,13 @@ def main() -> None:
         est = (body * (wp["attention"] + wp["mlp"]) + wp["lm_head"]) / (wf["attention"] + wf["mlp"] + wf["lm_head"])
         for m in batches:
             ratio = sum(measured[(pruned, m, body_fp8)].values()) / sum(measured[(full, m, False)].values())
-            rows.append({"what": f"full-vocabulary draft pruned to 32,000 rows, body {'FP8' if body_fp8 else 'BF16'}"
-                                 f", batch {m}: step time / BF16 full-vocabulary step",
-                         "figure": f"measured {ratio:.2f}, bytes estimate {est:.2f}"})
+            rows.append(
+                {
+                    "what": f"full-vocabulary draft pruned to 32,000 rows, body {'FP8' if body_fp8 else 'BF16'}"
+                    f", batch {m}: step time / BF16 full-vocabulary step",
+                    "figure": f"measured {ratio:.2f}, bytes estimate {est:.2f}",
+                }
+            )
     for row in rows:
         row["machine"] = f"1 x {gpu}, torch {torch.__version__}, CUDA graphs, per-tensor FP8 _scaled_mm"
         print(f"{row['what']}: {row['figure']}")

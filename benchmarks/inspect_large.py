@@ -103,8 +103,9 @@ def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]
     return offset
 
 
-def write_synthetic_deepseek(folder: Path, layers: int = 60, experts: int = 256, small: bool = False,
-                             quantized: bool = True) -> dict:
+def write_synthetic_deepseek(
+    folder: Path, layers: int = 60, experts: int = 256, small: bool = False, quantized: bool = True
+) -> dict:
     """Write the header-only checkpoint (one shard per decoder layer plus one for embeddings/head) and its index;
     `quantized=False` writes the BF16 source such a checkpoint is made from (no quantization_config)."""
     d = SMALL if small else FULL
@@ -122,9 +123,13 @@ def write_synthetic_deepseek(folder: Path, layers: int = 60, experts: int = 256,
     if not quantized:
         del config["quantization_config"]
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    shards = [{"model.embed_tokens.weight": ("BF16", [d["vocab"], d["hidden"]]),
-               "model.norm.weight": ("BF16", [d["hidden"]]),
-               "lm_head.weight": ("BF16", [d["vocab"], d["hidden"]])}]
+    shards = [
+        {
+            "model.embed_tokens.weight": ("BF16", [d["vocab"], d["hidden"]]),
+            "model.norm.weight": ("BF16", [d["hidden"]]),
+            "lm_head.weight": ("BF16", [d["vocab"], d["hidden"]]),
+        }
+    ]
     shards += [layer_tensors(i, d, experts, quantized) for i in range(layers)]
     weight_map: dict[str, str] = {}
     total = 0
@@ -164,8 +169,10 @@ def main() -> None:
         folder = tmp / "deepseek-v3-mxfp4-synthetic"
         t0 = time.perf_counter()
         facts = write_synthetic_deepseek(folder, args.layers, args.experts, args.small)
-        print(f"wrote {facts['tensors']} tensors in {facts['shards']} shards, {facts['apparent_bytes'] / 1e9:.1f} GB "
-              f"apparent (sparse), in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"wrote {facts['tensors']} tensors in {facts['shards']} shards, {facts['apparent_bytes'] / 1e9:.1f} GB "
+            f"apparent (sparse), in {time.perf_counter() - t0:.1f}s"
+        )
         base = min(_timed(lambda: baseline(folder)) for _ in range(args.repeat))
         best = float("inf")
         result = None
@@ -175,8 +182,11 @@ def main() -> None:
             best = min(best, time.perf_counter() - t)
         assert result is not None
         t = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-c", "from quantkit.cli.commands import main; main()", "inspect", str(folder), "--json"],
-                             capture_output=True, text=True)
+        cli = subprocess.run(
+            [sys.executable, "-c", "from quantkit.cli.commands import main; main()", "inspect", str(folder), "--json"],
+            capture_output=True,
+            text=True,
+        )
         cli_s = time.perf_counter() - t
         assert cli.returncode == 0, cli.stderr
         print(f"baseline (index + json.loads of every header): {base:.3f}s")

@@ -50,11 +50,17 @@ def main() -> None:
             res = measure(server, texts, max_tokens=args.max_tokens, batch_size=b)
             ttft = res.ttft_s
             out["batches"][b] = {
-                "al": res.mean_acceptance_length, "tokens_per_s": round(res.tokens_per_s, 1),
-                "ttft_ms_mean": round(1000 * (ttft["mean"] or 0), 1), "ttft_ms_p50": round(1000 * (ttft["p50"] or 0), 1),
-                "ttft_ms_p90": round(1000 * (ttft["p90"] or 0), 1), "tpot_ms": round(1000 * (res.tpot_s or 0), 2),
-                "wall_s": round(res.wall_s, 2), "completion_tokens": res.completion_tokens, "ok": res.ok,
-                "spec": res.spec.__dict__ if res.spec else None}
+                "al": res.mean_acceptance_length,
+                "tokens_per_s": round(res.tokens_per_s, 1),
+                "ttft_ms_mean": round(1000 * (ttft["mean"] or 0), 1),
+                "ttft_ms_p50": round(1000 * (ttft["p50"] or 0), 1),
+                "ttft_ms_p90": round(1000 * (ttft["p90"] or 0), 1),
+                "tpot_ms": round(1000 * (res.tpot_s or 0), 2),
+                "wall_s": round(res.wall_s, 2),
+                "completion_tokens": res.completion_tokens,
+                "ok": res.ok,
+                "spec": res.spec.__dict__ if res.spec else None,
+            }
             if b == 1:
                 served_ids = [r.token_ids for r in res.requests]
             say(f"batch {b}: {out['batches'][b]}")
@@ -65,9 +71,13 @@ def main() -> None:
         stats = run_vllm(str(target), str(draft), texts, args.k, args.max_tokens, 0.0, max_model_len=2048)
         drafts, accepted = sum(s.num_drafts for s in stats), sum(s.num_accepted for s in stats)
         same = sum(a == s.output_ids for a, s in zip(served_ids, stats))
-        out["in_process"] = {"al": 1 + accepted / drafts, "drafts": drafts, "accepted": accepted,
-                             "seconds": round(time.perf_counter() - t0, 1),
-                             "prompts_with_identical_tokens_vs_served_batch1": same}
+        out["in_process"] = {
+            "al": 1 + accepted / drafts,
+            "drafts": drafts,
+            "accepted": accepted,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "prompts_with_identical_tokens_vs_served_batch1": same,
+        }
     text = json.dumps(out, indent=1)
     print(text)
     if args.out:

@@ -26,14 +26,24 @@ HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V = 64, 1536, 512, 128, 64, 128
 
 
 def kimi_k25_mxfp4() -> TargetShape:
-    attention = H * Q_LORA + Q_LORA * HEADS * (NOPE + ROPE) + H * (KV_LORA + ROPE) + KV_LORA * HEADS * (NOPE + V) \
+    attention = (
+        H * Q_LORA
+        + Q_LORA * HEADS * (NOPE + ROPE)
+        + H * (KV_LORA + ROPE)
+        + KV_LORA * HEADS * (NOPE + V)
         + HEADS * V * H
+    )
     dense_mlp = 3 * H * DENSE_I
     shared = 3 * H * MOE_I
     router = H * EXPERTS
     always = 2 * (LAYERS * attention + DENSE * dense_mlp + (LAYERS - DENSE) * (shared + router) + VOCAB * H)
-    return TargetShape(always_bytes=always, moe_layers=LAYERS - DENSE, num_experts=EXPERTS, top_k=TOPK,
-                       expert_bytes=3 * H * MOE_I * 4.25 / 8)
+    return TargetShape(
+        always_bytes=always,
+        moe_layers=LAYERS - DENSE,
+        num_experts=EXPERTS,
+        top_k=TOPK,
+        expert_bytes=3 * H * MOE_I * 4.25 / 8,
+    )
 
 
 def draft_round(k: int, fp8: bool, intermediate: int = 18432, draft_vocab: int = 32000) -> float:
@@ -55,22 +65,33 @@ def main() -> None:
         bf16 = speedup_bound(target, draft_round(k, False), al, k, batch, "MI355X", tp=4)
         fp8 = speedup_bound(target, draft_round(k, True), al, k, batch, "MI355X", tp=4)
         kernel = "row-scaled FP8 at its measured speed" if fp8_factor > 1 else "ideal FP8 (half the bytes' time)"
-        rows.append({"what": f"Kimi-K2.5 MXFP4, MI355X TP 4, c=4, K=3: FP8-draft / BF16-draft throughput, {kernel}",
-                     "figure": f"bound {fp8.speedup / bf16.speedup:.3f}, uniform routing "
-                               f"{fp8.speedup_uniform / bf16.speedup_uniform:.3f}; published 2.00/1.90 = 1.053"})
+        rows.append(
+            {
+                "what": f"Kimi-K2.5 MXFP4, MI355X TP 4, c=4, K=3: FP8-draft / BF16-draft throughput, {kernel}",
+                "figure": f"bound {fp8.speedup / bf16.speedup:.3f}, uniform routing "
+                f"{fp8.speedup_uniform / bf16.speedup_uniform:.3f}; published 2.00/1.90 = 1.053",
+            }
+        )
     PATH_FACTOR["row_scaled"] = 1.6
     distinct = expected_distinct_experts(EXPERTS, TOPK, batch * (k + 1))
-    rows.append({"what": "Kimi-K2.5 MXFP4, c=4, K=3: experts a verify step reads per layer, uniform routing",
-                 "figure": f"{distinct:.1f} of {EXPERTS} (decode of 4 tokens: "
-                           f"{expected_distinct_experts(EXPERTS, TOPK, batch):.1f})"})
+    rows.append(
+        {
+            "what": "Kimi-K2.5 MXFP4, c=4, K=3: experts a verify step reads per layer, uniform routing",
+            "figure": f"{distinct:.1f} of {EXPERTS} (decode of 4 tokens: "
+            f"{expected_distinct_experts(EXPERTS, TOPK, batch):.1f})",
+        }
+    )
     for row in rows:
         row["machine"] = "computed (estimate from bytes), no hardware"
         print(f"{row['what']}: {row['figure']}")
     if args.record:
         from record import record
 
-        record("speedup_estimate", [{"figure": r["figure"], "machine": r["machine"]} for r in rows],
-               what="estimate from bytes beside published figures")
+        record(
+            "speedup_estimate",
+            [{"figure": r["figure"], "machine": r["machine"]} for r in rows],
+            what="estimate from bytes beside published figures",
+        )
 
 
 if __name__ == "__main__":

@@ -39,17 +39,33 @@ def run(out: Path, targets: list[str]) -> None:
         load = os.getloadavg()
         t0 = time.perf_counter()
         with (out / f"{slug}.log").open("w") as log:
-            rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0",
-                                  f"--junitxml={out / (slug + '.xml')}", *extra, target],
-                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                 # started in the background (nohup ... &), a shell ignores SIGINT for its children,
-                                 # and the tests that interrupt an apply with SIGINT would see it ignored
-                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            rc = subprocess.call(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "--durations=0",
+                    f"--junitxml={out / (slug + '.xml')}",
+                    *extra,
+                    target,
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # started in the background (nohup ... &), a shell ignores SIGINT for its children,
+                # and the tests that interrupt an apply with SIGINT would see it ignored
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        line = (f"{target}\trc={rc}\twall={wall:.1f}\tcpu={cpu:.1f}\tload_before={load[0]:.2f}\t"
-                f"load_after={os.getloadavg()[0]:.2f}\tat={datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}")
+        line = (
+            f"{target}\trc={rc}\twall={wall:.1f}\tcpu={cpu:.1f}\tload_before={load[0]:.2f}\t"
+            f"load_after={os.getloadavg()[0]:.2f}\tat={datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}"
+        )
         with (out / "_runs.tsv").open("a") as f:
             f.write(line + "\n")
         print(line, flush=True)
@@ -88,10 +104,13 @@ def _cpu_model() -> str:
 
 def table(out: Path, top: int) -> str:
     runs = _runs(out)
-    lines = [f"# {out.name}: pytest once per target, {datetime.date.today()}, host {platform.node()}, "
-             f"{os.cpu_count()} CPUs ({_cpu_model()}), python {platform.python_version()}",
-             "# wall and cpu: seconds of the target's pytest process tree; load: 1-min load average before/after",
-             "", f"{'target':62} {'tests':>6} {'fail':>5} {'skip':>5} {'wall s':>8} {'cpu s':>8}  load"]
+    lines = [
+        f"# {out.name}: pytest once per target, {datetime.date.today()}, host {platform.node()}, "
+        f"{os.cpu_count()} CPUs ({_cpu_model()}), python {platform.python_version()}",
+        "# wall and cpu: seconds of the target's pytest process tree; load: 1-min load average before/after",
+        "",
+        f"{'target':62} {'tests':>6} {'fail':>5} {'skip':>5} {'wall s':>8} {'cpu s':>8}  load",
+    ]
     every: list[tuple[str, float, str]] = []
     totals = [0, 0, 0, 0.0, 0.0]
     for target, r in runs.items():
@@ -103,8 +122,9 @@ def table(out: Path, top: int) -> str:
         skip = sum(c[2] == "skipped" for c in cases)
         wall, cpu = float(r["wall"]), float(r["cpu"])
         totals = [totals[0] + n, totals[1] + fail, totals[2] + skip, totals[3] + wall, totals[4] + cpu]
-        lines.append(f"{target:62} {n:>6} {fail:>5} {skip:>5} {wall:>8.1f} {cpu:>8.1f}  "
-                     f"{r['load_before']}/{r['load_after']}")
+        lines.append(
+            f"{target:62} {n:>6} {fail:>5} {skip:>5} {wall:>8.1f} {cpu:>8.1f}  {r['load_before']}/{r['load_after']}"
+        )
     lines.append(f"{'total':62} {totals[0]:>6} {totals[1]:>5} {totals[2]:>5} {totals[3]:>8.1f} {totals[4]:>8.1f}")
     lines += ["", f"slowest {top} tests (seconds, setup included: a fixture's cost is on the first test that asks)"]
     for name, secs, outcome in sorted(every, key=lambda c: -c[1])[:top]:

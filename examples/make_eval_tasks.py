@@ -52,13 +52,22 @@ def french_mc(rng: random.Random, n: int, seen: str) -> list[dict]:
     for i, (noun, adj, place) in enumerate(combos[:n]):
         question = f"Translate to French: the {adj} {noun} is {place}."
         right = french(noun, adj, place)
-        choices = [right,
-                   french(rng.choice([x for x in tc.FR_NOUNS if x != noun]), adj, place),
-                   french(noun, rng.choice([x for x in tc.FR_ADJ if x != adj]), place),
-                   french(noun, adj, rng.choice([x for x in tc.FR_PLACES if x != place]))]
+        choices = [
+            right,
+            french(rng.choice([x for x in tc.FR_NOUNS if x != noun]), adj, place),
+            french(noun, rng.choice([x for x in tc.FR_ADJ if x != adj]), place),
+            french(noun, adj, rng.choice([x for x in tc.FR_PLACES if x != place])),
+        ]
         rng.shuffle(choices)
-        records.append({"id": f"french-{i}", "question": question, "choices": choices,
-                        "answer": choices.index(right), "in_training_corpus": question in seen})
+        records.append(
+            {
+                "id": f"french-{i}",
+                "question": question,
+                "choices": choices,
+                "answer": choices.index(right),
+                "in_training_corpus": question in seen,
+            }
+        )
     return records
 
 
@@ -68,8 +77,14 @@ def french_gen(rng: random.Random, n: int, seen: str) -> list[dict]:
     records = []
     for i, (noun, adj, place) in enumerate(combos[:n]):
         question = f"Translate to French: the {adj} {noun} is {place}."
-        records.append({"id": f"french-gen-{i}", "question": question, "answer": french(noun, adj, place),
-                        "in_training_corpus": question in seen})
+        records.append(
+            {
+                "id": f"french-gen-{i}",
+                "question": question,
+                "answer": french(noun, adj, place),
+                "in_training_corpus": question in seen,
+            }
+        )
     return records
 
 
@@ -79,8 +94,14 @@ def json_gen(rng: random.Random, n: int, seen: str) -> list[dict]:
     records = []
     for i, (name, job) in enumerate(combos[:n]):
         question = f"Return JSON with the fields name and job for {name}, who works as a {job}."
-        records.append({"id": f"json-{i}", "question": question, "answer": json.dumps({"name": name, "job": job}),
-                        "in_training_corpus": question in seen})
+        records.append(
+            {
+                "id": f"json-{i}",
+                "question": question,
+                "answer": json.dumps({"name": name, "job": job}),
+                "in_training_corpus": question in seen,
+            }
+        )
     return records
 
 
@@ -91,8 +112,11 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 def main(out: Path = OUT) -> None:
     seen = "\n".join(tc.corpus(CORPUS_DOCS, CORPUS_SEED))
     out.mkdir(parents=True, exist_ok=True)
-    for name, make, n in (("tiny_french_mc", french_mc, 200), ("tiny_french_gen", french_gen, 150),
-                          ("tiny_json_gen", json_gen, 150)):
+    for name, make, n in (
+        ("tiny_french_mc", french_mc, 200),
+        ("tiny_french_gen", french_gen, 150),
+        ("tiny_json_gen", json_gen, 150),
+    ):
         records = make(random.Random(f"{EVAL_SEED}-{name}"), n + FEWSHOT, seen)
         write_jsonl(out / f"{name}.jsonl", records[FEWSHOT:])
         write_jsonl(out / f"{name}.fewshot.jsonl", records[:FEWSHOT])

@@ -68,11 +68,21 @@ def build_tokenizer(docs: list[str], out: Path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(docs, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|end|>", pad_token="<pad>",
-                                   additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="<|end|>",
+        pad_token="<pad>",
+        additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"],
+    )
     fast.chat_template = tiny_corpus.CHAT_TEMPLATE
     fast.model_max_length = 4096
     fast.save_pretrained(out)
@@ -129,7 +139,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     if pos.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -221,14 +231,14 @@ class Eagle3Draft(nn.Module):
             else:
                 diag_k.append(k)
                 diag_v.append(v)
-            scale = HEAD_DIM ** -0.5
+            scale = HEAD_DIM**-0.5
             s0 = (q @ k0.transpose(-1, -2)) * scale
             s0 = s0.masked_fill(~causal, float("-inf"))
             sd = [((q * dk).sum(-1, keepdim=True)) * scale for dk in diag_k]
             p = torch.softmax(torch.cat([s0] + sd, -1), -1)
             attn = p[..., :t] @ v0
             for i, dv in enumerate(diag_v):
-                attn = attn + p[..., t + i: t + i + 1] * dv
+                attn = attn + p[..., t + i : t + i + 1] * dv
             normed, hidden = self.finish(attn, residual)
             logits.append(self.lm_head(normed))
         return logits
@@ -239,9 +249,13 @@ def target_features(target, seqs: torch.Tensor, aux_ids: list[int] = AUX_LAYER_I
     next tokens."""
     captured: dict[int, torch.Tensor] = {}
     layers = target.model.layers
-    hooks = [(layers[i] if i < len(layers) else target.model.norm).register_forward_pre_hook(
-        lambda mod, args, kwargs, i=i: captured.__setitem__(i, (args[0] if args else kwargs["hidden_states"])),
-        with_kwargs=True) for i in aux_ids]
+    hooks = [
+        (layers[i] if i < len(layers) else target.model.norm).register_forward_pre_hook(
+            lambda mod, args, kwargs, i=i: captured.__setitem__(i, (args[0] if args else kwargs["hidden_states"])),
+            with_kwargs=True,
+        )
+        for i in aux_ids
+    ]
     try:
         with torch.no_grad():
             logits = target(input_ids=seqs).logits
@@ -257,12 +271,17 @@ def greedy_generate(target, tokenizer, prompts: list[str], max_new: int, batch: 
     tokenizer.padding_side = "left"
     out: list[list[int]] = []
     for i in range(0, len(prompts), batch):
-        enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            gen = target.generate(**enc, max_new_tokens=max_new, do_sample=False,
-                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            gen = target.generate(
+                **enc,
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         for row, mask in zip(gen, enc["attention_mask"]):
-            ids = row[int((mask == 0).sum()):].tolist()
+            ids = row[int((mask == 0).sum()) :].tolist()
             while ids and ids[-1] == tokenizer.pad_token_id:
                 ids.pop()
             out.append(ids)
@@ -270,8 +289,9 @@ def greedy_generate(target, tokenizer, prompts: list[str], max_new: int, batch: 
     return out
 
 
-def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int, aux_ids: list[int] = AUX_LAYER_IDS,
-                max_new: int = 80) -> tuple[Eagle3Draft, torch.Tensor]:
+def train_draft(
+    target, tokenizer, steps: int, n_prompts: int, inter: int, aux_ids: list[int] = AUX_LAYER_IDS, max_new: int = 80
+) -> tuple[Eagle3Draft, torch.Tensor]:
     import random
 
     rng = random.Random(SEED + 7)
@@ -302,12 +322,14 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int, aux_i
 
     feats, labels = [], []
     for i in range(0, len(data), 64):
-        a, g = target_features(target, data[i:i + 64], aux_ids)
+        a, g = target_features(target, data[i : i + 64], aux_ids)
         feats.append(a)
         labels.append(g)
     aux, greedy = torch.cat(feats), torch.cat(labels)
-    log(f"draft features: {tuple(aux.shape)}; draft vocab covers "
-        f"{(t2d[greedy[valid]]).float().mean():.3f} of the target's greedy tokens")
+    log(
+        f"draft features: {tuple(aux.shape)}; draft vocab covers "
+        f"{(t2d[greedy[valid]]).float().mean():.3f} of the target's greedy tokens"
+    )
 
     torch.manual_seed(SEED + 1)
     draft = Eagle3Draft(target.model.embed_tokens, inter, target.config.rope_parameters["rope_theta"], len(aux_ids))
@@ -330,10 +352,9 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int, aux_i
             # chain start n, step j predicts the target's greedy token after position n+1+j
             lab = torch.roll(greedy[idx], -(1 + j), dims=1)
             ok = torch.roll(valid[idx], -(2 + j), dims=1).clone()
-            ok[:, -(2 + j):] = False
+            ok[:, -(2 + j) :] = False
             lab = torch.where(ok, target_to_draft[lab], torch.full_like(lab, -100))
-            loss = loss + (0.8 ** j) * F.cross_entropy(lg.reshape(-1, DRAFT_VOCAB), lab.reshape(-1),
-                                                       ignore_index=-100)
+            loss = loss + (0.8**j) * F.cross_entropy(lg.reshape(-1, DRAFT_VOCAB), lab.reshape(-1), ignore_index=-100)
             m = lab != -100
             accs.append((lg.argmax(-1)[m] == lab[m]).float().mean().item())
         opt.zero_grad(set_to_none=True)
@@ -341,19 +362,29 @@ def train_draft(target, tokenizer, steps: int, n_prompts: int, inter: int, aux_i
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            log(f"draft step {step}/{steps} loss {loss.item():.3f} acc/step "
-                f"{' '.join(f'{a:.2f}' for a in accs)} ({time.time() - t0:.0f}s)")
+            log(
+                f"draft step {step}/{steps} loss {loss.item():.3f} acc/step "
+                f"{' '.join(f'{a:.2f}' for a in accs)} ({time.time() - t0:.0f}s)"
+            )
     draft.eval()
     d2t = d2t_ids - torch.arange(DRAFT_VOCAB)  # vLLM: target_id = draft_id + d2t[draft_id]
     return draft, (d2t, t2d)
 
 
-def save_draft(draft: Eagle3Draft, d2t: torch.Tensor, t2d: torch.Tensor, target_cfg, out: Path, inter: int,
-               aux_ids: list[int] = AUX_LAYER_IDS):
+def save_draft(
+    draft: Eagle3Draft,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    target_cfg,
+    out: Path,
+    inter: int,
+    aux_ids: list[int] = AUX_LAYER_IDS,
+):
     from safetensors.torch import save_file
 
-    tensors = {n: p.detach().to(torch.bfloat16).contiguous() for n, p in draft.named_parameters()
-               if not n.startswith("embed")}
+    tensors = {
+        n: p.detach().to(torch.bfloat16).contiguous() for n, p in draft.named_parameters() if not n.startswith("embed")
+    }
     tensors["d2t"] = d2t.to(torch.int64).contiguous()
     tensors["t2d"] = t2d.contiguous()
     out.mkdir(parents=True, exist_ok=True)
@@ -382,8 +413,12 @@ def save_draft(draft: Eagle3Draft, d2t: torch.Tensor, t2d: torch.Tensor, target_
         "pad_token_id": target_cfg.pad_token_id,
         # vLLM reads the aux ids from eagle_config (gpu_model_runner.py) and, in newer runners, the top level.
         "eagle_aux_hidden_state_layer_ids": list(aux_ids),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_ids), "use_aux_hidden_state": True,
-                         "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(aux_ids),
+            "use_aux_hidden_state": True,
+            "use_input_layernorm_in_first_layer": True,
+            "use_last_layernorm": True,
+        },
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
@@ -443,9 +478,14 @@ def make_moe_draft(moe_dir: Path, out: Path, quick: bool) -> None:
     tokenizer = AutoTokenizer.from_pretrained(moe_dir)
     target = Qwen3MoeForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
     inter = 512
-    draft, (d2t, t2d) = train_draft(target, tokenizer, steps=30 if quick else MOE_DRAFT_STEPS,
-                                    n_prompts=256 if quick else MOE_DRAFT_PROMPTS, inter=inter,
-                                    aux_ids=MOE_AUX_LAYER_IDS)
+    draft, (d2t, t2d) = train_draft(
+        target,
+        tokenizer,
+        steps=30 if quick else MOE_DRAFT_STEPS,
+        n_prompts=256 if quick else MOE_DRAFT_PROMPTS,
+        inter=inter,
+        aux_ids=MOE_AUX_LAYER_IDS,
+    )
     save_draft(draft, d2t, t2d, target.config, out, inter, MOE_AUX_LAYER_IDS)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):  # the target's, byte for byte
         shutil.copyfile(moe_dir / name, out / name)
@@ -477,8 +517,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "tiny")
     ap.add_argument("--prompts-out", type=Path, default=HERE.parent / "quantkit" / "data" / "prompts.jsonl")
     ap.add_argument("--quick", action="store_true", help="few steps, for checking the script itself")
-    ap.add_argument("--only", choices=["moe-eagle3-draft"], default=None,
-                    help="regenerate only this model from the bundled ones already in --out")
+    ap.add_argument(
+        "--only",
+        choices=["moe-eagle3-draft"],
+        default=None,
+        help="regenerate only this model from the bundled ones already in --out",
+    )
     args = ap.parse_args()
 
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -501,12 +545,22 @@ def main() -> None:
         log(f"corpus: {len(docs)} documents, {data.numel()} tokens in {data.shape[0]} windows of {SEQ}")
 
         # ---- target
-        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=512,
-                          num_hidden_layers=TARGET_LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                          head_dim=HEAD_DIM, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                          tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        cfg = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=512,
+            num_hidden_layers=TARGET_LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            head_dim=HEAD_DIM,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         torch.manual_seed(SEED)
         target = LlamaForCausalLM(cfg)
         train_lm(target, data, steps=30 if quick else 600, batch=16, lr=3e-3, label="target")
@@ -523,19 +577,34 @@ def main() -> None:
 
         # ---- EAGLE-3 draft
         inter = 512
-        draft, (d2t, t2d) = train_draft(target, tokenizer, steps=30 if quick else 500,
-                                        n_prompts=256 if quick else 3000, inter=inter)
+        draft, (d2t, t2d) = train_draft(
+            target, tokenizer, steps=30 if quick else 500, n_prompts=256 if quick else 3000, inter=inter
+        )
         save_draft(draft, d2t, t2d, target.config, tmp / "eagle3-draft", inter)
         tokenizer.save_pretrained(tmp / "eagle3-draft")
 
         # ---- MoE target (Qwen3-MoE)
-        mcfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=512, moe_intermediate_size=128,
-                              num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                              head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
-                              norm_topk_prob=True, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                              tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        mcfg = Qwen3MoeConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=512,
+            moe_intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            head_dim=HEAD_DIM,
+            num_experts=8,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         torch.manual_seed(SEED + 3)
         moe = Qwen3MoeForCausalLM(mcfg)
         train_lm(moe, data, steps=20 if quick else 250, batch=16, lr=3e-3, label="moe")

@@ -21,8 +21,17 @@ except PackageNotFoundError:  # running from a source tree that was never pip-in
     __version__ = "0.1.0"
 
 _VERBS = ("acceptance", "apply", "bench", "check", "deploy", "evaluate", "gate", "inspect", "publish")
-_SPECS = ("AcceptanceSpec", "ApplySpec", "BenchSpec", "CheckSpec", "EvalSpec", "InspectSpec", "PublishSpec",
-          "ServeSpec", "SpecError")
+_SPECS = (
+    "AcceptanceSpec",
+    "ApplySpec",
+    "BenchSpec",
+    "CheckSpec",
+    "EvalSpec",
+    "InspectSpec",
+    "PublishSpec",
+    "ServeSpec",
+    "SpecError",
+)
 
 if TYPE_CHECKING:
     from quantkit.api import acceptance, apply, bench, check, deploy, evaluate, gate, inspect, publish
@@ -67,6 +76,25 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'quantkit' has no attribute {name!r}")
 
 
-__all__ = ["AcceptanceSpec", "ApplySpec", "BenchSpec", "CheckSpec", "EvalSpec", "InspectSpec", "PublishSpec",
-           "QuantkitError", "ServeSpec", "SpecError", "__version__", "acceptance", "apply", "bench", "check",
-           "deploy", "evaluate", "gate", "inspect", "publish"]
+__all__ = [
+    "AcceptanceSpec",
+    "ApplySpec",
+    "BenchSpec",
+    "CheckSpec",
+    "EvalSpec",
+    "InspectSpec",
+    "PublishSpec",
+    "QuantkitError",
+    "ServeSpec",
+    "SpecError",
+    "__version__",
+    "acceptance",
+    "apply",
+    "bench",
+    "check",
+    "deploy",
+    "evaluate",
+    "gate",
+    "inspect",
+    "publish",
+]

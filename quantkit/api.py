@@ -49,18 +49,30 @@ def _size(value: int | str | None, field: str) -> int | None:
     return parse_shard_size(value) if field == "max_shard_size" else parse_size(value, field)
 
 
-def apply(model: str | Path, spec: ApplySpec | None = None, *, progress: Progress | None = None,
-          **overrides: Any) -> ApplyResult:
+def apply(
+    model: str | Path, spec: ApplySpec | None = None, *, progress: Progress | None = None, **overrides: Any
+) -> ApplyResult:
     """Quantize `model` (a folder or Hub id) with a recipe into `output`; see `ApplySpec` for every setting."""
     from quantkit.apply.run import apply as run_apply
     from quantkit.io.hf import remote_code_allowed
 
     s = ApplySpec.build(spec, **overrides)
     with remote_code_allowed(s.trust_remote_code):
-        return run_apply(s.recipe, model, s.output, devices=s.devices, path=s.path, engine=s.engine,
-                         overwrite=s.overwrite, resume=s.resume, dry_run=s.dry_run, target=s.target,
-                         max_memory=_size(s.max_memory, "max_memory"),
-                         max_shard_size=_size(s.max_shard_size, "max_shard_size"), progress=progress)
+        return run_apply(
+            s.recipe,
+            model,
+            s.output,
+            devices=s.devices,
+            path=s.path,
+            engine=s.engine,
+            overwrite=s.overwrite,
+            resume=s.resume,
+            dry_run=s.dry_run,
+            target=s.target,
+            max_memory=_size(s.max_memory, "max_memory"),
+            max_shard_size=_size(s.max_shard_size, "max_shard_size"),
+            progress=progress,
+        )
 
 
 def inspect(folder: str | Path, spec: InspectSpec | None = None, **overrides: Any) -> InspectResult:
@@ -68,34 +80,60 @@ def inspect(folder: str | Path, spec: InspectSpec | None = None, **overrides: An
     from quantkit.check.inspect import inspect_checkpoint
 
     s = InspectSpec.build(spec, **overrides)
-    return inspect_checkpoint(folder, target_num_layers=s.target_num_layers, platform=s.platform, tp=s.tp,
-                              vllm_version=s.vllm_version)
+    return inspect_checkpoint(
+        folder, target_num_layers=s.target_num_layers, platform=s.platform, tp=s.tp, vllm_version=s.vllm_version
+    )
 
 
-def check(folder: str | Path, spec: CheckSpec | None = None, *, progress: Progress | None = None,
-          **overrides: Any) -> CheckResult:
+def check(
+    folder: str | Path, spec: CheckSpec | None = None, *, progress: Progress | None = None, **overrides: Any
+) -> CheckResult:
     """Check a quantized folder against vLLM's loader rules, and load it in vLLM when `vllm` allows."""
     from quantkit.check.run import run as run_check
 
     s = CheckSpec.build(spec, **overrides)
-    return run_check(folder, target=s.target, tp=s.tp, platform=s.platform, vllm=s.vllm, numeric=s.numeric,
-                     source=s.source, load_timeout_s=s.load_timeout_s, progress=progress, vllm_version=s.vllm_version)
+    return run_check(
+        folder,
+        target=s.target,
+        tp=s.tp,
+        platform=s.platform,
+        vllm=s.vllm,
+        numeric=s.numeric,
+        source=s.source,
+        load_timeout_s=s.load_timeout_s,
+        progress=progress,
+        vllm_version=s.vllm_version,
+    )
 
 
-def acceptance(candidate: str | Path, spec: AcceptanceSpec | None = None, *, target: str | Path,
-               draft: str | Path, candidate_target: str | Path | None = None, progress: Progress | None = None,
-               **overrides: Any) -> AcceptanceResult:
+def acceptance(
+    candidate: str | Path,
+    spec: AcceptanceSpec | None = None,
+    *,
+    target: str | Path,
+    draft: str | Path,
+    candidate_target: str | Path | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> AcceptanceResult:
     """Acceptance of `candidate` (a quantized draft) against the BF16 `draft`, both drafting for `target` (or, in
     pair mode, the candidate on `candidate_target`)."""
     from quantkit.acceptance.run import run_acceptance
 
     s = AcceptanceSpec.build(spec, **overrides)
-    return run_acceptance(target, draft, candidate, candidate_target=candidate_target, progress=progress,
-                          **s.model_dump())
+    return run_acceptance(
+        target, draft, candidate, candidate_target=candidate_target, progress=progress, **s.model_dump()
+    )
 
 
-def evaluate(model: str | Path, spec: EvalSpec | None = None, *, baseline: str | Path,
-             progress: Progress | None = None, **overrides: Any) -> EvalResult:
+def evaluate(
+    model: str | Path,
+    spec: EvalSpec | None = None,
+    *,
+    baseline: str | Path,
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> EvalResult:
     """lm-eval on `model` and its `baseline` with the same tasks and settings; the result holds the deltas."""
     from quantkit.evaluate.run import run_eval
 
@@ -103,15 +141,22 @@ def evaluate(model: str | Path, spec: EvalSpec | None = None, *, baseline: str |
     return run_eval(model, baseline, progress=progress, **s.model_dump())
 
 
-def bench(target: str | Path, spec: BenchSpec | None = None, *, progress: Progress | None = None,
-          **overrides: Any) -> BenchResult:
+def bench(
+    target: str | Path, spec: BenchSpec | None = None, *, progress: Progress | None = None, **overrides: Any
+) -> BenchResult:
     """Serve `target` without and with each draft through `vllm serve` and measure with vLLM's benchmark client."""
     from quantkit.bench.run import run_bench
 
     s = BenchSpec.build(spec, **overrides)
     settings = s.model_dump()
-    return run_bench(target, settings.pop("draft"), settings.pop("candidates"), settings.pop("candidate_target"),
-                     progress=progress, **settings)
+    return run_bench(
+        target,
+        settings.pop("draft"),
+        settings.pop("candidates"),
+        settings.pop("candidate_target"),
+        progress=progress,
+        **settings,
+    )
 
 
 def deploy(folder: str | Path, spec: ServeSpec | None = None, **overrides: Any) -> DeployManifest:

@@ -40,8 +40,9 @@ def _vllm_mode() -> tuple[str, str]:
     return "auto", "reference"
 
 
-def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int,
-                bench: bool = False) -> dict[str, Any]:
+def gate_config(
+    workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: int, bench: bool = False
+) -> dict[str, Any]:
     check_vllm, backend = _vllm_mode()
     served = check_vllm == "required"  # `vllm serve` of the pair needs what the real loads need
     return {
@@ -55,15 +56,22 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
             # which splits the pair's AL change into the target's part and the draft's
             {"name": "moe-mxfp4", "path": str(workdir / "moe-mxfp4"), "baseline": str(tiny / "moe-target")},
         ],
-        "steps": ["check", "acceptance", "eval"] + (["serve"] if served else []) + (["bench"] if served and bench
-                                                                                    else []),
+        "steps": ["check", "acceptance", "eval"]
+        + (["serve"] if served else [])
+        + (["bench"] if served and bench else []),
         "check": {"platform": "gfx950", "tp": 1, "vllm": check_vllm, "max_size_ratio": 1.0, "size_tolerance": 0.05},
         # per domain: 6 prompts of short answers (~27 drafts); the MXFP4 target rewrites a few of them (its greedy text
         # differs from BF16's), which moves a domain's AL by up to ~10% with no draft at fault
         # overall: 42 prompts give a paired 95% CI about +-0.03 wide around the ratio (0.948-1.010 on an AVX2 host),
         # so the demo gates at 0.95, below the noise, and a real regression (a damaged draft: ratio ~0.3) still fails
-        "acceptance": {"min_ratio": 0.95, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": backend,
-                       "num_speculative_tokens": 3, "max_new_tokens": 64},
+        "acceptance": {
+            "min_ratio": 0.95,
+            "per_domain_min_ratio": 0.85,
+            "min_al": 2.0,
+            "backend": backend,
+            "num_speculative_tokens": 3,
+            "max_new_tokens": 64,
+        },
         "eval": {"tasks": eval_tasks, "min_recovery": 0.95, "limit": eval_limit, "backend": "hf"},
         # the pair behind a real `vllm serve`, on the acceptance prompts: its AL must agree, prompt by prompt, with
         # the acceptance step's in-process vLLM AL (quantkit.acceptance.agreement) and reach min_al at batch 1 and 8
@@ -72,8 +80,16 @@ def gate_config(workdir: Path, tiny: Path, eval_tasks: list[str], eval_limit: in
         "serve": {"agreement_level": 0.99, "batch_sizes": [1, 8], "require_batch_sizes": [1, 8], "fast_start": True},
         # a small bench (opt-in: three more server starts): the MXFP4 target alone, with the BF16 draft and with the
         # FP8 draft; on CPU its speed figures are hardware_dependent (reported, not gated), failed requests gated
-        "bench": {"concurrency": [1, 2], "output_len": 16, "repeats": 3, "fast_start": True, "max_prompt_texts": 7,
-                  "min_speedup": 1.0, "vs_bf16_draft_tolerance": 0.05, "runner_is_deployment_hardware": False},
+        "bench": {
+            "concurrency": [1, 2],
+            "output_len": 16,
+            "repeats": 3,
+            "fast_start": True,
+            "max_prompt_texts": 7,
+            "min_speedup": 1.0,
+            "vs_bf16_draft_tolerance": 0.05,
+            "runner_is_deployment_hardware": False,
+        },
     }
 
 
@@ -85,34 +101,49 @@ def conclusion(report: GateReport, outputs: dict[str, str]) -> str:
     where = f"see the model card {outputs.get('model_card')} and the gate report {outputs.get('gate_report')}/report.md"
     if not report.gate.passed:
         failed = [c.line() for c in report.gate.checks if c.passed is False][:3]
-        return (f"Not proven: the gate's verdict is {report.gate.verdict}"
-                + (f" ({'; '.join(failed)})" if failed else "") + f". {where[0].upper()}{where[1:]}.")
+        return (
+            f"Not proven: the gate's verdict is {report.gate.verdict}"
+            + (f" ({'; '.join(failed)})" if failed else "")
+            + f". {where[0].upper()}{where[1:]}."
+        )
     sentences = []
     ratio = checks.get(("draft-fp8", "acceptance.ratio"))
     acc = draft.acceptance if draft is not None else None
     if ratio is not None and ratio.value is not None and ratio.threshold is not None:
         ci = acc.ratio_ci if acc is not None else None
         ci_text = f"; its 95% CI {ci[0]:.1%}-{ci[1]:.1%}" if ci and None not in ci else ""
-        part = (f"The FP8 draft on the MXFP4 target keeps {ratio.value:.1%} of the BF16 pair's acceptance length "
-                f"(the gate needs {ratio.threshold:.0%}{ci_text})")
-        loads = [c.check.vllm_load.status for c in (draft, target) if c is not None and c.check is not None
-                 and c.check.vllm_load is not None]
+        part = (
+            f"The FP8 draft on the MXFP4 target keeps {ratio.value:.1%} of the BF16 pair's acceptance length "
+            f"(the gate needs {ratio.threshold:.0%}{ci_text})"
+        )
+        loads = [
+            c.check.vllm_load.status
+            for c in (draft, target)
+            if c is not None and c.check is not None and c.check.vllm_load is not None
+        ]
         mismatches = sum((checks[k].value or 0) for k in checks if k[1] == "check.precision_mismatches")
         if loads and all(x == "loaded" for x in loads) and not mismatches:
             part += ", vLLM loaded both checkpoints at the intended precision (every layer as predicted)"
         served = draft.serve if draft is not None else None
         if served is not None and served.batches and served.in_process_al is not None:
             sizes = " and ".join(str(b.batch_size) for b in served.batches)
-            same = all(b.mean_acceptance_length is not None and abs(b.mean_acceptance_length - served.in_process_al)
-                       < 5e-4 for b in served.batches)
-            part += (f", and `vllm serve` at batch {sizes} " + (f"gave the in-process AL ({served.in_process_al:.3f})"
-                     if same else "agreed with the in-process AL within the gate's test"))
+            same = all(
+                b.mean_acceptance_length is not None and abs(b.mean_acceptance_length - served.in_process_al) < 5e-4
+                for b in served.batches
+            )
+            part += f", and `vllm serve` at batch {sizes} " + (
+                f"gave the in-process AL ({served.in_process_al:.3f})"
+                if same
+                else "agreed with the in-process AL within the gate's test"
+            )
         sentences.append(part + ".")
     recoveries = [c for (cand, name), c in checks.items() if cand == "moe-mxfp4" and name.endswith(".recovery")]
     if recoveries and all(c.value is not None for c in recoveries):
         worst = min(recoveries, key=lambda c: c.value or 0.0)
-        sentences.append(f"On lm-eval the MXFP4 target scores at least {worst.value:.1%} of the BF16 target on every "
-                         f"task (the gate needs {worst.threshold:.0%}).")
+        sentences.append(
+            f"On lm-eval the MXFP4 target scores at least {worst.value:.1%} of the BF16 target on every "
+            f"task (the gate needs {worst.threshold:.0%})."
+        )
     return " ".join(sentences) + f" Next: {where}."
 
 
@@ -126,13 +157,15 @@ def prepare_workdir(workdir: str | Path) -> Path:
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OutputWriteError(f"--workdir {workdir}: cannot create it ({e.strerror or e}); pick a folder you can "
-                               "write to") from None
+        raise OutputWriteError(
+            f"--workdir {workdir}: cannot create it ({e.strerror or e}); pick a folder you can write to"
+        ) from None
     return work
 
 
-def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool = False,
-             third_party_log: Path | None = None) -> DemoResult:
+def run_demo(
+    workdir: str | Path, progress: Progress | None = None, bench: bool = False, third_party_log: Path | None = None
+) -> DemoResult:
     """The whole pipeline on the bundled tiny models; `third_party_log`: where the caller sends other libraries'
     output (quantkit.cli.options.third_party_output), recorded among the outputs."""
     import yaml
@@ -157,15 +190,31 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     from quantkit.apply.run import apply
 
     def apply_draft() -> dict[str, Any]:
-        r = apply("fp8-draft", tiny / "moe-eagle3-draft", work / "draft-fp8", target=tiny / "moe-target",
-                  overwrite=True, progress=None)
-        return {"output": r.output, "quantized": len(r.quantized), "kept": len(r.kept), "exclude": r.exclude,
-                "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)]}
+        r = apply(
+            "fp8-draft",
+            tiny / "moe-eagle3-draft",
+            work / "draft-fp8",
+            target=tiny / "moe-target",
+            overwrite=True,
+            progress=None,
+        )
+        return {
+            "output": r.output,
+            "quantized": len(r.quantized),
+            "kept": len(r.kept),
+            "exclude": r.exclude,
+            "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)],
+        }
 
     def apply_moe() -> dict[str, Any]:
         r = apply("mxfp4-moe", tiny / "moe-target", work / "moe-mxfp4", overwrite=True, progress=None)
-        return {"output": r.output, "quantized": len(r.quantized), "kept": len(r.kept), "exclude": r.exclude,
-                "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)]}
+        return {
+            "output": r.output,
+            "quantized": len(r.quantized),
+            "kept": len(r.kept),
+            "exclude": r.exclude,
+            "size_mb": [round(r.size_before_bytes / 1e6, 2), round(r.size_after_bytes / 1e6, 2)],
+        }
 
     step("apply fp8-draft", apply_draft)
     step("apply mxfp4-moe", apply_moe)
@@ -183,8 +232,14 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
         g = run_gate(config_path, progress=lambda m: progress(f"gate: {m}"))
         write_reports(g, work / "gate-report")
         gate_box["g"] = g
-        return {"passed": g.passed, "verdict": g.verdict, "reasons": g.reasons, "checks": len(g.checks),
-                "failures": [c.line() for c in g.failures], "report": str(work / "gate-report" / "report.json")}
+        return {
+            "passed": g.passed,
+            "verdict": g.verdict,
+            "reasons": g.reasons,
+            "checks": len(g.checks),
+            "failures": [c.line() for c in g.failures],
+            "report": str(work / "gate-report" / "report.json"),
+        }
 
     step(f"gate ({', '.join(config['steps'])})", gate)
     g = gate_box["g"]
@@ -194,15 +249,23 @@ def run_demo(workdir: str | Path, progress: Progress | None = None, bench: bool 
     def publish() -> dict[str, Any]:
         from quantkit.publish.hub import publish as do_publish
 
-        p = do_publish(work / "draft-fp8", "quantkit-demo/tiny-moe-eagle3-draft-fp8", dry_run=True,
-                       report=work / "gate-report" / "report-draft-fp8.json",
-                       dry_run_dir=work / "publish-preview")
+        p = do_publish(
+            work / "draft-fp8",
+            "quantkit-demo/tiny-moe-eagle3-draft-fp8",
+            dry_run=True,
+            report=work / "gate-report" / "report-draft-fp8.json",
+            dry_run_dir=work / "publish-preview",
+        )
         return {"dry_run_dir": str(work / "publish-preview"), "files": len(getattr(p, "files", []) or [])}
 
     step("publish --dry-run", publish)
-    result.outputs = {"draft_fp8": str(work / "draft-fp8"), "moe_mxfp4": str(work / "moe-mxfp4"),
-                      "gate_config": str(config_path), "gate_report": str(work / "gate-report"),
-                      "model_card": str(work / "publish-preview" / "README.md")}
+    result.outputs = {
+        "draft_fp8": str(work / "draft-fp8"),
+        "moe_mxfp4": str(work / "moe-mxfp4"),
+        "gate_config": str(config_path),
+        "gate_report": str(work / "gate-report"),
+        "model_card": str(work / "publish-preview" / "README.md"),
+    }
     if third_party_log is not None:
         result.outputs["third_party_log"] = str(third_party_log)
     from quantkit.results import ResultFileError, load_gate_report

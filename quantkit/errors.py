@@ -17,8 +17,9 @@ class QuantkitError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str = "", *, input: str | None = None, reason: str | None = None,
-                 fix: str | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, input: str | None = None, reason: str | None = None, fix: str | None = None
+    ) -> None:
         if not message:
             message = "; ".join(p for p in (f"{input}: {reason}" if input and reason else (input or reason), fix) if p)
         super().__init__(message)
@@ -30,10 +31,14 @@ class QuantkitError(Exception):
 
     def to_dict(self) -> dict[str, object]:
         """The error as data: its class, the one-line message (secrets scrubbed), input, reason, fix, exit code."""
-        return {"type": type(self).__name__, "message": scrub_secrets(" ".join(str(self).split("\n"))),
-                "input": None if self.input is None else scrub_secrets(self.input),
-                "reason": None if self.reason is None else scrub_secrets(self.reason),
-                "fix": None if self.fix is None else scrub_secrets(self.fix), "exit_code": self.exit_code}
+        return {
+            "type": type(self).__name__,
+            "message": scrub_secrets(" ".join(str(self).split("\n"))),
+            "input": None if self.input is None else scrub_secrets(self.input),
+            "reason": None if self.reason is None else scrub_secrets(self.reason),
+            "fix": None if self.fix is None else scrub_secrets(self.fix),
+            "exit_code": self.exit_code,
+        }
 
 
 # The house form of a message, "INPUT: REASON; FIX": the input is a path, a name or an option with its value.
@@ -49,7 +54,7 @@ def _parts(message: str) -> tuple[str | None, str | None, str | None]:
     m = _LEADING_INPUT.match(rest)
     if m is None:
         return None, rest or None, fix
-    return m.group(1), rest[m.end():] or None, fix
+    return m.group(1), rest[m.end() :] or None, fix
 
 
 class RecipeError(QuantkitError):
@@ -103,12 +108,16 @@ def interrupted_hint(hint: str | None = None) -> str:
     then the files kept on purpose, by name. Never "temporary files removed" when one was kept."""
     kept = ""
     if KEPT_FILES:
-        kept = "kept for you: " + ", ".join(KEPT_FILES[:3]) + \
-            (f" and {len(KEPT_FILES) - 3} more" if len(KEPT_FILES) > 3 else "")
+        kept = (
+            "kept for you: "
+            + ", ".join(KEPT_FILES[:3])
+            + (f" and {len(KEPT_FILES) - 3} more" if len(KEPT_FILES) > 3 else "")
+        )
     if hint:
         return f"{hint}; {kept}" if kept else hint
-    return f"nothing was left half-written; {kept}" if kept else \
-        "nothing was left half-written (temporary files removed)"
+    return (
+        f"nothing was left half-written; {kept}" if kept else "nothing was left half-written (temporary files removed)"
+    )
 
 
 class ResumableInterrupt(KeyboardInterrupt):
@@ -132,9 +141,11 @@ class UnresumableError(QuantkitError):
 
 REDACTED = "***"
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s?#]*@")
-_QUERY_SECRET = re.compile(r"(?i)([?&;](?:access_token|token|api_key|apikey|key|password|passwd|pwd|secret|auth|"
-                           r"authorization|sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token)=)"
-                           r"[^&\s#'\"]+")
+_QUERY_SECRET = re.compile(
+    r"(?i)([?&;](?:access_token|token|api_key|apikey|key|password|passwd|pwd|secret|auth|"
+    r"authorization|sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token)=)"
+    r"[^&\s#'\"]+"
+)
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]{8,}")
 HUB_TOKEN = re.compile(r"(hf_|api_org_)[A-Za-z0-9]{30,}")  # Hugging Face user and (old) organisation tokens
 _SECRETS: set[str] = set()

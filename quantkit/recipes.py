@@ -238,48 +238,60 @@ class Recipe(_Strict):
         ]
         if static and self.path == "per-shard":
             where, scheme = static[0]
-            problems.append((
-                "path",
-                f"per-shard cannot be used with {where} {scheme!r}, which has static activation scales "
-                "(Quark's per-shard path drops input_scale); use 'path: in-memory' or a dynamic-activation "
-                "scheme such as ptpc_fp8",
-            ))
+            problems.append(
+                (
+                    "path",
+                    f"per-shard cannot be used with {where} {scheme!r}, which has static activation scales "
+                    "(Quark's per-shard path drops input_scale); use 'path: in-memory' or a dynamic-activation "
+                    "scheme such as ptpc_fp8",
+                )
+            )
         if static and self.calibration is None:
             where, scheme = static[0]
-            problems.append((
-                "calibration",
-                f"{where} {scheme!r} has static activation scales and needs calibration data; "
-                f"add '{CALIBRATION_EXAMPLE}' or use a dynamic-activation scheme such as ptpc_fp8",
-            ))
+            problems.append(
+                (
+                    "calibration",
+                    f"{where} {scheme!r} has static activation scales and needs calibration data; "
+                    f"add '{CALIBRATION_EXAMPLE}' or use a dynamic-activation scheme such as ptpc_fp8",
+                )
+            )
         if self.applies_to == EAGLE3_DRAFT and not any(k.selects("lm_head") for k in self.keep):
-            problems.append((
-                "keep",
-                "an eagle3-draft recipe must keep lm_head in high precision (vLLM cannot load a quantized "
-                "EAGLE-3 draft lm_head); add '- role: lm_head' with a reason",
-            ))
+            problems.append(
+                (
+                    "keep",
+                    "an eagle3-draft recipe must keep lm_head in high precision (vLLM cannot load a quantized "
+                    "EAGLE-3 draft lm_head); add '- role: lm_head' with a reason",
+                )
+            )
         placed_roles = [(f"quantize[{i}]", role) for i, role in enumerate(self.quantize or [])]
         placed_roles += [(f"keep[{i}].role", k.role) for i, k in enumerate(self.keep) if k.role is not None]
         placed_roles += [(f"overrides[{i}].role", o.role) for i, o in enumerate(self.overrides) if o.role is not None]
         for key, role in placed_roles:
             if self.applies_to not in ROLES[role].applies_to:
-                problems.append((
-                    key,
-                    f"role {role!r} does not exist in {self.applies_to} models "
-                    f"(only in {', '.join(ROLES[role].applies_to)}); remove it or fix applies_to",
-                ))
+                problems.append(
+                    (
+                        key,
+                        f"role {role!r} does not exist in {self.applies_to} models "
+                        f"(only in {', '.join(ROLES[role].applies_to)}); remove it or fix applies_to",
+                    )
+                )
         kept_roles = {k.role for k in self.keep if k.role is not None}
         for i, o in enumerate(self.overrides):
             if o.role in kept_roles:
-                problems.append((
-                    f"overrides[{i}].role",
-                    f"{o.role!r} is also in keep; a layer group is either kept or overridden, remove one",
-                ))
+                problems.append(
+                    (
+                        f"overrides[{i}].role",
+                        f"{o.role!r} is also in keep; a layer group is either kept or overridden, remove one",
+                    )
+                )
         for i, role in enumerate(self.quantize or []):
             if role in kept_roles:
-                problems.append((
-                    f"quantize[{i}]",
-                    f"{role!r} is also in keep; a layer group is either kept or quantized, remove one",
-                ))
+                problems.append(
+                    (
+                        f"quantize[{i}]",
+                        f"{role!r} is also in keep; a layer group is either kept or quantized, remove one",
+                    )
+                )
         return problems
 
     @property
@@ -311,8 +323,6 @@ class Recipe(_Strict):
 
 
 # --- loading ----------------------------------------------------------------------------------------------------
-
-
 
 
 def builtin_recipe_names() -> list[str]:
@@ -405,9 +415,13 @@ def _describe_yaml_error(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    fix = ("merge the two entries" if problem.startswith("duplicate key")
-           else "fix the value" if problem.startswith(("an integer of", "cannot read this value"))
-           else "fix the YAML syntax")
+    fix = (
+        "merge the two entries"
+        if problem.startswith("duplicate key")
+        else "fix the value"
+        if problem.startswith(("an integer of", "cannot read this value"))
+        else "fix the YAML syntax"
+    )
     return f"invalid YAML{where}: {problem}; {fix}"
 
 
@@ -426,5 +440,6 @@ _MISSING_FIXES: dict[str, str] = {
 
 
 # Recipe errors explain against the Recipe model: the allowed keys and values, the fix for a missing field.
-_WORDING = Wording(messages="short", values="python", missing="missing required field", model=Recipe,
-                   fixes=_MISSING_FIXES)
+_WORDING = Wording(
+    messages="short", values="python", missing="missing required field", model=Recipe, fixes=_MISSING_FIXES
+)

@@ -42,8 +42,10 @@ class Spec(BaseModel):
 
         base = spec.model_dump(exclude_unset=True) if spec is not None else {}
         if spec is not None and not isinstance(spec, cls):
-            raise SpecError(f"spec: expected a {cls.__name__}, got {type(spec).__name__}; build one with "
-                            f"quantkit.{cls.__name__}(...)")
+            raise SpecError(
+                f"spec: expected a {cls.__name__}, got {type(spec).__name__}; build one with "
+                f"quantkit.{cls.__name__}(...)"
+            )
         try:
             return cls.model_validate({**base, **overrides})
         except ValidationError as e:
@@ -51,8 +53,9 @@ class Spec(BaseModel):
             if field == "(top level)":  # a rule across fields names its field first: "num_seeds: ..."
                 field, _, reason = reason.partition(": ")
                 reason = reason.split(", got ")[0]
-            raise SpecError(input=f"{cls.__name__}.{field}", reason=reason,
-                            fix=f"see the fields of quantkit.{cls.__name__}") from None
+            raise SpecError(
+                input=f"{cls.__name__}.{field}", reason=reason, fix=f"see the fields of quantkit.{cls.__name__}"
+            ) from None
 
 
 class ApplySpec(Spec):
@@ -123,8 +126,10 @@ class AcceptanceSpec(Spec):
     @model_validator(mode="after")
     def _consistent(self) -> AcceptanceSpec:
         if self.num_seeds > 1 and self.temperature == 0:
-            raise ValueError("num_seeds: greedy decoding (temperature 0) does not depend on the seed; use 1 seed or a "
-                             "temperature above 0")
+            raise ValueError(
+                "num_seeds: greedy decoding (temperature 0) does not depend on the seed; use 1 seed or a "
+                "temperature above 0"
+            )
         if self.context_source is not None and not self.context_lengths:
             raise ValueError("context_source: give the bucket lengths in context_lengths")
         return self
@@ -149,8 +154,9 @@ class BenchSpec(Spec):
     draft: PathLike | None = None
     candidates: list[PathLike] = []
     candidate_target: PathLike | None = None
-    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(default=None, min_length=1,
-                                                                                    max_length=MAX_LIST)
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_LIST
+    )
     output_len: int = Field(default=64, ge=2, le=MAX_TOKENS)
     repeats: int = Field(default=3, ge=1, le=100)
     ks: list[Annotated[int, Field(ge=0, le=MAX_K)]] | None = Field(default=None, min_length=1, max_length=MAX_LIST)
@@ -203,5 +209,15 @@ class PublishSpec(Spec):
     tp: int = Field(default=1, ge=1, le=MAX_TP)
 
 
-__all__ = ["AcceptanceSpec", "ApplySpec", "BenchSpec", "CheckSpec", "EvalSpec", "InspectSpec", "PublishSpec",
-           "ServeSpec", "Spec", "SpecError"]
+__all__ = [
+    "AcceptanceSpec",
+    "ApplySpec",
+    "BenchSpec",
+    "CheckSpec",
+    "EvalSpec",
+    "InspectSpec",
+    "PublishSpec",
+    "ServeSpec",
+    "Spec",
+    "SpecError",
+]

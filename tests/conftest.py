@@ -94,8 +94,21 @@ def fp8_draft(tiny, tmp_path_factory):
     from quantkit.cli import main
 
     out = tmp_path_factory.mktemp("apply") / "draft-fp8"
-    result = CliRunner().invoke(main, ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"),
-                                       "--output", str(out), "--target", str(tiny / "target"), "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "fp8-draft",
+            "--model",
+            str(tiny / "eagle3-draft"),
+            "--output",
+            str(out),
+            "--target",
+            str(tiny / "target"),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return out, json.loads(result.stdout)
 
@@ -118,9 +131,27 @@ def big_moe_mxfp4(big_moe, tmp_path_factory) -> Path:
     import sys
 
     out = tmp_path_factory.mktemp("big-clean") / "out"
-    run = subprocess.run([sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model", str(big_moe),
-                          "--output", str(out), "--devices", "cpu"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quantkit",
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(big_moe),
+            "--output",
+            str(out),
+            "--devices",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return out
 
@@ -181,14 +212,20 @@ class QuarkF2F:
         self._template, self._quantizer, self._single = LLMTemplate, ModelQuantizer, _single_stage_quantize_weight
         self._specs = {"mxfp4": MXFP4Scheme().config.weight, "ptpc_fp8": PTPCFP8Scheme().config.weight}
 
-    def checkpoint(self, src: Path, dst: Path, template: str, scheme: str, exclude: list[str],
-                   layer_config: dict[str, str] | None = None) -> Path:
+    def checkpoint(
+        self,
+        src: Path,
+        dst: Path,
+        template: str,
+        scheme: str,
+        exclude: list[str],
+        layer_config: dict[str, str] | None = None,
+    ) -> Path:
         """`ModelQuantizer(cfg).direct_quantize_checkpoint(src, dst, device="cpu")`, its stdout logging silenced."""
         import contextlib
         import sys
 
-        cfg = self._template.get(template).get_config(scheme=scheme, exclude_layers=exclude,
-                                                      layer_config=layer_config)
+        cfg = self._template.get(template).get_config(scheme=scheme, exclude_layers=exclude, layer_config=layer_config)
         with contextlib.redirect_stdout(sys.stderr):
             self._quantizer(cfg).direct_quantize_checkpoint(str(src), str(dst), device="cpu")
         return dst

@@ -51,18 +51,27 @@ def output_digest(token_ids: Sequence[int]) -> str:
 def describe(r: AlAgreement) -> str:
     """One line for reports and messages."""
     d = "-" if r.delta is None else f"{r.delta:+.4f}"
-    same = "" if r.same_output_prompts is None else f"; {r.same_output_prompts}/{r.prompts} prompts gave the same tokens"
+    same = (
+        "" if r.same_output_prompts is None else f"; {r.same_output_prompts}/{r.prompts} prompts gave the same tokens"
+    )
     mism = f", {len(r.counter_mismatches)} of them other counters" if r.counter_mismatches else ""
-    return (f"AL difference {d}, bound {r.bound:.4f} ({r.level:g}) from {r.differing_prompts} prompts whose counters "
-            f"differ, p {r.p_value:.3g}{same}{mism}")
+    return (
+        f"AL difference {d}, bound {r.bound:.4f} ({r.level:g}) from {r.differing_prompts} prompts whose counters "
+        f"differ, p {r.p_value:.3g}{same}{mism}"
+    )
 
 
 def _al(drafts: int, accepted: int) -> float | None:
     return 1 + accepted / drafts if drafts else None
 
 
-def al_agreement(a: Sequence[PromptAcceptance], b: Sequence[PromptAcceptance], level: float = DEFAULT_LEVEL,
-                 samples: int = 20000, seed: int = 0) -> AlAgreement:
+def al_agreement(
+    a: Sequence[PromptAcceptance],
+    b: Sequence[PromptAcceptance],
+    level: float = DEFAULT_LEVEL,
+    samples: int = 20000,
+    seed: int = 0,
+) -> AlAgreement:
     """Compare two runs' per-prompt counters (the same prompts in the same order): see the module docstring."""
     if len(a) != len(b):
         raise ValueError(f"al_agreement: {len(a)} prompts against {len(b)}; pass the same prompts in the same order")
@@ -76,8 +85,13 @@ def al_agreement(a: Sequence[PromptAcceptance], b: Sequence[PromptAcceptance], l
     known = all(p.output_digest is not None for p in (*a, *b))
     same = [i for i in range(n) if a[i].output_digest == b[i].output_digest] if known else []
     mismatches = [a[i].id for i in same if i in set(diff)]
-    common = {"level": level, "prompts": n, "differing_prompts": len(diff),
-              "same_output_prompts": len(same) if known else None, "counter_mismatches": mismatches}
+    common = {
+        "level": level,
+        "prompts": n,
+        "differing_prompts": len(diff),
+        "same_output_prompts": len(same) if known else None,
+        "counter_mismatches": mismatches,
+    }
     if al_a is None or al_b is None:
         return AlAgreement(delta=None, agree=False, **common)
     delta = al_a - al_b
@@ -93,7 +107,7 @@ def al_agreement(a: Sequence[PromptAcceptance], b: Sequence[PromptAcceptance], l
 
     m = len(moves)
     if m <= EXACT_UP_TO:
-        stats = [swapped([(k >> j) & 1 == 1 for j in range(m)]) for k in range(2 ** m)]
+        stats = [swapped([(k >> j) & 1 == 1 for j in range(m)]) for k in range(2**m)]
     else:
         rng = random.Random(seed)
         stats = [abs(delta)] + [swapped([rng.random() < 0.5 for _ in range(m)]) for _ in range(samples - 1)]
@@ -102,8 +116,9 @@ def al_agreement(a: Sequence[PromptAcceptance], b: Sequence[PromptAcceptance], l
     # The largest |difference| that more than a (1 - level) share of the swaps reach: agree <=> |delta| <= bound.
     stats.sort()
     bound = stats[len(stats) - 1 - math.floor((1 - level) * len(stats) + 1e-9)]
-    return AlAgreement(delta=round(delta, 6), bound=round(bound, 6), p_value=p_value,
-                       agree=p_value > 1 - level, **common)
+    return AlAgreement(
+        delta=round(delta, 6), bound=round(bound, 6), p_value=p_value, agree=p_value > 1 - level, **common
+    )
 
 
 def runs_agree(a: DraftAcceptance, b: DraftAcceptance, level: float = DEFAULT_LEVEL) -> AlAgreement:

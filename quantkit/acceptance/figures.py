@@ -51,8 +51,9 @@ def bucket_name(lo: int, hi: int | None) -> str:
     return f"{lo}-{hi}" if hi is not None else f"{lo}+"
 
 
-def al_by_output_position(stats: Sequence[SequenceStats], edges: Sequence[int] = OUTPUT_BUCKETS
-                          ) -> dict[str, float | None]:
+def al_by_output_position(
+    stats: Sequence[SequenceStats], edges: Sequence[int] = OUTPUT_BUCKETS
+) -> dict[str, float | None]:
     """Pooled AL of the rounds that started in each bucket of generated tokens; buckets no round reached are left
     out; empty when the backend reports no rounds."""
     sums: dict[str, list[int]] = {}

@@ -43,8 +43,16 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _summarise(label: str, target: str, draft: str, records: list[PromptRecord], stats: list[SequenceStats],
-               k: int, wall: float, seeds: list[int] | None = None) -> DraftAcceptance:
+def _summarise(
+    label: str,
+    target: str,
+    draft: str,
+    records: list[PromptRecord],
+    stats: list[SequenceStats],
+    k: int,
+    wall: float,
+    seeds: list[int] | None = None,
+) -> DraftAcceptance:
     """One run's figures (quantkit.acceptance.figures says which average each is); `records[i]` is the request of
     `stats[i]`, seeded `seeds[i]`."""
     drafts = sum(s.num_drafts for s in stats)
@@ -59,32 +67,56 @@ def _summarise(label: str, target: str, draft: str, records: list[PromptRecord],
     for d, rs in sorted(domains.items()):
         ss = [s for _, s in rs]
         nd, na = sum(s.num_drafts for s in ss), sum(s.num_accepted for s in ss)
-        per_domain[d] = {"mean_acceptance_length": figures.pooled_al(nd, na), "num_drafts": nd,
-                         "num_accepted": na, "prompts": len({r.id for r, _ in rs}),
-                         "macro_acceptance_length": figures.macro_al(ss)}
+        per_domain[d] = {
+            "mean_acceptance_length": figures.pooled_al(nd, na),
+            "num_drafts": nd,
+            "num_accepted": na,
+            "prompts": len({r.id for r, _ in rs}),
+            "macro_acceptance_length": figures.macro_al(ss),
+        }
     return DraftAcceptance(
-        label=label, target=target, draft=draft,
+        label=label,
+        target=target,
+        draft=draft,
         mean_acceptance_length=figures.pooled_al(drafts, accepted),
         macro_acceptance_length=figures.macro_al(stats),
         expected_acceptance_length=figures.expected_al(stats),
-        num_drafts=drafts, num_draft_tokens=sum(s.num_draft_tokens for s in stats), num_accepted=accepted,
+        num_drafts=drafts,
+        num_draft_tokens=sum(s.num_draft_tokens for s in stats),
+        num_accepted=accepted,
         acceptance_rate_per_pos=[p / drafts if drafts else float("nan") for p in per_pos],
         accepted_length_histogram=figures.histogram(drafts, per_pos),
         conditional_acceptance_per_pos=figures.conditional_rates(drafts, per_pos),
         al_by_output_position=figures.al_by_output_position(stats),
-        tokens_per_target_forward=tokens / forwards if forwards else float("nan"), generated_tokens=tokens,
+        tokens_per_target_forward=tokens / forwards if forwards else float("nan"),
+        generated_tokens=tokens,
         per_domain=per_domain,
-        per_prompt=[{"id": r.id, "domain": r.domain, "num_drafts": s.num_drafts, "num_accepted": s.num_accepted,
-                     "generated_tokens": len(s.output_ids), "output_digest": output_digest(s.output_ids),
-                     "acceptance_length": figures.request_al(s), "expected_accepted": s.expected_accepted,
-                     "seed": seeds[i] if seeds else None, "turns": 1 + len(r.followups)}
-                    for i, (r, s) in enumerate(zip(records, stats))],
+        per_prompt=[
+            {
+                "id": r.id,
+                "domain": r.domain,
+                "num_drafts": s.num_drafts,
+                "num_accepted": s.num_accepted,
+                "generated_tokens": len(s.output_ids),
+                "output_digest": output_digest(s.output_ids),
+                "acceptance_length": figures.request_al(s),
+                "expected_accepted": s.expected_accepted,
+                "seed": seeds[i] if seeds else None,
+                "turns": 1 + len(r.followups),
+            }
+            for i, (r, s) in enumerate(zip(records, stats))
+        ],
         wall_s=round(wall, 3),
     )
 
 
-def bootstrap_ratio_ci(base: list[tuple[int, float]], cand: list[tuple[int, float]], samples: int = 2000,
-                       seed: int = 0, level: float = 0.95) -> list[float]:
+def bootstrap_ratio_ci(
+    base: list[tuple[int, float]],
+    cand: list[tuple[int, float]],
+    samples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> list[float]:
     """Paired percentile bootstrap over prompts (or (prompt, seed) requests) of AL(candidate)/AL(baseline); items are
     (drafts, accepted), accepted being a count or an expected count."""
     rng = random.Random(seed)
@@ -113,8 +145,13 @@ def _note(i: int) -> str:
     return f"Note {i}: {FILLER_NAMES[i % 10]} lives in {FILLER_CITIES[(i * 3) % 10]}."
 
 
-def with_context(record: PromptRecord, tokenizer, length: int, text: str | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> PromptRecord:
+def with_context(
+    record: PromptRecord,
+    tokenizer,
+    length: int,
+    text: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> PromptRecord:
     """The record with a preamble so that its prompt is about `length` tokens: the most of `text` (a real long text,
     cut at a token boundary of the target's tokenizer) or, without one, of deterministic synthetic reference notes,
     that keeps the prompt within `length`.
@@ -127,10 +164,13 @@ def with_context(record: PromptRecord, tokenizer, length: int, text: str | None 
 
         def preamble_of(n: int) -> str:
             return tokenizer.decode(ids[:n]) + "\n\n" if n else ""
+
         cap: int | None = len(ids)
     else:
+
         def preamble_of(n: int) -> str:
             return " ".join(_note(i) for i in range(n)) + "\n\n" if n else ""
+
         cap = None
 
     def fits(n: int) -> bool:
@@ -161,8 +201,9 @@ def cut_to_tokens(record: PromptRecord, tokenizer, tokens: int) -> PromptRecord:
     ids = tokenizer(first["content"], add_special_tokens=False)["input_ids"]
     if len(ids) <= tokens:
         return record
-    return PromptRecord(record.id, record.domain, ({**first, "content": tokenizer.decode(ids[:tokens])}, *rest), None,
-                        record.followups)
+    return PromptRecord(
+        record.id, record.domain, ({**first, "content": tokenizer.decode(ids[:tokens])}, *rest), None, record.followups
+    )
 
 
 # Static draft/target findings (quantkit check, headers only) that make a run meaningless or crash vLLM mid-load.
@@ -176,8 +217,10 @@ def _refuse_misfit(draft: str, target: str) -> None:
     findings = draft_fit_findings(draft, target)
     bad = next((f for f in findings if f.severity == "error" and f.code in DRAFT_FIT_CODES), None)
     if bad is not None:
-        raise AcceptanceError(f"draft {draft} does not fit target {target}: {bad.code}: {bad.message}"
-                              + (f"; {bad.fix}" if bad.fix else ""))
+        raise AcceptanceError(
+            f"draft {draft} does not fit target {target}: {bad.code}: {bad.message}"
+            + (f"; {bad.fix}" if bad.fix else "")
+        )
 
 
 def _refuse_too_long(limits: list[tuple[str, MaxModelLen]], lengths: list[int], max_new: int, k: int) -> None:
@@ -186,17 +229,22 @@ def _refuse_too_long(limits: list[tuple[str, MaxModelLen]], lengths: list[int], 
     for t, limit in limits:
         room = limit.tokens - max_new - k  # the longest prompt that still fits
         if room < 1:
-            raise AcceptanceError(f"--max-new-tokens {max_new}: with --num-speculative-tokens {k} and a prompt of at "
-                                  f"least one token, a sequence needs {max_new + k + 1} positions, but target {t} holds "
-                                  f"{limit}; use --max-new-tokens {max(limit.tokens - k - 1, 1)} or less")
+            raise AcceptanceError(
+                f"--max-new-tokens {max_new}: with --num-speculative-tokens {k} and a prompt of at "
+                f"least one token, a sequence needs {max_new + k + 1} positions, but target {t} holds "
+                f"{limit}; use --max-new-tokens {max(limit.tokens - k - 1, 1)} or less"
+            )
         if lengths and lengths[-1] > room:
-            raise AcceptanceError(f"--context-lengths {lengths[-1]}: with --max-new-tokens {max_new} and "
-                                  f"--num-speculative-tokens {k}, a sequence needs {lengths[-1] + max_new + k} "
-                                  f"positions, but target {t} holds {limit}; use lengths up to {room}")
+            raise AcceptanceError(
+                f"--context-lengths {lengths[-1]}: with --max-new-tokens {max_new} and "
+                f"--num-speculative-tokens {k}, a sequence needs {lengths[-1] + max_new + k} "
+                f"positions, but target {t} holds {limit}; use lengths up to {room}"
+            )
 
 
-def _refuse_long_prompts(limits: list[tuple[str, MaxModelLen]], n_tokens: list[tuple[str, int]], prompts: str | Path,
-                         max_new: int, k: int) -> None:
+def _refuse_long_prompts(
+    limits: list[tuple[str, MaxModelLen]], n_tokens: list[tuple[str, int]], prompts: str | Path, max_new: int, k: int
+) -> None:
     """Once tokenized: every prompt (with its context preamble) fits every target with the new and speculative tokens;
     `n_tokens` holds (prompt id, tokens)."""
     if not n_tokens:
@@ -204,21 +252,34 @@ def _refuse_long_prompts(limits: list[tuple[str, MaxModelLen]], n_tokens: list[t
     name, n = max(n_tokens, key=lambda item: item[1])
     for t, limit in limits:
         if n + max_new + k > limit.tokens:
-            raise AcceptanceError(f"--prompts {prompts}: prompt {name!r} is {n} tokens, so with --max-new-tokens "
-                                  f"{max_new} and --num-speculative-tokens {k} it needs {n + max_new + k} positions, "
-                                  f"but target {t} holds {limit}; shorten it or lower --max-new-tokens")
+            raise AcceptanceError(
+                f"--prompts {prompts}: prompt {name!r} is {n} tokens, so with --max-new-tokens "
+                f"{max_new} and --num-speculative-tokens {k} it needs {n + max_new + k} positions, "
+                f"but target {t} holds {limit}; shorten it or lower --max-new-tokens"
+            )
 
 
-def _load_prompt_source(prompts: str | Path, speed_bench: str | Path | None
-                        ) -> tuple[list[PromptRecord], PromptSource, int | None]:
+def _load_prompt_source(
+    prompts: str | Path, speed_bench: str | Path | None
+) -> tuple[list[PromptRecord], PromptSource, int | None]:
     """The records, where they came from (hash and revision, never the text), and the length a throughput config
     is cut to."""
     from quantkit.io.speed_bench import is_speed_bench, load_speed_bench, throughput_tokens
 
     if is_speed_bench(prompts):
         sb = load_speed_bench(str(prompts), speed_bench)
-        return sb.records, PromptSource(kind="speed-bench", name=sb.name, repo=sb.repo, revision=sb.revision,
-                                        content_sha256=sb.content_sha256, files=sb.files), throughput_tokens(sb.config)
+        return (
+            sb.records,
+            PromptSource(
+                kind="speed-bench",
+                name=sb.name,
+                repo=sb.repo,
+                revision=sb.revision,
+                content_sha256=sb.content_sha256,
+                files=sb.files,
+            ),
+            throughput_tokens(sb.config),
+        )
     if speed_bench is not None:
         raise AcceptanceError(f"--speed-bench {speed_bench}: only with --prompts speed-bench:CONFIG[/CATEGORY]")
     records = load_prompts(prompts)
@@ -226,8 +287,7 @@ def _load_prompt_source(prompts: str | Path, speed_bench: str | Path | None
         return records, PromptSource(kind="builtin", name="builtin"), None
     from quantkit.io.checkpoint import sha256_file
 
-    return records, PromptSource(kind="jsonl", name=Path(prompts).name,
-                                 content_sha256=sha256_file(Path(prompts))), None
+    return records, PromptSource(kind="jsonl", name=Path(prompts).name, content_sha256=sha256_file(Path(prompts))), None
 
 
 def _load_context_text(context_source: str, speed_bench: str | Path | None) -> tuple[list[str], PromptSource]:
@@ -237,12 +297,20 @@ def _load_context_text(context_source: str, speed_bench: str | Path | None) -> t
     if is_speed_bench(context_source):
         sb = load_speed_bench(context_source, speed_bench)
         texts = [r.messages[0]["content"] for r in sb.records if r.messages]
-        return texts, PromptSource(kind="speed-bench", name=sb.name, repo=sb.repo, revision=sb.revision,
-                                   content_sha256=sb.content_sha256, files=sb.files)
+        return texts, PromptSource(
+            kind="speed-bench",
+            name=sb.name,
+            repo=sb.repo,
+            revision=sb.revision,
+            content_sha256=sb.content_sha256,
+            files=sb.files,
+        )
     path = Path(context_source)
     if not path.is_file():
-        raise AcceptanceError(f"--context-source {context_source}: not a file; pass a UTF-8 text file or "
-                              "speed-bench:throughput_32k (or another SPEED-Bench config)")
+        raise AcceptanceError(
+            f"--context-source {context_source}: not a file; pass a UTF-8 text file or "
+            "speed-bench:throughput_32k (or another SPEED-Bench config)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError):
@@ -260,8 +328,14 @@ def _requests(records: list[PromptRecord], seeds: list[int]) -> tuple[list[Promp
     return [r for r, _ in reqs], [sd for _, sd in reqs]
 
 
-def _conversations(recs: list[PromptRecord], seeds: list[int], generate, tokenizer,
-                   chat_template_kwargs: dict[str, Any], room: int | None) -> list[SequenceStats]:
+def _conversations(
+    recs: list[PromptRecord],
+    seeds: list[int],
+    generate,
+    tokenizer,
+    chat_template_kwargs: dict[str, Any],
+    room: int | None,
+) -> list[SequenceStats]:
     """Generate every request, turn by turn: a multi-turn record's next user turn goes after the model's own reply to
     the previous one (ModelOpt specdec_bench run_loop); a request's counters are the sum over its turns.
     `generate(texts, seeds)` runs one batch; `room` is the longest prompt every target still holds."""
@@ -272,15 +346,20 @@ def _conversations(recs: list[PromptRecord], seeds: list[int], generate, tokeniz
     while idx := [i for i, r in enumerate(recs) if len(r.followups) >= turn]:
         texts = []
         for i in idx:
-            convs[i] += [{"role": "assistant", "content": tokenizer.decode(last[i], skip_special_tokens=True)},
-                         {"role": "user", "content": recs[i].followups[turn - 1]}]
-            text = tokenizer.apply_chat_template(convs[i], tokenize=False, add_generation_prompt=True,
-                                                 **chat_template_kwargs)
+            convs[i] += [
+                {"role": "assistant", "content": tokenizer.decode(last[i], skip_special_tokens=True)},
+                {"role": "user", "content": recs[i].followups[turn - 1]},
+            ]
+            text = tokenizer.apply_chat_template(
+                convs[i], tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+            )
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
             if room is not None and n > room:
-                raise AcceptanceError(f"prompt {recs[i].id!r}: turn {turn + 1} with the replies before it is {n} "
-                                      f"tokens, more than the {room} the target holds with --max-new-tokens; lower "
-                                      "--max-new-tokens or pick a category without long conversations")
+                raise AcceptanceError(
+                    f"prompt {recs[i].id!r}: turn {turn + 1} with the replies before it is {n} "
+                    f"tokens, more than the {room} the target holds with --max-new-tokens; lower "
+                    "--max-new-tokens or pick a category without long conversations"
+                )
             texts.append(text)
         for i, more in zip(idx, generate(texts, [seeds[i] + 7919 * turn for i in idx])):
             last[i] = more.output_ids
@@ -289,9 +368,16 @@ def _conversations(recs: list[PromptRecord], seeds: list[int], generate, tokeniz
     return stats
 
 
-def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path, spec: AcceptanceSpec | None = None,
-                   *, candidate_target: str | Path | None = None, progress: Progress | None = None,
-                   **settings: Any) -> AcceptanceResult:
+def run_acceptance(
+    target: str | Path,
+    draft: str | Path,
+    candidate: str | Path,
+    spec: AcceptanceSpec | None = None,
+    *,
+    candidate_target: str | Path | None = None,
+    progress: Progress | None = None,
+    **settings: Any,
+) -> AcceptanceResult:
     """Measure target + BF16 draft and the candidate on the same prompts and settings (an AcceptanceSpec, or its
     fields as keywords: SpecError naming the field when one is out of range).
 
@@ -307,8 +393,9 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     context_lengths, seed, device, top_p, top_k = spec.context_lengths, spec.seed, spec.device, spec.top_p, spec.top_k
     draft_sample_method, num_seeds, speed_bench = spec.draft_sample_method, spec.num_seeds, spec.speed_bench
     chat_template_kwargs, context_source = spec.chat_template_kwargs, spec.context_source
-    sampling = Sampling(temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                        draft_sample_method=draft_sample_method)
+    sampling = Sampling(
+        temperature=temperature, top_p=top_p, top_k=max(top_k, 0), draft_sample_method=draft_sample_method
+    )
     chat_kwargs = dict(chat_template_kwargs or {})
     target, draft, candidate = str(target), str(draft), str(candidate)
     cand_target = str(candidate_target) if candidate_target is not None else None
@@ -326,26 +413,38 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             raise AcceptanceError(f"{role} {folder}: is a {kind}, expected an EAGLE-3 draft{pair}")
         if role in ("--target", "--candidate-target") and kind == EAGLE3_DRAFT:
             raise AcceptanceError(f"{role} {folder}: is an EAGLE-3 draft; pass the model it drafts for")
-    for folder, config in configs.items():  # an MoE-layer EAGLE-3 draft (naming/archs/eagle3_moe.py): no backend runs it
+    for (
+        folder,
+        config,
+    ) in configs.items():  # an MoE-layer EAGLE-3 draft (naming/archs/eagle3_moe.py): no backend runs it
         try:
             require_vllm_model(config, folder)
         except NoVllmModelError as e:
-            raise AcceptanceError(f"{folder}: quantkit's reference engine runs dense EAGLE-3 drafts only, and {e}") from None
+            raise AcceptanceError(
+                f"{folder}: quantkit's reference engine runs dense EAGLE-3 drafts only, and {e}"
+            ) from None
     if cand_target is not None:
         candidate_kind = "pair"
         runs = [("baseline", target, draft), ("candidate", cand_target, candidate)]
     else:
         candidate_kind = "draft" if model_kind(configs[candidate]) == EAGLE3_DRAFT else "target"
-        runs = [("baseline", target, draft), ("candidate", candidate if candidate_kind == "target" else target,
-                                              candidate if candidate_kind == "draft" else draft)]
+        runs = [
+            ("baseline", target, draft),
+            (
+                "candidate",
+                candidate if candidate_kind == "target" else target,
+                candidate if candidate_kind == "draft" else draft,
+            ),
+        ]
     limits = [(t, lim) for t in dict.fromkeys(t for _, t, _ in runs) if (lim := max_model_len(configs[t])) is not None]
     lengths = sorted(set(context_lengths or []))
     _refuse_too_long(limits, lengths, max_new_tokens, k)
     for tgt, drf in dict.fromkeys((t, d) for _, t, d in runs):  # the pair too: its draft on its own target
         _refuse_misfit(drf, tgt)
     records, source, cut = _load_prompt_source(prompts, speed_bench)
-    context_texts, context_info = (_load_context_text(context_source, speed_bench) if context_source is not None
-                                   else (None, None))
+    context_texts, context_info = (
+        _load_context_text(context_source, speed_bench) if context_source is not None else (None, None)
+    )
 
     # one refusal for every checkpoint the runs load; auto falls back to the reference engine on any reason
     why_not_vllm = vllm_refusal({f: f for _, t, d in runs for f in (t, d)}, temperature=temperature)
@@ -353,8 +452,10 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     if chosen == "vllm" and why_not_vllm is not None:  # fail before any engine starts
         raise AcceptanceError(f"--backend vllm: {why_not_vllm}; use --backend reference")
     if chosen == "vllm" and draft_sample_method != "greedy":
-        raise AcceptanceError("--draft-sample-method probabilistic: quantkit starts vLLM with its default (greedy) "
-                              "draft sampling; use --backend reference")
+        raise AcceptanceError(
+            "--draft-sample-method probabilistic: quantkit starts vLLM with its default (greedy) "
+            "draft sampling; use --backend reference"
+        )
 
     from quantkit.io.hf import load_tokenizer
 
@@ -370,13 +471,28 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             prompt_sets.append((str(n), [with_context(r, tokenizer, n, None, chat_kwargs) for r in reqs]))
         else:
             texts = context_texts
-            prompt_sets.append((str(n), [with_context(r, tokenizer, n, "\n\n".join(texts[i % len(texts):]
-                                                                                    + texts[:i % len(texts)]),
-                                                      chat_kwargs) for i, r in enumerate(reqs)]))
-    n_tokens = {key: [len(tokenizer(r.render(tokenizer, chat_kwargs), add_special_tokens=False)["input_ids"])
-                      for r in recs] for key, recs in prompt_sets}
-    _refuse_long_prompts(limits, [(r.id, n) for key, recs in prompt_sets for r, n in zip(recs, n_tokens[key])],
-                         prompts, max_new_tokens, k)
+            prompt_sets.append(
+                (
+                    str(n),
+                    [
+                        with_context(
+                            r, tokenizer, n, "\n\n".join(texts[i % len(texts) :] + texts[: i % len(texts)]), chat_kwargs
+                        )
+                        for i, r in enumerate(reqs)
+                    ],
+                )
+            )
+    n_tokens = {
+        key: [len(tokenizer(r.render(tokenizer, chat_kwargs), add_special_tokens=False)["input_ids"]) for r in recs]
+        for key, recs in prompt_sets
+    }
+    _refuse_long_prompts(
+        limits,
+        [(r.id, n) for key, recs in prompt_sets for r, n in zip(recs, n_tokens[key])],
+        prompts,
+        max_new_tokens,
+        k,
+    )
     room = min((lim.tokens - max_new_tokens - k for _, lim in limits), default=None)
 
     results: dict[str, DraftAcceptance] = {}
@@ -391,17 +507,31 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
             # slack for the speculative lookahead, never past what the target holds (vLLM refuses a longer one)
             mml = fit_max_model_len(configs[tgt], max(1024, max(n_tokens[key]) + max_new_tokens + k + 8))
 
-            def generate(texts: list[str], sds: list[int], tgt: str = tgt, drf: str = drf,
-                         mml: int = mml) -> list[SequenceStats]:
+            def generate(
+                texts: list[str], sds: list[int], tgt: str = tgt, drf: str = drf, mml: int = mml
+            ) -> list[SequenceStats]:
                 if chosen == "vllm":
                     from quantkit.engines.vllm_engine import run_spec_decode
 
-                    return run_spec_decode(tgt, drf, texts, k, max_new_tokens, temperature, seed, max_model_len=mml,
-                                           top_p=top_p, top_k=top_k, seeds=sds)
+                    return run_spec_decode(
+                        tgt,
+                        drf,
+                        texts,
+                        k,
+                        max_new_tokens,
+                        temperature,
+                        seed,
+                        max_model_len=mml,
+                        top_p=top_p,
+                        top_k=top_k,
+                        seeds=sds,
+                    )
                 from quantkit.engines.reference import run_reference
 
-                return run_reference(tgt, drf, texts, tokenizer, k, max_new_tokens, sampling, sds, device,
-                                     model_cache, configs[tgt])
+                return run_reference(
+                    tgt, drf, texts, tokenizer, k, max_new_tokens, sampling, sds, device, model_cache, configs[tgt]
+                )
+
             stats = _conversations(recs, req_seeds, generate, tokenizer, chat_kwargs, room)
             s = _summarise(label, tgt, drf, recs, stats, k, time.perf_counter() - t0, req_seeds)
             if key:
@@ -412,8 +542,10 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
         assert summary is not None
         summary.by_context_length = by_len
         results[label] = summary
-        progress(f"{label}: AL {_fmt(summary.mean_acceptance_length)} pooled, "
-                 f"{_fmt(summary.macro_acceptance_length)} macro, over {summary.num_drafts} drafts")
+        progress(
+            f"{label}: AL {_fmt(summary.mean_acceptance_length)} pooled, "
+            f"{_fmt(summary.macro_acceptance_length)} macro, over {summary.num_drafts} drafts"
+        )
 
     base, cand = results["baseline"], results["candidate"]
     base.model = draft  # whose figures each run is: the BF16 draft, and the candidate (a draft or a target)
@@ -424,23 +556,35 @@ def run_acceptance(target: str | Path, draft: str | Path, candidate: str | Path,
     return AcceptanceResult(
         backend=chosen,
         spec=spec,
-        settings=AcceptanceSettings(num_speculative_tokens=k, temperature=temperature, top_p=top_p, top_k=top_k,
-                                    draft_sample_method=draft_sample_method, chat_template_kwargs=chat_kwargs,
-                                    max_new_tokens=max_new_tokens, prompts=str(prompts), num_prompts=len(records),
-                                    seed=seed, num_seeds=num_seeds, context_lengths=lengths,
-                                    context_source=context_info.name if context_info else None,
-                                    prompt_source=source, context_text_source=context_info),
-        baseline=base, candidate=cand, ratio=_ratio(cand.mean_acceptance_length, base.mean_acceptance_length),
+        settings=AcceptanceSettings(
+            num_speculative_tokens=k,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            draft_sample_method=draft_sample_method,
+            chat_template_kwargs=chat_kwargs,
+            max_new_tokens=max_new_tokens,
+            prompts=str(prompts),
+            num_prompts=len(records),
+            seed=seed,
+            num_seeds=num_seeds,
+            context_lengths=lengths,
+            context_source=context_info.name if context_info else None,
+            prompt_source=source,
+            context_text_source=context_info,
+        ),
+        baseline=base,
+        candidate=cand,
+        ratio=_ratio(cand.mean_acceptance_length, base.mean_acceptance_length),
         ratio_ci=bootstrap_ratio_ci(pairs(base), pairs(cand), seed=seed),
-        per_domain_ratio={d: _ratio(cand.domain_al(d), v.mean_acceptance_length)
-                          for d, v in base.per_domain.items()},
+        per_domain_ratio={d: _ratio(cand.domain_al(d), v.mean_acceptance_length) for d, v in base.per_domain.items()},
         context_length_ratio={n: _ratio(cand.by_context_length.get(n), v) for n, v in base.by_context_length.items()},
         candidate_kind=candidate_kind,
         candidate_target=cand_target,
         greedy_outputs_identical=(outputs["baseline"] == outputs["candidate"]) if temperature == 0 else None,
         macro_ratio=_ratio(cand.macro_acceptance_length, base.macro_acceptance_length),
         expected_ratio=_ratio(cand.expected_acceptance_length, base.expected_acceptance_length)
-        if have_expected else None,
-        expected_ratio_ci=bootstrap_ratio_ci(expected(base), expected(cand), seed=seed)
-        if have_expected else None,
+        if have_expected
+        else None,
+        expected_ratio_ci=bootstrap_ratio_ci(expected(base), expected(cand), seed=seed) if have_expected else None,
     )

@@ -40,8 +40,11 @@ def final_config(plan: ApplyPlan, quark_qc: dict[str, Any]) -> dict[str, Any]:
         return draft_config_for_vllm(plan.src.config, plan.info, qc)
     # The source's own quantization config (FP8-block, compressed-tensors; top level or in text_config) must not
     # survive: vLLM reads the top-level one first and text_config's second.
-    config = {k: ({kk: vv for kk, vv in v.items() if kk != "quantization_config"} if isinstance(v, dict) else v)
-              for k, v in plan.src.config.items() if k not in ("quantization_config", "compression_config")}
+    config = {
+        k: ({kk: vv for kk, vv in v.items() if kk != "quantization_config"} if isinstance(v, dict) else v)
+        for k, v in plan.src.config.items()
+        if k not in ("quantization_config", "compression_config")
+    }
     config["quantization_config"] = qc
     if plan.dropped:  # the MTP layers are gone: say so where vLLM's MTP draft would look for them
         for cfg in (config, config.get("text_config")):
@@ -65,7 +68,6 @@ def write_final_files(plan: ApplyPlan, dst: Path, quark_qc: dict[str, Any]) -> N
     copy_aux_files(plan.src.path, dst)
 
 
-
 def rewrite_layer_quant_config(qc: dict[str, Any], decisions: list[LayerDecision], layers: list[Any]) -> None:
     """Quark keys per-layer entries by checkpoint module name; vLLM looks them up by runtime (shard) name."""
     lqc = qc.get("layer_quant_config") or {}
@@ -80,7 +82,7 @@ def rewrite_layer_quant_config(qc: dict[str, Any], decisions: list[LayerDecision
             out[key] = cfg
             continue
         layer = layer_by_name[d.runtime_name]
-        for name in (layer.shards or (layer.name,)):
+        for name in layer.shards or (layer.name,):
             out[name] = cfg
     qc["layer_quant_config"] = out
 
@@ -120,8 +122,13 @@ def restore_kept_tensors(src: SourceCheckpoint, out: Path, decisions: list[Layer
     return restored
 
 
-def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecision],
-                  kept_checked_by_hash: bool = False, source_tensors: dict[str, Any] | None = None) -> dict[str, Any]:
+def verify_output(
+    src: SourceCheckpoint,
+    out: Path,
+    decisions: list[LayerDecision],
+    kept_checked_by_hash: bool = False,
+    source_tensors: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Check the written tensors against the plan: kept tensors byte-identical to the source, quantized ones in
     a quantized dtype with finite, positive scales. Raises ApplyVerificationError on the first mismatch.
 
@@ -143,7 +150,8 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
             raise ApplyVerificationError(f"{out}: quantized layer {m} has no weight tensor")
         if weight_dtype and w.dtype != weight_dtype:
             raise ApplyVerificationError(
-                f"{out}: {m}.weight is {w.dtype}, but the plan quantizes it with {d.scheme}; Quark skipped it")
+                f"{out}: {m}.weight is {w.dtype}, but the plan quantizes it with {d.scheme}; Quark skipped it"
+            )
         scale = out_tensors.get(f"{m}.weight_scale")
         if scale is None:
             raise ApplyVerificationError(f"{out}: quantized layer {m} has no weight_scale")
@@ -166,18 +174,24 @@ def verify_output(src: SourceCheckpoint, out: Path, decisions: list[LayerDecisio
             raise ApplyVerificationError(f"{out}: tensor {name} from the source is missing from the output")
         if kept_checked_by_hash:
             if (o.dtype, o.shape) != (info.dtype, info.shape):
-                raise ApplyVerificationError(f"{out}: kept tensor {name} is {o.dtype} {list(o.shape)}, the source's "
-                                             f"{info.dtype} {list(info.shape)}")
+                raise ApplyVerificationError(
+                    f"{out}: kept tensor {name} is {o.dtype} {list(o.shape)}, the source's "
+                    f"{info.dtype} {list(info.shape)}"
+                )
             checked_identical += 1
             continue
         a, b = tensor(src.path, info.file, name), tensor(out, o.file, name)
         if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape) or _bytes(a) != _bytes(b):
             raise ApplyVerificationError(f"{out}: kept tensor {name} differs from the source")
         checked_identical += 1
-    return {"kept_tensors_byte_identical": checked_identical, "quantized_layers_checked": len(quantized_modules),
-            "kept_bytes_checked": "written from the source bytes read and hashed" if kept_checked_by_hash
-            else "read back and compared",
-            "scales_checked": "while writing" if kept_checked_by_hash else "read back"}
+    return {
+        "kept_tensors_byte_identical": checked_identical,
+        "quantized_layers_checked": len(quantized_modules),
+        "kept_bytes_checked": "written from the source bytes read and hashed"
+        if kept_checked_by_hash
+        else "read back and compared",
+        "scales_checked": "while writing" if kept_checked_by_hash else "read back",
+    }
 
 
 def _check_scale_values(out: Path, name: str, info: Any) -> None:
@@ -195,8 +209,10 @@ def _check_scale_values(out: Path, name: str, info: Any) -> None:
         what = "not finite and positive"
     if bad.size:
         index = bad[0].tolist()
-        raise ApplyVerificationError(f"{out}: {name}{index} = {values[tuple(index)]} is {what}; Quark wrote an "
-                                     "unusable scale (is the source weight damaged?), so no output was written")
+        raise ApplyVerificationError(
+            f"{out}: {name}{index} = {values[tuple(index)]} is {what}; Quark wrote an "
+            "unusable scale (is the source weight damaged?), so no output was written"
+        )
 
 
 def refuse_non_finite(src: SourceCheckpoint, decisions: list[LayerDecision]) -> None:
@@ -218,7 +234,8 @@ def refuse_non_finite(src: SourceCheckpoint, decisions: list[LayerDecision]) -> 
                     index = (~torch.isfinite(t)).nonzero()[0].tolist()
                     raise NonFiniteWeightError(
                         f"source {src.path}: {name}{index} is {t[tuple(index)].item()}; quantkit does not quantize "
-                        "non-finite weights (the group's scale would be NaN): repair or re-export the source")
+                        "non-finite weights (the group's scale would be NaN): repair or re-export the source"
+                    )
 
 
 def _bytes(t) -> bytes:

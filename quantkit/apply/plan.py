@@ -59,7 +59,6 @@ class ApplyPlan:
     modules: CheckpointModules | None = None
 
 
-
 # --- planning ------------------------------------------------------------------------------------------------------
 
 
@@ -74,31 +73,58 @@ def plan_layers(recipe: Recipe, layers: list[Any]) -> list[LayerDecision]:
 
     decisions = []
     for layer in layers:
-        base = dict(runtime_name=layer.name, role=layer.role, kind=layer.kind,
-                    checkpoint_modules=list(layer.checkpoint_modules))
+        base = dict(
+            runtime_name=layer.name, role=layer.role, kind=layer.kind, checkpoint_modules=list(layer.checkpoint_modules)
+        )
         keep = next((k for k in recipe.keep if selects(k, layer)), None)
         override = next((o for o in recipe.overrides if selects(o, layer)), None)
         if keep is not None:
             decisions.append(LayerDecision(**base, action="keep", scheme=None, reason=keep.reason))
         elif layer.role == VISION_ROLE:
-            decisions.append(LayerDecision(**base, action="keep", scheme=None,
-                                           reason="multimodal encoder (vision tower / projector): runs once per image "
-                                                  "and is small; AMD's Kimi-K2.5 MXFP4 release keeps it BF16"))
+            decisions.append(
+                LayerDecision(
+                    **base,
+                    action="keep",
+                    scheme=None,
+                    reason="multimodal encoder (vision tower / projector): runs once per image "
+                    "and is small; AMD's Kimi-K2.5 MXFP4 release keeps it BF16",
+                )
+            )
         elif layer.kind == "embedding":
-            decisions.append(LayerDecision(**base, action="keep", scheme=None,
-                                           reason="embeddings are lookups; Quark quantizes linear layers only"))
+            decisions.append(
+                LayerDecision(
+                    **base,
+                    action="keep",
+                    scheme=None,
+                    reason="embeddings are lookups; Quark quantizes linear layers only",
+                )
+            )
         elif not layer.quantizable:
-            decisions.append(LayerDecision(**base, action="keep", scheme=None,
-                                           reason="vLLM builds this layer without a quantization method, so it "
-                                                  "must stay unquantized"))
+            decisions.append(
+                LayerDecision(
+                    **base,
+                    action="keep",
+                    scheme=None,
+                    reason="vLLM builds this layer without a quantization method, so it must stay unquantized",
+                )
+            )
         elif override is not None:
             decisions.append(LayerDecision(**base, action="quantize", scheme=override.scheme, reason=override.reason))
         elif recipe.quantize is None or any(in_role(layer, r) for r in recipe.quantize):
-            decisions.append(LayerDecision(**base, action="quantize", scheme=recipe.scheme,
-                                           reason=f"recipe {recipe.name}: {recipe.scheme}"))
+            decisions.append(
+                LayerDecision(
+                    **base, action="quantize", scheme=recipe.scheme, reason=f"recipe {recipe.name}: {recipe.scheme}"
+                )
+            )
         else:
-            decisions.append(LayerDecision(**base, action="keep", scheme=None,
-                                           reason=f"not in the recipe's quantize roles ({', '.join(recipe.quantize)})"))
+            decisions.append(
+                LayerDecision(
+                    **base,
+                    action="keep",
+                    scheme=None,
+                    reason=f"not in the recipe's quantize roles ({', '.join(recipe.quantize)})",
+                )
+            )
     return decisions
 
 
@@ -116,8 +142,11 @@ def unmatched_patterns(recipe: Recipe, layers: list[Any]) -> list[tuple[str, str
     if all(pattern is None for _, pattern in entries):  # roles only (every built-in recipe): no module to list
         return []
     modules = [m for layer in layers for m in layer.checkpoint_modules]
-    return [(f"{key}.pattern", pattern) for key, pattern in entries
-            if pattern is not None and not any(fnmatch.fnmatchcase(m, pattern) for m in modules)]
+    return [
+        (f"{key}.pattern", pattern)
+        for key, pattern in entries
+        if pattern is not None and not any(fnmatch.fnmatchcase(m, pattern) for m in modules)
+    ]
 
 
 def draft_runtime_name(name: str) -> str:
@@ -138,12 +167,18 @@ def vllm_exclude(layers: list[Any], decisions: list[LayerDecision], target_known
     if not target_known:
         # The draft's decoder layer number depends on the target; match any number rather than a made-up one.
         marker = f"model.layers.{UNKNOWN_TARGET_LAYERS}."
-        entries = [("re:" + re.escape("model.layers.") + r"\d+\." + re.escape(e[len(marker):]) + "$")
-                   if e.startswith(marker) else e for e in entries]
+        entries = [
+            ("re:" + re.escape("model.layers.") + r"\d+\." + re.escape(e[len(marker) :]) + "$")
+            if e.startswith(marker)
+            else e
+            for e in entries
+        ]
         if any(marker in e for e in entries):  # a compressed `re:` entry kept the stand-in number: spell it out
             entries = [e for e in entries if marker not in e] + [
-                "re:" + re.escape("model.layers.") + r"\d+\." + re.escape(layer.name[len(marker):]) + "$"
-                for layer in kept if layer.name.startswith(marker)]
+                "re:" + re.escape("model.layers.") + r"\d+\." + re.escape(layer.name[len(marker) :]) + "$"
+                for layer in kept
+                if layer.name.startswith(marker)
+            ]
     got = excluded_names(layers, entries)
     if got != kept_names:
         raise ApplyVerificationError(
@@ -159,6 +194,10 @@ def quark_exclusions(recipe: Recipe, decisions: list[LayerDecision]) -> tuple[li
     Quark's file-to-file matching of them.
     """
     exclude = sorted({m for d in decisions if d.action == "keep" for m in d.checkpoint_modules})
-    layer_config = {m: d.scheme for d in decisions if d.action == "quantize" and d.scheme and d.scheme != recipe.scheme
-                    for m in d.checkpoint_modules}
+    layer_config = {
+        m: d.scheme
+        for d in decisions
+        if d.action == "quantize" and d.scheme and d.scheme != recipe.scheme
+        for m in d.checkpoint_modules
+    }
     return exclude, layer_config

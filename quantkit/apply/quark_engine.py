@@ -100,14 +100,27 @@ def _calibration_data(src: Path, recipe: Recipe, device: str):
     texts = [r.render(tok) for r in load_prompts("builtin")]
     batches = []
     for i in range(recipe.calibration.samples):
-        ids = tok(texts[i % len(texts)], return_tensors="pt", add_special_tokens=False,
-                  truncation=True, max_length=recipe.calibration.seq_len)["input_ids"]
+        ids = tok(
+            texts[i % len(texts)],
+            return_tensors="pt",
+            add_special_tokens=False,
+            truncation=True,
+            max_length=recipe.calibration.seq_len,
+        )["input_ids"]
         batches.append(ids.to(device))
     return batches
 
 
-def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[str, Any],
-                   decisions: list[LayerDecision], device: str, progress: Progress) -> list[str]:
+def run_in_memory(
+    src: Path,
+    tmp: Path,
+    recipe: Recipe,
+    kind: str,
+    config: dict[str, Any],
+    decisions: list[LayerDecision],
+    device: str,
+    progress: Progress,
+) -> list[str]:
     import torch
 
     import_quark()
@@ -116,8 +129,10 @@ def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions)
     if kind == EAGLE3_DRAFT:
         if recipe.needs_calibration:
-            raise ApplyError(f"recipe {recipe.name}: static activation scales need calibration, which an EAGLE-3 "
-                             "draft cannot run alone (it needs target hidden states); use ptpc_fp8 or mxfp4")
+            raise ApplyError(
+                f"recipe {recipe.name}: static activation scales need calibration, which an EAGLE-3 "
+                "draft cannot run alone (it needs target hidden states); use ptpc_fp8 or mxfp4"
+            )
         model = _draft_module(src, config, decisions)
     else:
         from quark.torch.utils.llm import preprocess_for_quantization
@@ -142,8 +157,9 @@ def run_in_memory(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[
     return quark_exclude
 
 
-def refuse_in_memory_renames(model: Any, decisions: list[LayerDecision], config: dict[str, Any],
-                             recipe: Recipe) -> None:
+def refuse_in_memory_renames(
+    model: Any, decisions: list[LayerDecision], config: dict[str, Any], recipe: Recipe
+) -> None:
     """Refuse the in-memory path when transformers holds a layer to quantize under another name than the checkpoint.
 
     Quark's in-memory export writes the module names of the loaded model. transformers 5 renames some
@@ -156,18 +172,33 @@ def refuse_in_memory_renames(model: Any, decisions: list[LayerDecision], config:
     missing = [m for d in decisions if d.action == "quantize" for m in d.checkpoint_modules if m not in names]
     if missing:
         arch = (config.get("architectures") or [config.get("model_type")])[0]
-        fix = ("use a dynamic-activation scheme (ptpc_fp8, mxfp4), which runs per shard" if recipe.needs_calibration
-               else "use --path per-shard (the default for this recipe)")
-        raise ApplyError(f"--path in-memory: transformers renames {arch}'s modules in memory ({missing[0]} is not a "
-                         f"module of the loaded model), so Quark's in-memory export would hold names vLLM does not "
-                         f"read; {fix}")
+        fix = (
+            "use a dynamic-activation scheme (ptpc_fp8, mxfp4), which runs per shard"
+            if recipe.needs_calibration
+            else "use --path per-shard (the default for this recipe)"
+        )
+        raise ApplyError(
+            f"--path in-memory: transformers renames {arch}'s modules in memory ({missing[0]} is not a "
+            f"module of the loaded model), so Quark's in-memory export would hold names vLLM does not "
+            f"read; {fix}"
+        )
 
 
-def run_per_shard(src: Path, tmp: Path, recipe: Recipe, kind: str, config: dict[str, Any],
-                   decisions: list[LayerDecision], device: str, progress: Progress) -> list[str]:
+def run_per_shard(
+    src: Path,
+    tmp: Path,
+    recipe: Recipe,
+    kind: str,
+    config: dict[str, Any],
+    decisions: list[LayerDecision],
+    device: str,
+    progress: Progress,
+) -> list[str]:
     if recipe.needs_calibration:
-        raise ApplyError(f"recipe {recipe.name}: per-shard cannot calibrate static activation scales (Quark's "
-                         "per-shard path drops input_scale); use --path in-memory")
+        raise ApplyError(
+            f"recipe {recipe.name}: per-shard cannot calibrate static activation scales (Quark's "
+            "per-shard path drops input_scale); use --path in-memory"
+        )
     import_quark()
     from quark.torch import ModelQuantizer
 

@@ -74,6 +74,8 @@ PATHS = ("auto", "in-memory", "per-shard")
 
 
 DEVICE = re.compile(r"cuda:[0-9]{1,4}")
+
+
 def device_spec(devices: str | list[str] | None) -> list[str]:
     """The device names asked for, checked for syntax only (no torch import): [] for auto, ["cuda"], or names."""
     spec = devices if isinstance(devices, list) else [d.strip() for d in str(devices or "auto").split(",") if d.strip()]
@@ -83,8 +85,10 @@ def device_spec(devices: str | list[str] | None) -> list[str]:
         # ASCII digits only: str.isdigit() also takes '²' and '٣', which int() then refuses or reads as 3
         if d != "cpu" and not DEVICE.fullmatch(d):
             shown = ",".join(spec)[:80]
-            raise ApplyError(f"--devices {shown!r}: {d[:20]!r} is not a device; use auto, cpu, cuda or cuda:N,... "
-                             "(N a GPU index such as 0)")
+            raise ApplyError(
+                f"--devices {shown!r}: {d[:20]!r} is not a device; use auto, cpu, cuda or cuda:N,... "
+                "(N a GPU index such as 0)"
+            )
     if len(set(spec)) != len(spec):
         raise ApplyError(f"--devices {','.join(spec)}: a device is named twice")
     return spec
@@ -119,13 +123,23 @@ def resolve_devices(devices: str | list[str] | None) -> list[str]:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         bad = [d for d in spec if d.startswith("cuda:") and int(d[5:]) >= n]
         if bad:
-            raise ApplyError(f"--devices: {bad[0]} is not visible to torch ({n} GPU(s)); pick from cuda:0..cuda:{n - 1}"
-                             if n else f"--devices: {bad[0]}: no CUDA/ROCm GPU visible to torch; use cpu")
+            raise ApplyError(
+                f"--devices: {bad[0]} is not visible to torch ({n} GPU(s)); pick from cuda:0..cuda:{n - 1}"
+                if n
+                else f"--devices: {bad[0]}: no CUDA/ROCm GPU visible to torch; use cpu"
+            )
     return spec
 
 
-def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | Path | None = None,
-               path: str | None = None, engine: str = "auto", devices: str | list[str] | None = "auto") -> ApplyPlan:
+def plan_apply(
+    recipe: str | Path | Recipe,
+    model: str | Path,
+    *,
+    target: str | Path | None = None,
+    path: str | None = None,
+    engine: str = "auto",
+    devices: str | list[str] | None = "auto",
+) -> ApplyPlan:
     """Read the source's config and headers only, and decide everything apply will do."""
     from quantkit.naming.archs import architecture_of, checkpoint_layers, family_of, quark_template
 
@@ -137,26 +151,39 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     if asked not in PATHS:
         raise ApplyError(f"--path {asked!r}: use one of {', '.join(PATHS)}")
     if asked == "per-shard" and rec.needs_calibration:
-        raise ApplyError(f"--path per-shard: recipe {rec.name} has static activation scales, which the per-shard path "
-                         "cannot calibrate (Quark's drops input_scale); use --path in-memory")
+        raise ApplyError(
+            f"--path per-shard: recipe {rec.name} has static activation scales, which the per-shard path "
+            "cannot calibrate (Quark's drops input_scale); use --path in-memory"
+        )
     if asked == "auto":
         run_path = "in-memory" if rec.needs_calibration else "per-shard"
-        path_reason = ("in memory: static activation scales need calibration" if rec.needs_calibration
-                       else "per shard (default without static activation scales: memory bounded by shard size)")
+        path_reason = (
+            "in memory: static activation scales need calibration"
+            if rec.needs_calibration
+            else "per shard (default without static activation scales: memory bounded by shard size)"
+        )
     else:
         run_path, path_reason = asked, f"--path {asked}" if path else f"recipe {rec.name}"
     schemes = {rec.scheme, *(o.scheme for o in rec.overrides)}
     native = native_schemes()
     native_ok = run_path == "per-shard" and schemes <= set(native)
     if engine == "native" and not native_ok:
-        why = "it runs per shard only" if run_path != "per-shard" else \
-            f"it supports {', '.join(native)} (recipe uses {', '.join(sorted(schemes))})"
+        why = (
+            "it runs per shard only"
+            if run_path != "per-shard"
+            else f"it supports {', '.join(native)} (recipe uses {', '.join(sorted(schemes))})"
+        )
         raise ApplyError(f"--engine native: {why}; use --engine quark")
     chosen = "native" if engine in ("auto", "native") and native_ok else "quark"
-    engine_reason = {"native": "quantkit's shard executor (byte-identical to Quark 0.13's file-to-file path)",
-                     "quark": "Quark 0.13" + (" (--engine quark)" if engine == "quark" else
-                                              f" ({'calibration' if run_path == 'in-memory' else 'scheme'} "
-                                              "not run natively)")}[chosen]
+    engine_reason = {
+        "native": "quantkit's shard executor (byte-identical to Quark 0.13's file-to-file path)",
+        "quark": "Quark 0.13"
+        + (
+            " (--engine quark)"
+            if engine == "quark"
+            else f" ({'calibration' if run_path == 'in-memory' else 'scheme'} not run natively)"
+        ),
+    }[chosen]
 
     src = resolve_source(model, copying=True)
     from quantkit.io.formats import decoded_tensor_names, detect_format, names_ending
@@ -169,9 +196,11 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     if fmt.name != "bf16":
         if chosen != "native":
             why = "--engine quark" if engine == "quark" else f"path {run_path}"
-            raise ApplyError(f"{model} is a {fmt.name} checkpoint, which only quantkit's shard executor decodes exactly "
-                             f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine native (what "
-                             "--engine auto picks) and a recipe without calibration")
+            raise ApplyError(
+                f"{model} is a {fmt.name} checkpoint, which only quantkit's shard executor decodes exactly "
+                f"(per shard, to BF16, then {rec.scheme}); {why} cannot: use --engine native (what "
+                "--engine auto picks) and a recipe without calibration"
+            )
         engine_reason += f"; decodes the {fmt.name} source per shard to BF16 first"
     decoded = decoded_tensor_names(fmt, src.tensors) if fmt.name != "bf16" else {}
     names = list(decoded) if fmt.name != "bf16" else list(src.tensors)
@@ -179,26 +208,33 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     if chosen == "quark":
         quark_template(src.config)  # a family without a Quark template is refused here, before Quark is imported
     if kind != rec.applies_to:
-        raise ApplyError(f"recipe {rec.name} applies to {rec.applies_to} checkpoints, but {model} is a {kind} "
-                         f"({src.architecture}); pick a recipe for {kind} (quantkit recipes list)")
+        raise ApplyError(
+            f"recipe {rec.name} applies to {rec.applies_to} checkpoints, but {model} is a {kind} "
+            f"({src.architecture}); pick a recipe for {kind} (quantkit recipes list)"
+        )
     info: DraftInfo | None = None
     n_target = target_layer_count(target) if target is not None else None
     if kind == EAGLE3_DRAFT:
         info = draft_info(src.config, src.tensors, str(model))
         if n_target is not None and info.aux_layer_ids and max(info.aux_layer_ids) > n_target:
-            raise ApplyError(f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
-                             f"{n_target} layers; is --target the draft's target?")
-    layers, table = checkpoint_layers(src.config, names,
-                                      (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
+            raise ApplyError(
+                f"draft {model}: aux layer id {max(info.aux_layer_ids)} is beyond the target's "
+                f"{n_target} layers; is --target the draft's target?"
+            )
+    layers, table = checkpoint_layers(
+        src.config, names, (n_target or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None
+    )
     unmatched = unmatched_patterns(rec, layers)
     if unmatched:
         key, pattern = unmatched[0]
         what = "keep" if key.startswith("keep") else "give another scheme"
         modules = [m for layer in layers for m in layer.checkpoint_modules]
-        raise ApplyError(f"recipe {rec.name}: {key} {pattern[:100]!r} matches no module of {model}, so the layers it "
-                         f"means to {what} would get {rec.scheme}; fix the pattern (fnmatch on checkpoint module "
-                         f"names such as {modules[len(modules) // 2]!r}) or remove the entry"
-                         + (f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""))
+        raise ApplyError(
+            f"recipe {rec.name}: {key} {pattern[:100]!r} matches no module of {model}, so the layers it "
+            f"means to {what} would get {rec.scheme}; fix the pattern (fnmatch on checkpoint module "
+            f"names such as {modules[len(modules) // 2]!r}) or remove the entry"
+            + (f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else "")
+        )
     decisions = plan_layers(rec, layers)
     if not any(d.action == "quantize" for d in decisions):
         raise ApplyError(f"recipe {rec.name} quantizes no layer of {model}; check its quantize/keep roles")
@@ -217,16 +253,31 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
     # `.weight` tensors only, so refuse before any work instead of failing in verification.
     # only names ending so can be such a tensor: usually none (found in one search of the names that do not end in
     # `.weight`, which the layers' table holds apart), and then no module is looked at
-    present = set(names_ending(table.other_tensor_names() if table is not None else names,
-                               (".gate_up_proj", ".down_proj")))
-    fused = next((f"{m}.{p}" for d in decisions if d.action == "quantize" and d.kind == "moe"
-                  for m in d.checkpoint_modules for p in ("gate_up_proj", "down_proj") if f"{m}.{p}" in present),
-                 None) if present else None
+    present = set(
+        names_ending(table.other_tensor_names() if table is not None else names, (".gate_up_proj", ".down_proj"))
+    )
+    fused = (
+        next(
+            (
+                f"{m}.{p}"
+                for d in decisions
+                if d.action == "quantize" and d.kind == "moe"
+                for m in d.checkpoint_modules
+                for p in ("gate_up_proj", "down_proj")
+                if f"{m}.{p}" in present
+            ),
+            None,
+        )
+        if present
+        else None
+    )
     if fused is not None:
-        raise ApplyError(f"{model}: routed experts are stored fused ({fused}, one 3-D tensor for all experts); quantkit "
-                         "quantizes per-expert experts.<e>.*_proj.weight tensors only and cannot quantize this "
-                         "checkpoint's experts yet; re-save the experts per expert (experts.<e>.gate_proj / up_proj / down_proj.weight, "
-                         "[out, in] each) and apply again")
+        raise ApplyError(
+            f"{model}: routed experts are stored fused ({fused}, one 3-D tensor for all experts); quantkit "
+            "quantizes per-expert experts.<e>.*_proj.weight tensors only and cannot quantize this "
+            "checkpoint's experts yet; re-save the experts per expert (experts.<e>.gate_proj / up_proj / down_proj.weight, "
+            "[out, in] each) and apply again"
+        )
     quark_exclude, layer_config = quark_exclusions(rec, decisions)
     # Multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers, MiniMax-M2 num_mtp_modules): vLLM never
     # loads them into the target (quantkit.naming.archs.mtp_tensor_names), only its MTP draft does; kept BF16 so that
@@ -246,22 +297,46 @@ def plan_apply(recipe: str | Path | Recipe, model: str | Path, *, target: str | 
         draft = family.mtp_draft_layers(src.config, names) if family.mtp_draft_layers is not None else []
         hit = [layer.name for layer in layers if is_excluded(layer, entries)]
         if hit:  # the entries are for the draft alone: a target layer they matched would change the target
-            raise ApplyVerificationError(f"internal: MTP exclude entries {entries} also exclude target layers "
-                                         f"{hit[:3]}")
+            raise ApplyVerificationError(
+                f"internal: MTP exclude entries {entries} also exclude target layers {hit[:3]}"
+            )
         missed = [layer.name for layer in draft if not is_excluded(layer, exclude)]
         if missed:
-            raise ApplyVerificationError(f"internal: exclude entries {exclude[-3:]} leave the MTP draft's {missed} "
-                                         "quantized in vLLM")
+            raise ApplyVerificationError(
+                f"internal: exclude entries {exclude[-3:]} leave the MTP draft's {missed} quantized in vLLM"
+            )
     if rec.mtp == "drop" and mtp_names and chosen != "native":
-        raise ApplyError(f"recipe {rec.name}: mtp: drop needs quantkit's shard executor (engine native); use "
-                         "mtp: keep with --engine quark")
+        raise ApplyError(
+            f"recipe {rec.name}: mtp: drop needs quantkit's shard executor (engine native); use "
+            "mtp: keep with --engine quark"
+        )
     devs = resolve_devices(devices)
     if chosen == "quark" and len(devs) > 1:
         devs = devs[:1]  # Quark's own multi-device mode re-imports Quark per worker (slower than one device)
-    return ApplyPlan(rec, src, kind, info, n_target, layers, decisions, exclude, quark_exclude, layer_config,
-                     run_path, path_reason, chosen, engine_reason, devs, fmt, len(mtp),
-                     set(mtp_names) if rec.mtp == "drop" else set(), not_copied(scan_folder(src.path, inside=True)),
-                     ignored_weight_files(src), decoded, table)
+    return ApplyPlan(
+        rec,
+        src,
+        kind,
+        info,
+        n_target,
+        layers,
+        decisions,
+        exclude,
+        quark_exclude,
+        layer_config,
+        run_path,
+        path_reason,
+        chosen,
+        engine_reason,
+        devs,
+        fmt,
+        len(mtp),
+        set(mtp_names) if rec.mtp == "drop" else set(),
+        not_copied(scan_folder(src.path, inside=True)),
+        ignored_weight_files(src),
+        decoded,
+        table,
+    )
 
 
 def ignored_weight_files(src: SourceCheckpoint) -> list[str]:
@@ -297,8 +372,9 @@ def predicted_output_bytes(plan: ApplyPlan) -> int:
     return total
 
 
-def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
-                   modules: CheckpointModules | None = None) -> Counter[tuple[Any, str, Any]]:
+def _layout_counts(
+    decisions: list[LayerDecision], infos: Mapping[str, Any], modules: CheckpointModules | None = None
+) -> Counter[tuple[Any, str, Any]]:
     """How many of the tensors the quantizer sees have each (scheme, dtype, shape): scheme None for a tensor kept as
     it is, else that of the quantize decision whose module's `.weight` it is (a later decision wins).
 
@@ -316,7 +392,7 @@ def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
     for i, d in enumerate(quantize):
         run = runs.get(i)
         if run is not None:
-            got = values[run.start:run.stop]
+            got = values[run.start : run.stop]
         else:
             names = list(map(add, d.checkpoint_modules, repeat(".weight")))
             listed.append((d.scheme, names))
@@ -333,8 +409,12 @@ def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
     weights = set(chain.from_iterable(names for _, names in listed))
     if by_name != (len(weights.intersection(infos)) if missing else len(weights)):  # a later decision wins
         listed = [(d.scheme, list(map(add, d.checkpoint_modules, repeat(".weight")))) for d in quantize]
-        quantized = dict(zip(chain.from_iterable(names for _, names in listed),
-                             chain.from_iterable(repeat(scheme, len(names)) for scheme, names in listed)))
+        quantized = dict(
+            zip(
+                chain.from_iterable(names for _, names in listed),
+                chain.from_iterable(repeat(scheme, len(names)) for scheme, names in listed),
+            )
+        )
         return Counter(zip(map(quantized.get, infos), map(_DTYPE, infos.values()), map(_SHAPE, infos.values())))
     # the tensors kept as they are: those outside the runs (TensorInfos are shared, so few kinds) but those counted
     # by name
@@ -353,8 +433,9 @@ def _layout_counts(decisions: list[LayerDecision], infos: Mapping[str, Any],
     return layouts
 
 
-def _weight_runs(quantize: list[LayerDecision], infos: Mapping[str, Any],
-                 modules: CheckpointModules | None) -> dict[int, range]:
+def _weight_runs(
+    quantize: list[LayerDecision], infos: Mapping[str, Any], modules: CheckpointModules | None
+) -> dict[int, range]:
     """The positions in `infos` of the weights of each decision (by its index in `quantize`) that are one run
     (CheckpointModules.weight_run), where those runs overlap neither each other nor another decision's modules;
     else none."""
@@ -419,8 +500,16 @@ def device_plan(plan: ApplyPlan) -> dict[str, list[str]]:
     return out
 
 
-def _resume_command(recipe: Recipe, model: str | Path, output: Path, target: str | Path | None, path: str | None,
-                    engine: str, devices: list[str], max_shard_size: int | None = None) -> str:
+def _resume_command(
+    recipe: Recipe,
+    model: str | Path,
+    output: Path,
+    target: str | Path | None,
+    path: str | None,
+    engine: str,
+    devices: list[str],
+    max_shard_size: int | None = None,
+) -> str:
     recipe_arg = str(recipe.source) if recipe.source and recipe.source.parent.name != "recipes" else recipe.name
     parts = ["quantkit", "apply", "--recipe", recipe_arg, "--model", str(model), "--output", str(output)]
     if target is not None:
@@ -444,13 +533,17 @@ def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], Non
         if event.kind == "start":
             return
         if event.kind == "source-changed":
-            progress(f"shard {event.shard}: its source bytes changed since the interrupted run (SHA-256 differs); "
-                     "quantizing it again")
+            progress(
+                f"shard {event.shard}: its source bytes changed since the interrupted run (SHA-256 differs); "
+                "quantizing it again"
+            )
             return
         done[1] += 1
         if event.kind == "resumed":
-            progress(f"shard {done[1]}/{event.total} {event.shard}: kept from the interrupted run (source and output "
-                     "re-hashed)")
+            progress(
+                f"shard {done[1]}/{event.total} {event.shard}: kept from the interrupted run (source and output "
+                "re-hashed)"
+            )
             return
         done[0] += event.bytes_in
         elapsed = max(time.perf_counter() - t0, 1e-9)
@@ -458,17 +551,31 @@ def _shard_progress(progress: Progress, total_bytes: int) -> Callable[[Any], Non
         left = max(total_bytes - done[0], 0) / rate if rate else 0.0
         took = f"{event.seconds:.1f}s" if event.seconds >= 0.1 else f"{event.seconds * 1000:.0f} ms"
         # no rate here: the run's one rate is the executor's, in the summary (this one counted start-up as well)
-        progress(f"shard {done[1]}/{event.total} {event.shard} on {event.device}: {event.bytes_in / 1e6:.1f} MB in "
-                 f"{took}" + (f"; ETA {left:.0f}s" if done[1] < event.total else ""))
+        progress(
+            f"shard {done[1]}/{event.total} {event.shard} on {event.device}: {event.bytes_in / 1e6:.1f} MB in "
+            f"{took}" + (f"; ETA {left:.0f}s" if done[1] < event.total else "")
+        )
 
     return emit
 
 
-def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *, device: str | None = None,
-          devices: str | list[str] | None = "auto", path: str | None = None, engine: str = "auto",
-          overwrite: bool = False, resume: bool = False, dry_run: bool = False, target: str | Path | None = None,
-          max_memory: int | None = None, max_shard_size: int | None = None,
-          progress: Progress | None = None) -> ApplyResult:
+def apply(
+    recipe: str | Path | Recipe,
+    model: str | Path,
+    output: str | Path,
+    *,
+    device: str | None = None,
+    devices: str | list[str] | None = "auto",
+    path: str | None = None,
+    engine: str = "auto",
+    overwrite: bool = False,
+    resume: bool = False,
+    dry_run: bool = False,
+    target: str | Path | None = None,
+    max_memory: int | None = None,
+    max_shard_size: int | None = None,
+    progress: Progress | None = None,
+) -> ApplyResult:
     """Quantize `model` with `recipe` into `output` (written to a temporary folder, renamed when complete).
 
     `devices`: auto | cpu | cuda | "cuda:0,cuda:1" (`device` is the older single-device spelling). `max_memory`:
@@ -486,47 +593,91 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
     if not dry_run:
         check_output_free(output, overwrite, local_inputs)
     with paused_gc():
-        plan = plan_apply(recipe, model, target=target, path=path, engine=engine,
-                          devices=device if device not in (None, "auto") else devices)
+        plan = plan_apply(
+            recipe,
+            model,
+            target=target,
+            path=path,
+            engine=engine,
+            devices=device if device not in (None, "auto") else devices,
+        )
     rec, src, decisions = plan.recipe, plan.src, plan.decisions
     if max_shard_size is not None and plan.engine != "native":
-        raise ApplyError(f"--max-shard-size: only the native executor re-shards, and this run uses the {plan.engine} "
-                         f"engine ({plan.engine_reason}); use --engine native, or leave out --max-shard-size")
+        raise ApplyError(
+            f"--max-shard-size: only the native executor re-shards, and this run uses the {plan.engine} "
+            f"engine ({plan.engine_reason}); use --engine native, or leave out --max-shard-size"
+        )
     timings["plan"] = time.perf_counter() - t0
-    progress(f"{src.architecture} ({plan.kind}): {sum(d.action == 'quantize' for d in decisions)} layers to quantize, "
-             f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {plan.exclude}; engine {plan.engine} "
-             f"{plan.path} on {','.join(plan.devices)}")
+    progress(
+        f"{src.architecture} ({plan.kind}): {sum(d.action == 'quantize' for d in decisions)} layers to quantize, "
+        f"{sum(d.action == 'keep' for d in decisions)} kept; vLLM exclude: {plan.exclude}; engine {plan.engine} "
+        f"{plan.path} on {','.join(plan.devices)}"
+    )
     if plan.not_copied:
-        progress(f"warning: not copied from the source (apply copies only the weights and the files a checkpoint "
-                 f"carries, see the README's Safety section): {describe_not_copied(plan.not_copied)}")
+        progress(
+            f"warning: not copied from the source (apply copies only the weights and the files a checkpoint "
+            f"carries, see the README's Safety section): {describe_not_copied(plan.not_copied)}"
+        )
 
     base = dict(
-        command=" ".join(sys.argv) if sys.argv else "", target=str(target) if target is not None else None,
-        output=str(output.expanduser().resolve()), source=src.hub_id or str(src.path.resolve()),
-        recipe=rec.to_dict(), model_kind=plan.kind, architecture=src.architecture, path=plan.path,
-        path_reason=plan.path_reason, device=plan.devices[0], devices=plan.devices, engine=plan.engine,
-        exclude=plan.exclude, quark_exclude=plan.quark_exclude, layers=decisions, size_before_bytes=src.size_bytes,
-        target_num_layers=plan.n_target, versions=versions(), source_format=plan.source_format.name,
-        not_copied=plan.not_copied, ignored_weight_files=plan.ignored_files, max_shard_size=max_shard_size)
+        command=" ".join(sys.argv) if sys.argv else "",
+        target=str(target) if target is not None else None,
+        output=str(output.expanduser().resolve()),
+        source=src.hub_id or str(src.path.resolve()),
+        recipe=rec.to_dict(),
+        model_kind=plan.kind,
+        architecture=src.architecture,
+        path=plan.path,
+        path_reason=plan.path_reason,
+        device=plan.devices[0],
+        devices=plan.devices,
+        engine=plan.engine,
+        exclude=plan.exclude,
+        quark_exclude=plan.quark_exclude,
+        layers=decisions,
+        size_before_bytes=src.size_bytes,
+        target_num_layers=plan.n_target,
+        versions=versions(),
+        source_format=plan.source_format.name,
+        not_copied=plan.not_copied,
+        ignored_weight_files=plan.ignored_files,
+        max_shard_size=max_shard_size,
+    )
     if plan.ignored_files:
-        progress(f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
-                 f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied")
+        progress(
+            f"warning: {INDEX_FILE} does not name {_listed(plan.ignored_files)}; the index is the truth: "
+            f"{'they are' if len(plan.ignored_files) > 1 else 'it is'} neither quantized nor copied"
+        )
     if dry_run:
         with paused_gc():
             predicted, shards_by_device = predicted_output_bytes(plan), device_plan(plan)
         timings["total"] = time.perf_counter() - t0  # the whole plan, its size prediction and device plan included
-        return ApplyResult(**base, dry_run=True, size_after_bytes=predicted, device_plan=shards_by_device,
-                           timings_s={k: round(v, 3) for k, v in timings.items()})
+        return ApplyResult(
+            **base,
+            dry_run=True,
+            size_after_bytes=predicted,
+            device_plan=shards_by_device,
+            timings_s={k: round(v, 3) for k, v in timings.items()},
+        )
 
     native = plan.engine == "native"
     hashes: dict[str, str] = {}
-    resume_hint = "resume with: " + _resume_command(rec, model, output, target, path, engine, plan.devices,
-                                                    max_shard_size)
+    resume_hint = "resume with: " + _resume_command(
+        rec, model, output, target, path, engine, plan.devices, max_shard_size
+    )
     shards: list[ShardSummary] = []
     throughput = None
     resumed = 0
-    with atomic_output(output, overwrite, [src.path, *local_inputs], resumable=native, resume=resume,
-                       resume_hint=resume_hint, command=base["command"], progress=progress) as tmp:
+    with atomic_output(
+        output,
+        overwrite,
+        [src.path, *local_inputs],
+        resumable=native,
+        resume=resume,
+        resume_hint=resume_hint,
+        command=base["command"],
+        progress=progress,
+    ) as tmp:
         if not native:  # the native executor hashes each shard from the same read that quantizes it
             hashes = {f: sha256_file(src.path / f) for f in src.files}
             progress("checking that every weight to quantize is finite")
@@ -536,14 +687,26 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
             from quantkit.apply.shards import quantize_checkpoint
 
             continuing = resume and (tmp / RESUMABLE_MARKER).is_file()
-            progress("resuming the interrupted run in " + tmp.name if continuing else
-                     f"quantizing {len(src.files)} shard(s) with the native executor")
-            report = quantize_checkpoint(src.path, tmp, scheme=rec.scheme, exclude=plan.quark_exclude,
-                                         layer_config=plan.layer_config or None, devices=plan.devices,
-                                         resume=continuing, progress=_shard_progress(progress, src.size_bytes),
-                                         decode=plan.source_format if plan.source_format.name != "bf16" else None,
-                                         drop=plan.dropped, max_memory=max_memory, max_shard_size=max_shard_size,
-                                         finish=lambda _src, dst, qc: write_final_files(plan, dst, qc))
+            progress(
+                "resuming the interrupted run in " + tmp.name
+                if continuing
+                else f"quantizing {len(src.files)} shard(s) with the native executor"
+            )
+            report = quantize_checkpoint(
+                src.path,
+                tmp,
+                scheme=rec.scheme,
+                exclude=plan.quark_exclude,
+                layer_config=plan.layer_config or None,
+                devices=plan.devices,
+                resume=continuing,
+                progress=_shard_progress(progress, src.size_bytes),
+                decode=plan.source_format if plan.source_format.name != "bf16" else None,
+                drop=plan.dropped,
+                max_memory=max_memory,
+                max_shard_size=max_shard_size,
+                finish=lambda _src, dst, qc: write_final_files(plan, dst, qc),
+            )
             shards = report.shards
             hashes = dict(report.source_sha256)
             throughput, resumed = report.mb_per_s, report.resumed_shards
@@ -574,10 +737,16 @@ def apply(recipe: str | Path | Recipe, model: str | Path, output: str | Path, *,
         timings["total"] = time.perf_counter() - t0
         out_size = sum(p.stat().st_size for p in tmp.glob("*.safetensors"))
         result = ApplyResult(
-            **base, size_after_bytes=out_size, timings_s={k: round(v, 3) for k, v in timings.items()},
+            **base,
+            size_after_bytes=out_size,
+            timings_s={k: round(v, 3) for k, v in timings.items()},
             peak_rss_mb=peak_rss_mb(),
-            source_files=hashes, verified=verified, shards=shards, resumed_shards=resumed,
-            throughput_mb_s=throughput, device_plan={},
+            source_files=hashes,
+            verified=verified,
+            shards=shards,
+            resumed_shards=resumed,
+            throughput_mb_s=throughput,
+            device_plan={},
             output_files=sorted({*written_files(tmp), "quantkit.json"}),
         )
         (tmp / "quantkit.json").write_text(jsonout.dumps(result.to_dict()) + "\n")

@@ -42,17 +42,26 @@ def choose_rows(counts: Counter[int], n: int, available: Sequence[int], always: 
     of `available` (ties: the lower id first). DraftVocabError when the corpus cannot fill `n`."""
     have = set(available)
     if n > len(have):
-        raise DraftVocabError(input=f"--draft-vocab {n}", reason=f"larger than the draft's vocabulary ({len(have)} "
-                              "rows)", fix=f"give at most {len(have)}")
+        raise DraftVocabError(
+            input=f"--draft-vocab {n}",
+            reason=f"larger than the draft's vocabulary ({len(have)} rows)",
+            fix=f"give at most {len(have)}",
+        )
     kept = sorted(set(always) & have)
     if len(kept) > n:
-        raise DraftVocabError(input=f"--draft-vocab {n}", reason=f"the {len(kept)} special and EOS tokens alone do "
-                              "not fit", fix=f"give at least {len(kept)}")
+        raise DraftVocabError(
+            input=f"--draft-vocab {n}",
+            reason=f"the {len(kept)} special and EOS tokens alone do not fit",
+            fix=f"give at least {len(kept)}",
+        )
     frequent = sorted((t for t in have if counts.get(t, 0) > 0 and t not in kept), key=lambda t: (-counts[t], t))
     if len(kept) + len(frequent) < n:
-        raise DraftVocabError(input=f"--draft-vocab {n}", reason=f"the corpus covers only {len(kept) + len(frequent)} "
-                              "distinct tokens of the draft's vocabulary (special tokens included)",
-                              fix="give a larger --vocab-corpus or a smaller --draft-vocab")
+        raise DraftVocabError(
+            input=f"--draft-vocab {n}",
+            reason=f"the corpus covers only {len(kept) + len(frequent)} "
+            "distinct tokens of the draft's vocabulary (special tokens included)",
+            fix="give a larger --vocab-corpus or a smaller --draft-vocab",
+        )
     return sorted(kept + frequent[: n - len(kept)])
 
 
@@ -66,8 +75,16 @@ def _special_ids(tokenizer: Any, config: dict[str, Any]) -> set[int]:
     return ids
 
 
-def prune_draft(model: str | Path, output: str | Path, *, target: str | Path, corpus: str | Path, n: int,
-                overwrite: bool = False, progress: Progress | None = None) -> DraftVocabReport:
+def prune_draft(
+    model: str | Path,
+    output: str | Path,
+    *,
+    target: str | Path,
+    corpus: str | Path,
+    n: int,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> DraftVocabReport:
     """Write `model` (an EAGLE-3 draft) to `output` with its lm_head pruned to `n` rows chosen from `corpus` (a
     prompts file as `quantkit acceptance --prompts` reads it, tokenized with `target`'s tokenizer)."""
     import torch
@@ -83,11 +100,15 @@ def prune_draft(model: str | Path, output: str | Path, *, target: str | Path, co
     progress = or_silent(progress)
     src = resolve_source(model)
     if not is_draft(src.config):
-        raise DraftVocabError(input=f"--model {model}", reason="not an EAGLE-3 draft",
-                              fix="--draft-vocab prunes a draft's lm_head; give the draft")
+        raise DraftVocabError(
+            input=f"--model {model}",
+            reason="not an EAGLE-3 draft",
+            fix="--draft-vocab prunes a draft's lm_head; give the draft",
+        )
     if "lm_head.weight" not in src.tensors:
-        raise DraftVocabError(input=f"--model {model}", reason="the draft has no lm_head.weight",
-                              fix="give a draft with its own lm_head")
+        raise DraftVocabError(
+            input=f"--model {model}", reason="the draft has no lm_head.weight", fix="give a draft with its own lm_head"
+        )
     tokenizer = load_tokenizer(target)
     vocab = int(src.config.get("vocab_size") or len(tokenizer))
     records = load_prompts(corpus)
@@ -110,8 +131,10 @@ def prune_draft(model: str | Path, output: str | Path, *, target: str | Path, co
     t2d[torch.tensor(keep, dtype=torch.int64)] = True
     total = sum(counts.values())
     covered = sum(counts[t] for t in keep)
-    progress(f"draft vocabulary: {rows_now} -> {n} rows, covering {covered / max(total, 1):.1%} of the corpus's "
-             f"{total} tokens")
+    progress(
+        f"draft vocabulary: {rows_now} -> {n} rows, covering {covered / max(total, 1):.1%} of the corpus's "
+        f"{total} tokens"
+    )
     with atomic_output(Path(output), overwrite, [src.path], command="quantkit apply --draft-vocab") as tmp:
         for file in src.files:
             with safe_open(str(src.path / file), "pt") as f:
@@ -128,31 +151,46 @@ def prune_draft(model: str | Path, output: str | Path, *, target: str | Path, co
         index_file = src.path / "model.safetensors.index.json"
         if index_file.is_file():
             doc = json.loads(index_file.read_text())
-            doc.setdefault("weight_map", {}).update({"d2t": src.tensors["lm_head.weight"].file,
-                                                     "t2d": src.tensors["lm_head.weight"].file})
+            doc.setdefault("weight_map", {}).update(
+                {"d2t": src.tensors["lm_head.weight"].file, "t2d": src.tensors["lm_head.weight"].file}
+            )
             (tmp / index_file.name).write_text(json.dumps(doc, indent=2))
         copy_aux_files(src.path, tmp)
         config = dict(src.config)
         config["draft_vocab_size"] = n
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         report = DraftVocabReport(
-            source=str(src.path), rows_before=rows_now, rows_after=n, target_vocab_size=vocab, corpus=str(corpus),
-            corpus_sha256=sha256_file(Path(corpus)) if Path(corpus).is_file() else None, corpus_tokens=total,
-            corpus_distinct_tokens=len(counts), coverage=covered / total if total else None,
+            source=str(src.path),
+            rows_before=rows_now,
+            rows_after=n,
+            target_vocab_size=vocab,
+            corpus=str(corpus),
+            corpus_sha256=sha256_file(Path(corpus)) if Path(corpus).is_file() else None,
+            corpus_tokens=total,
+            corpus_distinct_tokens=len(counts),
+            coverage=covered / total if total else None,
             always_kept=len(set(keep) & _special_ids(tokenizer, src.config)),
             lm_head_sha256=hashlib.sha256(new_head.view(torch.uint8).numpy().tobytes()).hexdigest(),
             reason=f"lm_head pruned to the {n} target tokens {corpus} uses most (special and EOS tokens always "
-                   "kept): each draft token reads those rows only; the target still verifies every token, so the "
-                   "output is unchanged")
+            "kept): each draft token reads those rows only; the target still verifies every token, so the "
+            "output is unchanged",
+        )
         (tmp / "draft_vocab.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return report
 
 
-
-
-def apply_with_draft_vocab(recipe: str | None, model: str | Path, output: str | Path, *, n: int,
-                           corpus: str | Path, target: str | Path, overwrite: bool = False,
-                           progress: Progress | None = None, **apply_kwargs: Any) -> Any:
+def apply_with_draft_vocab(
+    recipe: str | None,
+    model: str | Path,
+    output: str | Path,
+    *,
+    n: int,
+    corpus: str | Path,
+    target: str | Path,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    **apply_kwargs: Any,
+) -> Any:
     """Prune the draft's vocabulary, then (with `recipe`) quantize the pruned draft: the recipe's result with the
     pruning recorded in it (quantkit.json) and `draft_vocab.json` beside it. Without a recipe, the pruned draft
     alone and its DraftVocabReport."""

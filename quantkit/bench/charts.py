@@ -18,9 +18,11 @@ def draw(result: BenchResult, folder: str | Path) -> dict[str, str]:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     ident = result.identity
-    subtitle = f"{ident.hardware}, TP {ident.tensor_parallel_size}, {ident.vllm_version or 'vLLM ?'}" + \
-        (f" — {ident.workload_label}" if ident.workload_label else "") + \
-        (" — SYNTHETIC acceptance" if ident.synthetic_acceptance else "")
+    subtitle = (
+        f"{ident.hardware}, TP {ident.tensor_parallel_size}, {ident.vllm_version or 'vLLM ?'}"
+        + (f" — {ident.workload_label}" if ident.workload_label else "")
+        + (" — SYNTHETIC acceptance" if ident.synthetic_acceptance else "")
+    )
     paths = {}
     for name, xlabel in (("throughput", "concurrency"), ("pareto", "interactivity (tok/s per user)")):
         fig = Figure(figsize=(7, 4.5))
@@ -44,8 +46,10 @@ def draw(result: BenchResult, folder: str | Path) -> dict[str, str]:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm.name)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("output tok/s" + (" per GPU" if ident.tensor_parallel_size > 1 else ""))
-        ax.set_title(("Throughput vs concurrency" if name == "throughput" else "Throughput vs interactivity")
-                     + f"\n{subtitle}", fontsize=9)
+        ax.set_title(
+            ("Throughput vs concurrency" if name == "throughput" else "Throughput vs interactivity") + f"\n{subtitle}",
+            fontsize=9,
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

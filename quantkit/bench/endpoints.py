@@ -63,11 +63,13 @@ def parse_endpoint(value: str, option: str = "--endpoint") -> Endpoint:
         port = parts.port  # raises ValueError for a port out of range or not a number
         host = parts.hostname
     except ValueError as e:
-        raise EndpointError(f"{option} {shown}: not a valid URL ({echo(e, 120)}); give a base URL such as "
-                            "http://node:8000") from None
+        raise EndpointError(
+            f"{option} {shown}: not a valid URL ({echo(e, 120)}); give a base URL such as http://node:8000"
+        ) from None
     if parts.scheme not in ("http", "https") or not host:
-        raise EndpointError(f"{option} {shown}: give an http:// or https:// base URL with a host, such as "
-                            "http://node:8000")
+        raise EndpointError(
+            f"{option} {shown}: give an http:// or https:// base URL with a host, such as http://node:8000"
+        )
     if parts.query or parts.fragment:
         raise EndpointError(f"{option} {shown}: a base URL has no ?query or #fragment; give e.g. http://node:8000")
     if any(c.isspace() or ord(c) < 32 for c in value):
@@ -91,8 +93,10 @@ def parse_endpoints(values: tuple[str, ...] | list[str]) -> dict[str, Endpoint]:
     for v in values:
         arm, sep, url = v.partition("=")
         if not sep or not arm or not url:
-            raise EndpointError(f"--endpoint {echo(v, 200)}: give ARM=URL, e.g. target+bf16=http://node:8000 (the arm "
-                                "names are printed by a run without endpoints)")
+            raise EndpointError(
+                f"--endpoint {echo(v, 200)}: give ARM=URL, e.g. target+bf16=http://node:8000 (the arm "
+                "names are printed by a run without endpoints)"
+            )
         if arm in out:
             raise EndpointError(f"--endpoint {echo(arm, 100)}=...: given twice; give one URL per arm")
         out[arm] = parse_endpoint(url, f"--endpoint {echo(arm, 100)}=")
@@ -139,8 +143,7 @@ def validated(model: type[_Answer], data: Any, what: str) -> Any:
     except ValidationError as e:
         first: dict[str, Any] = dict(e.errors()[0]) if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "answer"
-        raise EndpointError(f"{what}: not a vLLM server's answer ({where}: {echo(first.get('msg', e), 120)})") \
-            from None
+        raise EndpointError(f"{what}: not a vLLM server's answer ({where}: {echo(first.get('msg', e), 120)})") from None
 
 
 def nonfinite(data: Any, path: str = "") -> str | None:

@@ -53,17 +53,24 @@ def fill_cell(cell: BenchCell, tp: int = 1) -> BenchCell:
             problems.append(f"repeat {i}: {r.failed} failed of {cell.num_prompts} requests ({first})")
         short = [n for n in r.output_lens if n != cell.output_len]
         if short:
-            problems.append(f"repeat {i}: {len(short)} requests returned other than {cell.output_len} tokens "
-                            f"(e.g. {short[0]}); ignore_eos did not hold")
+            problems.append(
+                f"repeat {i}: {len(short)} requests returned other than {cell.output_len} tokens "
+                f"(e.g. {short[0]}); ignore_eos did not hold"
+            )
     cell.problems, cell.ok = problems, not problems and bool(runs)
     cell.output_throughput = spread([r.output_throughput for r in runs])
-    cell.output_throughput_per_gpu = spread([r.output_throughput / tp if r.output_throughput is not None else None
-                                             for r in runs])
-    cell.latency_ms = {f"{s}_{m}": spread([getattr(r, f"{s}_{m}_ms") for r in runs])
-                       for m in LATENCY_METRICS for s in ("mean", *(f"p{p}" for p in PERCENTILES))}
+    cell.output_throughput_per_gpu = spread(
+        [r.output_throughput / tp if r.output_throughput is not None else None for r in runs]
+    )
+    cell.latency_ms = {
+        f"{s}_{m}": spread([getattr(r, f"{s}_{m}_ms") for r in runs])
+        for m in LATENCY_METRICS
+        for s in ("mean", *(f"p{p}" for p in PERCENTILES))
+    }
     tpot = cell.latency_ms["p50_tpot"].median
-    cell.interactivity, cell.interactivity_reason = (1000.0 / tpot, "") if tpot and _tpot_measured(cell) else \
-        (None, unmeasured_tpot_reason(cell))
+    cell.interactivity, cell.interactivity_reason = (
+        (1000.0 / tpot, "") if tpot and _tpot_measured(cell) else (None, unmeasured_tpot_reason(cell))
+    )
     counters = [c for r in runs if (c := r.spec) is not None]
     if counters:
         width = max(len(c.accepted_per_pos) for c in counters)
@@ -71,8 +78,10 @@ def fill_cell(cell: BenchCell, tp: int = 1) -> BenchCell:
             num_drafts=sum(c.num_drafts for c in counters),
             num_draft_tokens=sum(c.num_draft_tokens for c in counters),
             num_accepted_tokens=sum(c.num_accepted_tokens for c in counters),
-            accepted_per_pos=[sum(c.accepted_per_pos[i] for c in counters if i < len(c.accepted_per_pos))
-                              for i in range(width)])
+            accepted_per_pos=[
+                sum(c.accepted_per_pos[i] for c in counters if i < len(c.accepted_per_pos)) for i in range(width)
+            ],
+        )
         cell.spec = total
         cell.acceptance_length = total.mean_acceptance_length
         cell.per_position_acceptance = [a / total.num_drafts for a in total.accepted_per_pos]
@@ -85,8 +94,10 @@ def unmeasured_tpot_reason(cell: BenchCell) -> str:
     tpot = cell.latency_ms.get("p50_tpot", Spread()).median
     if tpot is None:
         return "no TPOT measured (no repeat finished)"
-    return (f"TPOT p50 {tpot:.3g} ms is not a measurement: the server sent the stream's tokens merged in one or two "
-            "chunks (below a fifth of E2EL per token)")
+    return (
+        f"TPOT p50 {tpot:.3g} ms is not a measurement: the server sent the stream's tokens merged in one or two "
+        "chunks (below a fifth of E2EL per token)"
+    )
 
 
 def _tputs(cell: BenchCell) -> list[float]:
@@ -145,8 +156,7 @@ def compare(arms: list[BenchArm], samples: int = 2000) -> list[BenchComparison]:
         if arm.kind == "no-spec" or arm.error is not None:
             continue
         for cell in arm.cells:
-            comp = BenchComparison(arm=arm.name, concurrency=cell.concurrency,
-                                   acceptance_length=cell.acceptance_length)
+            comp = BenchComparison(arm=arm.name, concurrency=cell.concurrency, acceptance_length=cell.acceptance_length)
             b = base.get(arm.target)
             bc = b.cell(cell.concurrency) if b else None
             if bc is not None and bc.ok and cell.ok:
@@ -229,5 +239,11 @@ def k_schedule(target: str, draft: str, prefix: str, arms: list[BenchArm], max_n
         else:
             ranges.append((start, end, ch.k))
         start = end + 1
-    return KSchedule(target=target, draft=draft, arm_prefix=prefix, choices=choices, num_speculative_tokens_per_batch_size=ranges,
-                     num_speculative_tokens=max(k for _, _, k in ranges))
+    return KSchedule(
+        target=target,
+        draft=draft,
+        arm_prefix=prefix,
+        choices=choices,
+        num_speculative_tokens_per_batch_size=ranges,
+        num_speculative_tokens=max(k for _, _, k in ranges),
+    )

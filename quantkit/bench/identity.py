@@ -40,8 +40,17 @@ def gpus() -> tuple[str | None, int]:
     return None, 0
 
 
-def identity(*, tp: int, kv_cache_dtype: str, max_num_seqs: int, sampling: dict[str, float | int | None],
-             dataset: str, dataset_revision: str | None, workload: str, fast_start: bool) -> BenchIdentity:
+def identity(
+    *,
+    tp: int,
+    kv_cache_dtype: str,
+    max_num_seqs: int,
+    sampling: dict[str, float | int | None],
+    dataset: str,
+    dataset_revision: str | None,
+    workload: str,
+    fast_start: bool,
+) -> BenchIdentity:
     from quantkit.engines.platform import installed_vllm
 
     vllm = installed_vllm()
@@ -51,10 +60,23 @@ def identity(*, tp: int, kv_cache_dtype: str, max_num_seqs: int, sampling: dict[
         name, count = None, 0
     hardware = f"{count} x {name}" if name else f"{cpu or 'unknown CPU'} ({cores} cores)"
     platform = "cpu" if not name else "gfx950" if "MI355" in name else "gfx942" if "MI300" in name else "cuda"
-    return BenchIdentity(hardware=hardware, cpu_model=cpu, cpu_cores=cores, gpu_name=name, gpu_count=count,
-                         platform=platform, tensor_parallel_size=tp,
-                         vllm_version=f"{vllm.distribution} {vllm.version}" if vllm else None,
-                         backends=None, backends_reason=NOT_PARSED, kv_cache_dtype=kv_cache_dtype,
-                         max_num_seqs=max_num_seqs, sampling=sampling, dataset=dataset,
-                         dataset_revision=dataset_revision, workload=workload,
-                         workload_label=RANDOM_LABEL if workload.startswith("random") else "", fast_start=fast_start)
+    return BenchIdentity(
+        hardware=hardware,
+        cpu_model=cpu,
+        cpu_cores=cores,
+        gpu_name=name,
+        gpu_count=count,
+        platform=platform,
+        tensor_parallel_size=tp,
+        vllm_version=f"{vllm.distribution} {vllm.version}" if vllm else None,
+        backends=None,
+        backends_reason=NOT_PARSED,
+        kv_cache_dtype=kv_cache_dtype,
+        max_num_seqs=max_num_seqs,
+        sampling=sampling,
+        dataset=dataset,
+        dataset_revision=dataset_revision,
+        workload=workload,
+        workload_label=RANDOM_LABEL if workload.startswith("random") else "",
+        fast_start=fast_start,
+    )

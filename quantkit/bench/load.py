@@ -40,24 +40,84 @@ def write_prompts(path: Path, texts: list[str], num_prompts: int) -> str:
     return hashlib.sha256("\x00".join(rows).encode()).hexdigest()
 
 
-def bench_argv(*, base_url: str, model: str, served_model_name: str, tokenizer: str, dataset_path: Path,
-               num_prompts: int, concurrency: int, output_len: int, num_warmups: int, seed: int = 0,
-               temperature: float = 0.0, top_p: float | None = None, top_k: int | None = None,
-               random_input_len: int | None = None, headers: dict[str, str] | None = None) -> list[str]:
+def bench_argv(
+    *,
+    base_url: str,
+    model: str,
+    served_model_name: str,
+    tokenizer: str,
+    dataset_path: Path,
+    num_prompts: int,
+    concurrency: int,
+    output_len: int,
+    num_warmups: int,
+    seed: int = 0,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    random_input_len: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> list[str]:
     """The `vllm bench serve` arguments of one cell: the prompt set from `dataset_path`, or with
     `random_input_len` vLLM's random dataset (random token ids, seeded: the same for every arm)."""
     if random_input_len is not None:
-        data = ["--dataset-name", "random", "--random-input-len", str(random_input_len), "--random-output-len",
-                str(output_len), "--random-range-ratio", "0"]
+        data = [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(random_input_len),
+            "--random-output-len",
+            str(output_len),
+            "--random-range-ratio",
+            "0",
+        ]
     else:
-        data = ["--dataset-name", "custom", "--dataset-path", str(dataset_path), "--skip-chat-template",
-                "--disable-shuffle", "--custom-output-len", str(output_len)]
-    argv = ["--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
-            "--served-model-name", served_model_name, "--tokenizer", tokenizer, *data,
-            "--num-prompts", str(num_prompts), "--ignore-eos", "--request-rate", "inf", "--max-concurrency", str(concurrency),
-            "--num-warmups", str(num_warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,90,99", "--temperature", str(temperature), "--seed", str(seed),
-            "--save-detailed", "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+        data = [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(dataset_path),
+            "--skip-chat-template",
+            "--disable-shuffle",
+            "--custom-output-len",
+            str(output_len),
+        ]
+    argv = [
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--served-model-name",
+        served_model_name,
+        "--tokenizer",
+        tokenizer,
+        *data,
+        "--num-prompts",
+        str(num_prompts),
+        "--ignore-eos",
+        "--request-rate",
+        "inf",
+        "--max-concurrency",
+        str(concurrency),
+        "--num-warmups",
+        str(num_warmups),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--temperature",
+        str(temperature),
+        "--seed",
+        str(seed),
+        "--save-detailed",
+        "--disable-tqdm",
+        "--ready-check-timeout-sec",
+        "0",
+    ]
     from quantkit.io.hf import trust_remote_code
 
     if trust_remote_code():  # the client loads the target's tokenizer too
@@ -132,20 +192,30 @@ def bench_run(result: dict[str, Any], prompts_digest: str, json_path: Path | Non
     keep = {k: result.get(k) for k in VLLM_FIELDS + LATENCY_FIELDS if result.get(k) is not None}
     bad = nonfinite({**keep, "input_lens": result.get("input_lens"), "output_lens": result.get("output_lens")})
     if bad is not None:
-        raise BenchError(reason=f"the server's answers gave a non-finite {bad} (NaN or infinity in its usage?); not "
-                                "a vLLM server's answer")
+        raise BenchError(
+            reason=f"the server's answers gave a non-finite {bad} (NaN or infinity in its usage?); not "
+            "a vLLM server's answer"
+        )
     # a failed request's error is vLLM's text, often a whole traceback of the client: its last line, capped
-    errors = [echo(str(e).strip().splitlines()[-1] if str(e).strip() else str(e)) for e in result.get("errors") or []
-              if e]
+    errors = [
+        echo(str(e).strip().splitlines()[-1] if str(e).strip() else str(e)) for e in result.get("errors") or [] if e
+    ]
     try:
-        run = BenchRun(**keep, input_lens=list(result.get("input_lens") or []),
-                       output_lens=list(result.get("output_lens") or []), errors=errors,
-                       prompts_digest=prompts_digest, json_path=str(json_path) if json_path else None)
+        run = BenchRun(
+            **keep,
+            input_lens=list(result.get("input_lens") or []),
+            output_lens=list(result.get("output_lens") or []),
+            errors=errors,
+            prompts_digest=prompts_digest,
+            json_path=str(json_path) if json_path else None,
+        )
     except (ValidationError, TypeError) as e:
         first: dict[str, Any] = dict(e.errors()[0]) if isinstance(e, ValidationError) and e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or type(e).__name__
-        raise BenchError(reason=f"the server's answers gave figures of the wrong type ({where}: "
-                                f"{echo(first.get('msg', e), 120)}); not a vLLM server's answer") from None
+        raise BenchError(
+            reason=f"the server's answers gave figures of the wrong type ({where}: "
+            f"{echo(first.get('msg', e), 120)}); not a vLLM server's answer"
+        ) from None
     if json_path is not None:
         from quantkit.io.jsonout import dumps
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from quantkit.results.bench import SpeedupSummary
 
-SYNTHETIC_LABEL = ("SYNTHETIC acceptance (rejection_sample_method: synthetic): the acceptance and the speedups are not "
-                   "this draft's; the gate refuses them in a gated figure")
+SYNTHETIC_LABEL = (
+    "SYNTHETIC acceptance (rejection_sample_method: synthetic): the acceptance and the speedups are not "
+    "this draft's; the gate refuses them in a gated figure"
+)
 
 
 def _f(v: float | None, digits: int = 2) -> str:
@@ -22,23 +24,28 @@ def identity_line(s: SpeedupSummary) -> str:
     """What the figures were measured on and with, in one line."""
     i = s.identity
     backends = ", ".join(f"{k} {v}" for k, v in (i.backends or {}).items()) or f"not known ({i.backends_reason or '-'})"
-    return (f"Measured on {i.hardware or 'unknown hardware'} ({i.platform or '-'}), TP {i.tensor_parallel_size}, "
-            f"{i.vllm_version or 'vLLM version unknown'}; backends: {backends}; KV cache dtype {i.kv_cache_dtype}; "
-            f"max_num_seqs {i.max_num_seqs if i.max_num_seqs is not None else '-'}; workload "
-            f"{i.workload or '-'}{' (' + i.workload_label + ')' if i.workload_label else ''}; "
-            f"{s.repeats} repeats x {s.output_len} output tokens per request, K={s.num_speculative_tokens}.")
+    return (
+        f"Measured on {i.hardware or 'unknown hardware'} ({i.platform or '-'}), TP {i.tensor_parallel_size}, "
+        f"{i.vllm_version or 'vLLM version unknown'}; backends: {backends}; KV cache dtype {i.kv_cache_dtype}; "
+        f"max_num_seqs {i.max_num_seqs if i.max_num_seqs is not None else '-'}; workload "
+        f"{i.workload or '-'}{' (' + i.workload_label + ')' if i.workload_label else ''}; "
+        f"{s.repeats} repeats x {s.output_len} output tokens per request, K={s.num_speculative_tokens}."
+    )
 
 
 def hardware_label(s: SpeedupSummary, deployment_platform: str | None = None) -> str:
     """'' when the figures are the deployment hardware's, else the label they must carry."""
-    on_it = s.deployment_hardware is True and (deployment_platform is None or not s.identity.platform
-                                               or s.identity.platform == deployment_platform)
+    on_it = s.deployment_hardware is True and (
+        deployment_platform is None or not s.identity.platform or s.identity.platform == deployment_platform
+    )
     if on_it:
         return ""
     where = f" ({deployment_platform})" if deployment_platform else ""
-    return (f"**Not the deployment's hardware**: measured on {s.identity.hardware or 'unknown hardware'}, not on the "
-            f"hardware this checkpoint is deployed on{where}. Speed depends on the hardware: these figures are "
-            "hardware_dependent and show the mechanics (every arm served, no request failed), not the speed there.")
+    return (
+        f"**Not the deployment's hardware**: measured on {s.identity.hardware or 'unknown hardware'}, not on the "
+        f"hardware this checkpoint is deployed on{where}. Speed depends on the hardware: these figures are "
+        "hardware_dependent and show the mechanics (every arm served, no request failed), not the speed there."
+    )
 
 
 def speedup_markdown(s: SpeedupSummary, deployment_platform: str | None = None) -> list[str]:
@@ -51,24 +58,38 @@ def speedup_markdown(s: SpeedupSummary, deployment_platform: str | None = None) 
         lines += [label, ""]
     if s.identity.synthetic_acceptance:
         lines += [f"**{SYNTHETIC_LABEL}**", ""]
-    lines += ["| C | no-spec tok/s | BF16 draft tok/s | candidate tok/s | candidate speedup (95% CI) | "
-              "BF16 draft speedup (95% CI) | candidate / BF16 draft (95% CI) | c_step (candidate, BF16) | "
-              "AL (candidate, BF16) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| C | no-spec tok/s | BF16 draft tok/s | candidate tok/s | candidate speedup (95% CI) | "
+        "BF16 draft speedup (95% CI) | candidate / BF16 draft (95% CI) | c_step (candidate, BF16) | "
+        "AL (candidate, BF16) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in s.rows:
-        lines.append(f"| {r.concurrency} | {_f(r.no_spec_output_throughput, 1)} | "
-                     f"{_f(r.bf16_draft_output_throughput, 1)} | {_f(r.candidate_output_throughput, 1)} | "
-                     f"{_f(r.speedup)}{_ci(r.speedup_ci)} | {_f(r.bf16_draft_speedup)}{_ci(r.bf16_draft_speedup_ci)} | "
-                     f"{_f(r.vs_bf16_draft)}{_ci(r.vs_bf16_draft_ci)} | {_f(r.c_step)}, {_f(r.bf16_draft_c_step)} | "
-                     f"{_f(r.acceptance_length, 3)}, {_f(r.bf16_draft_acceptance_length, 3)} |")
+        lines.append(
+            f"| {r.concurrency} | {_f(r.no_spec_output_throughput, 1)} | "
+            f"{_f(r.bf16_draft_output_throughput, 1)} | {_f(r.candidate_output_throughput, 1)} | "
+            f"{_f(r.speedup)}{_ci(r.speedup_ci)} | {_f(r.bf16_draft_speedup)}{_ci(r.bf16_draft_speedup_ci)} | "
+            f"{_f(r.vs_bf16_draft)}{_ci(r.vs_bf16_draft_ci)} | {_f(r.c_step)}, {_f(r.bf16_draft_c_step)} | "
+            f"{_f(r.acceptance_length, 3)}, {_f(r.bf16_draft_acceptance_length, 3)} |"
+        )
 
     def cross(c: int | None) -> str:
-        return f"stops paying at C={c}" if c is not None else \
-            f"pays at every concurrency measured (up to C={s.max_concurrency_measured})"
+        return (
+            f"stops paying at C={c}"
+            if c is not None
+            else f"pays at every concurrency measured (up to C={s.max_concurrency_measured})"
+        )
 
-    lines += ["", f"Crossover (the concurrency from which speculation stays slower than none): candidate "
-                  f"{cross(s.crossover)}; BF16 draft {cross(s.bf16_draft_crossover)}."]
+    lines += [
+        "",
+        f"Crossover (the concurrency from which speculation stays slower than none): candidate "
+        f"{cross(s.crossover)}; BF16 draft {cross(s.bf16_draft_crossover)}.",
+    ]
     if s.num_speculative_tokens_per_batch_size:
-        lines += ["", "Recommended K per batch size (vLLM's `num_speculative_tokens_per_batch_size`): "
-                      f"`{[list(r) for r in s.num_speculative_tokens_per_batch_size]}`."]
+        lines += [
+            "",
+            "Recommended K per batch size (vLLM's `num_speculative_tokens_per_batch_size`): "
+            f"`{[list(r) for r in s.num_speculative_tokens_per_batch_size]}`.",
+        ]
     lines += ["", identity_line(s)]
     return lines

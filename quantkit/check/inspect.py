@@ -52,8 +52,13 @@ def group_layers(layers: Sequence[LayerPrecision]) -> list[PrecisionGroup]:
     """Collapse decoder-layer numbers: same suffix, precision, source and (number-free) reason -> one group."""
     groups: dict[tuple[str, str, str, str, int | None], list[LayerPrecision]] = {}
     for layer in layers:
-        key = (_LAYER_NUM.sub(PLACEHOLDER, layer.name), layer.precision, layer.source,
-               _LAYER_NUM.sub(PLACEHOLDER, layer.reason), layer.experts)
+        key = (
+            _LAYER_NUM.sub(PLACEHOLDER, layer.name),
+            layer.precision,
+            layer.source,
+            _LAYER_NUM.sub(PLACEHOLDER, layer.reason),
+            layer.experts,
+        )
         groups.setdefault(key, []).append(layer)
     out = []
     for (pattern, precision, source, reason, experts), members in groups.items():
@@ -62,15 +67,30 @@ def group_layers(layers: Sequence[LayerPrecision]) -> list[PrecisionGroup]:
             pattern = _LAYER_NUM.sub(_ranges(nums), members[0].name, count=1)
         else:
             pattern, reason = members[0].name, members[0].reason if len(members) == 1 else reason
-        out.append(PrecisionGroup(pattern=pattern, count=len(members), precision=precision, source=source, reason=reason,
-                                  bytes=sum(m.bytes for m in members), experts=experts))
+        out.append(
+            PrecisionGroup(
+                pattern=pattern,
+                count=len(members),
+                precision=precision,
+                source=source,
+                reason=reason,
+                bytes=sum(m.bytes for m in members),
+                experts=experts,
+            )
+        )
     return out
 
 
 # --- entry point -----------------------------------------------------------------------------------------------
 
-def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None, platform: str | None = None,
-                       tp: int = 1, vllm_version: str | None = None) -> InspectResult:
+
+def inspect_checkpoint(
+    folder: str | Path,
+    target_num_layers: int | None = None,
+    platform: str | None = None,
+    tp: int = 1,
+    vllm_version: str | None = None,
+) -> InspectResult:
     """Every runtime layer of the checkpoint in `folder` with the precision vLLM will give it, and why.
 
     For an EAGLE-3 draft, `target_num_layers` (the target's num_hidden_layers) gives its decoder layers their vLLM
@@ -92,8 +112,12 @@ def inspect_checkpoint(folder: str | Path, target_num_layers: int | None = None,
     quant = None
     if ck.qc is not None:
         lqc = ck.qc.get("layer_quant_config")
-        quant = {"quant_method": ck.qc.get("quant_method"), "exclude": ck.qc.get("exclude"),
-                 "keys": sorted(ck.qc), "layer_quant_config_keys": len(lqc) if isinstance(lqc, dict) else 0}
+        quant = {
+            "quant_method": ck.qc.get("quant_method"),
+            "exclude": ck.qc.get("exclude"),
+            "keys": sorted(ck.qc),
+            "layer_quant_config_keys": len(lqc) if isinstance(lqc, dict) else 0,
+        }
     kernels = _kernels(ck, platform, tp, vllm_version)
     return InspectResult(
         path=str(ck.path), architecture=ck.architecture, model_kind=ck.model_kind,
@@ -135,7 +159,8 @@ def _source_format(ck: LoadedCheckpoint) -> str:
     if ck.qc is not None and ck.qc.get("quant_method") == "quark":
         return "quark (already quantized by Quark)"
     try:
-        return detect_format(ck.config, ck.tensors, source=str(ck.path / "config.json"),
-                             fused=fused_layouts(ck.config)).description
+        return detect_format(
+            ck.config, ck.tensors, source=str(ck.path / "config.json"), fused=fused_layouts(ck.config)
+        ).description
     except QuantkitError as e:
         return f"not decodable: {e}"

@@ -34,8 +34,12 @@ def _agreement(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
         top1 += int((a.argmax(-1) == b.argmax(-1)).sum())
         n += a.shape[0]
     c = torch.cat(cos)
-    return {"positions": n, "mean_cosine": round(float(c.mean()), 5), "min_cosine": round(float(c.min()), 5),
-            "top1_agreement": round(top1 / n, 5)}
+    return {
+        "positions": n,
+        "mean_cosine": round(float(c.mean()), 5),
+        "min_cosine": round(float(c.min()), 5),
+        "top1_agreement": round(top1 / n, 5),
+    }
 
 
 def _prompt_ids(tokenizer, max_prompts: int) -> list[list[int]]:
@@ -43,11 +47,14 @@ def _prompt_ids(tokenizer, max_prompts: int) -> list[list[int]]:
 
     records = load_prompts("builtin")
     step = max(1, len(records) // max_prompts)
-    return [tokenizer(r.render(tokenizer), add_special_tokens=False)["input_ids"] for r in records[::step][:max_prompts]]
+    return [
+        tokenizer(r.render(tokenizer), add_special_tokens=False)["input_ids"] for r in records[::step][:max_prompts]
+    ]
 
 
-def logits_agreement(quantized: str | Path, source: str | Path, kind: str, target: str | Path | None = None,
-                     max_prompts: int = 7) -> dict[str, Any]:
+def logits_agreement(
+    quantized: str | Path, source: str | Path, kind: str, target: str | Path | None = None, max_prompts: int = 7
+) -> dict[str, Any]:
     """Mean/min cosine and top-1 agreement of quantized vs source logits over `max_prompts` built-in prompts."""
     import torch
 
@@ -91,31 +98,51 @@ def logits_agreement(quantized: str | Path, source: str | Path, kind: str, targe
 # --- 3. numeric ------------------------------------------------------------------------------------------------
 
 
-def numeric_logits(ck: LoadedCheckpoint, source: Path, target: str | Path | None, findings: Findings,
-                    progress: Progress) -> dict[str, Any] | None:
+def numeric_logits(
+    ck: LoadedCheckpoint, source: Path, target: str | Path | None, findings: Findings, progress: Progress
+) -> dict[str, Any] | None:
     """Logits of the quantized checkpoint vs its source on a few built-in prompts (quantkit.check.numeric)."""
     if ck.model_kind == EAGLE3_DRAFT and target is None:
-        findings.add("info", "numeric-logits-skipped", "--target",
-                     "a draft's logits need its target's hidden states", "pass --target TARGET_DIR")
+        findings.add(
+            "info",
+            "numeric-logits-skipped",
+            "--target",
+            "a draft's logits need its target's hidden states",
+            "pass --target TARGET_DIR",
+        )
         return None
     progress("numeric: logits on built-in prompts")
     try:
         res = logits_agreement(ck.path, source, ck.model_kind, target)
     except Exception as e:
-        findings.add("error", "numeric-logits-failed", str(ck.path), f"{type(e).__name__}: {str(e).splitlines()[0]}",
-                     "check that --source is the checkpoint this was quantized from")
+        findings.add(
+            "error",
+            "numeric-logits-failed",
+            str(ck.path),
+            f"{type(e).__name__}: {str(e).splitlines()[0]}",
+            "check that --source is the checkpoint this was quantized from",
+        )
         return None
     if res["mean_cosine"] < MIN_MEAN_COSINE or res["top1_agreement"] < MIN_TOP1_AGREEMENT:
-        findings.add("error", "numeric-logits-disagreement", str(ck.path),
-                     f"logits vs the source: mean cosine {res['mean_cosine']}, top-1 agreement "
-                     f"{res['top1_agreement']} (need >= {MIN_MEAN_COSINE} and >= {MIN_TOP1_AGREEMENT})",
-                     "find the layer with `quantkit check --numeric` weight errors; re-quantize it or keep it BF16")
+        findings.add(
+            "error",
+            "numeric-logits-disagreement",
+            str(ck.path),
+            f"logits vs the source: mean cosine {res['mean_cosine']}, top-1 agreement "
+            f"{res['top1_agreement']} (need >= {MIN_MEAN_COSINE} and >= {MIN_TOP1_AGREEMENT})",
+            "find the layer with `quantkit check --numeric` weight errors; re-quantize it or keep it BF16",
+        )
     return res
 
 
-def numeric_agreement(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
-             modules: dict[str, list[tuple[str, TensorInfo]]], source: Path, findings: Findings,
-             progress: Progress) -> dict[str, Any]:
+def numeric_agreement(
+    ck: LoadedCheckpoint,
+    layers: Sequence[LayerPrecision],
+    modules: dict[str, list[tuple[str, TensorInfo]]],
+    source: Path,
+    findings: Findings,
+    progress: Progress,
+) -> dict[str, Any]:
     """Dequantize each quantized weight and compare it with the source's: relative Frobenius error per layer."""
     import numpy as np
 
@@ -139,8 +166,13 @@ def numeric_agreement(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
             deq = dequantize_mxfp4(wa, sa) if lp.scheme.family == "mxfp4" else dequantize_fp8(wa, sa)
             r = src.array(ref.file, f"{m}.weight")
             if r.shape != deq.shape:
-                findings.add("error", "numeric-shape", f"{m}.weight",
-                             f"dequantized {list(deq.shape)} vs source {list(r.shape)}", "is --source the source?")
+                findings.add(
+                    "error",
+                    "numeric-shape",
+                    f"{m}.weight",
+                    f"dequantized {list(deq.shape)} vs source {list(r.shape)}",
+                    "is --source the source?",
+                )
                 continue
             num += float(np.sum((deq - r) ** 2))
             den += float(np.sum(r**2))
@@ -150,10 +182,17 @@ def numeric_agreement(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
         bound = NUMERIC_BOUNDS[lp.scheme.family]
         per_layer[lp.name] = {"relative_error": round(rel, 5), "bound": bound, "precision": lp.precision}
         if not rel <= bound:
-            findings.add("error", "numeric-disagreement", lp.name,
-                         f"dequantized weights differ from the source by {rel:.3g} (relative Frobenius), above "
-                         f"{bound} for {lp.precision}: wrong scales, packing or source",
-                         "re-quantize the layer; check --source is the checkpoint it was made from")
+            findings.add(
+                "error",
+                "numeric-disagreement",
+                lp.name,
+                f"dequantized weights differ from the source by {rel:.3g} (relative Frobenius), above "
+                f"{bound} for {lp.precision}: wrong scales, packing or source",
+                "re-quantize the layer; check --source is the checkpoint it was made from",
+            )
     progress(f"numeric: {len(per_layer)} layers compared")
-    return {"source": str(source), "method": "dequantized weights vs source weights (relative Frobenius error)",
-            "layers": per_layer}
+    return {
+        "source": str(source),
+        "method": "dequantized weights vs source weights (relative Frobenius error)",
+        "layers": per_layer,
+    }

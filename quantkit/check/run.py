@@ -31,10 +31,18 @@ class CheckInputError(QuantkitError):
 # --- entry point -----------------------------------------------------------------------------------------------
 
 
-def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platform: str = "gfx950",
-                     vllm: str = "auto", numeric: bool = False, source: str | Path | None = None,
-                     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
-                     progress: Progress | None = None, vllm_version: str | None = None) -> CheckResult:
+def run(
+    folder: str | Path,
+    target: str | Path | None = None,
+    tp: int = 1,
+    platform: str = "gfx950",
+    vllm: str = "auto",
+    numeric: bool = False,
+    source: str | Path | None = None,
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+    progress: Progress | None = None,
+    vllm_version: str | None = None,
+) -> CheckResult:
     """Check the Quark checkpoint in `folder` against what vLLM's Quark loader does with it.
 
     `target` is the target checkpoint of an EAGLE-3 draft (its layer count names the draft's layers; needed for the
@@ -70,22 +78,34 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
     assumed = _draft_layers_from_exclude(ck) if ck.model_kind == EAGLE3_DRAFT and n_target is None else None
     if assumed is not None:
         ck = load_checkpoint(folder, assumed)
-        findings.add("info", "target-layers-assumed", "--target",
-                     f"no --target: exclude names model.layers.{assumed}.*, so the draft's decoder layers are taken "
-                     f"to be numbered from {assumed} (the target's layer count)", "pass --target TARGET_DIR")
+        findings.add(
+            "info",
+            "target-layers-assumed",
+            "--target",
+            f"no --target: exclude names model.layers.{assumed}.*, so the draft's decoder layers are taken "
+            f"to be numbered from {assumed} (the target's layer count)",
+            "pass --target TARGET_DIR",
+        )
         findings[-1].source = source_of("draft-target-unknown")  # the rule that lists target-layers-assumed
     view = CheckpointView.of(ck)
     target_view = CheckpointView(target, target_config) if target is not None and target_config is not None else None
-    ctx = RuleContext(subject=view, serving=ServingOptions(platform=platform, tp=tp, vllm_version=version),
-                      target=target_view,
-                      draft=view if ck.model_kind == EAGLE3_DRAFT else None, target_num_layers=n_target,
-                      findings=findings, progress=progress)
+    ctx = RuleContext(
+        subject=view,
+        serving=ServingOptions(platform=platform, tp=tp, vllm_version=version),
+        target=target_view,
+        draft=view if ck.model_kind == EAGLE3_DRAFT else None,
+        target_num_layers=n_target,
+        findings=findings,
+        progress=progress,
+    )
     progress("static contract")
     run_rules(ctx, "check")
     layers, modules = view.layers, view.modules
     kernels = report_for(view, ctx.serving)
     load = real_load(ck, layers, target, n_target, vllm, findings, load_timeout_s, progress)
-    numeric_result = numeric_agreement(ck, layers, modules, Path(source), findings, progress) if numeric and source else None
+    numeric_result = (
+        numeric_agreement(ck, layers, modules, Path(source), findings, progress) if numeric and source else None
+    )
     if numeric_result is not None:
         assert source is not None  # numeric_result is only computed with a source
         numeric_result["logits"] = numeric_logits(ck, Path(source), target, findings, progress)
@@ -102,8 +122,11 @@ def run(folder: str | Path, target: str | Path | None = None, tp: int = 1, platf
 def _draft_layers_from_exclude(ck: LoadedCheckpoint) -> int | None:
     """The target layer count an exact `model.layers.<N>.` exclude entry implies for a draft checked without it."""
     exclude = ck.qc.get("exclude") if ck.qc else None
-    numbers = [int(m[1]) for e in exclude if isinstance(e, str) and (m := re.match(r"^model\.layers\.(\d+)\.", e))] \
-        if isinstance(exclude, list) else []
+    numbers = (
+        [int(m[1]) for e in exclude if isinstance(e, str) and (m := re.match(r"^model\.layers\.(\d+)\.", e))]
+        if isinstance(exclude, list)
+        else []
+    )
     return min(numbers) if numbers else None
 
 

@@ -79,8 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default=None, help="EAGLE-3 draft attached to --model")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--trust-remote-code", action="store_true", help="let vLLM run a model folder's code")
-    parser.add_argument("--compare-bytes", default=None, metavar="JSON",
-                        help='file with {"folder": ..., "layers": {name: [checkpoint modules]}}: compare MXFP4 bytes')
+    parser.add_argument(
+        "--compare-bytes",
+        default=None,
+        metavar="JSON",
+        help='file with {"folder": ..., "layers": {name: [checkpoint modules]}}: compare MXFP4 bytes',
+    )
     args = parser.parse_args(argv)
     from quantkit.io.hf import remote_code_allowed
 

@@ -25,7 +25,19 @@ from quantkit.errors import (
 
 MAX_MESSAGE = 600
 # `quantkit --help` lists the commands in the order a user runs them.
-PIPELINE_ORDER = ("recipes", "apply", "inspect", "check", "acceptance", "tune", "eval", "gate", "deploy", "publish", "demo")
+PIPELINE_ORDER = (
+    "recipes",
+    "apply",
+    "inspect",
+    "check",
+    "acceptance",
+    "tune",
+    "eval",
+    "gate",
+    "deploy",
+    "publish",
+    "demo",
+)
 
 
 class QuantkitGroup(click.Group):
@@ -64,8 +76,11 @@ class QuantkitGroup(click.Group):
             click.echo(scrub_secrets(f"error: interrupted by {name}; {hint}"), err=True)
             interrupted_exit(code)
         except RecursionError:
-            click.echo("error: input nested too deeply to read (a hostile or corrupt JSON/YAML file?); check the "
-                       "files you passed", err=True)
+            click.echo(
+                "error: input nested too deeply to read (a hostile or corrupt JSON/YAML file?); check the "
+                "files you passed",
+                err=True,
+            )
             ctx.exit(2)
         except QuantkitError as e:
             # Messages are one line by contract (keep it so for `2>&1 | tail`), and never hold a credential.
@@ -78,8 +93,18 @@ class QuantkitGroup(click.Group):
             ctx.exit(e.exit_code)
         except click.ClickException as e:
             if wants_json:  # a refused option value: the script parsing stdout gets the error as data too
-                print_json_error(ctx, args, {"type": type(e).__name__, "message": scrub_secrets(e.format_message()),
-                                        "input": None, "reason": None, "fix": None, "exit_code": e.exit_code})
+                print_json_error(
+                    ctx,
+                    args,
+                    {
+                        "type": type(e).__name__,
+                        "message": scrub_secrets(e.format_message()),
+                        "input": None,
+                        "reason": None,
+                        "fix": None,
+                        "exit_code": e.exit_code,
+                    },
+                )
             raise
         except (click.exceptions.Exit, click.Abort):
             raise
@@ -103,8 +128,9 @@ class QuantkitGroup(click.Group):
             if os.environ.get("QUANTKIT_DEBUG") == "1":
                 raise
             first = scrub_secrets(" ".join(str(e).split("\n")))[:300]
-            click.echo(f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)",
-                       err=True)
+            click.echo(
+                f"error: unexpected {type(e).__name__}: {first} (set QUANTKIT_DEBUG=1 for the traceback)", err=True
+            )
             ctx.exit(1)
 
 
@@ -163,8 +189,9 @@ def scrub_logs_and_warnings() -> None:
     logging.setLogRecordFactory(scrubbed_record)
     show = warnings.showwarning
 
-    def scrubbed_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
-                         line: str | None = None) -> None:
+    def scrubbed_warning(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: str | None = None
+    ) -> None:
         show(scrub_secrets(str(message)), category, filename, lineno, file, line)
 
     warnings.showwarning = scrubbed_warning

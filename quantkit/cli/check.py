@@ -30,32 +30,84 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 
 @main.command("check")
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--target", "target", default=None, type=click.Path(path_type=Path),
-              help="For an EAGLE-3 draft: its target checkpoint (layer names, aux layer ids, hidden sizes, real load).")
-@click.option("--tp", "tp", type=Count(1, 1024), default=1, show_default=True, envvar="QUANTKIT_TP",
-              help="Tensor-parallel size to check per-shard divisibility for.")
-@click.option("--platform", "platform", type=click.Choice(PLATFORMS), default="gfx950",
-              show_default=True, envvar="QUANTKIT_PLATFORM", help="Where the checkpoint will be served.")
-@click.option("--vllm", "vllm_mode", type=click.Choice(VLLM_MODES), default="auto",
-              show_default=True, envvar="QUANTKIT_CHECK_VLLM",
-              help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
-                   "skipped or failed load is an error.")
-@click.option("--load-timeout", "load_timeout", type=Real(0, 86400, lo_open=True), default=900,
-              show_default=True,
-              help="Seconds the vLLM load and generation may take.")
+@click.option(
+    "--target",
+    "target",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="For an EAGLE-3 draft: its target checkpoint (layer names, aux layer ids, hidden sizes, real load).",
+)
+@click.option(
+    "--tp",
+    "tp",
+    type=Count(1, 1024),
+    default=1,
+    show_default=True,
+    envvar="QUANTKIT_TP",
+    help="Tensor-parallel size to check per-shard divisibility for.",
+)
+@click.option(
+    "--platform",
+    "platform",
+    type=click.Choice(PLATFORMS),
+    default="gfx950",
+    show_default=True,
+    envvar="QUANTKIT_PLATFORM",
+    help="Where the checkpoint will be served.",
+)
+@click.option(
+    "--vllm",
+    "vllm_mode",
+    type=click.Choice(VLLM_MODES),
+    default="auto",
+    show_default=True,
+    envvar="QUANTKIT_CHECK_VLLM",
+    help="Load it in vLLM (in a subprocess) and generate: auto = when vLLM is installed; required = a "
+    "skipped or failed load is an error.",
+)
+@click.option(
+    "--load-timeout",
+    "load_timeout",
+    type=Real(0, 86400, lo_open=True),
+    default=900,
+    show_default=True,
+    help="Seconds the vLLM load and generation may take.",
+)
 @click.option("--numeric", is_flag=True, help="Also compare dequantized weights with --source (reads all weights).")
-@click.option("--source", "source", default=None, type=click.Path(path_type=Path),
-              help="The unquantized checkpoint this one was made from (for --numeric).")
+@click.option(
+    "--source",
+    "source",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="The unquantized checkpoint this one was made from (for --numeric).",
+)
 @vllm_version_option()
-@click.option("--list-rules", "list_rules", is_flag=True, is_eager=True, expose_value=False,
-              callback=lambda ctx, _p, v: _list_rules(ctx) if v else None,
-              help="Print the rule table (as `quantkit rules`) and exit.")
+@click.option(
+    "--list-rules",
+    "list_rules",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=lambda ctx, _p, v: _list_rules(ctx) if v else None,
+    help="Print the rule table (as `quantkit rules`) and exit.",
+)
 @trust_option()
 @verbose_option("the predicted kernel path of every layer group")
 @json_option("Print the findings, per-layer precisions and the vLLM load as JSON.")
-def check_command(folder: Path, target: Path | None, tp: int, platform: str, vllm_mode: str, load_timeout: float,
-                  numeric: bool, source: Path | None, vllm_version: str | None, trust_remote_code: bool,
-                  verbose: bool, as_json: bool) -> None:
+def check_command(
+    folder: Path,
+    target: Path | None,
+    tp: int,
+    platform: str,
+    vllm_mode: str,
+    load_timeout: float,
+    numeric: bool,
+    source: Path | None,
+    vllm_version: str | None,
+    trust_remote_code: bool,
+    verbose: bool,
+    as_json: bool,
+) -> None:
     """Check that vLLM will load a Quark checkpoint as intended, before any GPU time is spent.
 
     \b
@@ -80,9 +132,18 @@ def check_command(folder: Path, target: Path | None, tp: int, platform: str, vll
     check_model_folders([folder, target, source])
     progress = stderr_progress("check") if not as_json else None
     with remote_code_allowed(trust_remote_code):
-        result = check_checkpoint(folder, target=target, tp=tp, platform=platform, vllm=vllm_mode, numeric=numeric,
-                                  source=source, load_timeout_s=load_timeout, progress=progress,
-                                  vllm_version=vllm_version)
+        result = check_checkpoint(
+            folder,
+            target=target,
+            tp=tp,
+            platform=platform,
+            vllm=vllm_mode,
+            numeric=numeric,
+            source=source,
+            load_timeout_s=load_timeout,
+            progress=progress,
+            vllm_version=vllm_version,
+        )
     if as_json:
         print_json(result.to_dict())
     else:
@@ -103,15 +164,23 @@ def _render_check(result: CheckResult, verbose: bool = False) -> None:
     """Verdict first; then the vLLM load, the findings, and the kernel paths in one line (the per-layer table with
     --verbose, and in --json)."""
     console = make_console()
-    console.print(verdict_line(result.ok, result.findings, f"check of {result.path} ({result.architecture}, "
-                               f"{result.model_kind}, tp {result.tp}, {result.platform}) in {result.seconds:.1f}s"))
+    console.print(
+        verdict_line(
+            result.ok,
+            result.findings,
+            f"check of {result.path} ({result.architecture}, "
+            f"{result.model_kind}, tp {result.tp}, {result.platform}) in {result.seconds:.1f}s",
+        )
+    )
     load = result.vllm_load
     line = f"vLLM load: {load.status}"
     if load.status == "loaded":
         compared = load.layers or {}
         bad = sum(not v["as_predicted"] for v in compared.values())
-        line += (f" in {load.engine} ({load.mode}, {load.seconds}s); {len(compared)} layers compared, {bad} "
-                 f"mismatched; generated {load.generated_text!r}")
+        line += (
+            f" in {load.engine} ({load.mode}, {load.seconds}s); {len(compared)} layers compared, {bad} "
+            f"mismatched; generated {load.generated_text!r}"
+        )
         if load.spec_decode is not None:
             sd = load.spec_decode
             line += f"; speculative decoding: {sd.num_drafts} drafts, {sd.num_accepted_tokens} tokens accepted"
@@ -120,8 +189,9 @@ def _render_check(result: CheckResult, verbose: bool = False) -> None:
     console.print(line)
     if result.numeric is not None:
         worst = max((v.relative_error or 0.0 for v in result.numeric.layers.values()), default=0.0)
-        console.print(f"numeric: {len(result.numeric.layers)} layers vs {result.numeric.source}, worst "
-                      f"relative error {worst:.4g}")
+        console.print(
+            f"numeric: {len(result.numeric.layers)} layers vs {result.numeric.source}, worst relative error {worst:.4g}"
+        )
     if result.findings:
         console.print(findings_table(result.findings))
     kernels = result.kernels
@@ -130,14 +200,21 @@ def _render_check(result: CheckResult, verbose: bool = False) -> None:
             render_kernels(console, kernels)
         else:
             predicted = ", ".join(f"{k}={v}" for k, v in kernels.predicted_backends.items())
-            console.print(f"kernels vLLM {kernels.vllm_version} is predicted to take on {kernels.platform}: "
-                          f"{predicted or '-'} ({len(kernels.paths)} layer groups: --verbose, or --json)")
+            console.print(
+                f"kernels vLLM {kernels.vllm_version} is predicted to take on {kernels.platform}: "
+                f"{predicted or '-'} ({len(kernels.paths)} layer groups: --verbose, or --json)"
+            )
     cost = result.draft_cost
     if cost is not None:
         if verbose:
             render_draft_cost(console, cost)
         elif cost.lm_head_share is not None:
-            after = (f"; {cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f}"
-                     if cost.step_ratio_after is not None else "")
-            console.print(f"draft step ({cost.estimate}): lm_head {cost.lm_head_share:.2f} of a draft token's reads"
-                          f"{after} (--verbose for every role)")
+            after = (
+                f"; {cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f}"
+                if cost.step_ratio_after is not None
+                else ""
+            )
+            console.print(
+                f"draft step ({cost.estimate}): lm_head {cost.lm_head_share:.2f} of a draft token's reads"
+                f"{after} (--verbose for every role)"
+            )

@@ -25,9 +25,13 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
     envvar="QUANTKIT_DEMO_WORKDIR",
     help="Where the demo writes its quantized models, gate report and model card preview.",
 )
-@click.option("--bench", "with_bench", is_flag=True,
-              help="Also run the gate's bench step: the pair served without speculation, with the BF16 draft and "
-                   "with the FP8 draft, at concurrency 1 and 2 (three more server starts: ~3-4 min more on 2 cores).")
+@click.option(
+    "--bench",
+    "with_bench",
+    is_flag=True,
+    help="Also run the gate's bench step: the pair served without speculation, with the BF16 draft and "
+    "with the FP8 draft, at concurrency 1 and 2 (three more server starts: ~3-4 min more on 2 cores).",
+)
 @json_option()
 def demo(workdir: Path, with_bench: bool, as_json: bool) -> None:
     """Run the whole pipeline on the bundled tiny models (a few minutes on 2 CPU cores).
@@ -60,19 +64,26 @@ THIRD_PARTY_LOG = "third-party.log"
 def _render_demo(result: DemoResult) -> None:
     from rich.table import Table
 
-    table = Table(title=f"quantkit demo: {result.seconds:.0f}s, gate {'PASSED' if result.gate_passed else 'FAILED'} "
-                        f"(verdict {result.gate_verdict})", title_justify="left")
+    table = Table(
+        title=f"quantkit demo: {result.seconds:.0f}s, gate {'PASSED' if result.gate_passed else 'FAILED'} "
+        f"(verdict {result.gate_verdict})",
+        title_justify="left",
+    )
     table.add_column("step")
     table.add_column("seconds", justify="right")
     table.add_column("result", overflow="fold")
     for s in result.steps:
         info = {k: v for k, v in s.items() if k not in ("step", "seconds")}
         if "quantized" in info:
-            text = (f"{info['quantized']} layers quantized, {info['kept']} kept; {info['size_mb'][0]} -> "
-                    f"{info['size_mb'][1]} MB; vLLM exclude {info['exclude']}")
+            text = (
+                f"{info['quantized']} layers quantized, {info['kept']} kept; {info['size_mb'][0]} -> "
+                f"{info['size_mb'][1]} MB; vLLM exclude {info['exclude']}"
+            )
         elif "passed" in info:
-            text = f"{'passed' if info['passed'] else 'FAILED'} (verdict {info.get('verdict')}): {info['checks']} " \
+            text = (
+                f"{'passed' if info['passed'] else 'FAILED'} (verdict {info.get('verdict')}): {info['checks']} "
                 "checks" + ("; " + "; ".join(info["failures"]) if info["failures"] else "")
+            )
         else:
             text = f"card + file list in {info.get('dry_run_dir')}"
         table.add_row(s["step"], f"{s['seconds']:.1f}", text)
@@ -89,15 +100,19 @@ def _render_demo(result: DemoResult) -> None:
     ev = target.eval if target else None
     served = draft.serve if draft else None
     for t in ev.tasks if ev else []:
-        console.print(f"eval {t.task} {t.metric}: BF16 {_f(t.baseline)}, MXFP4 {_f(t.candidate)}, "
-                      f"recovery {t.recovery if t.recovery is None else round(t.recovery, 3)}")
+        console.print(
+            f"eval {t.task} {t.metric}: BF16 {_f(t.baseline)}, MXFP4 {_f(t.candidate)}, "
+            f"recovery {t.recovery if t.recovery is None else round(t.recovery, 3)}"
+        )
     in_process_al = served.in_process_al if served else None
     for b in served.batches if served else []:
         ttft = b.ttft_s.get("p50")
-        console.print(f"served (vllm serve, MXFP4 target + FP8 draft) batch {b.batch_size}: AL "
-                      f"{_f(b.mean_acceptance_length)} (in-process {_f(in_process_al)}), TTFT "
-                      f"p50 {'-' if ttft is None else f'{1000 * ttft:.0f} ms'}, {b.tokens_per_s or 0:.1f} tok/s, "
-                      f"{'well-formed' if b.well_formed else 'MALFORMED'}")
+        console.print(
+            f"served (vllm serve, MXFP4 target + FP8 draft) batch {b.batch_size}: AL "
+            f"{_f(b.mean_acceptance_length)} (in-process {_f(in_process_al)}), TTFT "
+            f"p50 {'-' if ttft is None else f'{1000 * ttft:.0f} ms'}, {b.tokens_per_s or 0:.1f} tok/s, "
+            f"{'well-formed' if b.well_formed else 'MALFORMED'}"
+        )
     console.print("outputs: " + "; ".join(f"{name} {path}" for name, path in result.outputs.items()))
     console.print("")
     console.print(f"gate verdict: {result.gate_verdict}. {result.conclusion}")
@@ -112,20 +127,28 @@ def _render_acceptance(console: Any, pair: AcceptanceResult | None, target: Acce
     run = pair or target
     assert run is not None
     st = run.settings
-    console.print(f"acceptance ({run.backend}, {st.num_prompts or '?'} prompts, {st.num_speculative_tokens} "
-                  "speculative tokens): AL, and its ratio to the BF16 pair's")
+    console.print(
+        f"acceptance ({run.backend}, {st.num_prompts or '?'} prompts, {st.num_speculative_tokens} "
+        "speculative tokens): AL, and its ratio to the BF16 pair's"
+    )
     console.print(f"  BF16 target  + BF16 draft  AL {_f(base.mean_acceptance_length)}  (the baseline)")
     target_al = target.candidate.mean_acceptance_length if target and target.candidate else None
     if target is not None and target.ratio is not None:
-        console.print(f"  MXFP4 target + BF16 draft  AL {_f(target_al)}  ratio {_f(target.ratio)}  (what the MXFP4 "
-                      "target costs)")
+        console.print(
+            f"  MXFP4 target + BF16 draft  AL {_f(target_al)}  ratio {_f(target.ratio)}  (what the MXFP4 target costs)"
+        )
     if pair is not None and pair.ratio is not None and pair.candidate is not None:
         al = pair.candidate.mean_acceptance_length
         ci = pair.ratio_ci or [None, None]
-        draft_part = f"; {_f(al / target_al)} of the line above: what the FP8 draft costs" \
-            if al is not None and target_al else ""
-        console.print(f"  MXFP4 target + FP8 draft   AL {_f(al)}  ratio {_f(pair.ratio)}  (95% CI "
-                      f"{_f(ci[0])}-{_f(ci[1])}{draft_part})")
+        draft_part = (
+            f"; {_f(al / target_al)} of the line above: what the FP8 draft costs"
+            if al is not None and target_al
+            else ""
+        )
+        console.print(
+            f"  MXFP4 target + FP8 draft   AL {_f(al)}  ratio {_f(pair.ratio)}  (95% CI "
+            f"{_f(ci[0])}-{_f(ci[1])}{draft_part})"
+        )
 
 
 def _f(x: float | None) -> str:

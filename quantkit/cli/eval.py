@@ -28,22 +28,53 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 @main.command("eval")
 @click.option("--model", "model", required=True, help="The quantized checkpoint: folder or Hub id.")
 @click.option("--baseline", "baseline", required=True, help="The unquantized checkpoint it was made from.")
-@click.option("--tasks", "tasks", required=True, envvar="QUANTKIT_EVAL_TASKS",
-              help="Comma-separated lm-eval task names: quantkit's local tasks (tiny_french_mc, tiny_french_gen, "
-                   "tiny_json_gen, for the bundled tiny models) or any lm-eval task whose data is available.")
-@click.option("--backend", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
-              help="hf: lm-eval's HF backend (Quark checkpoints through Quark's loader); vllm: lm-eval's vLLM backend.")
+@click.option(
+    "--tasks",
+    "tasks",
+    required=True,
+    envvar="QUANTKIT_EVAL_TASKS",
+    help="Comma-separated lm-eval task names: quantkit's local tasks (tiny_french_mc, tiny_french_gen, "
+    "tiny_json_gen, for the bundled tiny models) or any lm-eval task whose data is available.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["hf", "vllm"]),
+    default="hf",
+    show_default=True,
+    help="hf: lm-eval's HF backend (Quark checkpoints through Quark's loader); vllm: lm-eval's vLLM backend.",
+)
 @click.option("--limit", type=Count(1, 100_000_000), default=None, help="Only the first N items of each task.")
 @click.option("--num-fewshot", "num_fewshot", type=Count(0, 1000), default=0, show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Device of the hf backend (cuda also means ROCm GPUs).")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="Device of the hf backend (cuda also means ROCm GPUs).",
+)
 @click.option("--batch-size", "batch_size", type=Count(1, 100_000), default=16, show_default=True)
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the JSON result to this file.")
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the JSON result to this file.",
+)
 @trust_option()
 @json_option("Print the result (per task and metric: scores, stderrs, delta, recovery, intervals) as JSON.")
-def eval_command(model: str, baseline: str, tasks: str, backend: str, limit: int | None, num_fewshot: int,
-                 device: str, batch_size: int, out_file: Path | None, trust_remote_code: bool, as_json: bool) -> None:
+def eval_command(
+    model: str,
+    baseline: str,
+    tasks: str,
+    backend: str,
+    limit: int | None,
+    num_fewshot: int,
+    device: str,
+    batch_size: int,
+    out_file: Path | None,
+    trust_remote_code: bool,
+    as_json: bool,
+) -> None:
     """Compare a quantized model's lm-eval scores with its baseline's: same tasks, same settings.
 
     \b
@@ -62,8 +93,17 @@ def eval_command(model: str, baseline: str, tasks: str, backend: str, limit: int
     if out_file is not None:
         check_writable_file(out_file, "--out")
     with remote_code_allowed(trust_remote_code):
-        result = run_eval(model, baseline, tasks, backend=backend, limit=limit, num_fewshot=num_fewshot,
-                          device=device, batch_size=batch_size, progress=stderr_progress("eval"))
+        result = run_eval(
+            model,
+            baseline,
+            tasks,
+            backend=backend,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            device=device,
+            batch_size=batch_size,
+            progress=stderr_progress("eval"),
+        )
     if out_file is not None:
         write_result(result, out_file)
     if as_json:
@@ -82,8 +122,11 @@ def _render_eval(result: EvalResult) -> None:
         return "-" if x is None else fmt.format(x)
 
     s = result.settings
-    title = (f"lm-eval: {result.model} vs {result.baseline_model} ({result.backend}, {result.num_fewshot}-shot"
-             + (f", limit {result.limit}" if result.limit else "") + ")")
+    title = (
+        f"lm-eval: {result.model} vs {result.baseline_model} ({result.backend}, {result.num_fewshot}-shot"
+        + (f", limit {result.limit}" if result.limit else "")
+        + ")"
+    )
     table = Table(title=title, title_justify="left")
     # Names fold, figures never do: 2 tasks with lm-eval's longest metric keys fit the 120 columns of piped output.
     for col in ("task", "metric"):
@@ -92,9 +135,16 @@ def _render_eval(result: EvalResult) -> None:
         table.add_column(col, justify="right", no_wrap=True)
     for t in result.tasks:
         assert t.baseline is not None and t.candidate is not None  # compare() scores both models on every row
-        table.add_row(t.task, t.metric, opt(t.num_items, "{}"), pm(t.baseline, t.baseline_stderr),
-                      pm(t.candidate, t.candidate_stderr), f"{t.delta:+.4f}", opt(t.recovery),
-                      opt(t.recovery_lower_bound))
+        table.add_row(
+            t.task,
+            t.metric,
+            opt(t.num_items, "{}"),
+            pm(t.baseline, t.baseline_stderr),
+            pm(t.candidate, t.candidate_stderr),
+            f"{t.delta:+.4f}",
+            opt(t.recovery),
+            opt(t.recovery_lower_bound),
+        )
     console = make_console()
     console.print(table)
     versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items())

@@ -26,19 +26,42 @@ if TYPE_CHECKING:  # result types only; the modules are imported when the comman
 
 @main.command("inspect")
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--target", "target", default=None, type=click.Path(path_type=Path),
-              help="For an EAGLE-3 draft: the target checkpoint folder (only its config.json is read). Its layer "
-                   "count gives the draft's vLLM layer names; without it they show as model.layers.{N}.*.")
+@click.option(
+    "--target",
+    "target",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="For an EAGLE-3 draft: the target checkpoint folder (only its config.json is read). Its layer "
+    "count gives the draft's vLLM layer names; without it they show as model.layers.{N}.*.",
+)
 @click.option("--layers", "show_layers", is_flag=True, help="One row per layer instead of groups of layers.")
-@click.option("--platform", "platform", type=click.Choice(PLATFORMS), default=None,
-              help="Also say which vLLM kernel every MoE and linear layer takes there (gfx950 = MI355X, gfx942 = "
-                   "MI300X, cuda = SM90, cpu), with its performance class and why.")
-@click.option("--tp", "tp", type=Count(1, 1024), default=1, show_default=True,
-              help="Tensor-parallel size for --platform (per-rank shapes and padding).")
+@click.option(
+    "--platform",
+    "platform",
+    type=click.Choice(PLATFORMS),
+    default=None,
+    help="Also say which vLLM kernel every MoE and linear layer takes there (gfx950 = MI355X, gfx942 = "
+    "MI300X, cuda = SM90, cpu), with its performance class and why.",
+)
+@click.option(
+    "--tp",
+    "tp",
+    type=Count(1, 1024),
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size for --platform (per-rank shapes and padding).",
+)
 @vllm_version_option()
 @json_option("Print every layer and group with precision, reason and bytes as JSON.")
-def inspect_command(folder: Path, target: Path | None, show_layers: bool, platform: str | None, tp: int,
-                    vllm_version: str | None, as_json: bool) -> None:
+def inspect_command(
+    folder: Path,
+    target: Path | None,
+    show_layers: bool,
+    platform: str | None,
+    tp: int,
+    vllm_version: str | None,
+    as_json: bool,
+) -> None:
     """Show the precision vLLM will give every layer of a checkpoint, and why.
 
     \b
@@ -119,10 +142,21 @@ def _suggest_recipes(result: InspectResult) -> None:
     fits = [r for r in list_recipes() if r.applies_to == result.model_kind]
     if not fits:
         return
-    click.echo(f"next: quantize it with a recipe for its kind ({result.model_kind}): "
-               + "; ".join(f"{r.name} ({r.description.rstrip('.')})" for r in fits), err=True)
-    argv = ["quantkit", "apply", "--recipe", fits[0].name, "--model", result.path, "--output",
-            f"{Path(result.path).name}-{fits[0].name}"]
+    click.echo(
+        f"next: quantize it with a recipe for its kind ({result.model_kind}): "
+        + "; ".join(f"{r.name} ({r.description.rstrip('.')})" for r in fits),
+        err=True,
+    )
+    argv = [
+        "quantkit",
+        "apply",
+        "--recipe",
+        fits[0].name,
+        "--model",
+        result.path,
+        "--output",
+        f"{Path(result.path).name}-{fits[0].name}",
+    ]
     if result.model_kind == EAGLE3_DRAFT:
         argv += ["--target", "TARGET"]
     print_command(argv, err=True)

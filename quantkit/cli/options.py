@@ -15,19 +15,28 @@ if TYPE_CHECKING:  # rich and pydantic cost ~0.2 s to import; commands import th
     from rich.console import Console
 
 
-
 def trust_option() -> Any:
-    return click.option("--trust-remote-code", "trust_remote_code", is_flag=True,
-                        help="Allow transformers/vLLM to run Python code shipped in a model folder (auto_map). "
-                             "Off by default: quantkit never runs a folder's code unless you pass this.")
+    return click.option(
+        "--trust-remote-code",
+        "trust_remote_code",
+        is_flag=True,
+        help="Allow transformers/vLLM to run Python code shipped in a model folder (auto_map). "
+        "Off by default: quantkit never runs a folder's code unless you pass this.",
+    )
 
 
 def vllm_version_option() -> Any:
     from quantkit.cli.params import VllmVersion
 
-    return click.option("--vllm-version", "vllm_version", type=VllmVersion(), default=None, metavar="X.Y.Z",
-                        help="The vLLM version the rules hold for (rules carry a version range). Default: the "
-                             "installed vLLM, else the newest version the rule table knows.")
+    return click.option(
+        "--vllm-version",
+        "vllm_version",
+        type=VllmVersion(),
+        default=None,
+        metavar="X.Y.Z",
+        help="The vLLM version the rules hold for (rules carry a version range). Default: the "
+        "installed vLLM, else the newest version the rule table knows.",
+    )
 
 
 def verbose_option(what: str) -> Any:
@@ -37,6 +46,7 @@ def verbose_option(what: str) -> Any:
 def verdict_line(ok: bool, findings: Sequence[Any], about: str, failed: str = "FAILED") -> str:
     """THE verdict line, printed first by check and deploy: `OK` or `failed`, the finding counts, then what was
     judged."""
+
     def n(severity: str) -> str:
         count = sum(f.severity == severity for f in findings)
         return f"{count} {severity}{'' if count == 1 or severity == 'info' else 's'}"
@@ -64,8 +74,12 @@ def render_kernels(console: Any, report: Any) -> None:
     """The kernel-path table of a KernelReport (inspect --platform, check)."""
     from rich.table import Table
 
-    table = Table(title=f"vLLM {report.vllm_version} kernel path on {report.platform} (assumes "
-                        + ", ".join(f"{k}={v}" for k, v in report.assumes.items()) + ")", title_justify="left")
+    table = Table(
+        title=f"vLLM {report.vllm_version} kernel path on {report.platform} (assumes "
+        + ", ".join(f"{k}={v}" for k, v in report.assumes.items())
+        + ")",
+        title_justify="left",
+    )
     for col in ("layer", "x", "kind", "scheme", "backend", "class", "why"):
         table.add_column(col, overflow="fold", no_wrap=col in ("x", "class"))
     for p in report.paths:
@@ -127,8 +141,10 @@ def check_file_free(path: Path, overwrite: bool, option: str = "--out") -> None:
     from quantkit.errors import QuantkitError
 
     if path.exists() and not overwrite:
-        raise QuantkitError(f"{option} {path.parent}: {path.name} exists (from an earlier run); pass --overwrite "
-                            f"to replace it, or another {option}")
+        raise QuantkitError(
+            f"{option} {path.parent}: {path.name} exists (from an earlier run); pass --overwrite "
+            f"to replace it, or another {option}"
+        )
 
 
 def human_bytes(*sizes: int) -> list[str]:
@@ -233,8 +249,11 @@ class JsonObject(click.ParamType):
         try:
             obj = json.loads(str(value))
         except json.JSONDecodeError as e:
-            self.fail(f"{str(value)[:80]!r} is not JSON ({e.msg}); give an object such as "
-                      "'{\"enable_thinking\": false}'", param, ctx)
+            self.fail(
+                f"{str(value)[:80]!r} is not JSON ({e.msg}); give an object such as '{{\"enable_thinking\": false}}'",
+                param,
+                ctx,
+            )
         if not isinstance(obj, dict):
             self.fail(f"{str(value)[:80]!r} is a JSON {type(obj).__name__}, not an object", param, ctx)
         return obj
@@ -297,5 +316,7 @@ def render_draft_cost(console: Any, cost: Any) -> None:
         table.add_row(*row)
     console.print(table)
     if cost.step_ratio_after is not None:
-        console.print(f"{cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f} of this "
-                      f"({cost.estimate}; row-scaled FP8 counted at its measured speed, not the ideal 0.5)")
+        console.print(
+            f"{cost.after_recipe} would take a draft token's time to {cost.step_ratio_after:.2f} of this "
+            f"({cost.estimate}; row-scaled FP8 counted at its measured speed, not the ideal 0.5)"
+        )

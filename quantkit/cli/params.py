@@ -68,8 +68,9 @@ class Real(click.FloatRange):
             self.fail(f"{shown(value)} is not a number in the range {self.min} to {self.max}", param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{shown(value)} is not a finite number; give one in the range {self.min} to {self.max}",
-                      param, ctx)
+            self.fail(
+                f"{shown(value)} is not a finite number; give one in the range {self.min} to {self.max}", param, ctx
+            )
         return super().convert(number, param, ctx)
 
 
@@ -89,8 +90,13 @@ def _option(param: click.Parameter | None, ctx: click.Context | None = None) -> 
     there (QUANTKIT_MAX_MEMORY)."""
     if param is None:
         return "value"
-    if ctx is not None and param.name and isinstance(param, click.Option) and param.envvar \
-            and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT:
+    if (
+        ctx is not None
+        and param.name
+        and isinstance(param, click.Option)
+        and param.envvar
+        and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
+    ):
         envvar = param.envvar if isinstance(param.envvar, str) else param.envvar[0]
         return f"{envvar} (--{param.name.replace('_', '-')})"
     opts = getattr(param, "opts", None) or [param.name or "value"]

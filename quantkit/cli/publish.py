@@ -16,31 +16,73 @@ from quantkit.vocab import PLATFORMS
 
 @main.command("publish")
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--repo-id", "repo_id", required=True, envvar="QUANTKIT_REPO_ID",
-              help="Hub repo ORG/NAME; created if needed.")
+@click.option(
+    "--repo-id", "repo_id", required=True, envvar="QUANTKIT_REPO_ID", help="Hub repo ORG/NAME; created if needed."
+)
 @click.option("--private", is_flag=True, help="Create the repo private (an existing repo keeps its visibility).")
 @click.option("--revision", default=None, help="Branch to commit to (default main); created from main if missing.")
-@click.option("--create-pr", is_flag=True,
-              help="Open a pull request with the commit instead of committing to the branch.")
-@click.option("--report", "report", type=click.Path(path_type=Path), default=None,
-              help="Gate report JSON (quantkit gate): its acceptance and eval tables go into the card and model-index.")
-@click.option("--base-model", default=None,
-              help="Hub id of the unquantized model for the card's base_model (default: quantkit.json's source, "
-                   "when it is a Hub id).")
-@click.option("--target", "target", default=None,
-              help="For drafts: the target model's Hub id, used in the card's `vllm serve` line.")
+@click.option(
+    "--create-pr", is_flag=True, help="Open a pull request with the commit instead of committing to the branch."
+)
+@click.option(
+    "--report",
+    "report",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Gate report JSON (quantkit gate): its acceptance and eval tables go into the card and model-index.",
+)
+@click.option(
+    "--base-model",
+    default=None,
+    help="Hub id of the unquantized model for the card's base_model (default: quantkit.json's source, "
+    "when it is a Hub id).",
+)
+@click.option(
+    "--target",
+    "target",
+    default=None,
+    help="For drafts: the target model's Hub id, used in the card's `vllm serve` line.",
+)
 @click.option("--dry-run", is_flag=True, help="Write the card and the file list (sizes, sha256); no network.")
-@click.option("--dry-run-dir", type=click.Path(path_type=Path), default=None,
-              help="Where --dry-run writes README.md and upload-plan.json (default: FOLDER.publish-preview beside it).")
+@click.option(
+    "--dry-run-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where --dry-run writes README.md and upload-plan.json (default: FOLDER.publish-preview beside it).",
+)
 @click.option("--endpoint", envvar="HF_ENDPOINT", default=None, help="Hub URL (default https://huggingface.co).")
-@click.option("--platform", type=click.Choice(PLATFORMS), default="gfx950", show_default=True,
-              envvar="QUANTKIT_PLATFORM", help="Platform of the card's `vllm serve` command and deploy.json.")
-@click.option("--tp", type=Count(1, 64), default=1, show_default=True,
-              help="Tensor-parallel size of the card's `vllm serve` command and deploy.json.")
+@click.option(
+    "--platform",
+    type=click.Choice(PLATFORMS),
+    default="gfx950",
+    show_default=True,
+    envvar="QUANTKIT_PLATFORM",
+    help="Platform of the card's `vllm serve` command and deploy.json.",
+)
+@click.option(
+    "--tp",
+    type=Count(1, 64),
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size of the card's `vllm serve` command and deploy.json.",
+)
 @json_option("Print the result (files, commit URL, or the dry-run plan) as JSON.")
-def publish_command(folder: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool,
-                    report: Path | None, base_model: str | None, target: str | None, dry_run: bool,
-                    dry_run_dir: Path | None, endpoint: str | None, platform: str, tp: int, as_json: bool) -> None:
+def publish_command(
+    folder: Path,
+    repo_id: str,
+    private: bool,
+    revision: str | None,
+    create_pr: bool,
+    report: Path | None,
+    base_model: str | None,
+    target: str | None,
+    dry_run: bool,
+    dry_run_dir: Path | None,
+    endpoint: str | None,
+    platform: str,
+    tp: int,
+    as_json: bool,
+) -> None:
     """Upload a `quantkit apply` output FOLDER and a generated model card to a Hub repo, in one commit.
 
     \b
@@ -57,15 +99,29 @@ def publish_command(folder: Path, repo_id: str, private: bool, revision: str | N
     from quantkit.publish.hub import publish
 
     check_model_folders([folder, target, base_model], dry_run_dir if dry_run else None, "--dry-run-dir")
-    result = publish(folder, repo_id, private=private, revision=revision, create_pr=create_pr, report=report,
-                     dry_run=dry_run, endpoint=endpoint, base_model=base_model, target=target, dry_run_dir=dry_run_dir,
-                     platform=platform, tp=tp)
+    result = publish(
+        folder,
+        repo_id,
+        private=private,
+        revision=revision,
+        create_pr=create_pr,
+        report=report,
+        dry_run=dry_run,
+        endpoint=endpoint,
+        base_model=base_model,
+        target=target,
+        dry_run_dir=dry_run_dir,
+        platform=platform,
+        tp=tp,
+    )
     if result.skipped:
         from quantkit.io.files import describe_not_copied
         from quantkit.progress import stderr_progress
 
-        stderr_progress("publish")(f"warning: not uploaded (publish uploads only what `quantkit apply` writes, see "
-                                   f"the README's Safety section): {describe_not_copied(result.skipped)}")
+        stderr_progress("publish")(
+            f"warning: not uploaded (publish uploads only what `quantkit apply` writes, see "
+            f"the README's Safety section): {describe_not_copied(result.skipped)}"
+        )
     if as_json:
         print_json(result.to_dict())
         return

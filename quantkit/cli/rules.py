@@ -11,8 +11,9 @@ from quantkit.vocab import PLATFORMS
 
 
 @main.command("rules")
-@click.option("--platform", "platform", type=click.Choice(PLATFORMS), default=None,
-              help="Mark which rules hold on this platform.")
+@click.option(
+    "--platform", "platform", type=click.Choice(PLATFORMS), default=None, help="Mark which rules hold on this platform."
+)
 @vllm_version_option()
 @verbose_option("the vLLM source each rule replays")
 @json_option("Print the table as JSON (RulesResult).")
@@ -38,13 +39,34 @@ def rules_result(platform: str | None, vllm_version: str | None):  # -> RulesRes
     for r in RULES:
         holds = None
         if filtered:
-            holds = (r.platforms is None or platform is None or platform in r.platforms) and r.holds_for_version(version)
-        rows.append(RuleRow(id=r.id, title=r.title, severity=r.severity, codes=list(r.codes), commands=sorted(r.commands),
-                            platforms=sorted(r.platforms) if r.platforms is not None else None, vllm_min=r.vllm_min,
-                            vllm_max=r.vllm_max, decided_at=r.decided_at, when=r.when, needs=r.needs, reads=r.reads,
-                            source=r.source, holds=holds))
-    return RulesResult(platform=platform, vllm_version=version, known_vllm_versions=list(KNOWN_VLLM_VERSIONS),
-                       version_note=unknown_version_note(version) if version is not None else None, rules=rows)
+            holds = (r.platforms is None or platform is None or platform in r.platforms) and r.holds_for_version(
+                version
+            )
+        rows.append(
+            RuleRow(
+                id=r.id,
+                title=r.title,
+                severity=r.severity,
+                codes=list(r.codes),
+                commands=sorted(r.commands),
+                platforms=sorted(r.platforms) if r.platforms is not None else None,
+                vllm_min=r.vllm_min,
+                vllm_max=r.vllm_max,
+                decided_at=r.decided_at,
+                when=r.when,
+                needs=r.needs,
+                reads=r.reads,
+                source=r.source,
+                holds=holds,
+            )
+        )
+    return RulesResult(
+        platform=platform,
+        vllm_version=version,
+        known_vllm_versions=list(KNOWN_VLLM_VERSIONS),
+        version_note=unknown_version_note(version) if version is not None else None,
+        rules=rows,
+    )
 
 
 def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, verbose: bool = False) -> None:
@@ -58,8 +80,11 @@ def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, 
     from rich.table import Table
 
     console = make_console()
-    title = f"quantkit rule table: {len(result.rules)} rules" + (f", platform {platform}" if platform else "") + \
-        (f", vLLM {result.vllm_version}" if result.vllm_version else "")
+    title = (
+        f"quantkit rule table: {len(result.rules)} rules"
+        + (f", platform {platform}" if platform else "")
+        + (f", vLLM {result.vllm_version}" if result.vllm_version else "")
+    )
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("id", no_wrap=True, min_width=max((len(r.id) for r in result.rules), default=2))
     table.add_column("severity", no_wrap=True)
@@ -69,11 +94,16 @@ def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, 
     if holds:
         table.add_column("holds", no_wrap=True)
     for r in result.rules:
-        scope = [f"on {', '.join(r.platforms)}" if r.platforms else "",
-                 "vLLM " + ", ".join(p for p in (f">= {r.vllm_min}" if r.vllm_min else "",
-                                                 f"< {r.vllm_max}" if r.vllm_max else "") if p)
-                 if r.vllm_min or r.vllm_max else "",
-                 "decided at serve time" if r.decided_at != "checkpoint" else ""]
+        scope = [
+            f"on {', '.join(r.platforms)}" if r.platforms else "",
+            "vLLM "
+            + ", ".join(
+                p for p in (f">= {r.vllm_min}" if r.vllm_min else "", f"< {r.vllm_max}" if r.vllm_max else "") if p
+            )
+            if r.vllm_min or r.vllm_max
+            else "",
+            "decided at serve time" if r.decided_at != "checkpoint" else "",
+        ]
         what = r.title + (f" ({'; '.join(x for x in scope if x)})" if any(scope) else "")
         row = [r.id, r.severity, ",".join(r.commands), what]
         if holds:
@@ -86,5 +116,6 @@ def render_rules(platform: str | None, vllm_version: str | None, as_json: bool, 
         console.print("sources (the vLLM code each rule replays):")
         for r in result.rules:
             console.print(f"{r.id}: {r.source}")
-    console.print(f"vLLM versions known: {', '.join(result.known_vllm_versions)}; each rule's vLLM source: "
-                  "--verbose, or --json")
+    console.print(
+        f"vLLM versions known: {', '.join(result.known_vllm_versions)}; each rule's vLLM source: --verbose, or --json"
+    )

@@ -11,9 +11,11 @@ from quantkit.results.deploy import EnvVar
 from quantkit.rules.deploy_context import DeployContext
 from quantkit.rules.kv_cache import kv_is_quantized
 
-_AMD_VLLM_GUIDE = ("AMD ROCm docs, 'vLLM V1 performance optimization' (MI300X/MI325X/MI350X/MI355X): "
-                   "https://rocm.docs.amd.com/en/docs-7.2.0/how-to/rocm-for-ai/inference-optimization/"
-                   "vllm-optimization.html")
+_AMD_VLLM_GUIDE = (
+    "AMD ROCm docs, 'vLLM V1 performance optimization' (MI300X/MI325X/MI350X/MI355X): "
+    "https://rocm.docs.amd.com/en/docs-7.2.0/how-to/rocm-for-ai/inference-optimization/"
+    "vllm-optimization.html"
+)
 
 
 def _env(name: str, value: str, why: str, source: str) -> EnvVar:
@@ -41,36 +43,74 @@ def platform_env(ctx: DeployContext) -> list[EnvVar]:
     envs_py = "vllm/envs.py"
     env: list[EnvVar] = []
     if ctx.platform in ("gfx950", "gfx942"):
-        env.append(_env("VLLM_ROCM_USE_AITER", "1",
-                          "master switch for AMD's AITER kernels (linear, MoE, RMSNorm, MHA/MLA); off by default, "
-                          "and every VLLM_ROCM_USE_AITER_* flag only takes effect with it",
-                          f"{envs_py} VLLM_ROCM_USE_AITER (default False; _aiter_ops.py is_enabled); {_AMD_VLLM_GUIDE}"))
+        env.append(
+            _env(
+                "VLLM_ROCM_USE_AITER",
+                "1",
+                "master switch for AMD's AITER kernels (linear, MoE, RMSNorm, MHA/MLA); off by default, "
+                "and every VLLM_ROCM_USE_AITER_* flag only takes effect with it",
+                f"{envs_py} VLLM_ROCM_USE_AITER (default False; _aiter_ops.py is_enabled); {_AMD_VLLM_GUIDE}",
+            )
+        )
         if _is_moe(ctx.target_text):
-            env.append(_env("VLLM_ROCM_USE_AITER_MOE", "1",
-                              "AITER fused-MoE kernels for the target's experts (default on once AITER is on; set "
-                              "explicitly so a site-wide 0 does not silently disable them)",
-                              f"{envs_py} VLLM_ROCM_USE_AITER_MOE ('Whether to use aiter moe ops', default True; "
-                              f"_aiter_ops.py is_fused_moe_enabled); {_AMD_VLLM_GUIDE}"))
+            env.append(
+                _env(
+                    "VLLM_ROCM_USE_AITER_MOE",
+                    "1",
+                    "AITER fused-MoE kernels for the target's experts (default on once AITER is on; set "
+                    "explicitly so a site-wide 0 does not silently disable them)",
+                    f"{envs_py} VLLM_ROCM_USE_AITER_MOE ('Whether to use aiter moe ops', default True; "
+                    f"_aiter_ops.py is_fused_moe_enabled); {_AMD_VLLM_GUIDE}",
+                )
+            )
         if ctx.target_text.get("kv_lora_rank") is not None:
-            env.append(_env("VLLM_ROCM_USE_AITER_MLA", "1",
-                              "AITER multi-head latent attention for MLA models (DeepSeek-V3, Kimi-K2)",
-                              f"{envs_py} VLLM_ROCM_USE_AITER_MLA ('Whether to use aiter mla ops', default True; "
-                              f"_aiter_ops.py is_mla_enabled); {_AMD_VLLM_GUIDE}"))
-        env.append(_env("HIP_FORCE_DEV_KERNARG", "1", "faster kernel launches (device kernel arguments); preset "
-                          "in AMD's vLLM containers, needed on bare metal", _AMD_VLLM_GUIDE))
-        env.append(_env("TORCH_BLAS_PREFER_HIPBLASLT", "1", "prefer hipBLASLt for the BF16 GEMMs that stay "
-                          "unquantized (router, attention, lm_head)", _AMD_VLLM_GUIDE))
+            env.append(
+                _env(
+                    "VLLM_ROCM_USE_AITER_MLA",
+                    "1",
+                    "AITER multi-head latent attention for MLA models (DeepSeek-V3, Kimi-K2)",
+                    f"{envs_py} VLLM_ROCM_USE_AITER_MLA ('Whether to use aiter mla ops', default True; "
+                    f"_aiter_ops.py is_mla_enabled); {_AMD_VLLM_GUIDE}",
+                )
+            )
+        env.append(
+            _env(
+                "HIP_FORCE_DEV_KERNARG",
+                "1",
+                "faster kernel launches (device kernel arguments); preset "
+                "in AMD's vLLM containers, needed on bare metal",
+                _AMD_VLLM_GUIDE,
+            )
+        )
+        env.append(
+            _env(
+                "TORCH_BLAS_PREFER_HIPBLASLT",
+                "1",
+                "prefer hipBLASLt for the BF16 GEMMs that stay unquantized (router, attention, lm_head)",
+                _AMD_VLLM_GUIDE,
+            )
+        )
     elif ctx.platform == "cpu":
         need = _kv_bytes_per_token(ctx) * (ctx.max_model_len or 4096) * 4
         gib = max(1, math.ceil(need / 2**30))
-        env.append(_env("VLLM_CPU_KVCACHE_SPACE", str(gib),
-                          f"KV cache in GiB: room for 4 sequences of {ctx.max_model_len or 4096} tokens "
-                          f"({_kv_bytes_per_token(ctx)} bytes a token); vLLM's default reserves far more",
-                          f"{envs_py} VLLM_CPU_KVCACHE_SPACE ('(CPU backend only) CPU key-value cache space'); "
-                          "v1/worker/cpu_worker.py"))
-        env.append(_env("VLLM_CPU_OMP_THREADS_BIND", "auto",
-                          "bind OpenMP threads to the cores of one NUMA node (vLLM reserves one core for its "
-                          "scheduler process)", f"{envs_py} VLLM_CPU_OMP_THREADS_BIND; utils/ompmultiprocessing.py"))
+        env.append(
+            _env(
+                "VLLM_CPU_KVCACHE_SPACE",
+                str(gib),
+                f"KV cache in GiB: room for 4 sequences of {ctx.max_model_len or 4096} tokens "
+                f"({_kv_bytes_per_token(ctx)} bytes a token); vLLM's default reserves far more",
+                f"{envs_py} VLLM_CPU_KVCACHE_SPACE ('(CPU backend only) CPU key-value cache space'); "
+                "v1/worker/cpu_worker.py",
+            )
+        )
+        env.append(
+            _env(
+                "VLLM_CPU_OMP_THREADS_BIND",
+                "auto",
+                "bind OpenMP threads to the cores of one NUMA node (vLLM reserves one core for its scheduler process)",
+                f"{envs_py} VLLM_CPU_OMP_THREADS_BIND; utils/ompmultiprocessing.py",
+            )
+        )
     return env
 
 

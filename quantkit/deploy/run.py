@@ -43,12 +43,25 @@ class DeployInputError(QuantkitError):
 # --- the manifest ------------------------------------------------------------------------------------------------
 
 
-def run(folder: str | Path, target: str | Path | None = None, platform: str = "gfx950", tp: int = 1,
-                    max_model_len: int | None = None, kv_cache_dtype: str = "auto", num_speculative_tokens: int | None = None,
-                    *, model_ref: str | None = None, draft_ref: str | None = None, block_size: int | None = None,
-                    draft_attention_backend: str | None = None, dtype: str | None = None,
-                    pin_backends: bool = False, vllm_version: str | None = None, nodes: int = 1,
-                    k_schedule: list[tuple[int, int, int]] | None = None) -> DeployManifest:
+def run(
+    folder: str | Path,
+    target: str | Path | None = None,
+    platform: str = "gfx950",
+    tp: int = 1,
+    max_model_len: int | None = None,
+    kv_cache_dtype: str = "auto",
+    num_speculative_tokens: int | None = None,
+    *,
+    model_ref: str | None = None,
+    draft_ref: str | None = None,
+    block_size: int | None = None,
+    draft_attention_backend: str | None = None,
+    dtype: str | None = None,
+    pin_backends: bool = False,
+    vllm_version: str | None = None,
+    nodes: int = 1,
+    k_schedule: list[tuple[int, int, int]] | None = None,
+) -> DeployManifest:
     """The `vllm serve` manifest for `folder`: a target checkpoint alone, or an EAGLE-3 draft served with `target`.
 
     `model_ref` / `draft_ref` are what the command names (a Hub id once published); they default to the local
@@ -79,14 +92,19 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise DeployInputError(f"tp {tp!r}: must be a positive integer")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise DeployInputError(f"kv_cache_dtype {kv_cache_dtype!r}: vLLM 0.32 does not know it; use auto, fp8, "
-                               "fp8_e4m3, bfloat16, ... (vllm/config/cache.py CacheDType)")
+        raise DeployInputError(
+            f"kv_cache_dtype {kv_cache_dtype!r}: vLLM 0.32 does not know it; use auto, fp8, "
+            "fp8_e4m3, bfloat16, ... (vllm/config/cache.py CacheDType)"
+        )
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise DeployInputError(f"block_size {block_size!r}: must be a positive integer (or leave it to vLLM)")
     if dtype is not None and dtype not in VLLM_DTYPES:
-        raise DeployInputError(f"dtype {dtype!r}: vLLM takes {', '.join(VLLM_DTYPES)} (vllm/config/model.py ModelDType)")
-    if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
-                                      or max_model_len < 1):
+        raise DeployInputError(
+            f"dtype {dtype!r}: vLLM takes {', '.join(VLLM_DTYPES)} (vllm/config/model.py ModelDType)"
+        )
+    if max_model_len is not None and (
+        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+    ):
         raise DeployInputError(f"max_model_len {max_model_len!r}: must be a positive integer")
     folder_config = read_config(folder)
     require_vllm_model(folder_config, str(folder))  # a layout vLLM builds no model for has no `vllm serve` command
@@ -101,9 +119,17 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         draft_tensors: dict[str, TensorInfo] | None = checkpoint_tensors(folder)
     else:
         if target is not None:
-            raise DeployInputError(f"{folder} is not an EAGLE-3 draft; target= is only for a draft (serve {folder} "
-                                   "alone, or pass the draft as the folder)")
-        target_path, target_config, draft_path, draft_config, draft_tensors = str(folder), folder_config, None, None, None
+            raise DeployInputError(
+                f"{folder} is not an EAGLE-3 draft; target= is only for a draft (serve {folder} "
+                "alone, or pass the draft as the folder)"
+            )
+        target_path, target_config, draft_path, draft_config, draft_tensors = (
+            str(folder),
+            folder_config,
+            None,
+            None,
+            None,
+        )
     target_tensors = checkpoint_tensors(target_path)
     k_source = "--num-speculative-tokens" if num_speculative_tokens is not None else "default"
     if num_speculative_tokens is None:
@@ -112,18 +138,28 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     if max_model_len is None:
         limit = derived_max_model_len(target_config, Path(target_path) / "config.json")
         max_model_len = limit.tokens if limit is not None else None
-    serving = ServingOptions(platform=platform, tp=tp, tp_option="--tensor-parallel-size", kv_cache_dtype=kv_cache_dtype,
-                             num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len,
-                             block_size=block_size, dtype=dtype, vllm_version=version,
-                             draft_attention_backend=drafter_attention(platform, draft_attention_backend)
-                             if draft_config is not None else None)
+    serving = ServingOptions(
+        platform=platform,
+        tp=tp,
+        tp_option="--tensor-parallel-size",
+        kv_cache_dtype=kv_cache_dtype,
+        num_speculative_tokens=num_speculative_tokens,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        dtype=dtype,
+        vllm_version=version,
+        draft_attention_backend=drafter_attention(platform, draft_attention_backend)
+        if draft_config is not None
+        else None,
+    )
     served = CheckpointView(target_path, target_config, tensors=target_tensors)
     if draft_config is not None:
         # the draft's decoder layers are named after the target's layer count, as vLLM names them
         n_target = config_int(text_config(target_config).get("num_hidden_layers"))
         draft_view = CheckpointView(folder, draft_config, tensors=draft_tensors, target_num_layers=n_target)
-        rules = RuleContext(subject=draft_view, serving=serving, target=served, draft=draft_view,
-                            target_num_layers=n_target)
+        rules = RuleContext(
+            subject=draft_view, serving=serving, target=served, draft=draft_view, target_num_layers=n_target
+        )
     else:
         rules = RuleContext(subject=served, serving=serving)
     ctx = rules.deploy
@@ -143,8 +179,11 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
         argv += ["--moe-backend", pin]
     spec: dict[str, Any] | None = None
     if draft_path is not None:
-        spec = {"method": speculative_method(draft_config or {}), "model": draft_ref or draft_path,
-                "num_speculative_tokens": num_speculative_tokens}
+        spec = {
+            "method": speculative_method(draft_config or {}),
+            "model": draft_ref or draft_path,
+            "num_speculative_tokens": num_speculative_tokens,
+        }
         if parallel_drafting(draft_config or {}):
             spec["parallel_drafting"] = True
         if serving.draft_attention_backend not in (None, "auto"):
@@ -160,23 +199,42 @@ def run(folder: str | Path, target: str | Path | None = None, platform: str = "g
     if minimum is not None and Version(version) < Version(minimum):
         for n in needs:
             if Version(version) < Version(n.version):
-                findings.append(Finding(severity="error", code="vllm-too-old", layer_or_tensor="--vllm-version",
-                                        message=f"vLLM {version} is older than {n.version}, which this deployment "
-                                                f"needs: {n.why}",
-                                        fix=f"serve with vLLM >= {n.version}", source=n.source))
+                findings.append(
+                    Finding(
+                        severity="error",
+                        code="vllm-too-old",
+                        layer_or_tensor="--vllm-version",
+                        message=f"vLLM {version} is older than {n.version}, which this deployment needs: {n.why}",
+                        fix=f"serve with vLLM >= {n.version}",
+                        source=n.source,
+                    )
+                )
     paths, predicted = _kernel_paths(rules)
     multi = None
     if nodes > 1:
         argv += ["--pipeline-parallel-size", str(nodes), "--distributed-executor-backend", "ray"]
         multi, node_findings = multi_node(ctx, nodes, tp, platform_env(ctx))
         findings += node_findings
-    return DeployManifest(model=model, draft=(draft_ref or draft_path) if draft_path else None, platform=platform,
-                          tensor_parallel_size=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
-                          num_speculative_tokens=num_speculative_tokens if draft_path else None,
-                          num_speculative_tokens_source=k_source if draft_path else None,
-                          speculative_config=spec, argv=argv, env=platform_env(ctx), findings=findings,
-                          vllm_version=version, vllm_min_version=minimum, vllm_min_version_why=needs,
-                          predicted_backends=predicted, kernel_paths=paths, multi_node=multi)
+    return DeployManifest(
+        model=model,
+        draft=(draft_ref or draft_path) if draft_path else None,
+        platform=platform,
+        tensor_parallel_size=tp,
+        max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        num_speculative_tokens=num_speculative_tokens if draft_path else None,
+        num_speculative_tokens_source=k_source if draft_path else None,
+        speculative_config=spec,
+        argv=argv,
+        env=platform_env(ctx),
+        findings=findings,
+        vllm_version=version,
+        vllm_min_version=minimum,
+        vllm_min_version_why=needs,
+        predicted_backends=predicted,
+        kernel_paths=paths,
+        multi_node=multi,
+    )
 
 
 def tuned_k(draft: Path) -> int | None:
@@ -198,18 +256,29 @@ def min_version_needs(rules: RuleContext) -> list[VersionNeed]:
 
     needs = []
     served, draft = rules.served, rules.draft
-    if draft is not None and rules.serving.platform in ("gfx950", "gfx942") \
-            and text_config(served.config).get("kv_lora_rank") is not None:
+    if (
+        draft is not None
+        and rules.serving.platform in ("gfx950", "gfx942")
+        and text_config(served.config).get("kv_lora_rank") is not None
+    ):
         needs.append(VersionNeed(version=MLA_EAGLE3[0], why=MLA_EAGLE3[1], source=MLA_EAGLE3[2]))
-    if draft is not None and draft.is_quark and isinstance(draft.qc, dict) and isinstance(draft.qc.get("exclude"), list):
+    if (
+        draft is not None
+        and draft.is_quark
+        and isinstance(draft.qc, dict)
+        and isinstance(draft.qc.get("exclude"), list)
+    ):
         exclude = [e for e in draft.qc["exclude"] if isinstance(e, str)]
         qkv = [layer for layer in draft.loaded.layers if layer.name.endswith(".self_attn.qkv_proj")]
         if qkv:
             from dataclasses import replace
 
             first = qkv[0]
-            old = replace(first, name=first.name.replace(".self_attn.qkv_proj", ".qkv_proj"),
-                          shards=tuple(x.replace(".self_attn.", ".") for x in first.shards))
+            old = replace(
+                first,
+                name=first.name.replace(".self_attn.qkv_proj", ".qkv_proj"),
+                shards=tuple(x.replace(".self_attn.", ".") for x in first.shards),
+            )
             try:
                 differs = is_excluded(first, exclude) and not is_excluded(old, exclude)
             except Exception:  # noqa: BLE001 - an invalid exclude list is its own finding
@@ -250,16 +319,32 @@ def multi_node(ctx: Any, nodes: int, tp: int, env: list[EnvVar]) -> tuple[MultiN
         per_rank["mxfp4_groups_per_expert_row"] = inter // tp // 32 if inter and inter % (tp * 32) == 0 else "split"
     findings = []
     if layers and layers < nodes:
-        findings.append(finding("multi-node", "error", "pp-layers", "--nodes",
-                                f"{layers} decoder layers cannot fill {nodes} pipeline stages "
-                                "(vllm/distributed/utils.py get_pp_indices gives each stage at least one layer)",
-                                f"use at most {layers} nodes"))
+        findings.append(
+            finding(
+                "multi-node",
+                "error",
+                "pp-layers",
+                "--nodes",
+                f"{layers} decoder layers cannot fill {nodes} pipeline stages "
+                "(vllm/distributed/utils.py get_pp_indices gives each stage at least one layer)",
+                f"use at most {layers} nodes",
+            )
+        )
     port = 6379
-    env_lines = [f"{e.name}={e.value}" for e in env] + ["VLLM_HOST_IP=<this node's IP>",
-                                                       "NCCL_SOCKET_IFNAME=<the inter-node interface>",
-                                                       "GLOO_SOCKET_IFNAME=<the inter-node interface>"]
+    env_lines = [f"{e.name}={e.value}" for e in env] + [
+        "VLLM_HOST_IP=<this node's IP>",
+        "NCCL_SOCKET_IFNAME=<the inter-node interface>",
+        "GLOO_SOCKET_IFNAME=<the inter-node interface>",
+    ]
     head = ["ray", "start", "--head", f"--port={port}", "--node-ip-address=<head IP>"]
     worker = ["ray", "start", "--block", f"--address=<head IP>:{port}", "--node-ip-address=<this node's IP>"]
-    return MultiNode(nodes=nodes, tensor_parallel_size=tp, pipeline_parallel_size=nodes, ray_port=port, head=head,
-                     worker=worker, env=env_lines, per_rank=per_rank), findings
-
+    return MultiNode(
+        nodes=nodes,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=nodes,
+        ray_port=port,
+        head=head,
+        worker=worker,
+        env=env_lines,
+        per_rank=per_rank,
+    ), findings

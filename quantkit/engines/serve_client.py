@@ -85,8 +85,12 @@ class ServedResult:
         vals = sorted(r.ttft_s for r in self.requests if r.ttft_s is not None)
         if not vals:
             return {"mean": None, "p50": None, "p90": None, "max": None}
-        return {"mean": statistics.fmean(vals), "p50": statistics.median(vals),
-                "p90": vals[min(len(vals) - 1, int(0.9 * len(vals)))], "max": vals[-1]}
+        return {
+            "mean": statistics.fmean(vals),
+            "p50": statistics.median(vals),
+            "p90": vals[min(len(vals) - 1, int(0.9 * len(vals)))],
+            "max": vals[-1],
+        }
 
     @property
     def tpot_s(self) -> float | None:
@@ -110,13 +114,23 @@ class ServedResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "target": self.target, "draft": self.draft, "num_speculative_tokens": self.num_speculative_tokens,
-            "batch_size": self.batch_size, "max_tokens": self.max_tokens, "num_requests": len(self.requests),
-            "startup_s": self.startup_s, "wall_s": self.wall_s, "completion_tokens": self.completion_tokens,
-            "tokens_per_s": self.tokens_per_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+            "target": self.target,
+            "draft": self.draft,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "batch_size": self.batch_size,
+            "max_tokens": self.max_tokens,
+            "num_requests": len(self.requests),
+            "startup_s": self.startup_s,
+            "wall_s": self.wall_s,
+            "completion_tokens": self.completion_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
             "mean_acceptance_length": self.mean_acceptance_length,
             "spec_decode": self.spec.model_dump() if self.spec is not None else None,
-            "ok": self.ok, "problems": self.problems, "command": self.command,
+            "ok": self.ok,
+            "problems": self.problems,
+            "command": self.command,
             "requests": [{**asdict(r), "tpot_s": r.tpot_s} for r in self.requests],
         }
 
@@ -179,8 +193,15 @@ def _schemas() -> dict[str, Any]:
 
 
 def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str, max_tokens: int) -> RequestStats:
-    body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
     t0 = time.perf_counter()
     ttft = None
     text, finish, usage, choices_seen, done = "", None, None, 0, False
@@ -193,8 +214,10 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
             detail = r.read().decode("utf-8", "replace")
             with contextlib.suppress(ValueError, KeyError, TypeError, RecursionError):
                 detail = json.loads(detail)["error"]["message"]
-            raise ServeRequestError(f"vllm serve {server.target}: request {index} got HTTP {r.status_code}: "
-                                    f"{' '.join(str(detail).split())[:300]}")
+            raise ServeRequestError(
+                f"vllm serve {server.target}: request {index} got HTTP {r.status_code}: "
+                f"{' '.join(str(detail).split())[:300]}"
+            )
         for line in r.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -235,12 +258,29 @@ def _stream_completion(client: Any, server: VllmServer, index: int, prompt: str,
         problems.append(f"usage.completion_tokens {usage.get('completion_tokens')} != {len(ids)} tokens streamed")
     if not done:
         problems.append("stream ended without [DONE]")
-    return RequestStats(index, (usage or {}).get("prompt_tokens"), (usage or {}).get("completion_tokens"), finish,
-                        ttft, latency, text, ids, problems, drafts, accepted)
+    return RequestStats(
+        index,
+        (usage or {}).get("prompt_tokens"),
+        (usage or {}).get("completion_tokens"),
+        finish,
+        ttft,
+        latency,
+        text,
+        ids,
+        problems,
+        drafts,
+        accepted,
+    )
 
 
-def measure(server: VllmServer, prompts: list[str], max_tokens: int = 64, batch_size: int = 1,
-            request_timeout_s: float = 600, progress: Progress | None = None) -> ServedResult:
+def measure(
+    server: VllmServer,
+    prompts: list[str],
+    max_tokens: int = 64,
+    batch_size: int = 1,
+    request_timeout_s: float = 600,
+    progress: Progress | None = None,
+) -> ServedResult:
     """Send `prompts` to a running server, `batch_size` at a time, and measure. Raises ServerDiedError when the
     server stops answering, ServeRequestError when it refuses a request."""
     import httpx
@@ -263,7 +303,8 @@ def measure(server: VllmServer, prompts: list[str], max_tokens: int = 64, batch_
         pool = ThreadPoolExecutor(max_workers=batch_size, thread_name_prefix="quantkit-serve")
         try:
             futures: dict[Future[RequestStats], int] = {
-                pool.submit(_stream_completion, client, server, i, p, max_tokens): i for i, p in enumerate(prompts)}
+                pool.submit(_stream_completion, client, server, i, p, max_tokens): i for i, p in enumerate(prompts)
+            }
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             for fut in done:
                 exc = fut.exception()
@@ -284,16 +325,36 @@ def measure(server: VllmServer, prompts: list[str], max_tokens: int = 64, batch_
         except httpx.HTTPError as e:
             raise server.died_error(f"GET /metrics: {type(e).__name__}") from None
     requests = [r for r in results if r is not None]
-    return ServedResult(server.target, server.draft, server.num_speculative_tokens if server.draft else None,
-                        batch_size, max_tokens, server.startup_s, wall, requests, spec, list(server.command))
+    return ServedResult(
+        server.target,
+        server.draft,
+        server.num_speculative_tokens if server.draft else None,
+        batch_size,
+        max_tokens,
+        server.startup_s,
+        wall,
+        requests,
+        spec,
+        list(server.command),
+    )
 
 
-def serve_and_measure(target: str | Path, draft: str | Path | None = None, prompts: list[str] | None = None,
-                      num_speculative_tokens: int = 3, max_tokens: int = 64, batch_size: int = 1,
-                      port: int | None = None, startup_timeout_s: float = 600,
-                      extra_env: dict[str, str] | None = None, progress: Progress | None = None, *,
-                      max_model_len: int | None = None, fast_start: bool = False,
-                      on_ready: Callable[[VllmServer], None] | None = None) -> ServedResult:
+def serve_and_measure(
+    target: str | Path,
+    draft: str | Path | None = None,
+    prompts: list[str] | None = None,
+    num_speculative_tokens: int = 3,
+    max_tokens: int = 64,
+    batch_size: int = 1,
+    port: int | None = None,
+    startup_timeout_s: float = 600,
+    extra_env: dict[str, str] | None = None,
+    progress: Progress | None = None,
+    *,
+    max_model_len: int | None = None,
+    fast_start: bool = False,
+    on_ready: Callable[[VllmServer], None] | None = None,
+) -> ServedResult:
     """Start `vllm serve` for `target` (+ EAGLE-3 `draft`), send `prompts`, measure, and always stop the server.
 
     `on_ready(server)` is called once the server answers /health, before the first request (to log its pid/url).
@@ -301,9 +362,17 @@ def serve_and_measure(target: str | Path, draft: str | Path | None = None, promp
     """
     if not prompts:
         raise ServeError("serve_and_measure: no prompts; pass at least one prompt text")
-    with VllmServer(target, draft, num_speculative_tokens, port=port, max_model_len=max_model_len,
-                    startup_timeout_s=startup_timeout_s, extra_env=extra_env, fast_start=fast_start,
-                    progress=progress) as server:
+    with VllmServer(
+        target,
+        draft,
+        num_speculative_tokens,
+        port=port,
+        max_model_len=max_model_len,
+        startup_timeout_s=startup_timeout_s,
+        extra_env=extra_env,
+        fast_start=fast_start,
+        progress=progress,
+    ) as server:
         if on_ready is not None:
             on_ready(server)
         return measure(server, prompts, max_tokens=max_tokens, batch_size=batch_size, progress=progress)

@@ -130,75 +130,180 @@ _OCP_MX = "vllm/model_executor/layers/quantization/quark/schemes/quark_ocp_mx.py
 
 PATTERNS: tuple[_Pattern, ...] = (
     # --- MoE
-    _p("moe", "Mxfp4 MoE", rf"^Using {_B} Mxfp4 MoE backend\.", _ORACLE + "mxfp4.py _make_log_backend",
-       ("mxfp4.py",)),
-    _p("moe", "Mxfp4 MoE", r"^No Mxfp4 MoE backend supports activation=(?P<detail>.+?) for the deployment "
-       rf"configuration\. Falling back to {_B} with BF16 activations\.",
-       _ORACLE + "mxfp4.py _warn_on_bf16_fallback", ("mxfp4.py",), fallback=True),
-    _p("moe", "Mxfp4 MoE", rf"^Using {_B} backend for (?:OCP_MX_Scheme\.)?(?P<detail>w_\w+)$",
-       "vllm/model_executor/layers/quantization/quark/quark_moe.py QuarkOCP_MX_MoEMethod.__init__",
-       ("quark_moe.py",)),
-    _p("moe", "Mxfp4 MoE", r"^Using (?P<detail>OCP_MXQuantizationEmulationTritonExperts) MOE backend\. This will "
-       "dequantize weights on the fly",
-       "vllm/model_executor/layers/fused_moe/experts/ocp_mx_emulation_moe.py OCP_MXQuantizationEmulationTritonExperts",
-       ("ocp_mx_emulation_moe.py",), emulated=True, backend=EMULATION),
-    _p("moe", "Fp8 MoE", rf"^Using {_B} Fp8 MoE backend out of potential backends", _ORACLE + "fp8.py",
-       ("fp8.py",)),
-    _p("moe", "Int8 MoE", rf"^Using {_B} Int8 MoE backend out of potential backends", _ORACLE + "int8.py",
-       ("int8.py",)),
-    _p("moe", "Unquantized MoE", rf"^Using {_B} Unquantized MoE backend out of potential backends",
-       _ORACLE + "unquantized.py", ("unquantized.py",)),
-    _p("moe", "NvFp4 MoE", rf"^Using {_B} NvFp4 MoE backend out of potential backends", _ORACLE + "nvfp4.py",
-       ("nvfp4.py",)),
+    _p("moe", "Mxfp4 MoE", rf"^Using {_B} Mxfp4 MoE backend\.", _ORACLE + "mxfp4.py _make_log_backend", ("mxfp4.py",)),
+    _p(
+        "moe",
+        "Mxfp4 MoE",
+        r"^No Mxfp4 MoE backend supports activation=(?P<detail>.+?) for the deployment "
+        rf"configuration\. Falling back to {_B} with BF16 activations\.",
+        _ORACLE + "mxfp4.py _warn_on_bf16_fallback",
+        ("mxfp4.py",),
+        fallback=True,
+    ),
+    _p(
+        "moe",
+        "Mxfp4 MoE",
+        rf"^Using {_B} backend for (?:OCP_MX_Scheme\.)?(?P<detail>w_\w+)$",
+        "vllm/model_executor/layers/quantization/quark/quark_moe.py QuarkOCP_MX_MoEMethod.__init__",
+        ("quark_moe.py",),
+    ),
+    _p(
+        "moe",
+        "Mxfp4 MoE",
+        r"^Using (?P<detail>OCP_MXQuantizationEmulationTritonExperts) MOE backend\. This will "
+        "dequantize weights on the fly",
+        "vllm/model_executor/layers/fused_moe/experts/ocp_mx_emulation_moe.py OCP_MXQuantizationEmulationTritonExperts",
+        ("ocp_mx_emulation_moe.py",),
+        emulated=True,
+        backend=EMULATION,
+    ),
+    _p("moe", "Fp8 MoE", rf"^Using {_B} Fp8 MoE backend out of potential backends", _ORACLE + "fp8.py", ("fp8.py",)),
+    _p(
+        "moe", "Int8 MoE", rf"^Using {_B} Int8 MoE backend out of potential backends", _ORACLE + "int8.py", ("int8.py",)
+    ),
+    _p(
+        "moe",
+        "Unquantized MoE",
+        rf"^Using {_B} Unquantized MoE backend out of potential backends",
+        _ORACLE + "unquantized.py",
+        ("unquantized.py",),
+    ),
+    _p(
+        "moe",
+        "NvFp4 MoE",
+        rf"^Using {_B} NvFp4 MoE backend out of potential backends",
+        _ORACLE + "nvfp4.py",
+        ("nvfp4.py",),
+    ),
     _p("moe", "WNA16 MoE", rf"^Using {_B} WNA16 MoE backend\.", _ORACLE + "int_wna16.py", ("int_wna16.py",)),
     _p("moe", "MxFp8 MoE", rf"^Using {_B} MxFp8 MoE backend", _ORACLE + "mxfp8.py", ("mxfp8.py",)),
     _p("moe", "W4A8 MoE", rf"^Using {_B} W4A8 MoE backend\.", _ORACLE + "w4a8.py", ("w4a8.py",)),
-    _p("moe", "Mxfp4 MoE", r"^(?:No native MXFP4 MoE backend on CPU|vLLM's \w+ MXFP4 MoE backend would drop the "
-       r"checkpoint's MXFP4 activations \(BF16 fallback\)): using quantkit's (?P<detail>\w+) \(torch emulation\)\.", "quantkit/vllm_plugin/patches.py _select_with_cpu_fallback", ("patches.py",),
-       emulated=True, chosen_by="quantkit-cpu-plugin", backend=EMULATION),
+    _p(
+        "moe",
+        "Mxfp4 MoE",
+        r"^(?:No native MXFP4 MoE backend on CPU|vLLM's \w+ MXFP4 MoE backend would drop the "
+        r"checkpoint's MXFP4 activations \(BF16 fallback\)): using quantkit's (?P<detail>\w+) \(torch emulation\)\.",
+        "quantkit/vllm_plugin/patches.py _select_with_cpu_fallback",
+        ("patches.py",),
+        emulated=True,
+        chosen_by="quantkit-cpu-plugin",
+        backend=EMULATION,
+    ),
     # --- attention
-    _p("attention", "attention", rf"^Using {_B} backend \(selected via --attention-backend\)\.",
-       "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls", ("rocm.py",)),
-    _p("attention", "attention", rf"^Using {_B} backend out of potential backends: (?P<detail>\[.*\])\.",
-       "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls", ("rocm.py",)),
-    _p("attention", "attention", r"^Found incompatible backend\(s\) (?P<detail>\[.*?\]) with \S+\. Overriding with "
-       rf"{_B} out of potential backends", "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls",
-       ("rocm.py",), fallback=True),
-    _p("attention", "attention", r"^Selected backend (?P<detail>\S+) is incompatible with this layer",
-       "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls", ("rocm.py",), fallback=True,
-       backend="auto-selected"),
-    _p("attention", "attention", rf"^Using {_B} attention backend out of potential backends",
-       "vllm/platforms/cuda.py CudaPlatformBase.get_attn_backend_cls", ("cuda.py",)),
-    _p("attention", "attention", r"^--block-size \d+ precluded higher-priority backend\(s\) (?P<detail>.*?)\. "
-       rf"Using {_B} instead", "vllm/platforms/cuda.py CudaPlatformBase.get_attn_backend_cls", ("cuda.py",),
-       fallback=True),
-    _p("attention", "attention", rf"^Using {_B} backend\.$",
-       "vllm/platforms/cpu.py / cuda.py get_attn_backend_cls", ("cpu.py", "cuda.py")),
+    _p(
+        "attention",
+        "attention",
+        rf"^Using {_B} backend \(selected via --attention-backend\)\.",
+        "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls",
+        ("rocm.py",),
+    ),
+    _p(
+        "attention",
+        "attention",
+        rf"^Using {_B} backend out of potential backends: (?P<detail>\[.*\])\.",
+        "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls",
+        ("rocm.py",),
+    ),
+    _p(
+        "attention",
+        "attention",
+        r"^Found incompatible backend\(s\) (?P<detail>\[.*?\]) with \S+\. Overriding with "
+        rf"{_B} out of potential backends",
+        "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls",
+        ("rocm.py",),
+        fallback=True,
+    ),
+    _p(
+        "attention",
+        "attention",
+        r"^Selected backend (?P<detail>\S+) is incompatible with this layer",
+        "vllm/platforms/rocm.py RocmPlatform.get_attn_backend_cls",
+        ("rocm.py",),
+        fallback=True,
+        backend="auto-selected",
+    ),
+    _p(
+        "attention",
+        "attention",
+        rf"^Using {_B} attention backend out of potential backends",
+        "vllm/platforms/cuda.py CudaPlatformBase.get_attn_backend_cls",
+        ("cuda.py",),
+    ),
+    _p(
+        "attention",
+        "attention",
+        r"^--block-size \d+ precluded higher-priority backend\(s\) (?P<detail>.*?)\. "
+        rf"Using {_B} instead",
+        "vllm/platforms/cuda.py CudaPlatformBase.get_attn_backend_cls",
+        ("cuda.py",),
+        fallback=True,
+    ),
+    _p(
+        "attention",
+        "attention",
+        rf"^Using {_B} backend\.$",
+        "vllm/platforms/cpu.py / cuda.py get_attn_backend_cls",
+        ("cpu.py", "cuda.py"),
+    ),
     # --- linear
-    _p("linear", "scaled-mm", rf"^Selected {_B} for (?P<layer>\S+)$", _LINEAR + " (init_*_linear_kernel)",
-       ("__init__.py",)),
-    _p("linear", "MXFP4 GEMM", rf"^Using {_B} for MXFP4 GEMM$", _LINEAR + " init_mxfp4_linear_kernel",
-       ("__init__.py",)),
+    _p(
+        "linear",
+        "scaled-mm",
+        rf"^Selected {_B} for (?P<layer>\S+)$",
+        _LINEAR + " (init_*_linear_kernel)",
+        ("__init__.py",),
+    ),
+    _p(
+        "linear", "MXFP4 GEMM", rf"^Using {_B} for MXFP4 GEMM$", _LINEAR + " init_mxfp4_linear_kernel", ("__init__.py",)
+    ),
     _p("linear", "MXFP8 GEMM", rf"^Using {_B} for MXFP8 GEMM$", _LINEAR, ("__init__.py",)),
     _p("linear", "MXFP6 GEMM", rf"^Using {_B} for MXFP6 GEMM$", _LINEAR, ("__init__.py",)),
-    _p("linear", "mixed-precision linear", rf"^Using {_B} for mixed-precision linear$",
-       _LINEAR + " choose_mp_linear_kernel", ("__init__.py",)),
-    _p("linear", "MXFP4 linear", r"^The current platform does not support native MXFP4/MXFP6 computation\. "
-       "Simulated weight dequantization", _OCP_MX, ("quark_ocp_mx.py",), emulated=True, backend=LINEAR_EMULATION),
-    _p("linear", "MXFP4 linear", r"^The current platform supports native MXFP4/MXFP6 computation, but kernels for "
-       r"(?P<detail>input_dtype=\S+ and weight_dtype=\S+) are not yet integrated", _OCP_MX, ("quark_ocp_mx.py",),
-       emulated=True, fallback=True, backend=LINEAR_EMULATION),
+    _p(
+        "linear",
+        "mixed-precision linear",
+        rf"^Using {_B} for mixed-precision linear$",
+        _LINEAR + " choose_mp_linear_kernel",
+        ("__init__.py",),
+    ),
+    _p(
+        "linear",
+        "MXFP4 linear",
+        r"^The current platform does not support native MXFP4/MXFP6 computation\. "
+        "Simulated weight dequantization",
+        _OCP_MX,
+        ("quark_ocp_mx.py",),
+        emulated=True,
+        backend=LINEAR_EMULATION,
+    ),
+    _p(
+        "linear",
+        "MXFP4 linear",
+        r"^The current platform supports native MXFP4/MXFP6 computation, but kernels for "
+        r"(?P<detail>input_dtype=\S+ and weight_dtype=\S+) are not yet integrated",
+        _OCP_MX,
+        ("quark_ocp_mx.py",),
+        emulated=True,
+        fallback=True,
+        backend=LINEAR_EMULATION,
+    ),
     # --- KV cache
-    _p("kv_cache", "fp8 KV scales", r"^Using KV cache scaling factor 1\.0 for fp8_e4m3\.",
-       "vllm/model_executor/layers/quantization/kv_cache.py BaseKVCacheMethod.process_weights_after_loading",
-       ("kv_cache.py",), backend=KV_SCALE_1),
+    _p(
+        "kv_cache",
+        "fp8 KV scales",
+        r"^Using KV cache scaling factor 1\.0 for fp8_e4m3\.",
+        "vllm/model_executor/layers/quantization/kv_cache.py BaseKVCacheMethod.process_weights_after_loading",
+        ("kv_cache.py",),
+        backend=KV_SCALE_1,
+    ),
 )
 
 _PLUGIN_ENABLED = re.compile(r"quantkit CPU MXFP4 plugin: Quark OCP-MX emulation enabled on CPU")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # vllm/logger.py _FORMAT: "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d]"
-_PREFIX = re.compile(r"(?:\((?P<process>[^()]*?) pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                     r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[(?P<file>[^\]]+?):\d+\] (?P<msg>.*)$")
+_PREFIX = re.compile(
+    r"(?:\((?P<process>[^()]*?) pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[(?P<file>[^\]]+?):\d+\] (?P<msg>.*)$"
+)
 
 
 def _is_emulated(backend: str) -> bool:
@@ -209,8 +314,9 @@ def parse_line(line: str) -> BackendLine | None:
     """The backend choice one log line records, or None when the line is not one of `PATTERNS`."""
     clean = _ANSI.sub("", line).strip()
     m = _PREFIX.search(clean)
-    msg, file, level, process = ((m["msg"].strip(), m["file"].rsplit("/", 1)[-1], m["level"], m["process"]) if m
-                                 else (clean, None, None, None))
+    msg, file, level, process = (
+        (m["msg"].strip(), m["file"].rsplit("/", 1)[-1], m["level"], m["process"]) if m else (clean, None, None, None)
+    )
     for pat in PATTERNS:
         if file is not None and pat.files and file not in pat.files:
             continue
@@ -222,10 +328,20 @@ def parse_line(line: str) -> BackendLine | None:
         groups = hit.groupdict()
         backend = pat.backend or groups["backend"]
         backend = backend.removeprefix("AttentionBackendEnum.")
-        return BackendLine(kind=pat.kind, backend=backend, what=pat.what, layer=groups.get("layer"),
-                           detail=groups.get("detail"), fallback=pat.fallback,
-                           emulated=_is_emulated(backend) if pat.emulated is None else pat.emulated,
-                           chosen_by=pat.chosen_by, source=pat.source, level=level, process=process, line=clean)
+        return BackendLine(
+            kind=pat.kind,
+            backend=backend,
+            what=pat.what,
+            layer=groups.get("layer"),
+            detail=groups.get("detail"),
+            fallback=pat.fallback,
+            emulated=_is_emulated(backend) if pat.emulated is None else pat.emulated,
+            chosen_by=pat.chosen_by,
+            source=pat.source,
+            level=level,
+            process=process,
+            line=clean,
+        )
     return None
 
 
@@ -248,8 +364,11 @@ def parse_server_log(text: str) -> ServerBackends:
         if parsed.kind == "moe" and parsed.chosen_by == "quantkit-cpu-plugin":
             # the plugin overrides vLLM's pick in its process (patches.py _select_with_cpu_fallback): vLLM's own
             # MoE lines logged there before it ("Using 'CPU' ...", its BF16-activation fallback) no longer hold
-            out.lines = [ln for ln in out.lines if not (ln.kind == "moe" and ln.chosen_by == "vllm"
-                                                        and ln.process == parsed.process)]
+            out.lines = [
+                ln
+                for ln in out.lines
+                if not (ln.kind == "moe" and ln.chosen_by == "vllm" and ln.process == parsed.process)
+            ]
             out.moe = list(dict.fromkeys(ln.backend for ln in out.lines if ln.kind == "moe"))
         seen.add(key)
         out.lines.append(parsed)
@@ -264,5 +383,14 @@ def read_server_log(path: str | Path) -> ServerBackends:
     return parse_server_log(Path(path).read_bytes().decode("utf-8", "replace"))
 
 
-__all__ = ["EMULATION", "KINDS", "PATTERNS", "BackendKind", "BackendLine", "ServerBackends", "parse_line",
-           "parse_server_log", "read_server_log"]
+__all__ = [
+    "EMULATION",
+    "KINDS",
+    "PATTERNS",
+    "BackendKind",
+    "BackendLine",
+    "ServerBackends",
+    "parse_line",
+    "parse_server_log",
+    "read_server_log",
+]

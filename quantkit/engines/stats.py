@@ -54,8 +54,11 @@ class SequenceStats:
         self.output_ids = [*self.output_ids, *other.output_ids]
         self.target_forwards += other.target_forwards
         self.rounds = [*self.rounds, *other.rounds]
-        self.expected_accepted = (None if self.expected_accepted is None or other.expected_accepted is None
-                                  else self.expected_accepted + other.expected_accepted)
+        self.expected_accepted = (
+            None
+            if self.expected_accepted is None or other.expected_accepted is None
+            else self.expected_accepted + other.expected_accepted
+        )
 
 
 # --- figures over repeats (the served bench) --------------------------------------------------------------------
@@ -81,8 +84,9 @@ def percentile_interval(samples: list[float], level: float = 0.95) -> tuple[floa
     return s[int((1 - level) / 2 * (len(s) - 1))], s[int((1 + level) / 2 * (len(s) - 1))]
 
 
-def bootstrap_median_ratio_ci(num: list[float], den: list[float], samples: int = 2000, seed: int = 0,
-                              level: float = 0.95) -> tuple[float, float] | None:
+def bootstrap_median_ratio_ci(
+    num: list[float], den: list[float], samples: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float] | None:
     """Percentile bootstrap CI of median(num) / median(den), the two resampled independently (repeats of two arms
     are separate server runs, not pairs). None without values or with a zero median in a resample."""
     import random

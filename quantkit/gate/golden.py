@@ -90,27 +90,57 @@ def golden_checks(acc: AcceptanceResult, golden: Golden, candidate: str = "") ->
     for key in ("prompts", "num_speculative_tokens", "temperature", "top_p", "top_k"):
         g, have = getattr(want, key), getattr(st, key)
         if g is not None and g != have:
-            return [infeasible(candidate, step, "acceptance.golden",
-                               f"the golden reference was measured with {key} {g}, this run used {have}; run with "
-                               "the reference's settings or update the golden file")]
+            return [
+                infeasible(
+                    candidate,
+                    step,
+                    "acceptance.golden",
+                    f"the golden reference was measured with {key} {g}, this run used {have}; run with "
+                    "the reference's settings or update the golden file",
+                )
+            ]
     out: list[GateCheck] = []
     if golden.al is not None:
         value = c.macro_acceptance_length if golden.al.average == "macro" else c.mean_acceptance_length
-        out.append(threshold(candidate, step, "acceptance.golden.al", value, ">=",
-                             round(golden.al.value - golden.al.tolerance, 6),
-                             message=f"{golden.al.average} AL against golden {golden.al.value}"))
+        out.append(
+            threshold(
+                candidate,
+                step,
+                "acceptance.golden.al",
+                value,
+                ">=",
+                round(golden.al.value - golden.al.tolerance, 6),
+                message=f"{golden.al.average} AL against golden {golden.al.value}",
+            )
+        )
     for cat, g in golden.per_category.items():
         d = c.per_domain.get(cat)
         value = d.macro_acceptance_length if d is not None else None
-        out.append(threshold(candidate, step, f"acceptance.golden.category.{cat}", value, ">=",
-                             round(g - golden.category_tolerance, 6),
-                             message=f"macro AL of {cat} against golden {g}",
-                             error=None if d is not None else f"no prompts of category {cat} in this run"))
+        out.append(
+            threshold(
+                candidate,
+                step,
+                f"acceptance.golden.category.{cat}",
+                value,
+                ">=",
+                round(g - golden.category_tolerance, 6),
+                message=f"macro AL of {cat} against golden {g}",
+                error=None if d is not None else f"no prompts of category {cat} in this run",
+            )
+        )
     rates = c.acceptance_rate_per_pos or []
     for k, g in enumerate(golden.acceptance_rate_per_pos, 1):
         value = rates[k - 1] if k <= len(rates) else None
-        out.append(threshold(candidate, step, f"acceptance.golden.pos{k}", value, ">=",
-                             round(g - golden.position_tolerance, 6),
-                             message=f"acceptance rate at position {k} against golden {g}",
-                             error=None if k <= len(rates) else f"the run drafts {len(rates)} tokens, not {k}"))
+        out.append(
+            threshold(
+                candidate,
+                step,
+                f"acceptance.golden.pos{k}",
+                value,
+                ">=",
+                round(g - golden.position_tolerance, 6),
+                message=f"acceptance rate at position {k} against golden {g}",
+                error=None if k <= len(rates) else f"the run drafts {len(rates)} tokens, not {k}",
+            )
+        )
     return out

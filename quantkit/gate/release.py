@@ -19,9 +19,19 @@ from quantkit.results.gate import GateCheck, ReleaseFigures
 from quantkit.vocab import EAGLE3_DRAFT
 
 # Files that define how text becomes tokens and back; any drift between source and output changes the model.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "vocab.txt", "merges.txt",
-                   "tokenizer.model", "spiece.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 _SHOW = 60  # characters of a differing value shown in a message
 
 
@@ -67,8 +77,7 @@ def _is_vocab(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _string_diff(path: str, a: str, b: str) -> str:
     i = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     lo = max(0, i - 20)
-    return (f"{path}: differs at character {i}: {_short(a[lo:i + 30])} in source, {_short(b[lo:i + 30])} in "
-            "output")
+    return f"{path}: differs at character {i}: {_short(a[lo : i + 30])} in source, {_short(b[lo : i + 30])} in output"
 
 
 def first_json_difference(a: Any, b: Any, path: str = "") -> str | None:
@@ -171,16 +180,25 @@ def tokenizer_drift(source: str | Path, output: str | Path) -> list[str]:
 # --- release figures ---------------------------------------------------------------------------------------------
 
 
-def size_ratio_check(ratio: float | None, max_ratio: float, error: str | None = None, *, candidate: str = "",
-                     message: str = "") -> GateCheck:
+def size_ratio_check(
+    ratio: float | None, max_ratio: float, error: str | None = None, *, candidate: str = "", message: str = ""
+) -> GateCheck:
     """Output / source weight bytes: below `max_ratio` (a quantized output as large as its source is not one)."""
     return threshold(candidate, "check", "size.ratio", ratio, "<", max_ratio, error=error, message=message)
 
 
 def tokenizer_drift_check(drift: list[str] | None, error: str | None = None, *, candidate: str = "") -> GateCheck:
     """Number of drifted tokenizer files: must be 0 (the message names the first)."""
-    return threshold(candidate, "check", "tokenizer.drifted_files", float(len(drift)) if drift is not None else None,
-                     "<=", 0.0, error=error, message=drift[0] if drift else "")
+    return threshold(
+        candidate,
+        "check",
+        "tokenizer.drifted_files",
+        float(len(drift)) if drift is not None else None,
+        "<=",
+        0.0,
+        error=error,
+        message=drift[0] if drift else "",
+    )
 
 
 def predicted_size_ratio(output: str, source: str, target: str | None) -> float | None:
@@ -194,27 +212,41 @@ def predicted_size_ratio(output: str, source: str, target: str | None) -> float 
 
     manifest = load_manifest(output)
     recipe = Recipe.model_validate(manifest.recipe)
-    dry = apply(recipe, source, output, target=target if manifest.model_kind == EAGLE3_DRAFT else None,
-                dry_run=True, progress=None)
+    dry = apply(
+        recipe,
+        source,
+        output,
+        target=target if manifest.model_kind == EAGLE3_DRAFT else None,
+        dry_run=True,
+        progress=None,
+    )
     return dry.size_after_bytes / dry.size_before_bytes if dry.size_before_bytes else None
 
 
-def release_figures(cand: str, output: str, source: str | None, target: str | None,
-                    cfg: GateConfig) -> tuple[ReleaseFigures | None, list[GateCheck]]:
+def release_figures(
+    cand: str, output: str, source: str | None, target: str | None, cfg: GateConfig
+) -> tuple[ReleaseFigures | None, list[GateCheck]]:
     """Size ratio (and its prediction) and tokenizer drift of `output` against `source`: the report's section and
     its figures."""
     c = cfg.check
     if source is None:
         why = "no source to compare with: set `draft` (the BF16 draft) in the gate config"
-        return None, [size_ratio_check(None, c.max_size_ratio, error=why, candidate=cand),
-                      tokenizer_drift_check(None, error=why, candidate=cand)]
+        return None, [
+            size_ratio_check(None, c.max_size_ratio, error=why, candidate=cand),
+            tokenizer_drift_check(None, error=why, candidate=cand),
+        ]
     figures: list[GateCheck] = []
     rel = ReleaseFigures(source=source)
     try:
         rel.size_ratio = round(size_ratio(source, output), 6)
-        figures.append(size_ratio_check(rel.size_ratio, c.max_size_ratio, candidate=cand,
-                                        message="" if rel.size_ratio < c.max_size_ratio
-                                        else "the output is not smaller than its source"))
+        figures.append(
+            size_ratio_check(
+                rel.size_ratio,
+                c.max_size_ratio,
+                candidate=cand,
+                message="" if rel.size_ratio < c.max_size_ratio else "the output is not smaller than its source",
+            )
+        )
     except Exception as e:
         figures.append(size_ratio_check(None, c.max_size_ratio, error=first_line(e), candidate=cand))
     if rel.size_ratio is not None:
@@ -223,12 +255,21 @@ def release_figures(cand: str, output: str, source: str | None, target: str | No
             if predicted is not None:
                 rel.predicted_size_ratio = round(predicted, 6)
                 err = abs(rel.size_ratio / predicted - 1)
-                figures.append(threshold(cand, "check", "size.prediction_error", round(err, 6), "<=", c.size_tolerance,
-                                         message=f"measured {rel.size_ratio:.4f}, apply --dry-run predicts "
-                                                 f"{predicted:.4f}"))
+                figures.append(
+                    threshold(
+                        cand,
+                        "check",
+                        "size.prediction_error",
+                        round(err, 6),
+                        "<=",
+                        c.size_tolerance,
+                        message=f"measured {rel.size_ratio:.4f}, apply --dry-run predicts {predicted:.4f}",
+                    )
+                )
         except Exception as e:
-            figures.append(infeasible(cand, "check", "size.prediction_error",
-                                      f"apply --dry-run prediction: {first_line(e)}"))
+            figures.append(
+                infeasible(cand, "check", "size.prediction_error", f"apply --dry-run prediction: {first_line(e)}")
+            )
     try:
         rel.tokenizer_drift = tokenizer_drift(source, output)
         figures.append(tokenizer_drift_check(rel.tokenizer_drift, candidate=cand))

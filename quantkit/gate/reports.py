@@ -27,8 +27,11 @@ from quantkit.results import (
 
 def render_markdown(result: GateResult, charts: dict[str, str] | None = None) -> str:
     """The report as Markdown; `charts` maps a candidate to its chart's file name (relative to report.md)."""
-    lines = [f"## quantkit gate {md_code(result.name)}: {'PASSED' if result.passed else 'FAILED'} (verdict: "
-             f"**{md_text(result.verdict)}**)", ""]
+    lines = [
+        f"## quantkit gate {md_code(result.name)}: {'PASSED' if result.passed else 'FAILED'} (verdict: "
+        f"**{md_text(result.verdict)}**)",
+        "",
+    ]
     if result.reasons:
         lines += ["Verdict reasons:", ""] + [f"- {md_text(r)}" for r in result.reasons] + [""]
     if result.failures:
@@ -38,13 +41,20 @@ def render_markdown(result: GateResult, charts: dict[str, str] | None = None) ->
         value = "-" if c.value is None else f"{c.value:.4g}"
         thr = "-" if c.threshold is None else f"{c.op} {c.threshold:.4g}"
         verdict = "pass" if c.passed else f"**FAIL**{': ' + md_text(c.message) if c.message else ''}"
-        lines.append(f"| {md_text(c.candidate)} | {md_text(c.step)} | {md_code(c.name)} | {value} | {thr} | {verdict} |")
+        lines.append(
+            f"| {md_text(c.candidate)} | {md_text(c.step)} | {md_code(c.name)} | {value} | {thr} | {verdict} |"
+        )
     for name, rep in result.candidates.items():
         lines += ["", f"### {md_text(name)}: verdict {md_text(rep.verdict or '-')}"]
         lines += _acceptance_md(name, rep.acceptance) + _eval_md(name, rep.eval)
         if charts and name in charts:
             lines += ["", f"![acceptance chart of {md_text(name)}]({md_text(charts[name])})"]
-        lines += _serve_md(name, rep.serve) + _bench_md(name, rep.bench) + _release_md(name, rep.release) + _check_md(name, rep.check)
+        lines += (
+            _serve_md(name, rep.serve)
+            + _bench_md(name, rep.bench)
+            + _release_md(name, rep.release)
+            + _check_md(name, rep.check)
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -55,25 +65,38 @@ def _f(v: float | None, digits: int = 3) -> str:
 def _acceptance_md(name: str, acc: AcceptanceResult | None) -> list[str]:
     if acc is None or acc.baseline is None or acc.candidate is None:
         return []
-    lines = ["", f"### {md_text(name)}: acceptance length ({md_text(acc.backend)}, "
-             f"K={acc.settings.num_speculative_tokens})", "",
-             "| domain | BF16 draft AL (pooled) | candidate AL (pooled) | ratio |", "|---|---|---|---|"]
+    lines = [
+        "",
+        f"### {md_text(name)}: acceptance length ({md_text(acc.backend)}, K={acc.settings.num_speculative_tokens})",
+        "",
+        "| domain | BF16 draft AL (pooled) | candidate AL (pooled) | ratio |",
+        "|---|---|---|---|",
+    ]
     for d, r in acc.per_domain_ratio.items():
         lines.append(f"| {md_text(d)} | {_f(acc.baseline.domain_al(d))} | {_f(acc.candidate.domain_al(d))} | {_f(r)} |")
     lo, hi = acc.ratio_ci or [None, None]
-    lines.append(f"| **all** | {_f(acc.baseline.mean_acceptance_length)} | {_f(acc.candidate.mean_acceptance_length)} "
-                 f"| {_f(acc.ratio)} (95% CI {_f(lo)}-{_f(hi)}) |")
+    lines.append(
+        f"| **all** | {_f(acc.baseline.mean_acceptance_length)} | {_f(acc.candidate.mean_acceptance_length)} "
+        f"| {_f(acc.ratio)} (95% CI {_f(lo)}-{_f(hi)}) |"
+    )
     return lines
 
 
 def _eval_md(name: str, ev: EvalResult | None) -> list[str]:
     if ev is None:
         return []
-    lines = ["", f"### {md_text(name)}: eval ({md_text(ev.backend)}, limit {ev.limit})", "",
-             "| task | metric | baseline | quantized | delta | recovery |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"### {md_text(name)}: eval ({md_text(ev.backend)}, limit {ev.limit})",
+        "",
+        "| task | metric | baseline | quantized | delta | recovery |",
+        "|---|---|---|---|---|---|",
+    ]
     for t in ev.tasks:
-        lines.append(f"| {md_text(t.task)} | {md_text(t.metric)} | {_f(t.baseline, 4)} | {_f(t.candidate, 4)} | {_f(t.delta, 4)} | "
-                     f"{_f(t.recovery, 4)} |")
+        lines.append(
+            f"| {md_text(t.task)} | {md_text(t.metric)} | {_f(t.baseline, 4)} | {_f(t.candidate, 4)} | {_f(t.delta, 4)} | "
+            f"{_f(t.recovery, 4)} |"
+        )
     return lines
 
 
@@ -87,28 +110,41 @@ def _bench_md(name: str, res: BenchResult | None) -> list[str]:
         return []
     from quantkit.bench.tables import speedup_markdown
 
-    return ["", f"### {md_text(name)}: served speedup (quantkit bench, arm {md_text(summary.candidate_arm)})", "",
-            *speedup_markdown(summary)]
+    return [
+        "",
+        f"### {md_text(name)}: served speedup (quantkit bench, arm {md_text(summary.candidate_arm)})",
+        "",
+        *speedup_markdown(summary),
+    ]
 
 
 def _serve_md(name: str, sr: ServeReport | None) -> list[str]:
     if sr is None:
         return []
-    lines = ["", f"### {md_text(name)}: served (`vllm serve`, K={sr.num_speculative_tokens}, {sr.num_prompts} prompts x "
-             f"{sr.max_tokens} tokens, up in {_f(sr.startup_s, 1)} s)", ""]
+    lines = [
+        "",
+        f"### {md_text(name)}: served (`vllm serve`, K={sr.num_speculative_tokens}, {sr.num_prompts} prompts x "
+        f"{sr.max_tokens} tokens, up in {_f(sr.startup_s, 1)} s)",
+        "",
+    ]
     if sr.error:
         lines += [f"Step failed: {md_text(sr.error)}", ""]
     if sr.batches:
         ref = sr.in_process_al
-        lines += [f"| batch | served AL | in-process AL ({md_text(sr.in_process_source)}) | difference | TTFT p50 ms "
-                  "| TTFT p90 ms | TPOT ms | tokens/s | well-formed |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"| batch | served AL | in-process AL ({md_text(sr.in_process_source)}) | difference | TTFT p50 ms "
+            "| TTFT p90 ms | TPOT ms | tokens/s | well-formed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for b in sr.batches:
             al = b.mean_acceptance_length
             diff = al - ref if al is not None and ref is not None else None
-            lines.append(f"| {b.batch_size} | {_f(al, 4)} | {_f(ref, 4)} | {_f(diff, 4)} | "
-                         f"{_ms(b.ttft_s.get('p50'))} | {_ms(b.ttft_s.get('p90'))} | {_ms(b.tpot_s)} | "
-                         f"{_f(b.tokens_per_s, 1)} | "
-                         f"{'yes' if b.well_formed else f'no ({b.malformed_responses})'} |")
+            lines.append(
+                f"| {b.batch_size} | {_f(al, 4)} | {_f(ref, 4)} | {_f(diff, 4)} | "
+                f"{_ms(b.ttft_s.get('p50'))} | {_ms(b.ttft_s.get('p90'))} | {_ms(b.tpot_s)} | "
+                f"{_f(b.tokens_per_s, 1)} | "
+                f"{'yes' if b.well_formed else f'no ({b.malformed_responses})'} |"
+            )
     return lines
 
 
@@ -118,9 +154,13 @@ def _release_md(name: str, rel: ReleaseFigures | None) -> list[str]:
     pred = f" (apply --dry-run predicts {rel.predicted_size_ratio:.4f})" if rel.predicted_size_ratio is not None else ""
     drift = rel.tokenizer_drift
     tok = "-" if drift is None else "byte-identical" if not drift else f"{len(drift)} files drift"
-    lines = ["", f"### {md_text(name)}: release checks against {md_code(rel.source)}", "",
-             f"- weight bytes: {_f(rel.size_ratio, 4)} of the source{pred}",
-             f"- tokenizer: {tok}"]
+    lines = [
+        "",
+        f"### {md_text(name)}: release checks against {md_code(rel.source)}",
+        "",
+        f"- weight bytes: {_f(rel.size_ratio, 4)} of the source{pred}",
+        f"- tokenizer: {tok}",
+    ]
     lines += [f"  - {md_text(d)}" for d in drift or []]
     return lines
 
@@ -131,7 +171,9 @@ def _check_md(name: str, chk: CheckSummary | None) -> list[str]:
     lines = ["", f"### {md_text(name)}: check: {chk.errors} errors, {chk.warnings} warnings"]
     for f in chk.findings:
         if f.severity in ("error", "warning"):
-            lines.append(f"- {md_text(f.severity)}: {md_code(f.code)} {md_text(f.layer_or_tensor)}: {md_text(f.message)}")
+            lines.append(
+                f"- {md_text(f.severity)}: {md_code(f.code)} {md_text(f.layer_or_tensor)}: {md_text(f.message)}"
+            )
     return lines
 
 
@@ -159,16 +201,21 @@ def render_junit(result: GateResult) -> str:
         if c.passed:
             cases.append(f"    <testcase classname={cls} name={name}/>")
         else:
-            cases.append(f"    <testcase classname={cls} name={name}>\n"
-                         f"      <failure message={_attr(c.line())}>{escape(xml_text(c.message or c.line()))}"
-                         "</failure>\n    </testcase>")
+            cases.append(
+                f"    <testcase classname={cls} name={name}>\n"
+                f"      <failure message={_attr(c.line())}>{escape(xml_text(c.message or c.line()))}"
+                "</failure>\n    </testcase>"
+            )
     failures = len(result.failures)
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<testsuites tests="{len(result.checks)}" failures="{failures}">\n'
-            f'  <testsuite name={_attr("quantkit-gate " + result.name)} tests="{len(result.checks)}" '
-            f'failures="{failures}" time="{result.seconds:.2f}">\n'
-            f'    <properties><property name="verdict" value={_attr(result.verdict)}/></properties>\n'
-            + "\n".join(cases) + "\n  </testsuite>\n</testsuites>\n")
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuites tests="{len(result.checks)}" failures="{failures}">\n'
+        f'  <testsuite name={_attr("quantkit-gate " + result.name)} tests="{len(result.checks)}" '
+        f'failures="{failures}" time="{result.seconds:.2f}">\n'
+        f'    <properties><property name="verdict" value={_attr(result.verdict)}/></properties>\n'
+        + "\n".join(cases)
+        + "\n  </testsuite>\n</testsuites>\n"
+    )
 
 
 def write_charts(result: GateResult, out: Path) -> dict[str, str]:
@@ -190,8 +237,11 @@ def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | N
     acceptance-<candidate>.png charts."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "report.json", "markdown": out / "report.md",
-             "junit": Path(junit) if junit else out / "junit.xml"}
+    paths = {
+        "json": out / "report.json",
+        "markdown": out / "report.md",
+        "junit": Path(junit) if junit else out / "junit.xml",
+    }
     charts = write_charts(result, out)
     result.outputs = {k: str(v) for k, v in paths.items()}
     result.outputs.update({f"chart:{name}": str(out / f) for name, f in charts.items()})
@@ -208,6 +258,7 @@ def write_reports(result: GateResult, out_dir: str | Path, junit: str | Path | N
                 f.write(md)
         except (OSError, ValueError) as e:  # a folder, a read-only file, a NUL byte in the variable: the verdict stands
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            result.warnings.append(f"GITHUB_STEP_SUMMARY={summary[:200]}: cannot append the report ({why}); it is in "
-                                   f"{paths['markdown']}")
+            result.warnings.append(
+                f"GITHUB_STEP_SUMMARY={summary[:200]}: cannot append the report ({why}); it is in {paths['markdown']}"
+            )
     return result.outputs

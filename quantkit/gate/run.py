@@ -70,19 +70,27 @@ def run(config_path: str | Path, progress: Progress | None = None) -> GateResult
     cfg, base = load_gate_config(config_path)
     cands = resolve_candidates(cfg, base, config_path)  # before any step runs: a bad pair is a config error
     prompts = cfg.acceptance.prompts
-    ctx = GateContext(config=cfg, target=str((base / cfg.target).resolve()),
-                      draft=str((base / cfg.draft).resolve()) if cfg.draft is not None else None,
-                      prompts=prompts if prompts == "builtin" or prompts.startswith("speed-bench:")
-                      else str((base / prompts).resolve()), progress=progress, base=base,
-                      deploy_manifest=(str((base / cfg.serve.deploy_manifest).resolve())
-                                       if cfg.serve.deploy_manifest is not None else None))
+    ctx = GateContext(
+        config=cfg,
+        target=str((base / cfg.target).resolve()),
+        draft=str((base / cfg.draft).resolve()) if cfg.draft is not None else None,
+        prompts=prompts
+        if prompts == "builtin" or prompts.startswith("speed-bench:")
+        else str((base / prompts).resolve()),
+        progress=progress,
+        base=base,
+        deploy_manifest=(
+            str((base / cfg.serve.deploy_manifest).resolve()) if cfg.serve.deploy_manifest is not None else None
+        ),
+    )
     check_sequence_lengths(cfg, config_path, [ctx.target] + [c.pair_target for c in cands if c.pair_target])
 
     figures: list[GateCheck] = []
     reports: dict[str, CandidateReport] = {}
     for cand in cands:
-        report = reports[cand.name] = CandidateReport(model=cand.path, baseline_model=cand.baseline,
-                                                      model_kind=cand.kind)
+        report = reports[cand.name] = CandidateReport(
+            model=cand.path, baseline_model=cand.baseline, model_kind=cand.kind
+        )
         for name, step in STEPS.items():
             if name not in cfg.steps or not step.applies_to(cand, ctx):
                 continue
@@ -95,19 +103,25 @@ def run(config_path: str | Path, progress: Progress | None = None) -> GateResult
     # Fail closed: a configured step that produced a result for no candidate is infeasible, not a pass.
     for name in cfg.steps:
         if not any(c.step == name for c in figures):
-            figures.append(infeasible("*", name, f"{name}.result",
-                                      f"no result: no candidate is one the {name} step applies to"))
+            figures.append(
+                infeasible("*", name, f"{name}.result", f"no result: no candidate is one the {name} step applies to")
+            )
     for cand_name, report in reports.items():
         mine = [c for c in figures if c.candidate == cand_name]
         j = judge(mine)
         report.gate = Verdict(passed=j.verdict == "pass", checks=mine)
         report.verdict, report.verdict_reasons = j.verdict, j.reasons
     j = judge(figures)
-    return GateResult(name=cfg.name, config=str(Path(config_path).resolve()), passed=j.verdict == "pass",
-                      verdict=j.verdict, reasons=j.reasons, checks=figures, candidates=reports,
-                      seconds=time.perf_counter() - t0)
-
-
+    return GateResult(
+        name=cfg.name,
+        config=str(Path(config_path).resolve()),
+        passed=j.verdict == "pass",
+        verdict=j.verdict,
+        reasons=j.reasons,
+        checks=figures,
+        candidates=reports,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def check_sequence_lengths(cfg: GateConfig, config_path: str | Path, targets: list[str]) -> None:
@@ -121,12 +135,18 @@ def check_sequence_lengths(cfg: GateConfig, config_path: str | Path, targets: li
     k = a.num_speculative_tokens
     budgets = [("acceptance.max_new_tokens", a.max_new_tokens)] if "acceptance" in cfg.steps else []
     if "serve" in cfg.steps:
-        budgets.append(("serve.max_new_tokens" if s.max_new_tokens else "acceptance.max_new_tokens (for serve)",
-                        s.max_new_tokens or a.max_new_tokens))
+        budgets.append(
+            (
+                "serve.max_new_tokens" if s.max_new_tokens else "acceptance.max_new_tokens (for serve)",
+                s.max_new_tokens or a.max_new_tokens,
+            )
+        )
     for t in dict.fromkeys(targets) if budgets else ():
         limit = max_model_len(resolve_config(t))
         for key, new in budgets:
             if limit is not None and 1 + new + k > limit.tokens:
-                raise GateConfigError(f"gate config {config_path}: {key}: {new} new + {k} speculative tokens after a "
-                                      f"prompt do not fit target {t}, which holds {limit}; use at most "
-                                      f"{max(limit.tokens - k - 1, 0)}")
+                raise GateConfigError(
+                    f"gate config {config_path}: {key}: {new} new + {k} speculative tokens after a "
+                    f"prompt do not fit target {t}, which holds {limit}; use at most "
+                    f"{max(limit.tokens - k - 1, 0)}"
+                )

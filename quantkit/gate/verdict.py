@@ -49,8 +49,16 @@ class Judgement:
     reasons: list[str] = field(default_factory=list)  # "<verdict>: <figure>: why", every one that applies
 
 
-def _figure(candidate: str, step: str, name: str, value: float | None, op: str | None, threshold: float | None,
-            found: dict[Verdict, list[str]], message: str) -> GateCheck:
+def _figure(
+    candidate: str,
+    step: str,
+    name: str,
+    value: float | None,
+    op: str | None,
+    threshold: float | None,
+    found: dict[Verdict, list[str]],
+    message: str,
+) -> GateCheck:
     """The GateCheck with its judgement; a figure that is not a plain threshold miss says which verdict it gives in
     its message (an anomalous one always, an infeasible one when it has no message of its own)."""
     reasons = [f"{v}: {name}: {why}" for v in ORDER for why in found[v]]
@@ -60,17 +68,39 @@ def _figure(candidate: str, step: str, name: str, value: float | None, op: str |
         message = f"anomalous: {why}" + (f"; {message}" if message else "")
     elif verdict == "infeasible" and not message:
         message = f"infeasible: {why}"
-    return GateCheck(candidate=candidate, step=step, name=name, value=value, threshold=threshold, op=op,
-                     passed=verdict == "pass", message=message, verdict=verdict, reasons=reasons)
+    return GateCheck(
+        candidate=candidate,
+        step=step,
+        name=name,
+        value=value,
+        threshold=threshold,
+        op=op,
+        passed=verdict == "pass",
+        message=message,
+        verdict=verdict,
+        reasons=reasons,
+    )
 
 
 def _empty() -> dict[Verdict, list[str]]:
     return {"regression": [], "infeasible": [], "anomalous": []}
 
 
-def threshold(candidate: str, step: str, name: str, value: float | None, op: Op, threshold: float | None, *,
-              message: str = "", ci: tuple[float, float] | None = None, parity: float | None = None,
-              use_ci_bound: bool = False, required: bool = True, error: str | None = None) -> GateCheck:
+def threshold(
+    candidate: str,
+    step: str,
+    name: str,
+    value: float | None,
+    op: Op,
+    threshold: float | None,
+    *,
+    message: str = "",
+    ci: tuple[float, float] | None = None,
+    parity: float | None = None,
+    use_ci_bound: bool = False,
+    required: bool = True,
+    error: str | None = None,
+) -> GateCheck:
     """A figure against a threshold: regression when missed, anomalous when its CI lies wholly beyond `parity`,
     infeasible when it has no value (or `error` says why it could not be measured)."""
     if op not in (">=", "<=", "<"):
@@ -89,14 +119,26 @@ def threshold(candidate: str, step: str, name: str, value: float | None, op: Op,
     if ci is not None and parity is not None:
         lo, hi = ci
         if (op == ">=" and lo > parity) or (op != ">=" and hi < parity):
-            found["anomalous"].append(f"better than its baseline beyond its CI ({lo:.4g}-{hi:.4g} entirely "
-                                      f"{'above' if op == '>=' else 'below'} {parity:.4g})")
+            found["anomalous"].append(
+                f"better than its baseline beyond its CI ({lo:.4g}-{hi:.4g} entirely "
+                f"{'above' if op == '>=' else 'below'} {parity:.4g})"
+            )
     return _figure(candidate, step, name, value, op, threshold, found, message)
 
 
-def agreement(candidate: str, step: str, name: str, value: float | None, reference: float | None,
-              tolerance: float | None, *, p_value: float | None = None, level: float | None = None,
-              shown_threshold: float | None = None, message: str = "") -> GateCheck:
+def agreement(
+    candidate: str,
+    step: str,
+    name: str,
+    value: float | None,
+    reference: float | None,
+    tolerance: float | None,
+    *,
+    p_value: float | None = None,
+    level: float | None = None,
+    shown_threshold: float | None = None,
+    message: str = "",
+) -> GateCheck:
     """One figure measured two ways (`value`, and `reference` the other way): anomalous when they disagree (see the
     module docstring), infeasible when either is missing. The report shows |value - reference| against
     `shown_threshold` (the agreement bound, or the fixed tolerance)."""
@@ -109,22 +151,35 @@ def agreement(candidate: str, step: str, name: str, value: float | None, referen
         if p_value <= 1 - level and (tolerance is None or abs(value - reference) > tolerance):
             found["anomalous"].append(
                 f"{value:.4g} disagrees with {reference:.4g} measured the other way beyond what the prompts that came "
-                f"out differently explain (p {p_value:.3g} <= {1 - level:.3g})")
+                f"out differently explain (p {p_value:.3g} <= {1 - level:.3g})"
+            )
     elif tolerance is not None and abs(value - reference) > tolerance:
-        found["anomalous"].append(f"{value:.4g} disagrees with {reference:.4g} measured the other way (tolerance "
-                                  f"{tolerance:.4g})")
+        found["anomalous"].append(
+            f"{value:.4g} disagrees with {reference:.4g} measured the other way (tolerance {tolerance:.4g})"
+        )
     shown = diff if diff is not None else value  # no reference: the measured value is all there is to show
     return _figure(candidate, step, name, shown, "<=", shown_threshold, found, message)
 
 
-def reported(candidate: str, step: str, name: str, value: float | None, op: Op, limit: float | None, *,
-             why: str) -> GateCheck:
+def reported(
+    candidate: str, step: str, name: str, value: float | None, op: Op, limit: float | None, *, why: str
+) -> GateCheck:
     """A figure shown and not judged (`why`: e.g. hardware_dependent, measured on other hardware than the
     deployment's): it always passes, and its message says what the threshold would have said."""
     would = threshold(candidate, step, name, value, op, limit, required=False)
     verdict_text = "would pass" if would.verdict == "pass" else f"would be {would.verdict}"
-    return GateCheck(candidate=candidate, step=step, name=name, value=value, threshold=limit, op=op, passed=True,
-                     message=f"{why}; reported, not gated ({verdict_text})", verdict="pass", reasons=[])
+    return GateCheck(
+        candidate=candidate,
+        step=step,
+        name=name,
+        value=value,
+        threshold=limit,
+        op=op,
+        passed=True,
+        message=f"{why}; reported, not gated ({verdict_text})",
+        verdict="pass",
+        reasons=[],
+    )
 
 
 def infeasible(candidate: str, step: str, name: str, message: str) -> GateCheck:
@@ -132,12 +187,29 @@ def infeasible(candidate: str, step: str, name: str, message: str) -> GateCheck:
     return threshold(candidate, step, name, None, ">=", None, message=message, error=message)
 
 
-def acceptance_ratio_check(ratio: float | None, ratio_ci: tuple[float, float] | None, min_ratio: float = 0.98,
-                           use_ci_bound: bool = False, error: str | None = None, *, candidate: str = "",
-                           step: str = "acceptance") -> GateCheck:
+def acceptance_ratio_check(
+    ratio: float | None,
+    ratio_ci: tuple[float, float] | None,
+    min_ratio: float = 0.98,
+    use_ci_bound: bool = False,
+    error: str | None = None,
+    *,
+    candidate: str = "",
+    step: str = "acceptance",
+) -> GateCheck:
     """Candidate / BF16-draft AL: at least `min_ratio`; anomalous when its CI lies wholly above 1."""
-    return threshold(candidate, step, "acceptance.ratio", ratio, ">=", min_ratio, ci=ratio_ci, parity=1.0,
-                     use_ci_bound=use_ci_bound, error=error)
+    return threshold(
+        candidate,
+        step,
+        "acceptance.ratio",
+        ratio,
+        ">=",
+        min_ratio,
+        ci=ratio_ci,
+        parity=1.0,
+        use_ci_bound=use_ci_bound,
+        error=error,
+    )
 
 
 def judge(figures: Sequence[GateCheck]) -> Judgement:

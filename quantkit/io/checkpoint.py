@@ -118,7 +118,9 @@ def _download(repo_id: str, patterns: list[str]) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except RepositoryNotFoundError:
-        raise CheckpointError(f"model {repo_id}: no such Hub repo (or no access); check the id or set HF_TOKEN") from None
+        raise CheckpointError(
+            f"model {repo_id}: no such Hub repo (or no access); check the id or set HF_TOKEN"
+        ) from None
     except LocalEntryNotFoundError:
         raise CheckpointError(
             f"model {repo_id}: not a local folder and the Hub is unreachable; download it first or pass a folder"
@@ -140,8 +142,11 @@ class OutputWriteError(QuantkitError):
 
 
 # errno values that mean "the disk (or the file size limit) is full", as OSError or inside a library's message.
-_FULL = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large for this file system or limit",
-         errno.EDQUOT: "disk quota exceeded"}
+_FULL = {
+    errno.ENOSPC: "no space left on device",
+    errno.EFBIG: "file too large for this file system or limit",
+    errno.EDQUOT: "disk quota exceeded",
+}
 
 
 def _real(path: Path | str) -> Path:
@@ -196,8 +201,10 @@ def check_output_free(output: Path, overwrite: bool, sources: Sequence[str | Pat
             continue  # a Hub id: its files live in the HF cache, checked below through the resolved folder
         relation = _relation(out, _real(source))
         if relation:
-            raise OutputExistsError(f"output {shown} {relation} the source {source}; quantkit never writes over or "
-                                    "removes a source: pick an output folder outside it")
+            raise OutputExistsError(
+                f"output {shown} {relation} the source {source}; quantkit never writes over or "
+                "removes a source: pick an output folder outside it"
+            )
     if Path(output).expanduser().is_symlink():
         raise OutputExistsError(f"output {shown} is a symbolic link; pass the folder it points to, or another path")
     ancestor = out.parent
@@ -215,17 +222,23 @@ def check_output_free(output: Path, overwrite: bool, sources: Sequence[str | Pat
     if not entries:
         return
     if not overwrite:
-        raise OutputExistsError(f"output {shown} already exists; pass --overwrite to replace it (only a previous "
-                                "quantkit output) or pick another folder")
+        raise OutputExistsError(
+            f"output {shown} already exists; pass --overwrite to replace it (only a previous "
+            "quantkit output) or pick another folder"
+        )
     owned = quantkit_owned_files(out)
     if owned is None:
-        raise OutputExistsError(f"output {shown} exists and was not written by quantkit apply (no {MANIFEST_FILE}); "
-                                "--overwrite only replaces quantkit outputs: remove it yourself or pick another folder")
+        raise OutputExistsError(
+            f"output {shown} exists and was not written by quantkit apply (no {MANIFEST_FILE}); "
+            "--overwrite only replaces quantkit outputs: remove it yourself or pick another folder"
+        )
     foreign = [e for e in entries if not _owned(out, e, owned)]
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise OutputExistsError(f"output {shown} holds files quantkit did not write ({listed}); --overwrite only "
-                                "removes what quantkit wrote: move them away or pick another folder")
+        raise OutputExistsError(
+            f"output {shown} holds files quantkit did not write ({listed}); --overwrite only "
+            "removes what quantkit wrote: move them away or pick another folder"
+        )
 
 
 def _owned(out: Path, name: str, owned: set[str]) -> bool:
@@ -237,8 +250,11 @@ def _owned(out: Path, name: str, owned: set[str]) -> bool:
         return name in owned
     if name in owned:
         return True
-    files = [Path(root, f) for root, dirs, names in os.walk(path) for f in names + [d for d in dirs
-             if Path(root, d).is_symlink()]]
+    files = [
+        Path(root, f)
+        for root, dirs, names in os.walk(path)
+        for f in names + [d for d in dirs if Path(root, d).is_symlink()]
+    ]
     return bool(files) and all(p.relative_to(out).as_posix() in owned and not p.is_symlink() for p in files)
 
 
@@ -256,8 +272,6 @@ def full_disk_reason(e: BaseException) -> str | None:
         if f"os error {code})" in text or os.strerror(code) in text:
             return reason
     return None
-
-
 
 
 def publish_permissions(folder: Path) -> None:
@@ -281,9 +295,17 @@ def partial_folder(output: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str | Path] = (), *,
-                  resumable: bool = False, resume: bool = False, resume_hint: str = "",
-                  command: str | None = None, progress: Progress | None = None) -> Iterator[Path]:
+def atomic_output(
+    output: Path,
+    overwrite: bool = False,
+    sources: Sequence[str | Path] = (),
+    *,
+    resumable: bool = False,
+    resume: bool = False,
+    resume_hint: str = "",
+    command: str | None = None,
+    progress: Progress | None = None,
+) -> Iterator[Path]:
     """Yield a temporary folder beside `output`; rename it to `output` only if the block succeeds.
 
     The whole block runs under the output's lock (quantkit.io.lock: one writer per output; a second run is refused
@@ -301,16 +323,21 @@ def atomic_output(output: Path, overwrite: bool = False, sources: Sequence[str |
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OutputWriteError(f"output {output}: cannot create a folder in {output.parent} "
-                               f"({e.strerror or e}); pick a folder you can write to") from None
-    with output_lock(output, command, progress), \
-            _atomic_output_locked(output, overwrite, sources, resumable, resume, resume_hint) as tmp:
+        raise OutputWriteError(
+            f"output {output}: cannot create a folder in {output.parent} "
+            f"({e.strerror or e}); pick a folder you can write to"
+        ) from None
+    with (
+        output_lock(output, command, progress),
+        _atomic_output_locked(output, overwrite, sources, resumable, resume, resume_hint) as tmp,
+    ):
         yield tmp
 
 
 @contextlib.contextmanager
-def _atomic_output_locked(output: Path, overwrite: bool, sources: Sequence[str | Path], resumable: bool,
-                          resume: bool, resume_hint: str) -> Iterator[Path]:
+def _atomic_output_locked(
+    output: Path, overwrite: bool, sources: Sequence[str | Path], resumable: bool, resume: bool, resume_hint: str
+) -> Iterator[Path]:
     check_output_free(output, overwrite, sources)  # again, under the lock: another run may have finished meanwhile
     try:
         if resumable:
@@ -319,15 +346,19 @@ def _atomic_output_locked(output: Path, overwrite: bool, sources: Sequence[str |
                 shutil.rmtree(tmp)  # nothing to resume in it (the journal is written before any shard)
             if tmp.exists() and not resume:
                 if not overwrite:
-                    raise OutputExistsError(f"output {output}: an interrupted run left {tmp.name} beside it; pass "
-                                            "--resume to continue it, or --overwrite to start over")
+                    raise OutputExistsError(
+                        f"output {output}: an interrupted run left {tmp.name} beside it; pass "
+                        "--resume to continue it, or --overwrite to start over"
+                    )
                 shutil.rmtree(tmp)
             tmp.mkdir(exist_ok=True)
         else:
             tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.quantkit-", dir=output.parent))
     except OSError as e:
-        raise OutputWriteError(f"output {output}: cannot create a folder in {output.parent} "
-                               f"({e.strerror or e}); pick a folder you can write to") from None
+        raise OutputWriteError(
+            f"output {output}: cannot create a folder in {output.parent} "
+            f"({e.strerror or e}); pick a folder you can write to"
+        ) from None
     keep = False
     try:
         try:
@@ -337,16 +368,19 @@ def _atomic_output_locked(output: Path, overwrite: bool, sources: Sequence[str |
         except KeyboardInterrupt as e:
             if resumable and (tmp / RESUMABLE_MARKER).is_file():
                 keep = True
-                raise ResumableInterrupt(f"the finished shards are kept in {tmp}; {resume_hint}",
-                                         terminated=isinstance(e, Terminated)) from None
+                raise ResumableInterrupt(
+                    f"the finished shards are kept in {tmp}; {resume_hint}", terminated=isinstance(e, Terminated)
+                ) from None
             raise
         except Exception as e:
             reason = full_disk_reason(e)
             keep = resumable and (tmp / RESUMABLE_MARKER).is_file()
             hint = f"; {resume_hint}" if keep and resume_hint else ""
             if reason:
-                raise OutputWriteError(f"output {output}: {reason} while writing; free space or pick another "
-                                       f"folder{hint or ' (nothing was written)'}") from None
+                raise OutputWriteError(
+                    f"output {output}: {reason} while writing; free space or pick another "
+                    f"folder{hint or ' (nothing was written)'}"
+                ) from None
             if keep and isinstance(e, QuantkitError) and not isinstance(e, UnresumableError):
                 raise type(e)(f"{e}{hint}") from None
             raise

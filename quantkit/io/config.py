@@ -23,7 +23,6 @@ Count = Annotated[int, Field(ge=0)]
 Length = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-
 class _Typed(BaseModel):
     # strict: "4" is not 4, 4.0 is not 4 and true is not 1; extra keys are the model's own business.
     model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=())
@@ -95,7 +94,6 @@ class ModelConfig(_Typed):
     transformer_layer_config: ModelConfig | None = None
 
 
-
 # The keys the family records read beyond ModelConfig's, each with its type, and the wrapper architectures whose
 # language model's config sits under a key (text_config): declared by the records (quantkit.naming.family
 # Family.config_keys, Wrapper.text_config_key) and handed down here by the registry (quantkit.naming.archs.register ->
@@ -113,7 +111,9 @@ def declare_keys(owner: str, keys: Mapping[str, Any], wrappers: Mapping[str, str
         if prev is not None and prev[1] != typ:
             raise ValueError(f"family {owner!r} declares config key {key!r} as {typ}, family {prev[0]!r} as {prev[1]}")
         if key in ModelConfig.model_fields:
-            raise ValueError(f"family {owner!r} declares config key {key!r}, which quantkit.io.config.ModelConfig types")
+            raise ValueError(
+                f"family {owner!r} declares config key {key!r}, which quantkit.io.config.ModelConfig types"
+            )
         _DECLARED.setdefault(key, (owner, typ))
     _WRAPPERS.update(wrappers or {})
     _SCHEMA.clear()
@@ -125,8 +125,14 @@ def _declared_schema() -> type[BaseModel]:
     if not _SCHEMA:
         fields: dict[str, Any] = {k: (typ | None, None) for k, (_o, typ) in _DECLARED.items()}
         inner = create_model("DeclaredKeys", __base__=_Typed, **fields)
-        _SCHEMA.append(create_model("DeclaredConfig", __base__=inner, text_config=(inner | None, None),
-                                    transformer_layer_config=(inner | None, None)))
+        _SCHEMA.append(
+            create_model(
+                "DeclaredConfig",
+                __base__=inner,
+                text_config=(inner | None, None),
+                transformer_layer_config=(inner | None, None),
+            )
+        )
     return _SCHEMA[0]
 
 
@@ -145,9 +151,11 @@ def validate_model_config(config: Any, where: str | Path) -> dict[str, Any]:
     archs = config.get("architectures") if isinstance(config, dict) else None
     wrapper = next((a for a in archs or () if a in _WRAPPERS), None)
     if wrapper is not None and not isinstance(config.get(_WRAPPERS[wrapper]), dict):
-        raise CheckpointError(f"{where}: {_WRAPPERS[wrapper]}: missing; {wrapper} keeps its language model's config "
-                              f"(layers, experts, quantization_config) under {_WRAPPERS[wrapper]}, which this "
-                              "config.json lacks: use the release's config.json")
+        raise CheckpointError(
+            f"{where}: {_WRAPPERS[wrapper]}: missing; {wrapper} keeps its language model's config "
+            f"(layers, experts, quantization_config) under {_WRAPPERS[wrapper]}, which this "
+            "config.json lacks: use the release's config.json"
+        )
     return config
 
 
@@ -164,13 +172,16 @@ def num_hidden_layers(config: dict[str, Any], where: str | Path) -> int:
     """The text model's decoder layer count; a one-line error naming `where` when config.json has no valid one."""
     n = text_config(config).get("num_hidden_layers")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise CheckpointError(f"{where}: config.json has no valid num_hidden_layers ({str(n)[:40]!r}); is this the "
-                              "target?")
+        raise CheckpointError(
+            f"{where}: config.json has no valid num_hidden_layers ({str(n)[:40]!r}); is this the target?"
+        )
     from quantkit.io.counts import MAX_LAYERS
 
     if n > MAX_LAYERS:
-        raise CheckpointError(f"{where}: config.json has num_hidden_layers {str(n)[:40]}, more than {MAX_LAYERS:,} (no "
-                              "model has so many); fix config.json")
+        raise CheckpointError(
+            f"{where}: config.json has num_hidden_layers {str(n)[:40]}, more than {MAX_LAYERS:,} (no "
+            "model has so many); fix config.json"
+        )
     return n
 
 
@@ -224,7 +235,8 @@ def quantization_config(config: Mapping[str, Any]) -> tuple[Any, str | None]:
 def has_quantization_config(config: Mapping[str, Any]) -> bool:
     """Whether Quark's file-to-file path sees a quantization_config: at the top level or in any nested config."""
     return "quantization_config" in config or any(
-        isinstance(v, dict) and "quantization_config" in v for v in config.values())
+        isinstance(v, dict) and "quantization_config" in v for v in config.values()
+    )
 
 
 # --- attention -------------------------------------------------------------------------------------------------
@@ -251,8 +263,17 @@ def attention_heads(cfg: Mapping[str, Any]) -> tuple[int | None, int | None, int
 # vLLM's keys for a model's maximum length; the smallest present wins, and model_max_length overrides them all
 # (vllm/transformers_utils/model_arch_config_convertor.py ModelArchConfigConvertorBase.derive_max_model_len_and_key,
 # read from the text config: vllm/transformers_utils/config.py get_hf_text_config).
-MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 # RoPE types whose max_position_embeddings is already the scaled length, so `factor` is not applied again
 # (vllm/config/model.py _get_and_verify_max_len).
 _PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
@@ -294,8 +315,10 @@ def _check_rope_factors(text: dict[str, Any], where: str, file: str | Path) -> N
     for rp in _rope_parameters(text):
         f = rp.get("factor")
         if isinstance(f, (int, float)) and not isinstance(f, bool) and not 0 < f <= MAX_ROPE_FACTOR:
-            raise CheckpointError(f"{file} {where}{key}.factor {f:g}: outside (0, {MAX_ROPE_FACTOR:g}] (released "
-                                  "models scale RoPE by 2 to 64); fix config.json (or re-download it)")
+            raise CheckpointError(
+                f"{file} {where}{key}.factor {f:g}: outside (0, {MAX_ROPE_FACTOR:g}] (released "
+                "models scale RoPE by 2 to 64); fix config.json (or re-download it)"
+            )
 
 
 def max_model_len(config: dict[str, Any], file: str | Path = "config.json") -> MaxModelLen | None:
@@ -306,8 +329,11 @@ def max_model_len(config: dict[str, Any], file: str | Path = "config.json") -> M
     text = text_config(config)
     where = "text_config." if text is not config else ""
     _check_rope_factors(text, where, file)
-    found = [(text[k], k) for k in MAX_LEN_KEYS
-             if isinstance(text.get(k), (int, float)) and not isinstance(text.get(k), bool) and text[k] > 0]
+    found = [
+        (text[k], k)
+        for k in MAX_LEN_KEYS
+        if isinstance(text.get(k), (int, float)) and not isinstance(text.get(k), bool) and text[k] > 0
+    ]
     if not found:
         return None
     value, key = min(found, key=lambda f: f[0])
@@ -322,9 +348,12 @@ def max_model_len(config: dict[str, Any], file: str | Path = "config.json") -> M
                 factor = float(f)
     label = f"{where}{key}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
     if not value * factor <= MAX_POSITIONS:
-        raise CheckpointError(f"{file} {label}: {value:g}" + (f" x {factor:g}" if factor != 1.0 else "")
-                              + f" positions, more than {MAX_POSITIONS} (no model holds that many); fix config.json "
-                              "(or re-download it)")
+        raise CheckpointError(
+            f"{file} {label}: {value:g}"
+            + (f" x {factor:g}" if factor != 1.0 else "")
+            + f" positions, more than {MAX_POSITIONS} (no model holds that many); fix config.json "
+            "(or re-download it)"
+        )
     return MaxModelLen(int(value * factor), label)
 
 
@@ -383,8 +412,10 @@ def draft_config(config: Mapping[str, Any]) -> DraftConfig:
         eagle = {**eagle, **dflash}
         if _ids(dflash.get("target_layer_ids")):
             eagle["eagle_aux_hidden_state_layer_ids"] = dflash["target_layer_ids"]
-    top_ids, eagle_ids = _ids(config.get("eagle_aux_hidden_state_layer_ids")), _ids(eagle.get(
-        "eagle_aux_hidden_state_layer_ids"))
+    top_ids, eagle_ids = (
+        _ids(config.get("eagle_aux_hidden_state_layer_ids")),
+        _ids(eagle.get("eagle_aux_hidden_state_layer_ids")),
+    )
     vocab = config_int(layer.get("vocab_size"))
     draft_vocab = config_int(config.get("draft_vocab_size")) or config_int(layer.get("draft_vocab_size")) or vocab
     return DraftConfig(

@@ -52,5 +52,7 @@ def check_config_counts(config: dict[str, Any], path: str | Path) -> None:
             if isinstance(value, int) and not isinstance(value, bool) and value > bound:
                 digits = len(str(value))
                 shown = str(value) if digits <= 20 else f"a {digits}-digit number"
-                raise CheckpointError(f"{path}: {where}{key} is {shown}, more than {bound:,} (no released model comes "
-                                      "near); fix config.json")
+                raise CheckpointError(
+                    f"{path}: {where}{key} is {shown}, more than {bound:,} (no released model comes "
+                    "near); fix config.json"
+                )

@@ -96,8 +96,9 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def require_regular_file(path: str | Path, what: str = "", fix: str = "pass a regular file",
-                         error: type[QuantkitError] = CheckpointError) -> None:
+def require_regular_file(
+    path: str | Path, what: str = "", fix: str = "pass a regular file", error: type[QuantkitError] = CheckpointError
+) -> None:
     """Refuse, before anything opens it, a `path` that is a folder, a named pipe, a device, a socket or a link loop.
 
     A missing path (or a dangling link) passes: each caller says "not found" in its own words. `what` names the
@@ -119,8 +120,10 @@ def require_regular_file(path: str | Path, what: str = "", fix: str = "pass a re
     kind = _kind(mode)
     if kind == "folder":
         raise error(f"{shown}: is a folder, not a file; {fix}")
-    raise error(f"{shown}: is a {kind}, not a regular file (quantkit opens only regular files: a pipe or a device "
-                f"can block forever or never end); {fix}")
+    raise error(
+        f"{shown}: is a {kind}, not a regular file (quantkit opens only regular files: a pipe or a device "
+        f"can block forever or never end); {fix}"
+    )
 
 
 def link_roots(folder: str | Path) -> list[Path]:
@@ -130,14 +133,17 @@ def link_roots(folder: str | Path) -> list[Path]:
     real = Path(os.path.realpath(folder))
     roots = [real]
     repo = real.parent.parent
-    if real.parent.name == "snapshots" and repo.name.startswith(("models--", "datasets--", "spaces--")) \
-            and (repo / "blobs").is_dir():
+    if (
+        real.parent.name == "snapshots"
+        and repo.name.startswith(("models--", "datasets--", "spaces--"))
+        and (repo / "blobs").is_dir()
+    ):
         roots.append(Path(os.path.realpath(repo / "blobs")))
     return roots
 
 
 def check_entry(path: Path, roots: list[Path] | None, error: type[QuantkitError] = UnsafeFileError) -> str:
-    """"file" or "folder" for one folder entry that quantkit may read; anything else is refused in one line.
+    """ "file" or "folder" for one folder entry that quantkit may read; anything else is refused in one line.
 
     A link must lead to a regular file (never a folder), and with `roots` somewhere inside one of them."""
     try:
@@ -149,34 +155,47 @@ def check_entry(path: Path, roots: list[Path] | None, error: type[QuantkitError]
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
-            raise error(f"{path}: a symbolic link to {target}, which does not exist; re-download the checkpoint or "
-                        "remove the link") from None
+            raise error(
+                f"{path}: a symbolic link to {target}, which does not exist; re-download the checkpoint or "
+                "remove the link"
+            ) from None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise error(f"{path}: a symbolic link loop ({target}); replace the link by the file it should "
-                            "point to, or remove it") from None
-            raise error(f"{path}: a symbolic link to {target}, which cannot be read ({e.strerror or e}); "
-                        "remove the link") from None
+                raise error(
+                    f"{path}: a symbolic link loop ({target}); replace the link by the file it should "
+                    "point to, or remove it"
+                ) from None
+            raise error(
+                f"{path}: a symbolic link to {target}, which cannot be read ({e.strerror or e}); remove the link"
+            ) from None
         if stat.S_ISDIR(mode):
-            raise error(f"{path}: a symbolic link to the folder {target}; quantkit follows no link to a folder (a "
-                        "link such as `self -> .` would copy the folder into itself): remove the link, or put the "
-                        "folder itself there")
+            raise error(
+                f"{path}: a symbolic link to the folder {target}; quantkit follows no link to a folder (a "
+                "link such as `self -> .` would copy the folder into itself): remove the link, or put the "
+                "folder itself there"
+            )
         if not stat.S_ISREG(mode):
-            raise error(f"{path}: a symbolic link to a {_kind(mode)} ({target}), not a regular file; quantkit opens "
-                        "only regular files: remove the link")
+            raise error(
+                f"{path}: a symbolic link to a {_kind(mode)} ({target}), not a regular file; quantkit opens "
+                "only regular files: remove the link"
+            )
         if roots is not None:
             real = Path(os.path.realpath(path))
             if not any(real.is_relative_to(root) for root in roots):
-                raise error(f"{path}: a symbolic link to {real}, outside the model folder; quantkit never follows "
-                            "a link out of a folder it copies or uploads (it could carry a secret such as a Hub "
-                            "token): put the file itself in the folder, or remove the link")
+                raise error(
+                    f"{path}: a symbolic link to {real}, outside the model folder; quantkit never follows "
+                    "a link out of a folder it copies or uploads (it could carry a secret such as a Hub "
+                    "token): put the file itself in the folder, or remove the link"
+                )
         return "file"
     if stat.S_ISREG(lmode):
         return "file"
     if stat.S_ISDIR(lmode):
         return "folder"
-    raise error(f"{path}: a {_kind(lmode)}, not a regular file; quantkit opens only regular files (a pipe or a "
-                "device can block forever or never end): replace it by the file itself, or remove it")
+    raise error(
+        f"{path}: a {_kind(lmode)}, not a regular file; quantkit opens only regular files (a pipe or a "
+        "device can block forever or never end): replace it by the file itself, or remove it"
+    )
 
 
 @dataclass
@@ -188,8 +207,9 @@ class FolderEntries:
     folders: list[str] = field(default_factory=list)
 
 
-def scan_folder(folder: str | Path, *, inside: bool, hidden: bool = False,
-                error: type[QuantkitError] = UnsafeFileError) -> FolderEntries:
+def scan_folder(
+    folder: str | Path, *, inside: bool, hidden: bool = False, error: type[QuantkitError] = UnsafeFileError
+) -> FolderEntries:
     """Check every top-level entry of `folder` (hidden ones only with `hidden`) with `check_entry`; with `inside`,
     links must stay inside `link_roots(folder)`. Sub-folders are listed, not entered."""
     folder = Path(folder)
@@ -245,8 +265,9 @@ def check_tree(src: Path, roots: list[Path], error: type[QuantkitError] = Unsafe
     return files
 
 
-def copy_tree_checked(src: Path, dst: Path, roots: list[Path], error: type[QuantkitError] = UnsafeFileError,
-                      skip: str | None = None) -> None:
+def copy_tree_checked(
+    src: Path, dst: Path, roots: list[Path], error: type[QuantkitError] = UnsafeFileError, skip: str | None = None
+) -> None:
     """shutil.copytree for a source's sub-folder, with the whole tree checked (`check_tree`) before anything is
     copied, and the files that links point to copied as regular files; files whose name matches the fnmatch
     pattern `skip` are left out."""
@@ -261,8 +282,7 @@ def copy_tree_checked(src: Path, dst: Path, roots: list[Path], error: type[Quant
         shutil.copy2(os.path.realpath(f), dst / f.relative_to(src))
 
 
-def write_file_atomic(path: str | Path, data: str | bytes,
-                      error: type[QuantkitError] | None = QuantkitError) -> Path:
+def write_file_atomic(path: str | Path, data: str | bytes, error: type[QuantkitError] | None = QuantkitError) -> Path:
     """THE way quantkit writes a result file (report, manifest, card, chart, JSON): the bytes go to a temporary file
     in the same folder, which then replaces `path` in one rename (os.replace).
 
@@ -296,8 +316,9 @@ def write_file_atomic(path: str | Path, data: str | bytes,
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError) and not raw:
-            raise error(f"{path}: cannot be written ({e.strerror or e}); free space or pick a folder you can write "
-                        "to") from None
+            raise error(
+                f"{path}: cannot be written ({e.strerror or e}); free space or pick a folder you can write to"
+            ) from None
         raise
     return path
 
@@ -318,8 +339,14 @@ class OutputInModelError(QuantkitError):
 PICKLE_WEIGHT_PATTERNS: tuple[str, ...] = ("*.bin", "*.pt", "*.pth")
 
 
-def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Path | None], option: str = "--out",
-                            error: type[QuantkitError] = OutputInModelError, *, contains: bool = False) -> None:
+def refuse_output_in_models(
+    output: str | Path | None,
+    models: Iterable[str | Path | None],
+    option: str = "--out",
+    error: type[QuantkitError] = OutputInModelError,
+    *,
+    contains: bool = False,
+) -> None:
     """THE check every command that writes makes before any work: its output (a folder or a file) must not be, or
     lie inside, any model folder it reads (after resolving links, so a link to a source counts as the source). With
     `contains`, for a command that replaces its whole output folder, an output that contains a model folder is
@@ -336,11 +363,20 @@ def refuse_output_in_models(output: str | Path | None, models: Iterable[str | Pa
         if not path.is_dir():
             continue
         src = Path(os.path.realpath(path))
-        relation = ("is" if out == src else "lies inside" if out.is_relative_to(src)
-                    else "contains" if contains and src.is_relative_to(out) else None)
+        relation = (
+            "is"
+            if out == src
+            else "lies inside"
+            if out.is_relative_to(src)
+            else "contains"
+            if contains and src.is_relative_to(out)
+            else None
+        )
         if relation:
-            raise error(f"{option} {shown_path(output)}: {relation} the model folder {shown_path(model)}, which this "
-                        "command reads; quantkit never writes into a model folder: pick an output outside it")
+            raise error(
+                f"{option} {shown_path(output)}: {relation} the model folder {shown_path(model)}, which this "
+                "command reads; quantkit never writes into a model folder: pick an output outside it"
+            )
 
 
 def pickle_only_weights(folder: str | Path) -> list[str]:
@@ -356,8 +392,7 @@ def pickle_only_weights(folder: str | Path) -> list[str]:
     return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in PICKLE_WEIGHT_PATTERNS))
 
 
-def refuse_pickle_only(folder: str | Path, what: str = "",
-                       error: type[QuantkitError] = CheckpointError) -> None:
+def refuse_pickle_only(folder: str | Path, what: str = "", error: type[QuantkitError] = CheckpointError) -> None:
     """THE refusal of a model folder whose weights are only pickles (no safetensors), made by every command that
     takes a model folder before it reads a tensor or starts a server: quantkit never unpickles a file, and a pickle
     handed to vLLM or transformers would be (their weights-only loader is the last line, not the first). A Hub id or
@@ -367,10 +402,13 @@ def refuse_pickle_only(folder: str | Path, what: str = "",
         return
     from quantkit.io.headers import bin_conversion
 
-    shown = ", ".join(shown_path(p, 80) for p in pickles[:4]) + (f" and {len(pickles) - 4} more" if len(pickles) > 4
-                                                                 else "")
-    raise error(f"{what + ' ' if what else ''}{shown_path(folder)}: weights only as {shown} (pickle); quantkit reads "
-                f"safetensors only, never unpickling a file: convert them first with {bin_conversion(folder)}")
+    shown = ", ".join(shown_path(p, 80) for p in pickles[:4]) + (
+        f" and {len(pickles) - 4} more" if len(pickles) > 4 else ""
+    )
+    raise error(
+        f"{what + ' ' if what else ''}{shown_path(folder)}: weights only as {shown} (pickle); quantkit reads "
+        f"safetensors only, never unpickling a file: convert them first with {bin_conversion(folder)}"
+    )
 
 
 def shown_path(path: str | Path, limit: int = 300) -> str:
@@ -382,9 +420,14 @@ def shown_path(path: str | Path, limit: int = 300) -> str:
     return s if len(s) <= limit else f"{s[:limit]}... ({len(s):,} characters)"
 
 
-def check_model_folders(models: Iterable[str | Path | None], output: str | Path | None = None,
-                        option: str = "--out", extra_outputs: Iterable[tuple[str, str | Path | None]] = (),
-                        *, contains: bool = False) -> None:
+def check_model_folders(
+    models: Iterable[str | Path | None],
+    output: str | Path | None = None,
+    option: str = "--out",
+    extra_outputs: Iterable[tuple[str, str | Path | None]] = (),
+    *,
+    contains: bool = False,
+) -> None:
     """Both input checks of a command, before any work: no model folder is pickle-only, and no output (`option`
     OUTPUT, then each (option, path) of `extra_outputs`) is or lies inside one of them (or, with `contains`, for a
     command that replaces its whole output folder, contains one)."""

@@ -226,19 +226,31 @@ class SourceFormat:
             assert self.block_size is not None
             scales = "E8M0 " if self.e8m0_scales else ""
             label = "MXFP8: " if self.method == "mxfp8" else ""
-            fp4 = (f"; {self.fp4_experts} expert linears already OCP MXFP4 (E2M1, E8M0 per 32), re-laid out into "
-                   "Quark's layout with their bytes unchanged") if self.fp4_experts else ""
-            return (f"{label}FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} {scales}block scales "
-                    f"({self.scale_suffix.lstrip('.')}, quant_method {self.method or 'fp8'}); decoded to BF16{fp4}")
+            fp4 = (
+                (
+                    f"; {self.fp4_experts} expert linears already OCP MXFP4 (E2M1, E8M0 per 32), re-laid out into "
+                    "Quark's layout with their bytes unchanged"
+                )
+                if self.fp4_experts
+                else ""
+            )
+            return (
+                f"{label}FP8 E4M3 weights with {self.block_size[0]}x{self.block_size[1]} {scales}block scales "
+                f"({self.scale_suffix.lstrip('.')}, quant_method {self.method or 'fp8'}); decoded to BF16{fp4}"
+            )
         if self.name == "fused-experts" and self.fused is not None and self.fused.container is not None:
             stacked = ", ".join(s.lstrip(".") for s in self.fused.parts)
-            return (f"{self.fused.name} with {self.experts} experts stacked per layer ({stacked} [E, out, in]); "
-                    "split per expert into mlp.experts.<e>.*, values unchanged")
+            return (
+                f"{self.fused.name} with {self.experts} experts stacked per layer ({stacked} [E, out, in]); "
+                "split per expert into mlp.experts.<e>.*, values unchanged"
+            )
         if self.name == "fused-experts" and self.fused is not None:
             transposed = self.fused.transposed
-            return (f"{self.fused.name} with {self.experts} experts fused per layer (experts.gate_up_proj "
-                    f"{'[E, H, 2I]' if transposed else '[E, 2I, H]'}); split per expert"
-                    f"{' and transposed' if transposed else ''}, values unchanged")
+            return (
+                f"{self.fused.name} with {self.experts} experts fused per layer (experts.gate_up_proj "
+                f"{'[E, H, 2I]' if transposed else '[E, 2I, H]'}); split per expert"
+                f"{' and transposed' if transposed else ''}, values unchanged"
+            )
         if self.name == "int4-pack-quantized":
             return (f"INT4 symmetric, group {self.group_size}, compressed-tensors pack-quantized "
                     f"(weight_packed/weight_scale/weight_shape); decoded to BF16")  # fmt: skip
@@ -287,7 +299,10 @@ def _info(value: Any) -> tuple[str, tuple[int, ...]]:
 
 
 def detect_format(
-    config: Mapping[str, Any], tensors: Mapping[str, Any], *, source: str = "config.json",
+    config: Mapping[str, Any],
+    tensors: Mapping[str, Any],
+    *,
+    source: str = "config.json",
     fused: Sequence[FusedLayout] = (),
 ) -> SourceFormat:
     """The checkpoint's SourceFormat, from config.json and its tensors' (dtype, shape), without reading tensor data.
@@ -304,8 +319,9 @@ def detect_format(
             # An unquantized source (the common case) needs only its dtypes and names, checked in C-level passes;
             # the general path below reads the same and names the first offending tensor.
             dtypes = set(map(_DTYPE_OF, tensors.values()))
-            if not any(d.startswith("F8_") or d == "F4" for d in dtypes) and \
-                    not names_ending(tensors, (FP8_SCALE_SUFFIX, ".weight_packed")):
+            if not any(d.startswith("F8_") or d == "F4" for d in dtypes) and not names_ending(
+                tensors, (FP8_SCALE_SUFFIX, ".weight_packed")
+            ):
                 return SourceFormat("bf16", stored_dtypes=tuple(sorted(dtypes)))
         infos = dict(zip(tensors, map(_DTYPE_SHAPE, tensors.values())))
     else:
@@ -351,9 +367,13 @@ def detect_format(
     return fmt
 
 
-def _fused_experts_format(layout: FusedLayout, text: Mapping[str, Any],
-                          infos: Mapping[str, tuple[str, tuple[int, ...]]], source: str,
-                          stored: tuple[str, ...]) -> SourceFormat:
+def _fused_experts_format(
+    layout: FusedLayout,
+    text: Mapping[str, Any],
+    infos: Mapping[str, tuple[str, tuple[int, ...]]],
+    source: str,
+    stored: tuple[str, ...],
+) -> SourceFormat:
     """The fused-experts format, each fused tensor checked against the layout's expert count (num_local_experts,
     num_experts)."""
     model_type = layout.name
@@ -369,16 +389,19 @@ def _fused_experts_format(layout: FusedLayout, text: Mapping[str, Any],
         halves = layout.parts[suffix][0][2] != "all"
         rows = shape[-1 if layout.transposed else 1] if len(shape) == want == 3 else 0
         if len(shape) != want or shape[0] != experts or dtype not in _FLOAT_DTYPES or (halves and rows % 2):
-            raise SourceFormatError(f"{name}: {dtype} {list(shape)}, but a fused {model_type} expert tensor is a float "
-                                    f"[{experts}, ...] tensor of {want} dims ({key} {experts}"
-                                    f"{', gate and up halves' if halves else ''}); check that config.json belongs to "
-                                    "these weights")
+            raise SourceFormatError(
+                f"{name}: {dtype} {list(shape)}, but a fused {model_type} expert tensor is a float "
+                f"[{experts}, ...] tensor of {want} dims ({key} {experts}"
+                f"{', gate and up halves' if halves else ''}); check that config.json belongs to "
+                "these weights"
+            )
     assert isinstance(experts, int)
     return SourceFormat("fused-experts", stored_dtypes=stored, experts=experts, fused=layout)
 
 
-def fused_expert_parts(fmt: SourceFormat, name: str, shape: tuple[int, ...]) -> list[tuple[str, int, str,
-                                                                                             tuple[int, ...]]]:
+def fused_expert_parts(
+    fmt: SourceFormat, name: str, shape: tuple[int, ...]
+) -> list[tuple[str, int, str, tuple[int, ...]]]:
     """(per-expert tensor name, expert, part, its shape) for each tensor a fused expert tensor of `shape` decodes to
     (none for other tensors): the plan of `decode_tensors`' fused-experts path, from a header alone."""
     decoded_parts = _fused_parts(fmt, name)
@@ -398,8 +421,9 @@ def fused_expert_parts(fmt: SourceFormat, name: str, shape: tuple[int, ...]) -> 
     return out
 
 
-def fused_expert_tensor(fmt: SourceFormat, fused: torch.Tensor, expert: int, decoded: str, part: str,
-                        dtype: torch.dtype | None = None) -> torch.Tensor:
+def fused_expert_tensor(
+    fmt: SourceFormat, fused: torch.Tensor, expert: int, decoded: str, part: str, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """One per-expert tensor of a fused expert tensor (`fused_expert_parts`): a bias as stored (a view), a weight in
     vLLM's [out, in] (transposed from [in, out] where the layout is transposed) cut to its half; no arithmetic."""
     expert_t = fused[expert]
@@ -418,8 +442,11 @@ def _fused_parts(fmt: SourceFormat, name: str) -> list[tuple[str, str]]:
     if layout is None or suffix is None or fmt.experts is None or name.startswith(layout.stored_prefixes):
         return []
     container = name[: -len(suffix)] + (layout.container or suffix.rsplit(".", 1)[0])
-    return [(f"{container}.{e}.{module}.{param}", part) for e in range(fmt.experts) for module, param, part in
-            layout.parts[suffix]]
+    return [
+        (f"{container}.{e}.{module}.{param}", part)
+        for e in range(fmt.experts)
+        for module, param, part in layout.parts[suffix]
+    ]
 
 
 def _unsupported(where: str, what: str) -> UnsupportedSourceFormatError:
@@ -441,8 +468,15 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _fp8_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tuple[str, ...], method: str,
-                infos: Mapping[str, tuple[str, tuple[int, ...]]], fp4_declared: bool) -> SourceFormat:
+def _fp8_format(
+    qcfg: Mapping[str, Any],
+    key: str | None,
+    where: str,
+    stored: tuple[str, ...],
+    method: str,
+    infos: Mapping[str, tuple[str, tuple[int, ...]]],
+    fp4_declared: bool,
+) -> SourceFormat:
     fmt = str(qcfg.get("fmt") or "e4m3").lower()
     if "e4m3" not in fmt:
         raise _unsupported(where, f"FP8 fmt {fmt!r}")
@@ -460,8 +494,10 @@ def _fp8_format(qcfg: Mapping[str, Any], key: str | None, where: str, stored: tu
     dsv4 = not names_ending(infos, (FP8_SCALE_SUFFIX,)) and bool(names_ending(infos, (DSV4_SCALE_SUFFIX,)))
     suffix = DSV4_SCALE_SUFFIX if dsv4 else FP8_SCALE_SUFFIX
     e8m0 = method == "mxfp8" or any(
-        infos[n][0] in _E8M0_DTYPES for n in names_ending(infos, (suffix,))
-        if infos.get(_scaled_weight(suffix, n), ("",))[0] == "F8_E4M3")
+        infos[n][0] in _E8M0_DTYPES
+        for n in names_ending(infos, (suffix,))
+        if infos.get(_scaled_weight(suffix, n), ("",))[0] == "F8_E4M3"
+    )
     fp4 = _fp4_expert_modules(infos, suffix, where) if (fp4_declared or dsv4) else []
     return SourceFormat("fp8-block", key, block_size=(int(block[0]), int(block[1])), ignore=tuple(ignore),
                         stored_dtypes=stored, method=method, scale_suffix=suffix, e8m0_scales=e8m0,
@@ -671,7 +707,6 @@ def names_starting(names: Collection[str], prefixes: tuple[str, ...]) -> list[st
     return list(compress(names, map(str.startswith, names, repeat(prefixes))))
 
 
-
 def _primary_of(fmt: SourceFormat, name: str) -> str | None:
     """For a secondary part (scale, shape), the name of the part that anchors its module; None otherwise."""
     if fmt.name == "fp8-block" and name.endswith(fmt.scale_suffix):
@@ -772,8 +807,9 @@ def decode_tensors(
             if not decoded_parts:
                 out[name] = tensor
             for decoded, expert, part, _shape in fused_expert_parts(fmt, name, tuple(tensor.shape)):
-                out[decoded] = fused_expert_tensor(fmt, tensor, expert, decoded, part,
-                                                   None if dtype is None else out_dtype)
+                out[decoded] = fused_expert_tensor(
+                    fmt, tensor, expert, decoded, part, None if dtype is None else out_dtype
+                )
         return out
     for name, tensor in tensors.items():
         if fmt.name == "fp8-block":
@@ -810,8 +846,14 @@ def decode_tensors(
     return out
 
 
-def decode_module(fmt: SourceFormat, name: str, parts: list[torch.Tensor], *, dtype: torch.dtype | None = None,
-                  check_finite: bool = True) -> torch.Tensor:
+def decode_module(
+    fmt: SourceFormat,
+    name: str,
+    parts: list[torch.Tensor],
+    *,
+    dtype: torch.dtype | None = None,
+    check_finite: bool = True,
+) -> torch.Tensor:
     """One quantized module's decoded weight `name` from its parts in `decoded_tensor_names` order (FP8-block:
     weight, weight_scale_inv; INT4: weight_packed, weight_scale, weight_shape), on the parts' device: the very
     arithmetic of `decode_tensors`, so a GPU decode is bit-exact with the CPU one (elementwise IEEE products, one
@@ -895,10 +937,15 @@ def relayout_fp4_experts(name: str, weight: torch.Tensor, scale: torch.Tensor) -
 
     packed = weight.view(torch.uint8)
     codes = scale.view(torch.uint8)
-    if packed.ndim != 2 or codes.ndim != 2 or list(codes.shape) != [packed.shape[0], math.ceil(packed.shape[1] * 2 /
-                                                                                             MX_BLOCK)]:
-        raise SourceFormatError(f"{name}: packed FP4 {list(packed.shape)} with scale {list(codes.shape)} is not OCP "
-                                f"MXFP4 (one E8M0 scale per {MX_BLOCK} values); re-download the checkpoint")
+    if (
+        packed.ndim != 2
+        or codes.ndim != 2
+        or list(codes.shape) != [packed.shape[0], math.ceil(packed.shape[1] * 2 / MX_BLOCK)]
+    ):
+        raise SourceFormatError(
+            f"{name}: packed FP4 {list(packed.shape)} with scale {list(codes.shape)} is not OCP "
+            f"MXFP4 (one E8M0 scale per {MX_BLOCK} values); re-download the checkpoint"
+        )
     return {name: packed, name + "_scale": codes}
 
 
@@ -949,8 +996,14 @@ def _check_finite(name: str, tensor: torch.Tensor, sources: list[str]) -> None:
 # --- model views --------------------------------------------------------------------------------------------------
 
 
-def mtp_tensor_names(text: Mapping[str, Any], names: Iterable[str], *, count_keys: Sequence[str], prefix: str = "",
-                     stored_prefix: str | None = None) -> list[str]:
+def mtp_tensor_names(
+    text: Mapping[str, Any],
+    names: Iterable[str],
+    *,
+    count_keys: Sequence[str],
+    prefix: str = "",
+    stored_prefix: str | None = None,
+) -> list[str]:
     """Names of the multi-token-prediction layers' tensors, as the family's record places them (its caller,
     quantkit.naming.archs.mtp_tensor_names, hands the record's facts): under `stored_prefix` when the family keeps its
     MTP block apart (Qwen3-Next's and Qwen3.5's `mtp.`), else `{prefix}model.layers.{L+i}.*` for i < the first
@@ -973,12 +1026,17 @@ def mtp_tensor_names(text: Mapping[str, Any], names: Iterable[str], *, count_key
         return []
     base = text.get("num_hidden_layers")
     if isinstance(base, bool) or not isinstance(base, int) or base < 1:
-        raise SourceFormatError(f"config.json has {str(n)[:40]} MTP layer(s) but no valid num_hidden_layers "
-                                f"({str(base)[:40]!r}) to number them from; fix config.json")
+        raise SourceFormatError(
+            f"config.json has {str(n)[:40]} MTP layer(s) but no valid num_hidden_layers "
+            f"({str(base)[:40]!r}) to number them from; fix config.json"
+        )
     # The layers STORED in [base, base + n), never a loop over the configured count: `num_nextn_predict_layers:
     # 10000000` over one stored MTP layer is that one layer, found at once (issue 35 item 5).
     head = f"{prefix}model.layers."
-    stored = {int(part) for part in {name[len(head):].partition(".")[0] for name in names_starting(names, (head,))}
-              if part.isascii() and part.isdigit() and len(part) < 10}
+    stored = {
+        int(part)
+        for part in {name[len(head) :].partition(".")[0] for name in names_starting(names, (head,))}
+        if part.isascii() and part.isdigit() and len(part) < 10
+    }
     starts = tuple(f"{head}{i}." for i in sorted(stored) if base <= i < base + n)
     return names_starting(names, starts) if starts else []

@@ -107,19 +107,25 @@ def _checked_index(folder: Path) -> _Index | None:
             for name, file in hooked.items():
                 if not isinstance(file, str):
                     shown = "null" if file is None else f"{type(file).__name__} {str(file)[:40]}"
-                    raise CheckpointError(f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got "
-                                          f"{shown}; {_REGENERATE}")
+                    raise CheckpointError(
+                        f"{index_path}: weight_map.{name[:100]}: should be a shard file name, got "
+                        f"{shown}; {_REGENERATE}"
+                    )
         for name, first in getattr(hooked, "shadowed", ()):
-            raise CheckpointError(f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
-                                  f"{hooked[name][:100]!r}); {_REGENERATE}")
+            raise CheckpointError(
+                f"{index_path}: names tensor {name!r} twice (in {str(first)[:100]!r} and "
+                f"{hooked[name][:100]!r}); {_REGENERATE}"
+            )
         weight_map, files = dict(hooked), set(hooked.values())  # a plain dict, whatever the parser made
     shards = sorted(files)
     for file in shards:
         # vLLM loads only the *.safetensors files beside the index (weight_utils.py filter_duplicate_safetensors_files
         # joins the folder with each weight_map value, then keeps the globbed files among them): a path is no shard.
         if not file.endswith(".safetensors") or "/" in file or "\\" in file or file.startswith("."):
-            raise CheckpointError(f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
-                                  f"checkpoint folder itself; {_REGENERATE}")
+            raise CheckpointError(
+                f"{index_path}: names shard {file[:200]!r}, which is not a .safetensors file of the "
+                f"checkpoint folder itself; {_REGENERATE}"
+            )
     checked = _Index(weight_map, shards)
     _INDEXES[key] = (text, checked)
     if len(_INDEXES) > 8:
@@ -202,9 +208,11 @@ def bin_conversion(folder: str | Path) -> str:
     import json
     import shlex
 
-    code = ("import glob, os, torch; from safetensors.torch import save_file; "
-            '[save_file(torch.load(f, weights_only=True), os.path.splitext(f)[0] + ".safetensors") for p in '
-            f'("*.bin", "*.pt", "*.pth") for f in sorted(glob.glob(os.path.join({json.dumps(str(folder))}, p)))]')
+    code = (
+        "import glob, os, torch; from safetensors.torch import save_file; "
+        '[save_file(torch.load(f, weights_only=True), os.path.splitext(f)[0] + ".safetensors") for p in '
+        f'("*.bin", "*.pt", "*.pth") for f in sorted(glob.glob(os.path.join({json.dumps(str(folder))}, p)))]'
+    )
     return f"python -c {shlex.quote(code)}"
 
 
@@ -226,19 +234,22 @@ def unindexed_weight_files(folder: str | Path) -> list[str]:
     return sorted(found)
 
 
-def place_tensor(folder: Path, weight_map: dict[str, str] | None, placed: dict[str, str], name: str,
-                 file: str) -> None:
+def place_tensor(folder: Path, weight_map: dict[str, str] | None, placed: dict[str, str], name: str, file: str) -> None:
     """Record that shard `file` holds tensor `name`, refusing a tensor held by two shards, and one that the index
     places elsewhere or does not list (vLLM would load every tensor of an indexed shard, so a disagreement means a
     tensor stored twice or a stale index)."""
     if weight_map is not None and weight_map.get(name) != file:
         where = weight_map.get(name)
         said = f"places in {where}" if where is not None else "does not list"
-        raise CheckpointError(f"{folder / file}: holds tensor {name!r}, which {INDEX_FILE} {said}; the index is stale "
-                              "or the shard is stray: regenerate the index or re-download the checkpoint")
+        raise CheckpointError(
+            f"{folder / file}: holds tensor {name!r}, which {INDEX_FILE} {said}; the index is stale "
+            "or the shard is stray: regenerate the index or re-download the checkpoint"
+        )
     if name in placed:
-        raise CheckpointError(f"{folder}: tensor {name!r} is in both {placed[name]} and {file}; remove the stale shard "
-                              f"(without {INDEX_FILE}, every *.safetensors file is loaded)")
+        raise CheckpointError(
+            f"{folder}: tensor {name!r} is in both {placed[name]} and {file}; remove the stale shard "
+            f"(without {INDEX_FILE}, every *.safetensors file is loaded)"
+        )
     placed[name] = file
 
 
@@ -284,8 +295,12 @@ def _checkpoint_tensors(folder: Path) -> dict[str, TensorInfo]:
     if weight_map is not None and not all(set(map(weight_map.get, header.names)) <= {file} for file, header in read):
         _place_shards(folder, weight_map, read)  # raises, naming the first tensor the index places elsewhere
     # The tensors in shard order, each shard's in the header's own order.
-    tensors = dict(zip(chain.from_iterable(header.names for _, header in read),
-                       chain.from_iterable(_shard_infos(file, header) for file, header in read)))
+    tensors = dict(
+        zip(
+            chain.from_iterable(header.names for _, header in read),
+            chain.from_iterable(_shard_infos(file, header) for file, header in read),
+        )
+    )
     if weight_map is None and len(tensors) != sum(len(header.names) for _, header in read):
         _place_shards(folder, weight_map, read)  # raises, naming a tensor held by two shards
     if weight_map is not None and len(tensors) != len(weight_map):
@@ -325,8 +340,12 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return validate_model_config(config, path)
 
 
-def load_json_file(path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError,
-                   object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+def load_json_file(
+    path: str | Path,
+    fix: str,
+    error: type[QuantkitError] = CheckpointError,
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+) -> Any:
     """Parse a small JSON file (config, index, report); every way it can be unreadable is one `error`."""
     return parse_json_text(read_json_text(path, fix, error), path, fix, error, object_pairs_hook)
 
@@ -339,8 +358,9 @@ def read_json_text(path: str | Path, fix: str, error: type[QuantkitError] = Chec
     try:
         size = path.stat().st_size
         if size > MAX_JSON_FILE_BYTES:
-            raise error(f"{path}: {size} bytes, too large for a JSON file of this kind (at most "
-                        f"{MAX_JSON_FILE_BYTES}); {fix}")
+            raise error(
+                f"{path}: {size} bytes, too large for a JSON file of this kind (at most {MAX_JSON_FILE_BYTES}); {fix}"
+            )
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: not found; {fix}") from None
@@ -354,8 +374,13 @@ def read_json_text(path: str | Path, fix: str, error: type[QuantkitError] = Chec
         raise error(f"{path}: not UTF-8 text; {fix}") from None
 
 
-def parse_json_text(text: str, path: str | Path, fix: str, error: type[QuantkitError] = CheckpointError,
-                    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+def parse_json_text(
+    text: str,
+    path: str | Path,
+    fix: str,
+    error: type[QuantkitError] = CheckpointError,
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+) -> Any:
     """The document `text` read from `path`; unreadable JSON is one `error`."""
     try:
         return parse_json(text, object_pairs_hook=object_pairs_hook)

@@ -62,11 +62,12 @@ def hint_for_command(command: str, takes_flag: bool) -> str:
         return "pass --trust-remote-code (only for folders you trust)"
     steps = {
         "bench": "serve it yourself with `vllm serve --trust-remote-code` and measure it with vLLM's own "
-                 "`vllm bench serve`",
+        "`vllm bench serve`",
         "gate": "run its steps as `quantkit acceptance --trust-remote-code` and `quantkit eval --trust-remote-code`",
     }
-    return (f"`quantkit {command}` takes no --trust-remote-code and never runs a folder's code; "
-            + steps.get(command, "`quantkit check --trust-remote-code` loads such a folder"))
+    return f"`quantkit {command}` takes no --trust-remote-code and never runs a folder's code; " + steps.get(
+        command, "`quantkit check --trust-remote-code` loads such a folder"
+    )
 
 
 def trust_remote_code() -> bool:
@@ -96,8 +97,10 @@ def auto_map_modules(folder: str | Path) -> list[str]:
 def _refusal(folder: str | Path, e: Exception) -> RemoteCodeError:
     modules = auto_map_modules(folder)
     what = f" ({', '.join(modules)})" if modules else ""
-    return RemoteCodeError(f"{folder}: loading it would run Python code shipped in the folder{what}; quantkit never "
-                           f"runs a model folder's code unasked: {_HOW.get()}")
+    return RemoteCodeError(
+        f"{folder}: loading it would run Python code shipped in the folder{what}; quantkit never "
+        f"runs a model folder's code unasked: {_HOW.get()}"
+    )
 
 
 def refuse_remote_code(folder: str | Path) -> None:
@@ -160,8 +163,10 @@ def load_tokenizer(folder: str | Path, **kwargs: Any) -> Any:
         if _needs_remote_code(e):
             raise _refusal(folder, e) from None
         first = " ".join(str(e).split())[:160]
-        raise TokenizerError(f"{folder}: no tokenizer transformers can load ({first}); copy the model's tokenizer "
-                             "files (tokenizer.json, tokenizer_config.json) into the folder") from None
+        raise TokenizerError(
+            f"{folder}: no tokenizer transformers can load ({first}); copy the model's tokenizer "
+            "files (tokenizer.json, tokenizer_config.json) into the folder"
+        ) from None
 
 
 def load_causal_lm(folder: str | Path, **kwargs: Any) -> Any:

@@ -26,8 +26,9 @@ class JsonInputError(ValueError):
 def _parse_int(literal: str) -> int:
     digits = len(literal) - literal.startswith("-")
     if digits > MAX_INT_DIGITS:
-        raise JsonInputError(f"holds an integer of {digits} digits (at most {MAX_INT_DIGITS}); a corrupt or hostile "
-                             "file")
+        raise JsonInputError(
+            f"holds an integer of {digits} digits (at most {MAX_INT_DIGITS}); a corrupt or hostile file"
+        )
     return int(literal)
 
 
@@ -35,12 +36,20 @@ def _refuse_constant(name: str) -> Any:
     raise JsonInputError(f"holds {name}, which is not JSON (RFC 8259)")
 
 
-def parse_json(text: str | bytes, *, allow_nan: bool = True,
-               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+def parse_json(
+    text: str | bytes,
+    *,
+    allow_nan: bool = True,
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+) -> Any:
     """The decoded document; raises JsonInputError naming what is wrong (not the file: the caller knows it)."""
     try:
-        return json.loads(text, parse_int=_parse_int, parse_constant=None if allow_nan else _refuse_constant,
-                          object_pairs_hook=object_pairs_hook)
+        return json.loads(
+            text,
+            parse_int=_parse_int,
+            parse_constant=None if allow_nan else _refuse_constant,
+            object_pairs_hook=object_pairs_hook,
+        )
     except JsonInputError:
         raise
     except json.JSONDecodeError as e:

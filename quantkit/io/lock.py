@@ -59,8 +59,11 @@ class LockHolder:
     pid_start: str | None = None  # /proc/<pid>/stat starttime: tells a reused pid from the holder
 
     def describe(self) -> str:
-        command = self.command if len(self.command) <= _SHOWN_COMMAND_CHARS else \
-            self.command[:_SHOWN_COMMAND_CHARS - 3] + "..."
+        command = (
+            self.command
+            if len(self.command) <= _SHOWN_COMMAND_CHARS
+            else self.command[: _SHOWN_COMMAND_CHARS - 3] + "..."
+        )
         return f"pid {self.pid} on host {self.host}, since {self.started}" + (f": {command}" if command else "")
 
 
@@ -86,9 +89,15 @@ def output_lock(output: str | Path, command: str | None = None, progress: Progre
 
 
 def _myself(command: str) -> LockHolder:
-    return LockHolder(pid=os.getpid(), host=socket.gethostname(), command=command[:_COMMAND_CHARS],
-                      started=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), boot_id=_boot_id(),
-                      pid_namespace=_pid_namespace(), pid_start=_pid_start(os.getpid()))
+    return LockHolder(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        command=command[:_COMMAND_CHARS],
+        started=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        boot_id=_boot_id(),
+        pid_namespace=_pid_namespace(),
+        pid_start=_pid_start(os.getpid()),
+    )
 
 
 def _acquire(path: Path, output: Path, command: str, progress: Progress) -> int:
@@ -97,8 +106,9 @@ def _acquire(path: Path, output: Path, command: str, progress: Progress) -> int:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             why = "it is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
-            raise OutputLockedError(f"output {output}: cannot open its lock file {path} ({why}); remove it or pick "
-                                    "another output folder") from None
+            raise OutputLockedError(
+                f"output {output}: cannot open its lock file {path} ({why}); remove it or pick another output folder"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -106,16 +116,20 @@ def _acquire(path: Path, output: Path, command: str, progress: Progress) -> int:
             examined = os.fstat(fd)
             os.close(fd)
             if holder is not None and _dead_here(holder):
-                progress(f"warning: taking over the lock {path}: it is still held, but the run that took it "
-                         f"({holder.describe()}) is no longer running; a process it left behind keeps the file "
-                         "locked")
+                progress(
+                    f"warning: taking over the lock {path}: it is still held, but the run that took it "
+                    f"({holder.describe()}) is no longer running; a process it left behind keeps the file "
+                    "locked"
+                )
                 with contextlib.suppress(FileNotFoundError):
                     if _same_inode(os.stat(path, follow_symlinks=False), examined):
                         os.unlink(path)
                 continue
             who = holder.describe() if holder is not None else f"details not written yet; lock file {path}"
-            raise OutputLockedError(f"output {output} is being written by another quantkit apply ({who}); wait for "
-                                    "it to finish, or stop it, before writing this output again") from None
+            raise OutputLockedError(
+                f"output {output} is being written by another quantkit apply ({who}); wait for "
+                "it to finish, or stop it, before writing this output again"
+            ) from None
         try:
             if not _same_inode(os.stat(path, follow_symlinks=False), os.fstat(fd)):
                 os.close(fd)  # released and removed (or replaced) by its holder between our open and our flock
@@ -126,14 +140,18 @@ def _acquire(path: Path, output: Path, command: str, progress: Progress) -> int:
         if os.fstat(fd).st_size:
             holder = _read_holder(fd, wait=False)
             who = f"the run that took it ({holder.describe()})" if holder is not None else "the run that took it"
-            progress(f"warning: taking over the stale lock {path}: {who} ended without releasing it (killed, "
-                     "crashed, or its host rebooted)")
+            progress(
+                f"warning: taking over the stale lock {path}: {who} ended without releasing it (killed, "
+                "crashed, or its host rebooted)"
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(asdict(_myself(command)), ensure_ascii=False) + "\n").encode(), 0)
         os.fsync(fd)
         return fd
-    raise OutputLockedError(f"output {output}: its lock file {path} keeps changing hands; another quantkit apply "
-                            "is starting on it: wait for it, then run again")
+    raise OutputLockedError(
+        f"output {output}: its lock file {path} keeps changing hands; another quantkit apply "
+        "is starting on it: wait for it, then run again"
+    )
 
 
 def _release(path: Path, fd: int) -> None:
@@ -163,9 +181,11 @@ def _read_holder(fd: int, wait: bool) -> LockHolder | None:
 def _parse_holder(raw: bytes) -> LockHolder | None:
     try:
         data = json.loads(raw.decode("utf-8"))
-        return LockHolder(**{k: data[k] for k in LockHolder.__dataclass_fields__ if k in data}) \
-            if isinstance(data, dict) and isinstance(data.get("pid"), int) and isinstance(data.get("host"), str) \
+        return (
+            LockHolder(**{k: data[k] for k in LockHolder.__dataclass_fields__ if k in data})
+            if isinstance(data, dict) and isinstance(data.get("pid"), int) and isinstance(data.get("host"), str)
             else None
+        )
     except (ValueError, TypeError, RecursionError):
         return None
 

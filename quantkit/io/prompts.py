@@ -41,8 +41,9 @@ class PromptRecord:
         if self.prompt is not None:
             return self.prompt
         assert self.messages is not None  # load_prompts gives every record either `prompt` or `messages`
-        return tokenizer.apply_chat_template(list(self.messages), tokenize=False, add_generation_prompt=True,
-                                             **(chat_template_kwargs or {}))
+        return tokenizer.apply_chat_template(
+            list(self.messages), tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+        )
 
 
 def _label(value: Any) -> Any:
@@ -107,9 +108,14 @@ def load_prompts(source: str | Path = "builtin") -> list[PromptRecord]:
             raise PromptFileError(f"prompt file {path}:{n}: a JSON {type(obj).__name__}, not an object; {fix}")
         rec = validate(_Record, obj, f"prompt file {path}:{n}", fix, PromptFileError)
         messages = tuple(m.model_dump() for m in rec.messages) if rec.messages is not None else None
-        records.append(PromptRecord(id=str(rec.id if rec.id is not None else f"{path.stem}-{n}"),
-                                    domain=str(rec.domain if rec.domain is not None else "default"),
-                                    messages=messages, prompt=rec.prompt))
+        records.append(
+            PromptRecord(
+                id=str(rec.id if rec.id is not None else f"{path.stem}-{n}"),
+                domain=str(rec.domain if rec.domain is not None else "default"),
+                messages=messages,
+                prompt=rec.prompt,
+            )
+        )
     if not records:
         raise PromptFileError(f"prompt file {path} has no prompts")
     return records

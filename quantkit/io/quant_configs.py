@@ -60,7 +60,6 @@ class CtConfig(Typed):
 MODELS: dict[str, type[Typed]] = {"fp8": Fp8Config, "mxfp8": Fp8Config, "compressed-tensors": CtConfig}
 
 
-def check_types(method: str, qcfg: Mapping[str, Any], key: str | None, source: str,
-                error: type[QuantkitError]) -> None:
+def check_types(method: str, qcfg: Mapping[str, Any], key: str | None, source: str, error: type[QuantkitError]) -> None:
     """Raise `error`, one line naming the field of `source` (under `key`), where a key of `qcfg` has the wrong type."""
     validate(MODELS[method], dict(qcfg), source, "fix config.json (or re-download it)", error, prefix=key or "")

@@ -76,8 +76,25 @@ KNOWN_DTYPES = set(DTYPES)
 _DTYPE_NAMES = {d: d for d in DTYPES}  # a header's dtype string -> the one string object of that name
 FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}  # the dtypes a source weight is stored in before quantization
 # The order safetensors lays tensors out in: by dtype, this order (the Rust Dtype enum, descending), then by name.
-ST_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
-            "F8_E5M2", "I8", "U8", "BOOL"]
+ST_ORDER = [
+    "U64",
+    "I64",
+    "F64",
+    "C64",
+    "F32",
+    "U32",
+    "I32",
+    "BF16",
+    "F16",
+    "U16",
+    "I16",
+    "F8_E8M0",
+    "F8_E4M3",
+    "F8_E5M2",
+    "I8",
+    "U8",
+    "BOOL",
+]
 METADATA_KEY = "__metadata__"
 REFETCH = "the file is truncated or corrupt; re-download or re-export it"
 
@@ -106,6 +123,7 @@ class HeaderEntry(NamedTuple):
 
 
 _HEADER_ENTRY = partial(tuple.__new__, HeaderEntry)  # HeaderEntry from one tuple of its fields, without Python code
+
 
 def itemsize(dtype: str) -> float:
     """Bytes per element of safetensors dtype `dtype` (0.5 for F4, 0.75 for F6)."""
@@ -179,9 +197,17 @@ def _columns(parsed: ParsedHeader) -> HeaderColumns:
     listed = parsed.listed
     ids: dict[tuple[str, tuple[int, ...]], int] = {}
     kind = tuple(ids.setdefault((e.dtype, e.shape), len(ids)) for e in listed)
-    return HeaderColumns(parsed.header_len, tuple(e.name for e in listed), tuple(ids), kind,
-                         tuple(e.begin for e in listed), tuple(e.end for e in listed), parsed.metadata,
-                         parsed.metadata_at, parsed.entries == listed)
+    return HeaderColumns(
+        parsed.header_len,
+        tuple(e.name for e in listed),
+        tuple(ids),
+        kind,
+        tuple(e.begin for e in listed),
+        tuple(e.end for e in listed),
+        parsed.metadata,
+        parsed.metadata_at,
+        parsed.entries == listed,
+    )
 
 
 class _Validated:
@@ -273,8 +299,9 @@ def _int(text: str) -> int | float:
     return -0.0 if text == "-0" else int(text)
 
 
-def header_length(prefix: bytes | bytearray | memoryview, size: int, where: str,
-                  error: type[QuantkitError] = CheckpointError) -> int:
+def header_length(
+    prefix: bytes | bytearray | memoryview, size: int, where: str, error: type[QuantkitError] = CheckpointError
+) -> int:
     """The header length N from a file's first 8 bytes, refused as safetensors refuses it."""
     if size < 8 or len(prefix) < 8:
         raise error(f"{where}: only {size} bytes, too short for a safetensors header; {REFETCH}")
@@ -285,8 +312,9 @@ def header_length(prefix: bytes | bytearray | memoryview, size: int, where: str,
     return n
 
 
-def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
-                 error: type[QuantkitError] = CheckpointError) -> ParsedHeader:
+def parse_header(
+    data: bytes | bytearray | memoryview, size: int, where: str, error: type[QuantkitError] = CheckpointError
+) -> ParsedHeader:
     """Validate the header of a safetensors file of `size` bytes whose first bytes (at least 8 + N) are `data`.
 
     Raises `error` (one line naming `where`, the tensor and the fix) for every file safetensors' loader refuses.
@@ -294,10 +322,9 @@ def parse_header(data: bytes | bytearray | memoryview, size: int, where: str,
     return _validated(data, size, where, error).parsed().copy()
 
 
-def _validated(data: bytes | bytearray | memoryview, size: int, where: str,
-               error: type[QuantkitError]) -> _Validated:
+def _validated(data: bytes | bytearray | memoryview, size: int, where: str, error: type[QuantkitError]) -> _Validated:
     n = header_length(data, size, where, error)
-    return _validated_raw(bytes(data[8:8 + n]), n, size, where, error)
+    return _validated_raw(bytes(data[8 : 8 + n]), n, size, where, error)
 
 
 def _validated_raw(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> _Validated:
@@ -324,8 +351,13 @@ def _validate(raw: bytes, n: int, size: int, where: str, error: type[QuantkitErr
 def _validate_full(raw: bytes, n: int, size: int, where: str, error: type[QuantkitError]) -> ParsedHeader:
     """The rules, tensor by tensor, naming what is wrong."""
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=json_object, parse_constant=_constant,
-                            parse_float=_float, parse_int=_int if _NEGATIVE_ZERO.search(raw) else None)
+        header = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=json_object,
+            parse_constant=_constant,
+            parse_float=_float,
+            parse_int=_int if _NEGATIVE_ZERO.search(raw) else None,
+        )
     except UnicodeDecodeError:
         raise error(f"{where}: safetensors header is not valid JSON (not UTF-8); {REFETCH}") from None
     except json.JSONDecodeError as e:
@@ -333,15 +365,18 @@ def _validate_full(raw: bytes, n: int, size: int, where: str, error: type[Quantk
     except (_Refused, ValueError) as e:  # ValueError: an integer beyond Python's digit limit (also beyond float64)
         digits = re.search(r"value has (\d+) digits", str(e))
         reason = f"an integer of {digits.group(1)} digits" if digits else str(e)[:80]
-        raise error(f"{where}: safetensors header is not valid JSON as safetensors reads it ({reason}); "
-                    f"{REFETCH}") from None
+        raise error(
+            f"{where}: safetensors header is not valid JSON as safetensors reads it ({reason}); {REFETCH}"
+        ) from None
     except RecursionError:
         raise error(f"{where}: safetensors header JSON is nested too deeply to read; {REFETCH}") from None
     if not isinstance(header, dict):
         raise error(f"{where}: safetensors header is a JSON {_kind(header)}, not an object; {REFETCH}")
     if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(header):
-        raise error(f"{where}: safetensors header holds an unpaired UTF-16 surrogate escape, which safetensors' JSON "
-                    f"parser refuses; {REFETCH}")
+        raise error(
+            f"{where}: safetensors header holds an unpaired UTF-16 surrogate escape, which safetensors' JSON "
+            f"parser refuses; {REFETCH}"
+        )
     shadowed = getattr(header, "shadowed", ())
     if any(key == METADATA_KEY for key, _ in shadowed):
         raise error(f"{where}: safetensors header gives {METADATA_KEY} twice; {REFETCH}")
@@ -369,32 +404,44 @@ def _validate_full(raw: bytes, n: int, size: int, where: str, error: type[Quantk
         if bits > _USIZE_MAX:
             raise error(f"{where}: tensor {name!r} shape {_short(shape)} overflows 64 bits; {REFETCH}")
         if bits % 8:
-            raise error(f"{where}: tensor {name!r} is {dtype} {_short(shape)}: {bits} bits, not a whole number of "
-                        f"bytes; {REFETCH}")
+            raise error(
+                f"{where}: tensor {name!r} is {dtype} {_short(shape)}: {bits} bits, not a whole number of "
+                f"bytes; {REFETCH}"
+            )
         if end < begin:
             raise error(f"{where}: tensor {name!r} ends (byte {end}) before it begins (byte {begin}); {REFETCH}")
         if end > data_len:
-            raise error(f"{where}: tensor {name!r} bytes {begin}..{end} lie outside the file's {data_len} data "
-                        f"bytes; {REFETCH}")
+            raise error(
+                f"{where}: tensor {name!r} bytes {begin}..{end} lie outside the file's {data_len} data bytes; {REFETCH}"
+            )
         if bits // 8 != end - begin:
-            raise error(f"{where}: tensor {name!r} is {dtype} {_short(shape)} ({bits // 8} bytes) but spans "
-                        f"{end - begin} bytes; {REFETCH}")
+            raise error(
+                f"{where}: tensor {name!r} is {dtype} {_short(shape)} ({bits // 8} bytes) but spans "
+                f"{end - begin} bytes; {REFETCH}"
+            )
         listed.append(HeaderEntry(name, dtype, shape, begin, end))
     entries = sorted(listed, key=_FILE_ORDER)  # as Metadata's deserializer sorts them before validate()
     pos, previous = 0, None
     for t in entries:
         if t.begin > pos:
-            before = f"between tensors {previous!r} and {t.name!r}" if previous is not None else \
-                f"before tensor {t.name!r}"
-            raise error(f"{where}: data bytes {pos}..{t.begin} {before} belong to no tensor (safetensors refuses "
-                        f"holes); {REFETCH}")
+            before = (
+                f"between tensors {previous!r} and {t.name!r}" if previous is not None else f"before tensor {t.name!r}"
+            )
+            raise error(
+                f"{where}: data bytes {pos}..{t.begin} {before} belong to no tensor (safetensors refuses "
+                f"holes); {REFETCH}"
+            )
         if t.begin < pos:
-            raise error(f"{where}: tensors {previous!r} and {t.name!r} share data bytes {t.begin}..{min(pos, t.end)} "
-                        f"(safetensors refuses overlapping tensors); {REFETCH}")
+            raise error(
+                f"{where}: tensors {previous!r} and {t.name!r} share data bytes {t.begin}..{min(pos, t.end)} "
+                f"(safetensors refuses overlapping tensors); {REFETCH}"
+            )
         pos, previous = t.end, t.name
     if pos != data_len:
-        raise error(f"{where}: the tensors end at data byte {pos} but the file holds {data_len}: {data_len - pos} "
-                    f"trailing bytes belong to no tensor (safetensors refuses them); {REFETCH}")
+        raise error(
+            f"{where}: the tensors end at data byte {pos} but the file holds {data_len}: {data_len - pos} "
+            f"trailing bytes belong to no tensor (safetensors refuses them); {REFETCH}"
+        )
     return ParsedHeader(n, entries, listed, header.get(METADATA_KEY), metadata_at)
 
 
@@ -466,7 +513,7 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
     if METADATA_KEY in header:
         metadata = header.pop(METADATA_KEY)
         metadata_at = names.index(METADATA_KEY)
-        names = names[:metadata_at] + names[metadata_at + 1:]
+        names = names[:metadata_at] + names[metadata_at + 1 :]
         if metadata is not None and (type(metadata) is not dict or set(map(type, metadata.values())) - {str}):
             return None
         strings = 1 + 2 * len(metadata or ())
@@ -481,13 +528,18 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
         # TypeError: a list or object as a dimension (unhashable), or a dtype that is no string
         kind = tuple(map(kinds.__getitem__, zip(map(_DTYPE_OF, values), map(tuple, lists))))
         begins, ends = tuple(map(_FIRST, offsets)), tuple(map(_SECOND, offsets))  # each offsets of length >= 2
-        if sum(map(len, offsets)) != 2 * len(offsets) or list(map(sub, ends, begins)) != \
-                list(map(kinds.nbytes.__getitem__, kind)):  # each tensor spans exactly its bytes (>= 1)
+        if sum(map(len, offsets)) != 2 * len(offsets) or list(map(sub, ends, begins)) != list(
+            map(kinds.nbytes.__getitem__, kind)
+        ):  # each tensor spans exactly its bytes (>= 1)
             return None
     except (KeyError, IndexError, TypeError, _NotPlain):  # KeyError: a field missing, or a dtype safetensors lacks
         return None
-    if kinds.scalar and set(map(type, lists)) - {list} or \
-            kinds.ones and set(map(type, chain.from_iterable(lists))) - {int}:
+    if (
+        kinds.scalar
+        and set(map(type, lists)) - {list}
+        or kinds.ones
+        and set(map(type, chain.from_iterable(lists))) - {int}
+    ):
         return None
     in_file_order = begins[0] == 0 and begins[1:] == ends[:-1]  # what safetensors writes
     if in_file_order:
@@ -512,8 +564,10 @@ def _validate_plain(raw: bytes, data_len: int, n: int) -> HeaderColumns | None:
 # whitespace) and, in a header without a backslash, no escape. A tensor's match has three groups: its name, its kind
 # (`BF16","shape":[7168,2048`) and its offsets (`0,29360128`), the last compared with the canonical decimals of the
 # tiling, which also refuses the leading zeros JSON refuses.
-_COMPACT_TENSOR = re.compile(r'"([^"]*)":\{"dtype":"([A-Z0-9_]+","shape":\[[0-9,]*)\],"data_offsets":\['
-                             r'([0-9]+,[0-9]+)\]\}(?:,|\}\Z)')
+_COMPACT_TENSOR = re.compile(
+    r'"([^"]*)":\{"dtype":"([A-Z0-9_]+","shape":\[[0-9,]*)\],"data_offsets":\['
+    r"([0-9]+,[0-9]+)\]\}(?:,|\}\Z)"
+)
 _COMPACT_FIXED = len('"":{"dtype":"],"data_offsets":[]}') + 1  # the characters of a match besides its groups
 _COMPACT_METADATA = re.compile(r'\{"__metadata__":(null|\{(?:"[^"]*":"[^"]*"(?:,"[^"]*":"[^"]*")*)?\}),')
 # dimensions >= 1 of at most 20 digits (u64's; longer ones are past its range, and past int()'s 4,300-digit limit)
@@ -586,8 +640,12 @@ def _validate_compact(raw: bytes, data_len: int, n: int) -> HeaderColumns | None
     if not found:
         return None
     names, kind_texts, offsets = zip(*found)
-    if sum(map(len, names)) + sum(map(len, kind_texts)) + sum(map(len, offsets)) + _COMPACT_FIXED * len(found) != \
-            len(text) - start or text[-1] != "}" or METADATA_KEY in names:
+    if (
+        sum(map(len, names)) + sum(map(len, kind_texts)) + sum(map(len, offsets)) + _COMPACT_FIXED * len(found)
+        != len(text) - start
+        or text[-1] != "}"
+        or METADATA_KEY in names
+    ):
         return None  # something between or after the matches, or the last one ends in a comma
     kinds = _KindTexts()
     try:
@@ -677,17 +735,21 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
-def serialize_safetensors(tensors: dict[str, torch.Tensor], path: Path, expected: dict[str, bytes] | None = None,
-                          *, error: type[Exception] = CheckpointError,
-                          mismatch: type[Exception] = CheckpointError) -> tuple[int, str]:
+def serialize_safetensors(
+    tensors: dict[str, torch.Tensor],
+    path: Path,
+    expected: dict[str, bytes] | None = None,
+    *,
+    error: type[Exception] = CheckpointError,
+    mismatch: type[Exception] = CheckpointError,
+) -> tuple[int, str]:
     """Write `tensors` to `path` byte-identically to `safetensors.torch.save_file(tensors, path)` (no metadata),
     streaming from each tensor's memory. Returns (bytes written, sha256 of them). `expected` maps tensor names to
     the sha256 digest their bytes must have (checked on the bytes as written; `mismatch` if not). `error`: a tensor
     whose dtype has no safetensors name."""
     order = sorted(tensors, key=lambda k: (ST_ORDER.index(st_dtype(tensors[k], error)), k))
     views = {k: tensor_bytes(tensors[k].contiguous()) for k in order}
-    head, _ = header_bytes([(k, st_dtype(tensors[k], error), tuple(tensors[k].shape), views[k].nbytes)
-                            for k in order])
+    head, _ = header_bytes([(k, st_dtype(tensors[k], error), tuple(tensors[k].shape), views[k].nbytes) for k in order])
     digest = hashlib.sha256(head)
     written = len(head)
     with open(path, "wb") as f:
@@ -695,8 +757,10 @@ def serialize_safetensors(tensors: dict[str, torch.Tensor], path: Path, expected
         for k in order:
             mv = views[k]
             if expected is not None and k in expected and hashlib.sha256(mv).digest() != expected[k]:
-                raise mismatch(f"{path.name}: kept tensor {k} would be written with bytes that differ "
-                               "from the source (internal error)")
+                raise mismatch(
+                    f"{path.name}: kept tensor {k} would be written with bytes that differ "
+                    "from the source (internal error)"
+                )
             f.write(mv)
             digest.update(mv)
             written += mv.nbytes
@@ -713,8 +777,13 @@ def _plain_entry(value: Any) -> tuple[str, tuple[int, ...], int, int] | None:
     if type(value) is not JsonObject or len(value) != 3 or value.shadowed:
         return None
     dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
-    if type(dtype) is not str or dtype not in DTYPE_BITS or type(shape) is not list or type(offsets) is not list \
-            or len(offsets) != 2:
+    if (
+        type(dtype) is not str
+        or dtype not in DTYPE_BITS
+        or type(shape) is not list
+        or type(offsets) is not list
+        or len(offsets) != 2
+    ):
         return None
     for v in (*shape, *offsets):
         if type(v) is not int or not 0 <= v <= _USIZE_MAX:
@@ -722,8 +791,9 @@ def _plain_entry(value: Any) -> tuple[str, tuple[int, ...], int, int] | None:
     return dtype, tuple(shape), offsets[0], offsets[1]
 
 
-def _entry_fields(name: str, value: Any, where: str,
-                  error: type[QuantkitError]) -> tuple[str, tuple[int, ...], int, int]:
+def _entry_fields(
+    name: str, value: Any, where: str, error: type[QuantkitError]
+) -> tuple[str, tuple[int, ...], int, int]:
     """(dtype, shape, begin, end) of one tensor entry, typed as safetensors' `TensorInfo` deserializer types it."""
     malformed = f"{where}: tensor {name!r} header entry is malformed (needs dtype, shape, data_offsets)"
     if isinstance(value, list):  # serde fills a struct from a sequence of its fields in order
@@ -740,8 +810,14 @@ def _entry_fields(name: str, value: Any, where: str,
     else:
         raise error(f"{malformed}; {REFETCH}")
     dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
-    if not (isinstance(dtype, str) and isinstance(shape, list) and all(_usize(d) for d in shape)
-            and isinstance(offsets, list) and len(offsets) == 2 and all(_usize(o) for o in offsets)):
+    if not (
+        isinstance(dtype, str)
+        and isinstance(shape, list)
+        and all(_usize(d) for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(_usize(o) for o in offsets)
+    ):
         raise error(f"{malformed}; {REFETCH}")
     if dtype not in DTYPE_BITS:
         raise error(f"{where}: tensor {name!r} has dtype {dtype[:20]!r}, which safetensors does not define; {REFETCH}")
@@ -755,8 +831,9 @@ def _usize(v: Any) -> bool:
 def _check_metadata(metadata: Any, where: str, error: type[QuantkitError]) -> None:
     if metadata is None:
         return
-    values = [*metadata.values(), *(v for _, v in getattr(metadata, "shadowed", ()))] \
-        if isinstance(metadata, dict) else None
+    values = (
+        [*metadata.values(), *(v for _, v in getattr(metadata, "shadowed", ()))] if isinstance(metadata, dict) else None
+    )
     if values is None or not all(isinstance(v, str) for v in values):
         raise error(f"{where}: safetensors header's {METADATA_KEY} must map strings to strings; {REFETCH}")
 
@@ -797,7 +874,8 @@ def _has_lone_surrogate(header: Any) -> bool:
 
 def _kind(value: Any) -> str:
     return {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def _short(shape: tuple[int, ...]) -> str:

@@ -22,9 +22,14 @@ from quantkit.errors import QuantkitError
 M = TypeVar("M", bound=BaseModel)
 
 # pydantic's type words, as the JSON / YAML a user wrote them in calls them
-_PLAIN = ((r"a valid dictionary or instance of \w+|a valid dictionary", "an object"), (r"a valid list", "a list"),
-          (r"a valid integer", "an integer"), (r"a valid string", "a string"), (r"a valid number", "a number"),
-          (r"a valid boolean", "true or false"))
+_PLAIN = (
+    (r"a valid dictionary or instance of \w+|a valid dictionary", "an object"),
+    (r"a valid list", "a list"),
+    (r"a valid integer", "an integer"),
+    (r"a valid string", "a string"),
+    (r"a valid number", "a number"),
+    (r"a valid boolean", "true or false"),
+)
 
 MAX_SHOWN = 60  # characters of a found value in a message: hostile values (10 MB strings) are never echoed
 
@@ -72,9 +77,13 @@ def _dotted_path(loc: Sequence[int | str]) -> str:
 def shown(value: Any, python_types: bool = False) -> str:
     """`<type> <repr>`, the repr cut to MAX_SHOWN characters; the type as JSON / YAML names it ("string"), or with
     `python_types` as Python does ("str")."""
-    kind = type(value).__name__ if python_types else \
-        {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value),
-                                                                                              type(value).__name__)
+    kind = (
+        type(value).__name__
+        if python_types
+        else {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(value), type(value).__name__
+        )
+    )
     try:
         text = repr(value)
     except ValueError:  # an int too long to print in decimal

@@ -22,7 +22,8 @@ class StrictLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(
-                None, None, "YAML aliases (*name) are not supported; write the value out", event.start_mark)
+                None, None, "YAML aliases (*name) are not supported; write the value out", event.start_mark
+            )
         return super().compose_node(parent, index)
 
     def construct_object(self, node: Any, deep: bool = False) -> Any:
@@ -30,15 +31,20 @@ class StrictLoader(yaml.SafeLoader):
         # 1..12"), `!!float abc`, and a 5,000-digit integer (Python's int-digit limit, "Exceeds the limit (4300
         # digits)"). Long integers are refused in every base: hexadecimal has no limit in int(), but printing the
         # value in decimal later would hit it.
-        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int" \
-                and len(node.value) > MAX_INT_DIGITS:
+        if (
+            isinstance(node, yaml.ScalarNode)
+            and node.tag == "tag:yaml.org,2002:int"
+            and len(node.value) > MAX_INT_DIGITS
+        ):
             raise yaml.constructor.ConstructorError(
-                None, None, f"an integer of {len(node.value)} digits (at most {MAX_INT_DIGITS})", node.start_mark)
+                None, None, f"an integer of {len(node.value)} digits (at most {MAX_INT_DIGITS})", node.start_mark
+            )
         try:
             return super().construct_object(node, deep=deep)
         except (ValueError, OverflowError) as e:
             raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read this value ({' '.join(str(e).split())[:80]})", node.start_mark) from None
+                None, None, f"cannot read this value ({' '.join(str(e).split())[:80]})", node.start_mark
+            ) from None
 
 
 def _construct_unique_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:

@@ -28,7 +28,6 @@ def vllm_shard_names(name: str, fused_mapping: Mapping[str, Sequence[str]]) -> t
     return tuple(name.replace(proj, shard) for shard in fused_mapping[proj])
 
 
-
 # --- slots and shared layouts ------------------------------------------------------------------------------
 
 
@@ -41,8 +40,6 @@ class Slot:
     role: str
     ckpt: tuple[str, ...]
     quantizable: bool = True
-
-
 
 
 QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
@@ -60,7 +57,6 @@ DENSE_MLP_SLOTS = (
 # A module holding a `weight` whose name looks like a matmul; such a module that no layout slot consumes means the
 # checkpoint is not in the layout vLLM loads (e.g. a draft saved as `model.fc.weight`, which vLLM would not find).
 LINEAR_LIKE = re.compile(r"(^|\.)(\w*_proj\w*|w[123]|fc|gate|lm_head|head)$")
-
 
 
 class ModuleParams(Mapping[str, frozenset[str]]):
@@ -205,7 +201,7 @@ class CheckpointModules:
         """The checkpoint positions of `module`'s tensors, in checkpoint order ([]: not a module here)."""
         by_name, key = self._sorted(), self.tensor_modules.__getitem__
         lo = bisect_left(by_name, module, key=key)
-        return by_name[lo:bisect_right(by_name, module, lo, key=key)]
+        return by_name[lo : bisect_right(by_name, module, lo, key=key)]
 
     def weight_run(self, modules: Sequence[str]) -> range | None:
         """The checkpoint positions of the `.weight` tensors of `modules` where they are one run of positions with no
@@ -261,7 +257,7 @@ class CheckpointModules:
             under = list(dict.fromkeys(map(self.tensor_modules.__getitem__, sorted(self._sorted()[lo:hi]))))
             found = []
             for module in under:
-                head = module[len(container) + 1:].partition(".")[0]
+                head = module[len(container) + 1 :].partition(".")[0]
                 if is_index(head):
                     found.append((int(head), module))
             self._numbered[container] = found
@@ -310,8 +306,12 @@ class CheckpointModules:
                 start = positions[0] if positions[-1] - positions[0] == hi - lo - 1 else -1  # consecutive or not
             # the hi - lo tensors under `container` from `start` on, one per module found and none of them another
             # param than `weight`: the found modules' weights, and nothing else
-            if found and start >= 0 and len(found) == hi - lo and \
-                    bisect_left(self._other_positions, start) == bisect_left(self._other_positions, start + hi - lo):
+            if (
+                found
+                and start >= 0
+                and len(found) == hi - lo
+                and bisect_left(self._other_positions, start) == bisect_left(self._other_positions, start + hi - lo)
+            ):
                 self._weight_runs[found[0]] = (found, start, start + hi - lo)
         return (container, *found) if self.has(container) else found
 
@@ -333,7 +333,7 @@ class CheckpointModules:
             i = bisect_left(by_name, first, key=modules.__getitem__)
             if i == len(by_name) or modules[by_name[i]] != first:
                 continue
-            run = modules[by_name[i]:by_name[i] + count]
+            run = modules[by_name[i] : by_name[i] + count]
             if "\n".join(run) == prefix + ("\n" + prefix).join(layout.suffixes):
                 return layout.pick(run), by_name[i]
         return None
@@ -344,8 +344,12 @@ class CheckpointModules:
     def numbered_from(self, prefix: str, start: int) -> list[str]:
         """The modules `prefix.<number>[.*]` with number >= start (one entry per tensor)."""
         modules, by_name = self.tensor_modules, self._sorted()
-        return [modules[by_name[i]] for number, lo, hi in self._number_ranges(prefix) if number >= start
-                for i in range(lo, hi)]
+        return [
+            modules[by_name[i]]
+            for number, lo, hi in self._number_ranges(prefix)
+            if number >= start
+            for i in range(lo, hi)
+        ]
 
 
 def is_index(part: str) -> bool:
@@ -453,7 +457,6 @@ def reject_leftovers(ckpt: CheckpointModules, source: str) -> None:
                 f"checkpoint module {module} is not a module {source} loads, so vLLM would not load it; "
                 f"re-export the checkpoint with the layout that model file expects"
             )
-
 
 
 # --- MTP layers numbered after the decoder layers (DeepSeek-V3, GLM-4.5) ---------------------------------------

@@ -48,11 +48,20 @@ def kept_parts(family: Family) -> list[KeptPart]:
                              reason="routing picks the experts: every MoE recipe keeps it BF16, excluded by name where "
                                     "vLLM would give it a Quark method"))  # fmt: skip
     if family.mtp_layer_keys or family.mtp_prefix or family.mtp_exclude is not None:
-        kept.append(KeptPart(part="MTP layers", reason="vLLM's target never loads them; its MTP draft model reads "
-                                                       "them with the target's quant config, so they stay BF16"))
+        kept.append(
+            KeptPart(
+                part="MTP layers",
+                reason="vLLM's target never loads them; its MTP draft model reads "
+                "them with the target's quant config, so they stay BF16",
+            )
+        )
     if family.wrapper is not None:
-        kept.append(KeptPart(part=", ".join(p.rstrip(".") for p in family.wrapper.encoder_prefixes) or "encoders",
-                             reason="the vision encoder and projector: quantkit quantizes the text model only"))
+        kept.append(
+            KeptPart(
+                part=", ".join(p.rstrip(".") for p in family.wrapper.encoder_prefixes) or "encoders",
+                reason="the vision encoder and projector: quantkit quantizes the text model only",
+            )
+        )
     return kept
 
 

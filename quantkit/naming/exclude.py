@@ -46,7 +46,6 @@ class PartialFusedExclusionError(ExcludeListError):
         super().__init__(partial.message())
 
 
-
 # --- replay of vLLM's exclude matching ---------------------------------------------------------------------------
 
 
@@ -260,7 +259,7 @@ def _digit_blind(pattern: str) -> bool:
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
-            escaped = pattern[i + 1:i + 2]
+            escaped = pattern[i + 1 : i + 2]
             if not escaped or escaped not in _PLAIN_ESCAPES + "DwWsS":
                 return False
             i += 2
@@ -324,7 +323,7 @@ def _plain_regex(pattern: str) -> bool:
         if quantifier and not quantifiable:
             return False
         if c == "\\":
-            escaped = pattern[i + 1:i + 2]
+            escaped = pattern[i + 1 : i + 2]
             if not escaped or escaped not in _PLAIN_ESCAPES:
                 return False
             i += 1

@@ -45,10 +45,12 @@ REQUIRED_KEYS = ("quant_method", "export", "global_quant_config", "layer_quant_c
 # --- scheme classification -------------------------------------------------------------------------------------
 
 
-def _scheme(precision: str, family: str, weight_qscheme: str | None = None, activations: str = "",
-            **kw: Any) -> ResolvedScheme:
-    return ResolvedScheme(precision=precision, family=family, weight_qscheme=weight_qscheme, activations=activations,
-                          **kw)
+def _scheme(
+    precision: str, family: str, weight_qscheme: str | None = None, activations: str = "", **kw: Any
+) -> ResolvedScheme:
+    return ResolvedScheme(
+        precision=precision, family=family, weight_qscheme=weight_qscheme, activations=activations, **kw
+    )
 
 
 class _QuantSpec(BaseModel):
@@ -108,20 +110,32 @@ def _act_label(a: Mapping[str, Any] | None) -> str:
 def classify_scheme(cfg: Any, moe: bool = False) -> ResolvedScheme:
     """Replay quark.py `_get_scheme_cls_from_config` (linears) / quark_moe.py `get_moe_method_target` (experts)."""
     if not isinstance(cfg, dict):
-        return _scheme("load fails", "other", problem="no quantization config applies to this layer "
-                                                      "(global_quant_config is missing or null)")
+        return _scheme(
+            "load fails",
+            "other",
+            problem="no quantization config applies to this layer (global_quant_config is missing or null)",
+        )
     problem = _spec_problem(cfg)
     if problem:
         return _scheme("load fails", "other", problem=problem)
     if cfg.get("output_tensors") or cfg.get("bias"):
-        return _scheme("load fails", "other", problem="quantized output_tensors or bias, which vLLM's Quark loader "
-                                                     "does not support (NotImplementedError)")
+        return _scheme(
+            "load fails",
+            "other",
+            problem="quantized output_tensors or bias, which vLLM's Quark loader "
+            "does not support (NotImplementedError)",
+        )
     w_raw, a_raw = cfg.get("weight"), cfg.get("input_tensors")
     if (isinstance(w_raw, list) and len(w_raw) > 1) or (isinstance(a_raw, list) and len(a_raw) > 1):
         if _is_nvfp4(w_raw, a_raw):
             return _scheme("other (NVFP4)", "nvfp4", "per_group", "fp4 dynamic group 16")
-        if moe and isinstance(w_raw, list) and len(w_raw) == 2 and w_raw[0].get("dtype") == "fp8_e4m3" \
-                and w_raw[1].get("dtype") == "int4":
+        if (
+            moe
+            and isinstance(w_raw, list)
+            and len(w_raw) == 2
+            and w_raw[0].get("dtype") == "fp8_e4m3"
+            and w_raw[1].get("dtype") == "int4"
+        ):
             return _scheme("other (W4A8 FP8xINT4)", "other", "per_channel", "fp8")
         return _scheme("load fails", "other", problem="multi-entry weight/input configs are only supported for NVFP4")
     w, a = _unwrap(w_raw), _unwrap(a_raw)
@@ -130,13 +144,24 @@ def classify_scheme(cfg: Any, moe: bool = False) -> ResolvedScheme:
     if isinstance(w, dict) and w.get("qscheme") == "per_block" and not w.get("block_size"):
         return _scheme("load fails", "other", problem="FP8 per-block weights need `block_size` in the config")
     # _is_fp8_w8a8
-    if isinstance(w, dict) and isinstance(a, dict) and w.get("dtype") == "fp8_e4m3" and a.get("dtype") == "fp8_e4m3" \
-            and not w.get("is_dynamic"):
+    if (
+        isinstance(w, dict)
+        and isinstance(a, dict)
+        and w.get("dtype") == "fp8_e4m3"
+        and a.get("dtype") == "fp8_e4m3"
+        and not w.get("is_dynamic")
+    ):
         qs = w.get("qscheme")
         if qs == "per_block":
             block = tuple(w.get("block_size") or ())
-            if block == (128, 128) and w.get("symmetric") is True and a.get("is_dynamic") \
-                    and a.get("qscheme") == "per_group" and a.get("group_size") == 128 and a.get("symmetric") is True:
+            if (
+                block == (128, 128)
+                and w.get("symmetric") is True
+                and a.get("is_dynamic")
+                and a.get("qscheme") == "per_group"
+                and a.get("group_size") == 128
+                and a.get("symmetric") is True
+            ):
                 return _scheme("FP8 per-block 128x128", "fp8", "per_block", _act_label(a), block_size=block)
         elif qs in ("per_channel", "per_tensor"):
             if a.get("is_dynamic") or a.get("qscheme") == "per_tensor":
@@ -145,8 +170,14 @@ def classify_scheme(cfg: Any, moe: bool = False) -> ResolvedScheme:
                 label = "FP8 per-channel (ptpc)" if ptpc else f"FP8 {qs.replace('_', '-')}"
                 return _scheme(label, "fp8", qs, _act_label(a), static_input=static)
     # _is_w8a8_int8
-    if isinstance(w, dict) and isinstance(a, dict) and w.get("dtype") == "int8" and a.get("dtype") == "int8" \
-            and w.get("qscheme") in ("per_tensor", "per_channel") and w.get("symmetric") is True:
+    if (
+        isinstance(w, dict)
+        and isinstance(a, dict)
+        and w.get("dtype") == "int8"
+        and a.get("dtype") == "int8"
+        and w.get("qscheme") in ("per_tensor", "per_channel")
+        and w.get("symmetric") is True
+    ):
         static_in = a.get("qscheme") == "per_tensor" and not a.get("is_dynamic")
         if (static_in and not w.get("is_dynamic")) or (a.get("qscheme") == "per_channel" and a.get("is_dynamic")):
             return _scheme("other (INT8 W8A8)", "int8", w.get("qscheme"), _act_label(a), static_input=static_in)
@@ -154,25 +185,51 @@ def classify_scheme(cfg: Any, moe: bool = False) -> ResolvedScheme:
     if isinstance(w, dict) and a is None and w.get("dtype") in ("int4", "uint4"):
         return _scheme("other (INT4 W4A16)", "int4", w.get("qscheme"), _act_label(None))
     # _is_w4a8_mxfp4_fp8
-    mxfp4_weight = isinstance(w, dict) and w.get("dtype") == "fp4" and w.get("qscheme") == "per_group" \
-        and w.get("group_size") == 32 and w.get("scale_format") == "e8m0" and not w.get("is_dynamic")
-    if mxfp4_weight and isinstance(a, dict) and a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_tensor" \
-            and not a.get("is_dynamic") and a.get("symmetric") is True:
+    mxfp4_weight = (
+        isinstance(w, dict)
+        and w.get("dtype") == "fp4"
+        and w.get("qscheme") == "per_group"
+        and w.get("group_size") == 32
+        and w.get("scale_format") == "e8m0"
+        and not w.get("is_dynamic")
+    )
+    if (
+        mxfp4_weight
+        and isinstance(a, dict)
+        and a.get("dtype") == "fp8_e4m3"
+        and a.get("qscheme") == "per_tensor"
+        and not a.get("is_dynamic")
+        and a.get("symmetric") is True
+    ):
         return _scheme("MXFP4", "mxfp4", "per_group", _act_label(a), static_input=True)
     # _is_w_ocp_mx_a_x (ocp_mx_utils.ocp_mx_weight_dtype_and_rows)
     mx = _ocp_mx_weight_dtype(w)
     if mx is not None:
         if a is not None and not a.get("is_dynamic"):
-            if not (moe and a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_tensor"
-                    and a.get("symmetric") is True):
-                return _scheme("load fails", "other", problem="OCP MX weights with static input scales are only "
-                                                             "supported for MoE experts with FP8 per-tensor inputs")
+            if not (
+                moe and a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_tensor" and a.get("symmetric") is True
+            ):
+                return _scheme(
+                    "load fails",
+                    "other",
+                    problem="OCP MX weights with static input scales are only "
+                    "supported for MoE experts with FP8 per-tensor inputs",
+                )
         label = "MXFP4" if mx == "mxfp4" else f"other ({mx.upper()})"
-        return _scheme(label, "mxfp4" if mx == "mxfp4" else "mx", "per_group", _act_label(a),
-                      static_input=a is not None and not a.get("is_dynamic"))
-    return _scheme("load fails", "other", problem=f"no vLLM Quark scheme takes weight {_brief(w)} with input "
-                                                 f"{_brief(a)} (NotImplementedError at load; e.g. FP8 weight-only "
-                                                 "has no vLLM scheme)")
+        return _scheme(
+            label,
+            "mxfp4" if mx == "mxfp4" else "mx",
+            "per_group",
+            _act_label(a),
+            static_input=a is not None and not a.get("is_dynamic"),
+        )
+    return _scheme(
+        "load fails",
+        "other",
+        problem=f"no vLLM Quark scheme takes weight {_brief(w)} with input "
+        f"{_brief(a)} (NotImplementedError at load; e.g. FP8 weight-only "
+        "has no vLLM scheme)",
+    )
 
 
 def _brief(q: Any) -> str:
@@ -185,8 +242,13 @@ def _brief(q: Any) -> str:
 def _is_nvfp4(w: Any, a: Any) -> bool:
     if not (isinstance(w, list) and len(w) == 2 and isinstance(a, list) and len(a) == 2):
         return False
-    return (w[0].get("dtype") == "fp4" and w[0].get("group_size") == 16 and a[0].get("dtype") == "fp4"
-            and w[1].get("dtype") == "fp8_e4m3" and a[1].get("dtype") == "fp8_e4m3")
+    return (
+        w[0].get("dtype") == "fp4"
+        and w[0].get("group_size") == 16
+        and a[0].get("dtype") == "fp4"
+        and w[1].get("dtype") == "fp8_e4m3"
+        and a[1].get("dtype") == "fp8_e4m3"
+    )
 
 
 def _ocp_mx_weight_dtype(w: Any) -> str | None:
@@ -199,11 +261,15 @@ def _ocp_mx_weight_dtype(w: Any) -> str | None:
         return mx if w.get("group_size") == 32 and w.get("scale_format") == "e8m0" else None
     if w.get("qscheme") == "per_block" and mx == "mxfp8_e4m3":
         block = list(w.get("block_size") or [])
-        ok = len(block) == 2 and block[1] == 32 and w.get("scale_type") == "float8_e8m0fnu" \
-            and w.get("symmetric") is True and not w.get("is_dynamic")
+        ok = (
+            len(block) == 2
+            and block[1] == 32
+            and w.get("scale_type") == "float8_e8m0fnu"
+            and w.get("symmetric") is True
+            and not w.get("is_dynamic")
+        )
         return mx if ok else None
     return None
-
 
 
 # --- per-layer resolution --------------------------------------------------------------------------------------
@@ -229,20 +295,25 @@ def _lqc_lookup(name: str, lqc: Mapping[str, Any], renames: Sequence[tuple[str, 
     return None
 
 
-
 def _rule_text(rule: str, entries: Sequence[str], shards: Sequence[str]) -> str:
     quoted = ", ".join(repr(e) for e in entries)
     if rule == "moe_child":
-        return f"excluded by exclude entry {quoted}: it names this MoE layer or an expert in it (MoE layers are " \
-               "all-or-nothing: should_ignore_layer check_children)"
+        return (
+            f"excluded by exclude entry {quoted}: it names this MoE layer or an expert in it (MoE layers are "
+            "all-or-nothing: should_ignore_layer check_children)"
+        )
     if rule == "all_shards":
         return f"excluded by exclude {quoted}: every shard ({', '.join(s.rsplit('.', 1)[-1] for s in shards)}) matched"
     how = "`re:` match" if all(e.startswith("re:") for e in entries) else "exact runtime name"
     return f"excluded by exclude entry {quoted} ({how})"
 
 
-def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, layers: Sequence[Any],
-                   modules: Mapping[str, list[tuple[str, TensorInfo]]]) -> tuple[list[LayerPrecision], list[str]]:
+def resolve_layers(
+    config: Mapping[str, Any],
+    qc: Mapping[str, Any] | None,
+    layers: Sequence[Any],
+    modules: Mapping[str, list[tuple[str, TensorInfo]]],
+) -> tuple[list[LayerPrecision], list[str]]:
     """Replay vLLM's Quark loader for every runtime layer. Never raises on config problems: layers vLLM would fail
     on get a `problem`, config-wide problems are returned as messages."""
     from quantkit.naming.exclude import (
@@ -278,39 +349,77 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
         )  # fmt: skip
         unq: dict[str, Any] = dict(precision=model_dtype, quantized=False)
         if qc is not None and qc.get("quant_method") != "quark":
-            out.append(LayerPrecision(**base, precision="unknown", quantized=False, source="not_quark",
-                                      reason=f"quant_method {qc.get('quant_method')!r}: quantkit replays vLLM's "
-                                             "Quark loader only"))
+            out.append(
+                LayerPrecision(
+                    **base,
+                    precision="unknown",
+                    quantized=False,
+                    source="not_quark",
+                    reason=f"quant_method {qc.get('quant_method')!r}: quantkit replays vLLM's Quark loader only",
+                )
+            )
             continue
         if qc is None:
-            out.append(LayerPrecision(**base, **unq, source="no_quantization_config",
-                                      reason="config.json has no quantization_config"))
+            out.append(
+                LayerPrecision(
+                    **base, **unq, source="no_quantization_config", reason="config.json has no quantization_config"
+                )
+            )
             continue
         try:
             match = match_reason(layer, exclude)
         except ExcludeListError as e:  # an invalid `re:` entry: vLLM crashes building the model
-            out.append(LayerPrecision(**base, precision="load fails", quantized=False, source="invalid_exclude",
-                                      reason=str(e), problem=str(e)))
+            out.append(
+                LayerPrecision(
+                    **base,
+                    precision="load fails",
+                    quantized=False,
+                    source="invalid_exclude",
+                    reason=str(e),
+                    problem=str(e),
+                )
+            )
             continue
         if not layer.quantizable:
             excluded_by = match if not isinstance(match, PartialFusedExclusion) and match.excluded else None
             also = f"; also excluded by {', '.join(repr(e) for e in excluded_by.entries)}" if excluded_by else ""
-            out.append(LayerPrecision(**base, **unq, source="never_quantized",
-                                      entry=", ".join(excluded_by.entries) if excluded_by else None,
-                                      exclude_rule=excluded_by.rule if excluded_by else None,
-                                      reason=f"vLLM never quantizes this {layer.kind.replace('_', ' ')} "
-                                             f"(no Quark method; {layer.source}){also}"))
+            out.append(
+                LayerPrecision(
+                    **base,
+                    **unq,
+                    source="never_quantized",
+                    entry=", ".join(excluded_by.entries) if excluded_by else None,
+                    exclude_rule=excluded_by.rule if excluded_by else None,
+                    reason=f"vLLM never quantizes this {layer.kind.replace('_', ' ')} "
+                    f"(no Quark method; {layer.source}){also}",
+                )
+            )
             continue
         if isinstance(match, PartialFusedExclusion):
             msg = match.message()
-            out.append(LayerPrecision(**base, precision="load fails", quantized=False, source="partial_fused_exclusion",
-                                      reason=msg, problem=msg,
-                                      entry=", ".join(dict.fromkeys(e for _, es in match.shard_entries for e in es))))
+            out.append(
+                LayerPrecision(
+                    **base,
+                    precision="load fails",
+                    quantized=False,
+                    source="partial_fused_exclusion",
+                    reason=msg,
+                    problem=msg,
+                    entry=", ".join(dict.fromkeys(e for _, es in match.shard_entries for e in es)),
+                )
+            )
             continue
         if match.excluded:
-            out.append(LayerPrecision(**base, **unq, source="exclude", entry=", ".join(match.entries),
-                                      exclude_rule=match.rule,
-                                      reason=_rule_text(match.rule, match.entries, layer.shards)))
+            out.append(
+                LayerPrecision(
+                    **base,
+                    **unq,
+                    source="exclude",
+                    entry=", ".join(match.entries),
+                    exclude_rule=match.rule,
+                    reason=_rule_text(match.rule, match.entries, layer.shards),
+                )
+            )
             continue
         # _find_matched_config: layer_quant_config, then layer_type_quant_config (by module class: never a string
         # key), then global_quant_config.
@@ -321,10 +430,20 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
             configs = [f[1] if f else fallback for f in found]
             if any(c != configs[0] for c in configs):
                 keys = [f"{n.rsplit('.', 1)[-1]}: {f[0] if f else 'global_quant_config'}" for n, f in zip(names, found)]
-                msg = (f"shards of fused layer {layer.name} get different configs ({'; '.join(keys)}), which vLLM "
-                       "refuses (ValueError in _find_matched_config); give every shard the same layer_quant_config")
-                out.append(LayerPrecision(**base, precision="load fails", quantized=True,
-                                          source="fused_config_mismatch", reason=msg, problem=msg))
+                msg = (
+                    f"shards of fused layer {layer.name} get different configs ({'; '.join(keys)}), which vLLM "
+                    "refuses (ValueError in _find_matched_config); give every shard the same layer_quant_config"
+                )
+                out.append(
+                    LayerPrecision(
+                        **base,
+                        precision="load fails",
+                        quantized=True,
+                        source="fused_config_mismatch",
+                        reason=msg,
+                        problem=msg,
+                    )
+                )
                 continue
         hit = next((f for f in found if f), None)
         if hit is not None:
@@ -336,12 +455,31 @@ def resolve_layers(config: Mapping[str, Any], qc: Mapping[str, Any] | None, laye
             reason = "global_quant_config (no exclude entry or layer_quant_config key matches)"
         scheme = classify_scheme(cfg, moe=layer.kind == "moe")
         if scheme.problem:
-            out.append(LayerPrecision(**base, precision="load fails", quantized=True, source="unsupported_scheme",
-                                      reason=f"{reason}: {scheme.problem}", entry=entry, problem=scheme.problem,
-                                      scheme=scheme))
+            out.append(
+                LayerPrecision(
+                    **base,
+                    precision="load fails",
+                    quantized=True,
+                    source="unsupported_scheme",
+                    reason=f"{reason}: {scheme.problem}",
+                    entry=entry,
+                    problem=scheme.problem,
+                    scheme=scheme,
+                )
+            )
             continue
-        out.append(LayerPrecision(**base, precision=scheme.precision, quantized=True, source=source, reason=reason,
-                                  entry=entry, activations=scheme.activations, scheme=scheme))
+        out.append(
+            LayerPrecision(
+                **base,
+                precision=scheme.precision,
+                quantized=True,
+                source=source,
+                reason=reason,
+                entry=entry,
+                activations=scheme.activations,
+                scheme=scheme,
+            )
+        )
     if ltqc:
         problems.append(
             f"layer_type_quant_config has keys {sorted(ltqc)[:3]}, which vLLM 0.32 never matches (quark.py "
@@ -392,8 +530,9 @@ def load_checkpoint(folder: str | Path, target_num_layers: int | None = None) ->
     layers = runtime_layers(config, tensors.keys(), (n or UNKNOWN_TARGET_LAYERS) if kind == EAGLE3_DRAFT else None)
     if kind == EAGLE3_DRAFT and n is None:
         layers = [_placeholder(layer) for layer in layers]
-    return LoadedCheckpoint(folder, config, tensors, arch, kind, n, layers, quantization_config_of(config),
-                            family_of(config))
+    return LoadedCheckpoint(
+        folder, config, tensors, arch, kind, n, layers, quantization_config_of(config), family_of(config)
+    )
 
 
 def _placeholder(layer: Any) -> Any:
@@ -402,5 +541,8 @@ def _placeholder(layer: Any) -> Any:
     marker = f"model.layers.{UNKNOWN_TARGET_LAYERS}"
     if marker not in layer.name:
         return layer
-    return replace(layer, name=layer.name.replace(marker, f"model.layers.{PLACEHOLDER}"),
-                   shards=tuple(s.replace(marker, f"model.layers.{PLACEHOLDER}") for s in layer.shards))
+    return replace(
+        layer,
+        name=layer.name.replace(marker, f"model.layers.{PLACEHOLDER}"),
+        shards=tuple(s.replace(marker, f"model.layers.{PLACEHOLDER}") for s in layer.shards),
+    )

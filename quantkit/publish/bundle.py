@@ -71,8 +71,9 @@ class Publication:
         return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def as_report(report: CandidateReport | str | Path | dict[str, Any] | None,
-              folder: str | Path | None = None) -> CandidateReport | None:
+def as_report(
+    report: CandidateReport | str | Path | dict[str, Any] | None, folder: str | Path | None = None
+) -> CandidateReport | None:
     if report is None or isinstance(report, CandidateReport):
         return report
     if isinstance(report, dict):
@@ -84,8 +85,10 @@ def _hub_id_option(value: str | None, option: str) -> str | None:
     if value is None:
         return None
     if not HUB_ID.match(value) or is_local(value):
-        raise PublishError(f"{option} {value}: not a Hub id; pass the model's Hub id ORG/NAME (the card and the "
-                           "published files name models by Hub id, never by local path)")
+        raise PublishError(
+            f"{option} {value}: not a Hub id; pass the model's Hub id ORG/NAME (the card and the "
+            "published files name models by Hub id, never by local path)"
+        )
     return value
 
 
@@ -112,13 +115,23 @@ def _about_target(path: str) -> str:
     except QuantkitError:
         return ""
     source = hub_ref(made.source) or Path(made.source or "").name or "its source"
-    return f"quantized by quantkit recipe `{made.recipe.get('name')}` (Quark scheme `{made.recipe.get('scheme')}`) " \
-           f"from {source}"
+    return (
+        f"quantized by quantkit recipe `{made.recipe.get('name')}` (Quark scheme `{made.recipe.get('scheme')}`) "
+        f"from {source}"
+    )
 
 
-def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str | None, k: int, platform: str,
-            tp: int, k_schedule: tuple[tuple[int, int, int], ...] = (),
-            measured: str | None = None) -> tuple[Any, str]:
+def _deploy(
+    folder: Path,
+    manifest: ApplyResult,
+    repo_id: str,
+    target_ref: str | None,
+    k: int,
+    platform: str,
+    tp: int,
+    k_schedule: tuple[tuple[int, int, int], ...] = (),
+    measured: str | None = None,
+) -> tuple[Any, str]:
     """quantkit.deploy's manifest naming the Hub ids, or None and why not (one line, no local path). A draft is
     deployed with `measured` (the target the gate measured it on) when given, else with the target `apply` read."""
     from quantkit.deploy.run import run as deploy_manifest
@@ -130,23 +143,40 @@ def _deploy(folder: Path, manifest: ApplyResult, repo_id: str, target_ref: str |
             target_local = str(Path(wanted).expanduser())
         if target_local is None:
             if measured and measured != manifest.target:
-                return None, ("the target the gate measured this draft on is not on this machine, so the pair "
-                              "could not be checked")
-            return None, ("the draft's target checkpoint is not on this machine (quantkit.json's `target` is not a "
-                          "local folder), so the pair could not be checked")
+                return None, (
+                    "the target the gate measured this draft on is not on this machine, so the pair "
+                    "could not be checked"
+                )
+            return None, (
+                "the draft's target checkpoint is not on this machine (quantkit.json's `target` is not a "
+                "local folder), so the pair could not be checked"
+            )
     try:
         if target_local is not None:
-            return deploy_manifest(folder, target=target_local, platform=platform, tp=tp, num_speculative_tokens=k,
-                                   model_ref=target_ref or TARGET_PLACEHOLDER, draft_ref=repo_id,
-                                   k_schedule=list(k_schedule) or None), ""
+            return deploy_manifest(
+                folder,
+                target=target_local,
+                platform=platform,
+                tp=tp,
+                num_speculative_tokens=k,
+                model_ref=target_ref or TARGET_PLACEHOLDER,
+                draft_ref=repo_id,
+                k_schedule=list(k_schedule) or None,
+            ), ""
         return deploy_manifest(folder, platform=platform, tp=tp, num_speculative_tokens=k, model_ref=repo_id), ""
     except QuantkitError as e:
         return None, f"`quantkit deploy` could not read the checkpoint ({type(e).__name__})"
 
 
-def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str, Any] | None = None,
-            repo_id: str | None = None, base_model: str | None = None, target: str | None = None,
-            platform: str = DEFAULT_PLATFORM, tp: int = 1) -> Publication:
+def prepare(
+    folder: str | Path,
+    report: CandidateReport | str | Path | dict[str, Any] | None = None,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    target: str | None = None,
+    platform: str = DEFAULT_PLATFORM,
+    tp: int = 1,
+) -> Publication:
     """Everything publish generates for `folder`, with models named by `repo_id`, `base_model` (default: the
     source's Hub id when it came from the Hub) and `target` (default: the recorded target's Hub id)."""
     from quantkit.publish.charts import chart_panels
@@ -203,22 +233,39 @@ def prepare(folder: str | Path, report: CandidateReport | str | Path | dict[str,
 
     deploy, missing = _deploy(folder, manifest, repo, target_ref, k, platform, tp, schedule, measured)
     deploy_json = redactor.deep(deploy.to_dict()) if deploy is not None else None
-    return Publication(folder=folder, repo_id=repo, manifest=public, manifest_json=published, report=rep,
-                       base_ref=base_ref, target_ref=target_ref, redactor=redactor, sidecar=sidecar, deploy=deploy,
-                       deploy_json=deploy_json, deploy_missing=missing, chart=chart, num_speculative_tokens=k,
-                       speedup=speedup, k_schedule=schedule, k_schedule_note=note, measured_target=measured_public,
-                       measured_target_about=_about_target(measured) if measured else "",
-                       apply_target_ref=apply_target_ref)
+    return Publication(
+        folder=folder,
+        repo_id=repo,
+        manifest=public,
+        manifest_json=published,
+        report=rep,
+        base_ref=base_ref,
+        target_ref=target_ref,
+        redactor=redactor,
+        sidecar=sidecar,
+        deploy=deploy,
+        deploy_json=deploy_json,
+        deploy_missing=missing,
+        chart=chart,
+        num_speculative_tokens=k,
+        speedup=speedup,
+        k_schedule=schedule,
+        k_schedule_note=note,
+        measured_target=measured_public,
+        measured_target_about=_about_target(measured) if measured else "",
+        apply_target_ref=apply_target_ref,
+    )
 
 
-def _schedule(speedup: SpeedupSummary | None,
-              manifest: ApplyResult) -> tuple[tuple[tuple[int, int, int], ...], str]:
+def _schedule(speedup: SpeedupSummary | None, manifest: ApplyResult) -> tuple[tuple[tuple[int, int, int], ...], str]:
     """The bench's K schedule for this draft (results.KSchedule, chosen by measured tok/s) as the serve command
     carries it, or () and why not."""
     if speedup is None or not speedup.num_speculative_tokens_per_batch_size or manifest.model_kind != EAGLE3_DRAFT:
         return (), ""
     ranges = tuple((int(a), int(b), int(k)) for a, b, k in speedup.num_speculative_tokens_per_batch_size)
     if not any(k for _, _, k in ranges):
-        return (), ("the bench found no speculation (K=0) fastest at every concurrency it measured, so the command "
-                    "keeps the fixed K")
+        return (), (
+            "the bench found no speculation (K=0) fastest at every concurrency it measured, so the command "
+            "keeps the fixed K"
+        )
     return ranges, ""

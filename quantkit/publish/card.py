@@ -122,29 +122,53 @@ def _eval_results(report: CandidateReport, model_name: str) -> list[Any]:
     if acc is not None and acc.candidate is not None and _finite(acc.candidate.mean_acceptance_length):
         k = acc.settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
         dataset = _dataset_name(acc.settings.prompts)
-        results.append(EvalResult(
-            task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
-            dataset_type=dataset, dataset_name=dataset, metric_type="mean_acceptance_length",
-            metric_name=f"mean acceptance length (k={k})",
-            metric_value=round(acc.candidate.mean_acceptance_length, 4)))
+        results.append(
+            EvalResult(
+                task_type="text-generation",
+                task_name="EAGLE-3 speculative decoding acceptance",
+                dataset_type=dataset,
+                dataset_name=dataset,
+                metric_type="mean_acceptance_length",
+                metric_name=f"mean acceptance length (k={k})",
+                metric_value=round(acc.candidate.mean_acceptance_length, 4),
+            )
+        )
         if _finite(acc.ratio):
-            results.append(EvalResult(
-                task_type="text-generation", task_name="EAGLE-3 speculative decoding acceptance",
-                dataset_type=dataset, dataset_name=dataset, metric_type="acceptance_length_ratio",
-                metric_name="acceptance length ratio vs the BF16 draft", metric_value=round(acc.ratio, 4)))
+            results.append(
+                EvalResult(
+                    task_type="text-generation",
+                    task_name="EAGLE-3 speculative decoding acceptance",
+                    dataset_type=dataset,
+                    dataset_name=dataset,
+                    metric_type="acceptance_length_ratio",
+                    metric_name="acceptance length ratio vs the BF16 draft",
+                    metric_value=round(acc.ratio, 4),
+                )
+            )
     if report.eval is not None:
         for t in report.eval.tasks:
             if not _finite(t.candidate):
                 continue
-            results.append(EvalResult(
-                task_type="text-generation", task_name=t.task, dataset_type=t.task, dataset_name=t.task,
-                metric_type=t.metric, metric_value=round(t.candidate, 4)))
+            results.append(
+                EvalResult(
+                    task_type="text-generation",
+                    task_name=t.task,
+                    dataset_type=t.task,
+                    dataset_name=t.task,
+                    metric_type=t.metric,
+                    metric_value=round(t.candidate, 4),
+                )
+            )
     return results
 
 
-def build_model_card(folder: str | Path, report: CandidateReport | str | Path | dict[str, Any] | None = None,
-                     repo_id: str | None = None, base_model: str | None = None,
-                     target: str | None = None) -> ModelCard:
+def build_model_card(
+    folder: str | Path,
+    report: CandidateReport | str | Path | dict[str, Any] | None = None,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    target: str | None = None,
+) -> ModelCard:
     """The model card (README.md) for an output folder: metadata from quantkit.json and the report, and a body
     that says what was quantized and kept and why, how it was made, how to serve it, and how it measured. Models
     are named by Hub id (`base_model`, `target`, `repo_id`), never by a local path."""
@@ -158,24 +182,35 @@ def _serve_section(pub: Publication) -> list[str]:
     deploy = pub.deploy_json
     if deploy is not None:
         platform = {"gfx950": "AMD Instinct MI355X (gfx950)", "gfx942": "AMD Instinct MI300X (gfx942)"}.get(
-            str(deploy.get("platform")), str(deploy.get("platform")))
-        body += [f"On {platform} with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads the "
-                 "Quark `quantization_config` from config.json, no extra flag is needed.", ""]
+            str(deploy.get("platform")), str(deploy.get("platform"))
+        )
+        body += [
+            f"On {platform} with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads the "
+            "Quark `quantization_config` from config.json, no extra flag is needed.",
+            "",
+        ]
         # The placeholder stays unquoted so that it reads as one; every real argument is shell-quoted.
         command = " ".join(a if a == TARGET_PLACEHOLDER else shlex.quote(a) for a in deploy.get("argv", []))
         env = deploy.get("env") or []
         body += ["```bash", *(f"export {e['name']}={shlex.quote(str(e['value']))}" for e in env), command, "```"]
         if env:
             body += ["", *_table(["environment", "value", "why"], [[e["name"], e["value"], e["why"]] for e in env])]
-        body += ["", "Set `--tensor-parallel-size` to your GPU count: `quantkit deploy --tp N` checks a size against "
-                 "this checkpoint (attention heads, MXFP4 scale groups). `deploy.json` in this repo holds this "
-                 "command, the environment with each variable's source, and the checks."]
+        body += [
+            "",
+            "Set `--tensor-parallel-size` to your GPU count: `quantkit deploy --tp N` checks a size against "
+            "this checkpoint (attention heads, MXFP4 scale groups). `deploy.json` in this repo holds this "
+            "command, the environment with each variable's source, and the checks.",
+        ]
         predicted = deploy.get("predicted_backends") or {}
         if predicted:
-            body += ["", f"vLLM {deploy.get('vllm_version') or ''} is predicted to run the served target's layers "
-                     f"on {platform} with: " + ", ".join(f"{k} `{v}`" for k, v in predicted.items())
-                     + " (`quantkit deploy`, from the checkpoint's headers; `kernel_paths` in `deploy.json` has "
-                     "every layer group)."]
+            body += [
+                "",
+                f"vLLM {deploy.get('vllm_version') or ''} is predicted to run the served target's layers "
+                f"on {platform} with: "
+                + ", ".join(f"{k} `{v}`" for k, v in predicted.items())
+                + " (`quantkit deploy`, from the checkpoint's headers; `kernel_paths` in `deploy.json` has "
+                "every layer group).",
+            ]
         findings = deploy.get("findings") or []
         if findings:
             from quantkit.results.check import Finding
@@ -183,36 +218,57 @@ def _serve_section(pub: Publication) -> list[str]:
             body += ["", "Found by `quantkit deploy` for this command:", ""]
             body += [f"- {md_text(Finding.model_validate(f).sentence())}" for f in findings]
     else:
-        body += ["On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads "
-                 "the Quark `quantization_config` from config.json, no extra flag is needed.", ""]
+        body += [
+            "On AMD Instinct GPUs with vLLM's ROCm build (for example AMD's `rocm/vllm` container); vLLM reads "
+            "the Quark `quantization_config` from config.json, no extra flag is needed.",
+            "",
+        ]
         if kind == EAGLE3_DRAFT:
-            spec_config: dict[str, Any] = {"method": "eagle3", "model": repo,
-                                           "num_speculative_tokens": pub.num_speculative_tokens}
+            spec_config: dict[str, Any] = {
+                "method": "eagle3",
+                "model": repo,
+                "num_speculative_tokens": pub.num_speculative_tokens,
+            }
             if pub.k_schedule:  # vllm/config/speculative.py SpeculativeConfig.num_speculative_tokens_per_batch_size
                 spec_config["num_speculative_tokens_per_batch_size"] = [list(r) for r in pub.k_schedule]
             spec = json.dumps(spec_config)
             body += ["```bash", f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{spec}'", "```"]
         else:
             body += ["```bash", f"vllm serve {repo}", "```"]
-        body += ["", f"No `deploy.json` in this repo: {md_text(pub.deploy_missing)}; `quantkit deploy` with the checkpoint "
-                 "folders writes the checked command and environment."]
+        body += [
+            "",
+            f"No `deploy.json` in this repo: {md_text(pub.deploy_missing)}; `quantkit deploy` with the checkpoint "
+            "folders writes the checked command and environment.",
+        ]
     if kind == EAGLE3_DRAFT and pub.k_schedule:
-        body += ["", "The speculative config carries the K per batch size that `quantkit bench` measured fastest "
-                 f"(`num_speculative_tokens_per_batch_size` {[list(r) for r in pub.k_schedule]}: inclusive batch-size "
-                 "ranges and their K; see the speedup section for where it was measured)."]
+        body += [
+            "",
+            "The speculative config carries the K per batch size that `quantkit bench` measured fastest "
+            f"(`num_speculative_tokens_per_batch_size` {[list(r) for r in pub.k_schedule]}: inclusive batch-size "
+            "ranges and their K; see the speedup section for where it was measured).",
+        ]
     elif kind == EAGLE3_DRAFT and pub.k_schedule_note:
         body += ["", f"No K schedule in the command: {md_text(pub.k_schedule_note)}."]
     if kind == EAGLE3_DRAFT and pub.measured_target:
         about = f" ({md_text(pub.measured_target_about)})" if pub.measured_target_about else ""
-        body += ["", f"This is the pair the gate measured: this draft served on {md_code(pub.measured_target)}{about}; the "
-                 "acceptance figures below, the command and the predicted backends are for that target."]
+        body += [
+            "",
+            f"This is the pair the gate measured: this draft served on {md_code(pub.measured_target)}{about}; the "
+            "acceptance figures below, the command and the predicted backends are for that target.",
+        ]
     if kind == EAGLE3_DRAFT:
         if not target:
             n = manifest.target_num_layers
             layers = f" ({n} decoder layers)" if n else ""
-            body += ["", f"Replace `{TARGET_PLACEHOLDER}` with "
-                     + (f"the Hub id of {md_code(pub.measured_target)}{layers}, the target the gate measured this draft on."
-                        if pub.measured_target else f"the target model this draft was trained for{layers}.")]
+            body += [
+                "",
+                f"Replace `{TARGET_PLACEHOLDER}` with "
+                + (
+                    f"the Hub id of {md_code(pub.measured_target)}{layers}, the target the gate measured this draft on."
+                    if pub.measured_target
+                    else f"the target model this draft was trained for{layers}."
+                ),
+            ]
         body += ["", "This repo is a draft: it only runs next to its target model."]
     return body
 
@@ -225,56 +281,103 @@ def _acceptance_section(pub: Publication) -> list[str]:
     if acc is not None and side is not None:
         b, c = acc.baseline, acc.candidate
         prompts = side.prompt_set
-        settings = ", ".join(x for x in (
-            f"backend {md_text(side.engine)}" + (f" {md_text(side.engine_version)}" if side.engine_version else "")
-            if side.engine else "",
-            f"{side.num_speculative_tokens} speculative tokens" if side.num_speculative_tokens else "",
-            f"{prompts.num_prompts} prompts" if prompts.num_prompts else "",
-            f"prompt set {md_text(prompts.name)}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
-            if prompts.name else "") if x)
+        settings = ", ".join(
+            x
+            for x in (
+                f"backend {md_text(side.engine)}" + (f" {md_text(side.engine_version)}" if side.engine_version else "")
+                if side.engine
+                else "",
+                f"{side.num_speculative_tokens} speculative tokens" if side.num_speculative_tokens else "",
+                f"{prompts.num_prompts} prompts" if prompts.num_prompts else "",
+                f"prompt set {md_text(prompts.name)}" + (f" (sha256 `{prompts.sha256[:16]}`)" if prompts.sha256 else "")
+                if prompts.name
+                else "",
+            )
+            if x
+        )
         pair = acc.candidate_kind == "pair"
-        body += ["Acceptance length, pooled (AL = 1 + sum of accepted draft tokens / sum of drafts over all requests, "
-                 "vLLM's average) and macro (the mean of per-request AL, ModelOpt specdec_bench's average), "
-                 + ("the quantized draft on the quantized target against the BF16 draft on the BF16 target, same "
-                    "prompts and settings" if pair else "same target, prompts and settings")
-                 + (f" ({settings})" if settings else "") + ".", ""]
+        body += [
+            "Acceptance length, pooled (AL = 1 + sum of accepted draft tokens / sum of drafts over all requests, "
+            "vLLM's average) and macro (the mean of per-request AL, ModelOpt specdec_bench's average), "
+            + (
+                "the quantized draft on the quantized target against the BF16 draft on the BF16 target, same "
+                "prompts and settings"
+                if pair
+                else "same target, prompts and settings"
+            )
+            + (f" ({settings})" if settings else "")
+            + ".",
+            "",
+        ]
         rows = []
         for domain in ["all", *acc.domains()]:
             bv = b.mean_acceptance_length if (b and domain == "all") else (b.domain_al(domain) if b else None)
             cv = c.mean_acceptance_length if (c and domain == "all") else (c.domain_al(domain) if c else None)
-            ratio = acc.ratio if domain == "all" and acc.ratio is not None else \
-                (cv / bv if bv and cv is not None else None)
-            cm = (c.macro_acceptance_length if domain == "all" else
-                  (c.per_domain[domain].macro_acceptance_length if domain in c.per_domain else None)) if c else None
+            ratio = (
+                acc.ratio if domain == "all" and acc.ratio is not None else (cv / bv if bv and cv is not None else None)
+            )
+            cm = (
+                (
+                    c.macro_acceptance_length
+                    if domain == "all"
+                    else (c.per_domain[domain].macro_acceptance_length if domain in c.per_domain else None)
+                )
+                if c
+                else None
+            )
             rows.append([Markup("**all**") if domain == "all" else domain, _fmt(bv), _fmt(cv), _fmt(ratio), _fmt(cm)])
-        body += _table(["domain", "BF16 draft AL (pooled)", "quantized draft AL (pooled)", "ratio (pooled)",
-                        "quantized draft AL (macro)"], rows)
+        body += _table(
+            [
+                "domain",
+                "BF16 draft AL (pooled)",
+                "quantized draft AL (pooled)",
+                "ratio (pooled)",
+                "quantized draft AL (macro)",
+            ],
+            rows,
+        )
         st = acc.settings
         if st.temperature:
-            body += ["", f"Sampled: temperature {st.temperature}, top_p {st.top_p}, top_k {st.top_k}, draft sampling "
-                         f"{md_text(st.draft_sample_method)}, {st.num_seeds} seed(s)"
-                         + (f"; expected AL ratio {_fmt(acc.expected_ratio)}" if acc.expected_ratio else "") + "."]
+            body += [
+                "",
+                f"Sampled: temperature {st.temperature}, top_p {st.top_p}, top_k {st.top_k}, draft sampling "
+                f"{md_text(st.draft_sample_method)}, {st.num_seeds} seed(s)"
+                + (f"; expected AL ratio {_fmt(acc.expected_ratio)}" if acc.expected_ratio else "")
+                + ".",
+            ]
         src = st.prompt_source
         if src is not None and src.kind == "speed-bench":
-            body += ["", f"Prompts: {md_text(src.name)} from {md_code(src.repo or 'a local copy')}"
-                         + (f" at revision {md_code(src.revision)}" if src.revision else "")
-                         + (f", files sha256 `{src.content_sha256[:16]}`" if src.content_sha256 else "")
-                         + " (not redistributed here: NVIDIA Evaluation Dataset License)."]
+            body += [
+                "",
+                f"Prompts: {md_text(src.name)} from {md_code(src.repo or 'a local copy')}"
+                + (f" at revision {md_code(src.revision)}" if src.revision else "")
+                + (f", files sha256 `{src.content_sha256[:16]}`" if src.content_sha256 else "")
+                + " (not redistributed here: NVIDIA Evaluation Dataset License).",
+            ]
         if acc.ratio_ci:
             figures = [acc.ratio, *acc.ratio_ci]
             if all(v is not None and math.isfinite(v) for v in figures):
                 body += ["", f"AL ratio {_fmt(acc.ratio)}, 95% CI [{_fmt(acc.ratio_ci[0])}, {_fmt(acc.ratio_ci[1])}]."]
             else:
-                body += ["", f"AL ratio and its 95% CI: {NOT_MEASURED} (the gate report holds NaN or an infinity "
-                             "in place of a figure: too few drafts or prompts to compute them; run the gate again "
-                             "with more prompts)."]
+                body += [
+                    "",
+                    f"AL ratio and its 95% CI: {NOT_MEASURED} (the gate report holds NaN or an infinity "
+                    "in place of a figure: too few drafts or prompts to compute them; run the gate again "
+                    "with more prompts).",
+                ]
         if pub.chart:
             body += ["", f"![Acceptance rate per position and AL per domain, BF16 vs quantized]({CHART})"]
-        body += ["", f"`{SIDECAR}` in this repo holds these figures (per-position rates, AL per domain, K, the "
-                 "prompt set's SHA-256, engine and version, both runs) in a versioned format."]
+        body += [
+            "",
+            f"`{SIDECAR}` in this repo holds these figures (per-position rates, AL per domain, K, the "
+            "prompt set's SHA-256, engine and version, both runs) in a versioned format.",
+        ]
     else:
-        body += ["Not measured: no gate report was given when this card was made (`quantkit publish --report`)."
-                 if rep is None else "Not measured: the gate report has no acceptance figures."]
+        body += [
+            "Not measured: no gate report was given when this card was made (`quantkit publish --report`)."
+            if rep is None
+            else "Not measured: the gate report has no acceptance figures."
+        ]
     return body
 
 
@@ -286,27 +389,38 @@ def _speedup_section(pub: Publication) -> list[str]:
     from quantkit.bench.tables import speedup_markdown
 
     platform = pub.deploy_json.get("platform") if pub.deploy_json else None
-    return ["", "## Served speedup (quantkit bench)", "",
-            "Output tokens/s served by `vllm serve` under vLLM's own serving benchmark: the target alone, with the "
-            "BF16 draft, and with this draft, same server settings; medians over repeats, 95% bootstrap CIs.", "",
-            *speedup_markdown(pub.speedup, str(platform) if platform else None),
-            "", f"`{SIDECAR}` in this repo holds these figures under `speedup`."]
+    return [
+        "",
+        "## Served speedup (quantkit bench)",
+        "",
+        "Output tokens/s served by `vllm serve` under vLLM's own serving benchmark: the target alone, with the "
+        "BF16 draft, and with this draft, same server settings; medians over repeats, 95% bootstrap CIs.",
+        "",
+        *speedup_markdown(pub.speedup, str(platform) if platform else None),
+        "",
+        f"`{SIDECAR}` in this repo holds these figures under `speedup`.",
+    ]
 
 
 def _redaction_note(pub: Publication) -> list[str]:
     fields = [f for f in pub.redacted if f in ("source", "output", "target", "command")]
     if not pub.redacted:
         return []
-    names = {"source": "`source` names the base model" + (f" (`{pub.base_ref}`)" if pub.base_ref else
-                                                          " by its folder name"),
-             "output": "`output` is the folder's name", "target": "`target` names the draft's target" +
-             (f" (`{pub.apply_target_ref}`)" if pub.apply_target_ref else " by its folder name"),
-             "command": "`command` is rewritten with these names"}
+    names = {
+        "source": "`source` names the base model" + (f" (`{pub.base_ref}`)" if pub.base_ref else " by its folder name"),
+        "output": "`output` is the folder's name",
+        "target": "`target` names the draft's target"
+        + (f" (`{pub.apply_target_ref}`)" if pub.apply_target_ref else " by its folder name"),
+        "command": "`command` is rewritten with these names",
+    }
     what = "; ".join(names[f] for f in fields)
-    other = " Other absolute paths were replaced by their base names." if \
-        any(f not in names for f in pub.redacted) else ""
-    return ["", f"Local paths of the machine that ran `apply` are not published: in this repo's `{MANIFEST}`, "
-            f"{what}.{other}"]
+    other = (
+        " Other absolute paths were replaced by their base names." if any(f not in names for f in pub.redacted) else ""
+    )
+    return [
+        "",
+        f"Local paths of the machine that ran `apply` are not published: in this repo's `{MANIFEST}`, {what}.{other}",
+    ]
 
 
 def _draft_vocab_lines(pub: Publication) -> list[str]:
@@ -321,19 +435,26 @@ def _draft_vocab_lines(pub: Publication) -> list[str]:
     out = ["", "## Draft vocabulary and tuning", ""]
     if dv is not None:
         coverage = f", covering {dv.coverage:.1%} of its {dv.corpus_tokens:,} tokens" if dv.coverage is not None else ""
-        out.append(f"The lm_head keeps {dv.rows_after:,} of {dv.rows_before:,} rows (target vocabulary "
-                   f"{dv.target_vocab_size:,}): the most frequent target tokens of `{Path(dv.corpus).name}`{coverage}, "
-                   f"special and EOS tokens always kept. Why: {dv.reason}")
+        out.append(
+            f"The lm_head keeps {dv.rows_after:,} of {dv.rows_before:,} rows (target vocabulary "
+            f"{dv.target_vocab_size:,}): the most frequent target tokens of `{Path(dv.corpus).name}`{coverage}, "
+            f"special and EOS tokens always kept. Why: {dv.reason}"
+        )
     if tuned is not None:
         ratio = f"{tuned.al_ratio:.3f}" if tuned.al_ratio is not None else "not measured"
-        saving = (f"{1 - tuned.cost_ratio:.0%} less time per accepted token than the unpruned BF16 draft "
-                  f"(estimate from bytes, not a measurement)" if tuned.cost_ratio is not None else
-                  "no cost estimate")
+        saving = (
+            f"{1 - tuned.cost_ratio:.0%} less time per accepted token than the unpruned BF16 draft "
+            f"(estimate from bytes, not a measurement)"
+            if tuned.cost_ratio is not None
+            else "no cost estimate"
+        )
         if dv is not None:
             out.append("")
-        out += [f"Chosen by `quantkit tune`: body {tuned.body}, {tuned.draft_vocab:,} "
-                f"rows, K {tuned.k}; AL ratio against the unpruned BF16 draft {ratio} (measured); {saving}. "
-                "`quantkit deploy` serves it with this K."]
+        out += [
+            f"Chosen by `quantkit tune`: body {tuned.body}, {tuned.draft_vocab:,} "
+            f"rows, K {tuned.k}; AL ratio against the unpruned BF16 draft {ratio} (measured); {saving}. "
+            "`quantkit deploy` serves it with this K."
+        ]
     return out
 
 
@@ -351,9 +472,12 @@ def render_card(pub: Publication) -> ModelCard:
     formats = _formats(manifest)
 
     data = ModelCardData(
-        base_model=base, library_name="transformers", tags=card_tags(manifest),
+        base_model=base,
+        library_name="transformers",
+        tags=card_tags(manifest),
         pipeline_tag=None if kind == EAGLE3_DRAFT else "text-generation",
-        base_model_relation="quantized")
+        base_model_relation="quantized",
+    )
     results = _eval_results(rep, name) if rep else []
     if results:  # model-index needs a model name; without results neither key is written
         data.model_name, data.eval_results = name, results
@@ -361,27 +485,35 @@ def render_card(pub: Publication) -> ModelCard:
     what = {EAGLE3_DRAFT: "EAGLE-3 draft model", MOE_TARGET: "mixture-of-experts model"}.get(kind, "model")
     source_md = f"[{md_text(base)}](https://huggingface.co/{base})" if base else md_code(manifest.source or "unknown")
     body: list[str] = [f"# {md_text(name)}", ""]
-    body.append(f"{' + '.join(f.upper() for f in formats) or 'Quantized'} {what} ({md_text(manifest.architecture)}), "
-                f"quantized from {source_md} with [AMD Quark]({QUARK_URL}) by quantkit recipe "
-                f"{md_code(recipe.get('name'))} (Quark scheme {md_code(recipe.get('scheme'))})"
-                + (f": {md_text(str(recipe['description']).rstrip('.'))}." if recipe.get("description") else "."))
+    body.append(
+        f"{' + '.join(f.upper() for f in formats) or 'Quantized'} {what} ({md_text(manifest.architecture)}), "
+        f"quantized from {source_md} with [AMD Quark]({QUARK_URL}) by quantkit recipe "
+        f"{md_code(recipe.get('name'))} (Quark scheme {md_code(recipe.get('scheme'))})"
+        + (f": {md_text(str(recipe['description']).rstrip('.'))}." if recipe.get("description") else ".")
+    )
     before, after = manifest.size_before_bytes, manifest.size_after_bytes
     if before > 0:
         body += ["", f"Weights: {before / 1e6:,.2f} MB -> {after / 1e6:,.2f} MB ({after / before:.2f}x)."]
 
     layers = manifest.layers
     n_q = len(manifest.quantized)
-    body += ["", "## What was quantized and what was kept", "",
-             f"{n_q} layers quantized, {len(layers) - n_q} kept in high precision. Layer names are vLLM's runtime "
-             "names, which are what config.json's `exclude` lists, so vLLM loads every kept layer unquantized.", ""]
+    body += [
+        "",
+        "## What was quantized and what was kept",
+        "",
+        f"{n_q} layers quantized, {len(layers) - n_q} kept in high precision. Layer names are vLLM's runtime "
+        "names, which are what config.json's `exclude` lists, so vLLM loads every kept layer unquantized.",
+        "",
+    ]
     body += _table(["role", "action", "scheme", "layers (vLLM names)", "why"], _layer_groups(layers))
     body += ["", f"`quantization_config.exclude`: {', '.join(md_code(e) for e in manifest.exclude) or 'none'}"]
     body += _draft_vocab_lines(pub)
     if len(layers) > 3:
         body += ["", "<details><summary>Every layer</summary>", ""]
-        body += _table(["vLLM layer", "checkpoint modules", "action", "scheme"],
-                       [[d.runtime_name, ", ".join(d.checkpoint_modules), d.action, d.scheme or "bf16"]
-                        for d in layers])
+        body += _table(
+            ["vLLM layer", "checkpoint modules", "action", "scheme"],
+            [[d.runtime_name, ", ".join(d.checkpoint_modules), d.action, d.scheme or "bf16"] for d in layers],
+        )
         body += ["", "</details>"]
 
     body += _serve_section(pub)
@@ -390,26 +522,42 @@ def render_card(pub: Publication) -> ModelCard:
 
     body += ["", "## Quality (lm-eval)", ""]
     if rep and rep.eval and rep.eval.tasks:
-        body += _table(["task", "metric", "baseline", "quantized", "delta", "recovery"],
-                       [[t.task, t.metric, _fmt(t.baseline, 4), _fmt(t.candidate, 4), _fmt(t.delta, 4),
-                         _fmt(t.recovery, 4)] for t in rep.eval.tasks])
+        body += _table(
+            ["task", "metric", "baseline", "quantized", "delta", "recovery"],
+            [
+                [t.task, t.metric, _fmt(t.baseline, 4), _fmt(t.candidate, 4), _fmt(t.delta, 4), _fmt(t.recovery, 4)]
+                for t in rep.eval.tasks
+            ],
+        )
         if pub.chart and pub.sidecar is None:
             body += ["", f"![lm-eval deltas with their 95% intervals]({CHART})"]
     elif kind == EAGLE3_DRAFT:
-        body += ["Does not apply to a draft: lm-eval scores the text a model generates, and a draft's tokens are "
-                 "only kept where the target accepts them, so the target's own output is unchanged; the acceptance "
-                 "figures above are the draft's quality measure."]
+        body += [
+            "Does not apply to a draft: lm-eval scores the text a model generates, and a draft's tokens are "
+            "only kept where the target accepts them, so the target's own output is unchanged; the acceptance "
+            "figures above are the draft's quality measure."
+        ]
     else:
-        body += ["Not measured: the gate report has no eval section." if rep else
-                 "Not measured: no gate report was given when this card was made (`quantkit publish --report`)."]
+        body += [
+            "Not measured: the gate report has no eval section."
+            if rep
+            else "Not measured: no gate report was given when this card was made (`quantkit publish --report`)."
+        ]
     if rep and rep.gate and rep.gate.passed is not None:
         body += ["", f"## Gate: {'passed' if rep.gate.passed else 'FAILED'}", ""]
         if rep.gate.checks:
-            body += _table(["check", "value", "threshold", "passed"],
-                           [[ch.name, ch.shown(ch.value) if ch.value is not None else
-                             f"not measured: {ch.message or 'no value'}",
-                             f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
-                             {True: "yes", False: "no", None: "-"}[ch.passed]] for ch in rep.gate.checks])
+            body += _table(
+                ["check", "value", "threshold", "passed"],
+                [
+                    [
+                        ch.name,
+                        ch.shown(ch.value) if ch.value is not None else f"not measured: {ch.message or 'no value'}",
+                        f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
+                        {True: "yes", False: "no", None: "-"}[ch.passed],
+                    ]
+                    for ch in rep.gate.checks
+                ],
+            )
 
     command, exact = _command(manifest, pub.apply_target_ref or manifest.target)  # (manifest: public names)
     body += ["", "## How it was made", "", "```bash", command, "```"]

@@ -35,8 +35,10 @@ def _labels(acceptance: AcceptanceResult) -> tuple[str, str]:
 
 
 def _per_position(acceptance: AcceptanceResult) -> bool:
-    return any(r is not None and r.acceptance_rate_per_pos and any(_ok(x) for x in r.acceptance_rate_per_pos)
-               for r in (acceptance.baseline, acceptance.candidate))
+    return any(
+        r is not None and r.acceptance_rate_per_pos and any(_ok(x) for x in r.acceptance_rate_per_pos)
+        for r in (acceptance.baseline, acceptance.candidate)
+    )
 
 
 def _domain_rows(acceptance: AcceptanceResult) -> list[tuple[str, float | None, float | None]]:
@@ -68,8 +70,9 @@ def _heights(values: list[float | None]) -> list[float]:
     return [v if v is not None and math.isfinite(v) else float("nan") for v in values]
 
 
-def _bars(ax: Axes, names: list[str], base: list[float | None], cand: list[float | None],
-          labels: tuple[str, str]) -> None:
+def _bars(
+    ax: Axes, names: list[str], base: list[float | None], cand: list[float | None], labels: tuple[str, str]
+) -> None:
     xs = list(range(len(names)))
     w = 0.38
     ax.bar([x - w / 2 for x in xs], _heights(base), w, label=labels[0], color=BASELINE_COLOR)
@@ -90,8 +93,9 @@ def _draw_positions(ax: Axes, acceptance: AcceptanceResult, labels: tuple[str, s
     ax.set_title("Acceptance rate per draft position")
 
 
-def _draw_domains(ax: Axes, rows: list[tuple[str, float | None, float | None]], k: int | None,
-                  labels: tuple[str, str]) -> None:
+def _draw_domains(
+    ax: Axes, rows: list[tuple[str, float | None, float | None]], k: int | None, labels: tuple[str, str]
+) -> None:
     _bars(ax, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], labels)
     ax.set_ylabel("mean acceptance length (AL)")
     ax.set_title("AL per domain" + (f" (K={k}, max {k + 1})" if k else ""))
@@ -119,13 +123,25 @@ def _draw_ratio(ax: Axes, acceptance: AcceptanceResult, rows: list[tuple[str, fl
     if ci and len(ci) == 2 and _ok(ci[0]) and _ok(ci[1]):
         assert ci[0] is not None and ci[1] is not None
         ax.axvspan(ci[0], ci[1], color=CANDIDATE_COLOR, alpha=0.12)
-        ax.text(0.02, 0.02, f"shaded: 95% CI of the overall ratio [{ci[0]:.3f}, {ci[1]:.3f}]", fontsize=8,
-                transform=ax.transAxes)
+        ax.text(
+            0.02,
+            0.02,
+            f"shaded: 95% CI of the overall ratio [{ci[0]:.3f}, {ci[1]:.3f}]",
+            fontsize=8,
+            transform=ax.transAxes,
+        )
         if "all" in names:
             i = names.index("all")
             r_all = ratios[i]
-            ax.errorbar([r_all], [ys[i]], xerr=[[max(r_all - ci[0], 0.0)], [max(ci[1] - r_all, 0.0)]], fmt="none",
-                        ecolor=CANDIDATE_COLOR, capsize=4, lw=1.5)
+            ax.errorbar(
+                [r_all],
+                [ys[i]],
+                xerr=[[max(r_all - ci[0], 0.0)], [max(ci[1] - r_all, 0.0)]],
+                fmt="none",
+                ecolor=CANDIDATE_COLOR,
+                capsize=4,
+                lw=1.5,
+            )
     ax.scatter(ratios, ys, color=CANDIDATE_COLOR, zorder=3)
     for r, y in zip(ratios, ys, strict=True):
         ax.annotate(f"{r:.3f}", (r, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
@@ -141,8 +157,14 @@ def _draw_eval(ax: Axes, rows: list[tuple[str, float, float | None, float | None
     ax.axvline(0.0, color="black", lw=0.8)
     for (_, delta, low, high), y in zip(rows, ys, strict=True):
         if low is not None and high is not None:
-            ax.errorbar([delta], [y], xerr=[[max(delta - low, 0.0)], [max(high - delta, 0.0)]], fmt="o",
-                        color=CANDIDATE_COLOR, capsize=4)
+            ax.errorbar(
+                [delta],
+                [y],
+                xerr=[[max(delta - low, 0.0)], [max(high - delta, 0.0)]],
+                fmt="o",
+                color=CANDIDATE_COLOR,
+                capsize=4,
+            )
         else:
             ax.scatter([delta], [y], color=CANDIDATE_COLOR)
         ax.annotate(f"{delta:+.4f}", (delta, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
@@ -170,8 +192,9 @@ def chart_panels(acceptance: AcceptanceResult | None, eval: EvalResult | None) -
     return panels
 
 
-def render_acceptance_chart(acceptance: AcceptanceResult | None, eval: EvalResult | None,
-                            path: str | Path) -> Path | None:
+def render_acceptance_chart(
+    acceptance: AcceptanceResult | None, eval: EvalResult | None, path: str | Path
+) -> Path | None:
     """Write the chart as a PNG to `path`: per-position acceptance rates, AL per domain (BF16 vs quantized), the
     AL ratio per domain with the overall ratio's 95% CI, and lm-eval deltas with their intervals when `eval` has
     any. Returns `path`, or None (nothing written) when there is no figure to draw."""
@@ -203,7 +226,7 @@ def render_acceptance_chart(acceptance: AcceptanceResult | None, eval: EvalResul
                 _draw_ratio(ax, acceptance, data)
             else:
                 _draw_eval(ax, data)
-        for ax in axes[len(panels):]:
+        for ax in axes[len(panels) :]:
             ax.set_visible(False)
         out = Path(path)
         buf = io.BytesIO()

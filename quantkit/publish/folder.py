@@ -51,22 +51,28 @@ def read_manifest(folder: str | Path) -> ApplyResult:
         raise PublishError(f"{folder}: no such folder; pass the output folder of `quantkit apply`")
     for name in (MANIFEST, "config.json"):
         if not (folder / name).is_file():
-            raise PublishError(f"{folder} has no {name}: publish only folders written by `quantkit apply` "
-                               f"(run `quantkit apply --recipe RECIPE --model MODEL --output {folder}` first)")
+            raise PublishError(
+                f"{folder} has no {name}: publish only folders written by `quantkit apply` "
+                f"(run `quantkit apply --recipe RECIPE --model MODEL --output {folder}` first)"
+            )
     fix = "re-run `quantkit apply` to rewrite the folder"
     raw = load_json_file(folder / MANIFEST, fix, PublishError)
     config = load_json_file(folder / "config.json", fix, PublishError)
     if not isinstance(raw, dict) or not isinstance(raw.get("layers"), list):
-        raise PublishError(f"{folder / MANIFEST}: not a quantkit manifest (no `layers` list); "
-                           "re-run `quantkit apply` to rewrite the folder")
+        raise PublishError(
+            f"{folder / MANIFEST}: not a quantkit manifest (no `layers` list); "
+            "re-run `quantkit apply` to rewrite the folder"
+        )
     try:
         manifest = load_manifest(folder)
     except ResultFileError as e:
         raise PublishError(str(e)) from None
     qc = config.get("quantization_config") if isinstance(config, dict) else None
     if not isinstance(qc, dict) or qc.get("quant_method") != "quark":
-        raise PublishError(f"{folder / 'config.json'}: no quantization_config with quant_method quark; "
-                           "publish the output of `quantkit apply`, not its source")
+        raise PublishError(
+            f"{folder / 'config.json'}: no quantization_config with quant_method quark; "
+            "publish the output of `quantkit apply`, not its source"
+        )
     return manifest
 
 
@@ -98,9 +104,11 @@ def upload_files(folder: str | Path, tokens: list[str] | None = None) -> list[Up
             continue
         size, sha, found = hash_and_find_token(folder / name, tokens)
         if found:
-            raise TokenInUploadError(f"{folder / name}: holds {found}; publish uploads no file with a token in it, "
-                                     "and nothing was uploaded: remove the token from the file (and revoke it if "
-                                     "it was ever shared)")
+            raise TokenInUploadError(
+                f"{folder / name}: holds {found}; publish uploads no file with a token in it, "
+                "and nothing was uploaded: remove the token from the file (and revoke it if "
+                "it was ever shared)"
+            )
         out.append(UploadFile(path=name, size=size, sha256=sha))
     return out
 
@@ -119,8 +127,9 @@ TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".md", ".yaml", ".yml", ".py")
 MAX_TEXT_BYTES = 64 << 20
 
 
-def rewritten_text_files(folder: str | Path, files: list[UploadFile], redactor: Redactor,
-                         own: tuple[str, ...] = ()) -> dict[str, bytes]:
+def rewritten_text_files(
+    folder: str | Path, files: list[UploadFile], redactor: Redactor, own: tuple[str, ...] = ()
+) -> dict[str, bytes]:
     """Folder files whose text names a known local path, with those paths replaced: {path in repo: new bytes}.
     Files in `own` (quantkit's own JSON: deploy.json, acceptance.json) also lose any other absolute path."""
     import json

@@ -78,8 +78,10 @@ def resolve_token(token: str | None = None) -> str:
     found = os.environ.get("HF_TOKEN") or get_token()
     register_secret(found)
     if not found:
-        raise PublishAuthError("no Hugging Face token: set HF_TOKEN or run `hf auth login` with a token that can "
-                               "write to the repo (or use --dry-run to only write the card)")
+        raise PublishAuthError(
+            "no Hugging Face token: set HF_TOKEN or run `hf auth login` with a token that can "
+            "write to the repo (or use --dry-run to only write the card)"
+        )
     return found
 
 
@@ -123,17 +125,25 @@ def _hub_errors(api: HfApi, repo_id: str, revision: str, token: str) -> Iterator
         status = _status(e)
         detail = _one_line(str(e).split("\n\n")[-1] if status else str(e), token)[:300]
         if status in (401, 403):
-            msg = (f"the Hub at {endpoint} refused the token ({status}) while {stage.what} {repo_id}: use a token "
-                   f"with write access to {repo_id.split('/')[0]} in HF_TOKEN or `hf auth login`")
+            msg = (
+                f"the Hub at {endpoint} refused the token ({status}) while {stage.what} {repo_id}: use a token "
+                f"with write access to {repo_id.split('/')[0]} in HF_TOKEN or `hf auth login`"
+            )
             raise PublishAuthError(_one_line(msg, token)) from None
         if status is not None and status >= 500 or isinstance(e, httpx.TransportError):
             why = f"failed with {status}" if status else f"could not be reached ({type(e).__name__})"
-            msg = f"the Hub at {endpoint} {why} while {stage.what} {repo_id}: " + _after_failure(api, repo_id,
-                                                                                                revision, stage)
+            msg = f"the Hub at {endpoint} {why} while {stage.what} {repo_id}: " + _after_failure(
+                api, repo_id, revision, stage
+            )
             raise PublishError(_one_line(msg, token)) from None
         if status == 404:
-            raise PublishError(_one_line(f"{repo_id} (revision {revision}) not found at {endpoint} while "
-                                         f"{stage.what}: check --repo-id and --revision ({detail})", token)) from None
+            raise PublishError(
+                _one_line(
+                    f"{repo_id} (revision {revision}) not found at {endpoint} while "
+                    f"{stage.what}: check --repo-id and --revision ({detail})",
+                    token,
+                )
+            ) from None
         msg = f"publishing to {repo_id} at {endpoint} failed while {stage.what}: {type(e).__name__}: {detail}"
         raise PublishError(_one_line(msg, token)) from None
 
@@ -145,11 +155,15 @@ def _after_failure(api: HfApi, repo_id: str, revision: str, stage: _Stage) -> st
     try:
         head = _head(api, repo_id, revision)
     except Exception:
-        return "nothing was published by this run as far as quantkit knows, but the repo could not be re-read " \
-               "to confirm; check the repo, then run the same command again"
+        return (
+            "nothing was published by this run as far as quantkit knows, but the repo could not be re-read "
+            "to confirm; check the repo, then run the same command again"
+        )
     if head == stage.head_before:
-        return (f"nothing was committed, the repo is unchanged at {str(head)[:12]}; run the same command again "
-                "(files already uploaded are skipped)")
+        return (
+            f"nothing was committed, the repo is unchanged at {str(head)[:12]}; run the same command again "
+            "(files already uploaded are skipped)"
+        )
     return f"the branch moved to {str(head)[:12]} meanwhile; check the repo before publishing again"
 
 
@@ -166,8 +180,10 @@ def generated_files(pub: Publication, work: Path, folder_files: list[UploadFile]
     """The files quantkit writes for the upload ({path in repo: bytes}): the card, the public quantkit.json, the
     acceptance sidecar and chart, deploy.json, and folder text files rewritten without local paths. `work` is a
     scratch folder for the chart; `folder_files` the folder's upload_files when already listed."""
-    out: dict[str, bytes] = {CARD: str(render_card(pub)).encode(),
-                             MANIFEST: (jsonout.dumps(pub.manifest_json) + "\n").encode()}
+    out: dict[str, bytes] = {
+        CARD: str(render_card(pub)).encode(),
+        MANIFEST: (jsonout.dumps(pub.manifest_json) + "\n").encode(),
+    }
     if pub.sidecar is not None:
         out[SIDECAR] = pub.sidecar.to_json().encode()
     if pub.chart:
@@ -180,8 +196,9 @@ def generated_files(pub: Publication, work: Path, folder_files: list[UploadFile]
     if pub.deploy_json is not None:
         out[DEPLOY] = (jsonout.dumps(pub.deploy_json) + "\n").encode()
     listed = folder_files if folder_files is not None else upload_files(pub.folder)
-    out.update(rewritten_text_files(pub.folder, [f for f in listed if f.path not in out], pub.redactor,
-                                    own=(SIDECAR, DEPLOY)))
+    out.update(
+        rewritten_text_files(pub.folder, [f for f in listed if f.path not in out], pub.redactor, own=(SIDECAR, DEPLOY))
+    )
     return out
 
 
@@ -194,17 +211,28 @@ def _preview_folder(folder: Path, dry_run_dir: str | Path | None) -> Path:
     if out.is_symlink():
         raise PublishError(f"{shown}: is a symbolic link; pass the folder it points to, or another path")
     real_out, real_folder = Path(os.path.realpath(out)), Path(os.path.realpath(folder))
-    relation = ("is" if real_out == real_folder else "lies inside" if real_out.is_relative_to(real_folder)
-                else "contains" if real_folder.is_relative_to(real_out) else None)
+    relation = (
+        "is"
+        if real_out == real_folder
+        else "lies inside"
+        if real_out.is_relative_to(real_folder)
+        else "contains"
+        if real_folder.is_relative_to(real_out)
+        else None
+    )
     if relation:
-        raise PublishError(f"{shown}: {relation} the folder being published ({folder}); a dry run changes nothing "
-                           "outside its own folder: pass a --dry-run-dir outside it")
+        raise PublishError(
+            f"{shown}: {relation} the folder being published ({folder}); a dry run changes nothing "
+            "outside its own folder: pass a --dry-run-dir outside it"
+        )
     if out.exists():
         if not out.is_dir():
             raise PublishError(f"{shown}: exists and is not a folder; remove it or pass another --dry-run-dir")
         if any(os.scandir(out)) and not _is_previous_preview(out):
-            raise PublishError(f"{shown}: exists and holds files a dry run did not write; a dry run replaces only "
-                               "its own previous preview: pass an empty or new --dry-run-dir")
+            raise PublishError(
+                f"{shown}: exists and holds files a dry run did not write; a dry run replaces only "
+                "its own previous preview: pass an empty or new --dry-run-dir"
+            )
     ancestor = real_out.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -237,15 +265,22 @@ def _write_dry_run(out: Path, generated: dict[str, bytes], result: PublishResult
     """Write the preview into a new folder beside `out`, then put it in place of `out` (a previous preview)."""
     import shutil
 
-    plan = {"repo_id": result.repo_id, "revision": result.revision, "folder": str(folder.resolve()),
-            "files": [f.to_dict() for f in result.files], "total_bytes": result.total_bytes,
-            "generated": result.generated, "not_uploaded": result.skipped}
+    plan = {
+        "repo_id": result.repo_id,
+        "revision": result.revision,
+        "folder": str(folder.resolve()),
+        "files": [f.to_dict() for f in result.files],
+        "total_bytes": result.total_bytes,
+        "generated": result.generated,
+        "not_uploaded": result.skipped,
+    }
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.quantkit-", dir=out.parent))
     except OSError as e:
-        raise PublishError(f"dry-run folder {out}: cannot be created ({e.strerror or e}); pass a --dry-run-dir "
-                           "you can write to") from None
+        raise PublishError(
+            f"dry-run folder {out}: cannot be created ({e.strerror or e}); pass a --dry-run-dir you can write to"
+        ) from None
     try:
         for path, data in generated.items():
             (tmp / path).parent.mkdir(parents=True, exist_ok=True)
@@ -260,18 +295,30 @@ def _write_dry_run(out: Path, generated: dict[str, bytes], result: PublishResult
         else:
             tmp.rename(out)
     except OSError as e:
-        raise PublishError(f"dry-run folder {out}: cannot be written ({e.strerror or e}); pass a --dry-run-dir "
-                           "you can write to") from None
+        raise PublishError(
+            f"dry-run folder {out}: cannot be written ({e.strerror or e}); pass a --dry-run-dir you can write to"
+        ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def publish(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
-            create_pr: bool = False, report: CandidateReport | str | Path | dict[str, Any] | None = None,
-            dry_run: bool = False, endpoint: str | None = None, token: str | None = None,
-            base_model: str | None = None, target: str | None = None,
-            dry_run_dir: str | Path | None = None, platform: str = DEFAULT_PLATFORM, tp: int = 1) -> PublishResult:
+def publish(
+    folder: str | Path,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    create_pr: bool = False,
+    report: CandidateReport | str | Path | dict[str, Any] | None = None,
+    dry_run: bool = False,
+    endpoint: str | None = None,
+    token: str | None = None,
+    base_model: str | None = None,
+    target: str | None = None,
+    dry_run_dir: str | Path | None = None,
+    platform: str = DEFAULT_PLATFORM,
+    tp: int = 1,
+) -> PublishResult:
     """Upload `folder` and its generated model card to the Hub repo `repo_id` in one commit.
 
     The repo is created if needed (`private` applies only then); `revision` is a branch, created from main if it
@@ -304,13 +351,22 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
         found = find_token_in_bytes(data, own)
         if found:
             origin = "quantkit.json and --report" if report is not None else "quantkit.json"
-            raise TokenInUploadError(f"{path}, which publish generates from the folder's {origin}, would hold "
-                                     f"{found}; nothing was uploaded: remove the token from {origin}")
+            raise TokenInUploadError(
+                f"{path}, which publish generates from the folder's {origin}, would hold "
+                f"{found}; nothing was uploaded: remove the token from {origin}"
+            )
     files = [f for f in folder_files if f.path not in generated]
     files += [UploadFile(path=p, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for p, d in generated.items()]
     files.sort(key=lambda f: f.path)
-    result = PublishResult(repo_id=repo_id, endpoint=scrub_secrets(endpoint) if endpoint else None, revision=revision,
-                           dry_run=dry_run, files=files, generated=sorted(generated), skipped=skipped_files(folder))
+    result = PublishResult(
+        repo_id=repo_id,
+        endpoint=scrub_secrets(endpoint) if endpoint else None,
+        revision=revision,
+        dry_run=dry_run,
+        files=files,
+        generated=sorted(generated),
+        skipped=skipped_files(folder),
+    )
     if preview is not None:
         _write_dry_run(preview, generated, result, folder)
         result.card_path, result.plan_path = str(preview / CARD), str(preview / UPLOAD_PLAN)
@@ -334,25 +390,32 @@ def publish(folder: str | Path, repo_id: str, private: bool = False, revision: s
             api.create_branch(repo_id, branch=revision, exist_ok=True)
             stage.head_before = _head(api, repo_id, revision)
         local = {f.path for f in files}
-        remote = [e.path for e in api.list_repo_tree(repo_id, revision=revision, recursive=True)
-                  if isinstance(e, RepoFile)]
-        result.deleted = sorted(p for p in remote if (WEIGHT_FILE.search(p) or p in GENERATED_FILES)
-                                and p not in local)
-        ops: list[Any] = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=generated[f.path]
-                                             if f.path in generated else str(folder / f.path)) for f in files]
+        remote = [
+            e.path for e in api.list_repo_tree(repo_id, revision=revision, recursive=True) if isinstance(e, RepoFile)
+        ]
+        result.deleted = sorted(p for p in remote if (WEIGHT_FILE.search(p) or p in GENERATED_FILES) and p not in local)
+        ops: list[Any] = [
+            CommitOperationAdd(
+                path_in_repo=f.path, path_or_fileobj=generated[f.path] if f.path in generated else str(folder / f.path)
+            )
+            for f in files
+        ]
         ops += [CommitOperationDelete(path_in_repo=p) for p in result.deleted]
         additions = [op for op in ops if isinstance(op, CommitOperationAdd)]
         # Upload the blobs first, then commit: the same single commit as create_commit alone makes, but a failure
         # is reported against the step it happened in.
         stage.what = "uploading files to"
-        api.preupload_lfs_files(repo_id, additions=additions, revision=revision, create_pr=create_pr,
-                                free_memory=False)
+        api.preupload_lfs_files(repo_id, additions=additions, revision=revision, create_pr=create_pr, free_memory=False)
         stage.what = "committing to"
         recipe = pub.manifest.recipe.get("name", "quantkit")
         info = api.create_commit(
-            repo_id, ops, revision=revision, create_pr=create_pr,
+            repo_id,
+            ops,
+            revision=revision,
+            create_pr=create_pr,
             commit_message=f"quantkit publish: {recipe} ({len(files)} files)",
-            commit_description=f"Uploaded by quantkit {__version__} from a `quantkit apply` output folder.")
+            commit_description=f"Uploaded by quantkit {__version__} from a `quantkit apply` output folder.",
+        )
     result.commit_url, result.commit_oid = scrub_secrets(info.commit_url), info.oid
     result.pr_url = scrub_secrets(info.pr_url) if info.pr_url else None
     result.unchanged = info.oid == stage.head_before and info.pr_url is None

@@ -114,8 +114,9 @@ class Redactor:
         if token.startswith("--") and "=" in token:
             opt, _, value = token.partition("=")
             return f"{opt}={self.token(value)}"
-        if token.startswith(("/", "~")) or (("/" in token or os.sep in token) and not HUB_ID.match(token)
-                                            and not token.startswith("re:")):
+        if token.startswith(("/", "~")) or (
+            ("/" in token or os.sep in token) and not HUB_ID.match(token) and not token.startswith("re:")
+        ):
             replaced = self.known(token)
             if replaced != token:
                 return replaced
@@ -145,8 +146,9 @@ class Redactor:
         return obj
 
 
-def public_manifest(raw: dict[str, Any], redactor: Redactor, folder_name: str, source_ref: str,
-                    target_ref: str | None) -> dict[str, Any]:
+def public_manifest(
+    raw: dict[str, Any], redactor: Redactor, folder_name: str, source_ref: str, target_ref: str | None
+) -> dict[str, Any]:
     """The quantkit.json that is uploaded: `source`, `output` and `target` as public names, the command rewritten
     with them, every other string free of absolute paths; `redacted` lists what changed (no local path)."""
     out = dict(raw)

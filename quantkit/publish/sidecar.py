@@ -107,17 +107,20 @@ class SidecarRun(_Model):
     def from_run(cls, run: DraftAcceptance | None) -> SidecarRun | None:
         if run is None:
             return None
-        return cls(mean_acceptance_length=run.mean_acceptance_length,
-                   acceptance_rate_per_pos=run.acceptance_rate_per_pos,
-                   al_per_domain={d: v.mean_acceptance_length for d, v in run.per_domain.items()},
-                   macro_acceptance_length=run.macro_acceptance_length,
-                   expected_acceptance_length=run.expected_acceptance_length,
-                   conditional_acceptance_per_pos=run.conditional_acceptance_per_pos,
-                   accepted_length_histogram=run.accepted_length_histogram,
-                   al_by_output_position=run.al_by_output_position,
-                   macro_al_per_domain={d: v.macro_acceptance_length for d, v in run.per_domain.items()},
-                   num_drafts=run.num_drafts, num_accepted=run.num_accepted,
-                   tokens_per_target_forward=run.tokens_per_target_forward)
+        return cls(
+            mean_acceptance_length=run.mean_acceptance_length,
+            acceptance_rate_per_pos=run.acceptance_rate_per_pos,
+            al_per_domain={d: v.mean_acceptance_length for d, v in run.per_domain.items()},
+            macro_acceptance_length=run.macro_acceptance_length,
+            expected_acceptance_length=run.expected_acceptance_length,
+            conditional_acceptance_per_pos=run.conditional_acceptance_per_pos,
+            accepted_length_histogram=run.accepted_length_histogram,
+            al_by_output_position=run.al_by_output_position,
+            macro_al_per_domain={d: v.macro_acceptance_length for d, v in run.per_domain.items()},
+            num_drafts=run.num_drafts,
+            num_accepted=run.num_accepted,
+            tokens_per_target_forward=run.tokens_per_target_forward,
+        )
 
 
 class PromptSet(_Model):
@@ -160,8 +163,15 @@ class AcceptanceSidecar(_Model):
     quantkit_version: str = ""
 
     @classmethod
-    def from_acceptance(cls, acceptance: AcceptanceResult, *, model: str, base_model: str | None = None,
-                        target: str | None = None, versions: dict[str, str] | None = None) -> AcceptanceSidecar:
+    def from_acceptance(
+        cls,
+        acceptance: AcceptanceResult,
+        *,
+        model: str,
+        base_model: str | None = None,
+        target: str | None = None,
+        versions: dict[str, str] | None = None,
+    ) -> AcceptanceSidecar:
         """The sidecar of a gate report's acceptance section. Models are named by the Hub ids given here (the
         report's own `model`/`target`/`draft` fields are local paths and are not copied). `versions` are the
         library versions the measurement recorded, when the report has them; else the installed ones are used and
@@ -172,19 +182,38 @@ class AcceptanceSidecar(_Model):
         engine = acceptance.backend
         version, source = _engine_version(engine, versions or _reported_versions(acceptance))
         return cls(
-            model=model, base_model=base_model, target=target if acceptance.candidate_kind != "target" else None,
-            candidate_kind=acceptance.candidate_kind, engine=engine, engine_version=version,
-            engine_version_from=source, num_speculative_tokens=settings.num_speculative_tokens,
-            batch_size=_int_or_none(getattr(settings, "batch_size", None)), temperature=settings.temperature,
-            max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-            prompt_set=prompt_set(settings.prompts, settings.num_prompts,
-                                  settings.prompt_source.content_sha256 if settings.prompt_source else None),
-            baseline=SidecarRun.from_run(acceptance.baseline), candidate=SidecarRun.from_run(acceptance.candidate),
-            ratio=acceptance.ratio, ratio_ci95=acceptance.ratio_ci, per_domain_ratio=dict(acceptance.per_domain_ratio),
-            greedy_outputs_identical=acceptance.greedy_outputs_identical, top_p=settings.top_p, top_k=settings.top_k,
-            draft_sample_method=settings.draft_sample_method, num_seeds=settings.num_seeds,
-            chat_template_kwargs=dict(settings.chat_template_kwargs), dataset=_public_source(settings.prompt_source),
-            averages=dict(AL_DEFINITIONS), quantkit_version=__version__)
+            model=model,
+            base_model=base_model,
+            target=target if acceptance.candidate_kind != "target" else None,
+            candidate_kind=acceptance.candidate_kind,
+            engine=engine,
+            engine_version=version,
+            engine_version_from=source,
+            num_speculative_tokens=settings.num_speculative_tokens,
+            batch_size=_int_or_none(getattr(settings, "batch_size", None)),
+            temperature=settings.temperature,
+            max_new_tokens=settings.max_new_tokens,
+            seed=settings.seed,
+            prompt_set=prompt_set(
+                settings.prompts,
+                settings.num_prompts,
+                settings.prompt_source.content_sha256 if settings.prompt_source else None,
+            ),
+            baseline=SidecarRun.from_run(acceptance.baseline),
+            candidate=SidecarRun.from_run(acceptance.candidate),
+            ratio=acceptance.ratio,
+            ratio_ci95=acceptance.ratio_ci,
+            per_domain_ratio=dict(acceptance.per_domain_ratio),
+            greedy_outputs_identical=acceptance.greedy_outputs_identical,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            draft_sample_method=settings.draft_sample_method,
+            num_seeds=settings.num_seeds,
+            chat_template_kwargs=dict(settings.chat_template_kwargs),
+            dataset=_public_source(settings.prompt_source),
+            averages=dict(AL_DEFINITIONS),
+            quantkit_version=__version__,
+        )
 
     @classmethod
     def parse(cls, data: Any, source: str = SIDECAR) -> AcceptanceSidecar:
@@ -195,8 +224,10 @@ class AcceptanceSidecar(_Model):
             raise ResultFileError(f"{source}: expected a JSON object")
         version = data.get("schema_version")
         if not isinstance(version, int) or not 1 <= version <= SIDECAR_SCHEMA_VERSION:
-            raise ResultFileError(f"{source}: schema_version {version!r} is not supported (this quantkit reads "
-                                  f"{SIDECAR_SCHEMA_VERSION}); upgrade quantkit")
+            raise ResultFileError(
+                f"{source}: schema_version {version!r} is not supported (this quantkit reads "
+                f"{SIDECAR_SCHEMA_VERSION}); upgrade quantkit"
+            )
         try:
             return cls.model_validate(data)
         except ValidationError as e:
@@ -217,7 +248,8 @@ class AcceptanceSidecar(_Model):
     def has_figures(self) -> bool:
         return self.speedup is not None or any(
             r is not None and (r.mean_acceptance_length is not None or r.acceptance_rate_per_pos)
-            for r in (self.baseline, self.candidate))
+            for r in (self.baseline, self.candidate)
+        )
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -260,8 +292,14 @@ def _public_source(source: PromptSource | None) -> PromptSource | None:
     """Where the prompts came from, as published: ids, revision and hashes only (file names inside the dataset)."""
     if source is None:
         return None
-    return PromptSource(kind=source.kind, name=prompt_set_name(source.name), repo=source.repo,
-                        revision=source.revision, content_sha256=source.content_sha256, files=list(source.files))
+    return PromptSource(
+        kind=source.kind,
+        name=prompt_set_name(source.name),
+        repo=source.repo,
+        revision=source.revision,
+        content_sha256=source.content_sha256,
+        files=list(source.files),
+    )
 
 
 def prompt_set_name(prompts: str | None) -> str | None:

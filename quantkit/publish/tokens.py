@@ -67,8 +67,11 @@ def user_tokens(explicit: str | None = None) -> list[str]:
 
 
 def _what(own: bool) -> str:
-    return ("your own Hugging Face token (the one in HF_TOKEN, the token file of `hf auth login` or a stored "
-            "token)" if own else "a Hugging Face token (a string shaped like hf_...)")
+    return (
+        "your own Hugging Face token (the one in HF_TOKEN, the token file of `hf auth login` or a stored token)"
+        if own
+        else "a Hugging Face token (a string shaped like hf_...)"
+    )
 
 
 def find_token_in_bytes(data: bytes, own: list[str]) -> str | None:

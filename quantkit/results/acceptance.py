@@ -13,17 +13,16 @@ from quantkit.specs import AcceptanceSpec
 # Which average each AL figure is: the card, the sidecar and the CLI print these with the figures.
 AL_DEFINITIONS: dict[str, str] = {
     "mean_acceptance_length": "pooled (micro): 1 + sum of accepted draft tokens / sum of drafts over every request, "
-                              "as vLLM's counters give it (vllm/v1/spec_decode/metrics.py)",
+    "as vLLM's counters give it (vllm/v1/spec_decode/metrics.py)",
     "macro_acceptance_length": "macro: the mean over requests of each request's AL (1 + accepted / drafts), as "
-                               "ModelOpt specdec_bench reports Category_AL and Average_AL",
+    "ModelOpt specdec_bench reports Category_AL and Average_AL",
     "expected_acceptance_length": "pooled expected AL: 1 + sum over rounds of E[accepted | drafted tokens] under the "
-                                  "target's sampling probabilities / drafts (equals the pooled AL when greedy)",
+    "target's sampling probabilities / drafts (equals the pooled AL when greedy)",
     "accepted_length_histogram": "drafts (rounds) by number of accepted draft tokens, 0..K",
     "acceptance_rate_per_pos": "share of drafts whose token k was accepted, k = 1..K (vLLM's per-position rate)",
-    "conditional_acceptance_per_pos": "P(token k accepted | tokens 1..k-1 accepted) = accepted at k / accepted at "
-                                      "k-1",
+    "conditional_acceptance_per_pos": "P(token k accepted | tokens 1..k-1 accepted) = accepted at k / accepted at k-1",
     "al_by_output_position": "pooled AL of the rounds that started in each range of generated tokens, so runs that "
-                             "stop at different points compare over the same range",
+    "stop at different points compare over the same range",
 }
 
 
@@ -107,8 +106,13 @@ class DraftAcceptance(Result):
             return {k: {"mean_acceptance_length": x} if isinstance(x, (int, float)) else x for k, x in v.items()}
         return v
 
-    _nan = field_validator("mean_acceptance_length", "tokens_per_target_forward", "macro_acceptance_length",
-                           "expected_acceptance_length", mode="before")(_nan_to_none)
+    _nan = field_validator(
+        "mean_acceptance_length",
+        "tokens_per_target_forward",
+        "macro_acceptance_length",
+        "expected_acceptance_length",
+        mode="before",
+    )(_nan_to_none)
 
     def domain_al(self, domain: str) -> float | None:
         d = self.per_domain.get(domain)

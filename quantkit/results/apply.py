@@ -129,10 +129,12 @@ class ApplyResult(CommandResult):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        d["summary"] = {"quantized_layers": len(self.quantized), "kept_layers": len(self.kept),
-                        "size_ratio": round(self.size_after_bytes / max(self.size_before_bytes, 1), 4)}
+        d["summary"] = {
+            "quantized_layers": len(self.quantized),
+            "kept_layers": len(self.kept),
+            "size_ratio": round(self.size_after_bytes / max(self.size_before_bytes, 1), 4),
+        }
         return d
-
 
 
 __all__ = ["DraftVocabReport", "ApplyResult", "ExecutorReport", "LayerDecision", "ShardSummary"]

@@ -17,8 +17,6 @@ class ResultFileError(QuantkitError):
     """A result file (report, manifest) is missing, not JSON, of an unknown schema version, or has a wrong field."""
 
 
-
-
 class Result(BaseModel):
     """Base of every result: tolerant reading (unknown keys ignored), strict JSON writing (NaN -> null)."""
 

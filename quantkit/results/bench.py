@@ -20,13 +20,29 @@ ArmKind = Literal["no-spec", "bf16-draft", "candidate"]
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 # the per-repeat fields of vLLM's result JSON that BenchRun keeps (vllm/benchmarks/serve.py), besides the latencies
-VLLM_FIELDS = ("duration", "completed", "failed", "num_prompts", "max_concurrency", "total_input_tokens",
-               "total_output_tokens", "request_throughput", "output_throughput", "total_token_throughput",
-               "max_output_tokens_per_s", "max_concurrent_requests", "spec_decode_acceptance_rate",
-               "spec_decode_acceptance_length", "spec_decode_num_drafts", "spec_decode_draft_tokens",
-               "spec_decode_accepted_tokens", "spec_decode_per_position_acceptance_rates")
-LATENCY_FIELDS = tuple(f"{s}_{m}_ms" for m in LATENCY_METRICS for s in ("mean", "median", "std")) + \
-    tuple(f"p{p}_{m}_ms" for m in LATENCY_METRICS for p in PERCENTILES)
+VLLM_FIELDS = (
+    "duration",
+    "completed",
+    "failed",
+    "num_prompts",
+    "max_concurrency",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "spec_decode_acceptance_rate",
+    "spec_decode_acceptance_length",
+    "spec_decode_num_drafts",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+    "spec_decode_per_position_acceptance_rates",
+)
+LATENCY_FIELDS = tuple(f"{s}_{m}_ms" for m in LATENCY_METRICS for s in ("mean", "median", "std")) + tuple(
+    f"p{p}_{m}_ms" for m in LATENCY_METRICS for p in PERCENTILES
+)
 
 
 class BenchIdentity(Result):
@@ -112,9 +128,12 @@ class BenchRun(Result):
         if not self.spec_decode_num_drafts:
             return None
         d = self.spec_decode_num_drafts
-        return SpecDecodeCounters(num_drafts=d, num_draft_tokens=self.spec_decode_draft_tokens or 0,
-                                  num_accepted_tokens=self.spec_decode_accepted_tokens or 0,
-                                  accepted_per_pos=[round(r * d) for r in self.spec_decode_per_position_acceptance_rates])
+        return SpecDecodeCounters(
+            num_drafts=d,
+            num_draft_tokens=self.spec_decode_draft_tokens or 0,
+            num_accepted_tokens=self.spec_decode_accepted_tokens or 0,
+            accepted_per_pos=[round(r * d) for r in self.spec_decode_per_position_acceptance_rates],
+        )
 
 
 class Spread(Result):
@@ -317,36 +336,73 @@ class BenchResult(CommandResult):
         if cand is None:
             return None
         base = next((a for a in self.arms if a.kind == "no-spec" and a.target == cand.target), None)
-        bf16 = next((a for a in self.arms if a.kind == "bf16-draft" and a.target == cand.target
-                     and a.num_speculative_tokens == cand.num_speculative_tokens), None)
+        bf16 = next(
+            (
+                a
+                for a in self.arms
+                if a.kind == "bf16-draft"
+                and a.target == cand.target
+                and a.num_speculative_tokens == cand.num_speculative_tokens
+            ),
+            None,
+        )
         rows = []
         for cell in cand.cells:
             c = cell.concurrency
             comp, ref = self.comparison(cand.name, c), self.comparison(bf16.name, c) if bf16 else None
             bc, rc = (base.cell(c) if base else None), (bf16.cell(c) if bf16 else None)
-            rows.append(SpeedupRow(
-                concurrency=c, no_spec_output_throughput=bc.output_throughput.median if bc else None,
-                bf16_draft_output_throughput=rc.output_throughput.median if rc else None,
-                candidate_output_throughput=cell.output_throughput.median,
-                speedup=comp.speedup if comp else None, speedup_ci=comp.speedup_ci if comp else None,
-                bf16_draft_speedup=ref.speedup if ref else None, bf16_draft_speedup_ci=ref.speedup_ci if ref else None,
-                vs_bf16_draft=comp.vs_bf16_draft if comp else None,
-                vs_bf16_draft_ci=comp.vs_bf16_draft_ci if comp else None,
-                c_step=comp.c_step if comp else None, bf16_draft_c_step=ref.c_step if ref else None,
-                acceptance_length=cell.acceptance_length,
-                bf16_draft_acceptance_length=rc.acceptance_length if rc else None,
-                cost_named=comp.cost_named if comp else ""))
+            rows.append(
+                SpeedupRow(
+                    concurrency=c,
+                    no_spec_output_throughput=bc.output_throughput.median if bc else None,
+                    bf16_draft_output_throughput=rc.output_throughput.median if rc else None,
+                    candidate_output_throughput=cell.output_throughput.median,
+                    speedup=comp.speedup if comp else None,
+                    speedup_ci=comp.speedup_ci if comp else None,
+                    bf16_draft_speedup=ref.speedup if ref else None,
+                    bf16_draft_speedup_ci=ref.speedup_ci if ref else None,
+                    vs_bf16_draft=comp.vs_bf16_draft if comp else None,
+                    vs_bf16_draft_ci=comp.vs_bf16_draft_ci if comp else None,
+                    c_step=comp.c_step if comp else None,
+                    bf16_draft_c_step=ref.c_step if ref else None,
+                    acceptance_length=cell.acceptance_length,
+                    bf16_draft_acceptance_length=rc.acceptance_length if rc else None,
+                    cost_named=comp.cost_named if comp else "",
+                )
+            )
         sched = self.schedule_for(cand.draft)
         return SpeedupSummary(
-            candidate_arm=cand.name, bf16_draft_arm=bf16.name if bf16 else None,
-            no_spec_arm=base.name if base else None, num_speculative_tokens=cand.num_speculative_tokens, rows=rows,
-            crossover=self.crossover.get(cand.name), bf16_draft_crossover=self.crossover.get(bf16.name) if bf16 else None,
+            candidate_arm=cand.name,
+            bf16_draft_arm=bf16.name if bf16 else None,
+            no_spec_arm=base.name if base else None,
+            num_speculative_tokens=cand.num_speculative_tokens,
+            rows=rows,
+            crossover=self.crossover.get(cand.name),
+            bf16_draft_crossover=self.crossover.get(bf16.name) if bf16 else None,
             max_concurrency_measured=max((r.concurrency for r in rows), default=None),
             num_speculative_tokens_per_batch_size=list(sched.num_speculative_tokens_per_batch_size) if sched else [],
-            identity=self.identity, output_len=self.settings.output_len, repeats=self.settings.repeats,
-            deployment_hardware=self.deployment_hardware)
+            identity=self.identity,
+            output_len=self.settings.output_len,
+            repeats=self.settings.repeats,
+            deployment_hardware=self.deployment_hardware,
+        )
 
 
-__all__ = ["BENCH_SCHEMA_VERSION", "LATENCY_FIELDS", "VLLM_FIELDS", "ArmKind", "BenchArm", "BenchCell",
-           "BenchComparison", "BenchIdentity", "BenchResult", "BenchRun", "BenchSettings", "KChoice", "KSchedule",
-           "SpeedupRow", "SpeedupSummary", "Spread"]
+__all__ = [
+    "BENCH_SCHEMA_VERSION",
+    "LATENCY_FIELDS",
+    "VLLM_FIELDS",
+    "ArmKind",
+    "BenchArm",
+    "BenchCell",
+    "BenchComparison",
+    "BenchIdentity",
+    "BenchResult",
+    "BenchRun",
+    "BenchSettings",
+    "KChoice",
+    "KSchedule",
+    "SpeedupRow",
+    "SpeedupSummary",
+    "Spread",
+]

@@ -145,9 +145,13 @@ class CheckResult(CommandResult):
 
     def summary(self) -> CheckSummary:
         """What a gate report keeps of this check."""
-        return CheckSummary(errors=len(self.errors), warnings=len(self.warnings),
-                            quantized_layers=sum(1 for lp in self.layers if lp.quantized),
-                            findings=list(self.findings), vllm_load=self.vllm_load)
+        return CheckSummary(
+            errors=len(self.errors),
+            warnings=len(self.warnings),
+            quantized_layers=sum(1 for lp in self.layers if lp.quantized),
+            findings=list(self.findings),
+            vllm_load=self.vllm_load,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         # check's JSON as it has always been, with its schema_version first (every --json has one, plan 1.13): `ok`

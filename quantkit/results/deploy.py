@@ -17,10 +17,29 @@ DEPLOY_SCHEMA_VERSION = 1
 DEPLOY_FILE = "deploy.json"
 
 # deploy.json's keys in the order it has always written them (computed fields included).
-_KEY_ORDER = ("schema_version", "model", "draft", "platform", "tensor_parallel_size", "max_model_len", "kv_cache_dtype",
-              "num_speculative_tokens", "speculative_config", "argv", "command", "shell", "env", "findings", "ok",
-              "vllm_version", "vllm_min_version", "vllm_min_version_why", "predicted_backends", "kernel_paths",
-              "multi_node")
+_KEY_ORDER = (
+    "schema_version",
+    "model",
+    "draft",
+    "platform",
+    "tensor_parallel_size",
+    "max_model_len",
+    "kv_cache_dtype",
+    "num_speculative_tokens",
+    "speculative_config",
+    "argv",
+    "command",
+    "shell",
+    "env",
+    "findings",
+    "ok",
+    "vllm_version",
+    "vllm_min_version",
+    "vllm_min_version_why",
+    "predicted_backends",
+    "kernel_paths",
+    "multi_node",
+)
 
 
 class EnvVar(Result):

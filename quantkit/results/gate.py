@@ -20,8 +20,18 @@ ReleaseVerdict = Literal["pass", "regression", "anomalous", "infeasible"]
 
 # The last part of the names of gate figures that count things (quantkit.gate.steps, quantkit.gate.release): their
 # value and threshold are integers, and the report and card show them so (never `0.0000 <= 0.0000`).
-COUNT_FIGURES = frozenset({"errors", "quantized_layers", "unexpected_unquantized", "precision_mismatches",
-                           "failed_requests", "unpredicted_fallbacks", "malformed_responses", "drifted_files"})
+COUNT_FIGURES = frozenset(
+    {
+        "errors",
+        "quantized_layers",
+        "unexpected_unquantized",
+        "precision_mismatches",
+        "failed_requests",
+        "unpredicted_fallbacks",
+        "malformed_responses",
+        "drifted_files",
+    }
+)
 
 
 class GateCheck(Result):
@@ -55,8 +65,10 @@ class GateCheck(Result):
     def line(self) -> str:
         if self.value is None or self.threshold is None:
             return f"{self.candidate}: {self.step}: {self.name}: {self.message}"
-        return (f"{self.candidate}: {self.step}: {self.name} = {self.value:.4g} "
-                f"(threshold {self.op} {self.threshold:.4g}){'' if self.passed else ' FAILED'}")
+        return (
+            f"{self.candidate}: {self.step}: {self.name} = {self.value:.4g} "
+            f"(threshold {self.op} {self.threshold:.4g}){'' if self.passed else ' FAILED'}"
+        )
 
 
 class Verdict(Result):
@@ -128,11 +140,19 @@ class GateResult(CommandResult):
         return [c for c in self.checks if not c.passed]
 
     def report(self) -> GateReport:
-        return GateReport(quantkit_version=__version__,
-                          gate=GateSummary(name=self.name, config=self.config, passed=self.passed,
-                                           verdict=self.verdict, reasons=self.reasons, checks=self.checks,
-                                           seconds=round(self.seconds, 2)),
-                          candidates=self.candidates)
+        return GateReport(
+            quantkit_version=__version__,
+            gate=GateSummary(
+                name=self.name,
+                config=self.config,
+                passed=self.passed,
+                verdict=self.verdict,
+                reasons=self.reasons,
+                checks=self.checks,
+                seconds=round(self.seconds, 2),
+            ),
+            candidates=self.candidates,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return self.report().to_dict()

@@ -16,8 +16,10 @@ from quantkit.results.gate import CandidateReport, GateReport
 def _check_version(data: dict[str, Any], source: str) -> None:
     version = data.get("schema_version", data.get("quantkit_manifest_version", SCHEMA_VERSION))
     if isinstance(version, bool) or not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
-        raise ResultFileError(f"{source}: schema_version {version!r} is not supported (this quantkit reads "
-                              f"{SCHEMA_VERSION}); write it with this quantkit or upgrade quantkit")
+        raise ResultFileError(
+            f"{source}: schema_version {version!r} is not supported (this quantkit reads "
+            f"{SCHEMA_VERSION}); write it with this quantkit or upgrade quantkit"
+        )
 
 
 def _validate(cls: type[Result], data: Any, source: str) -> Any:
@@ -32,8 +34,10 @@ def _validate(cls: type[Result], data: Any, source: str) -> Any:
         err = e.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"])
         found = "" if err["type"] == "missing" else f", got {shown(err.get('input'))}"
-        raise ResultFileError(f"{source}: field {where}: {err['msg']}{found}; write it with quantkit again (the "
-                              "format is quantkit/results/)") from None
+        raise ResultFileError(
+            f"{source}: field {where}: {err['msg']}{found}; write it with quantkit again (the "
+            "format is quantkit/results/)"
+        ) from None
 
 
 def _resolved(path: str) -> str | None:
@@ -60,8 +64,10 @@ def select_candidate(data: Any, model: str | Path | None, source: str = "report"
     if len(cands) == 1:
         return {"schema_version": version, **next(iter(cands.values()))}
     names = ", ".join(cands)
-    raise ResultFileError(f"{source}: a gate report with candidates {names} and none is {model}; pass the "
-                          "candidate's report-<name>.json written beside it")
+    raise ResultFileError(
+        f"{source}: a gate report with candidates {names} and none is {model}; pass the "
+        "candidate's report-<name>.json written beside it"
+    )
 
 
 def parse_report(data: Any, source: str = "report", model: str | Path | None = None) -> CandidateReport:
@@ -108,8 +114,10 @@ def load_tune_option(folder: str | Path) -> Any:
     try:
         return TuneOption.model_validate_json(path.read_text(encoding="utf-8"))
     except (ValidationError, UnicodeDecodeError, OSError) as e:
-        raise ResultFileError(f"{path}: not the tune.json quantkit tune --apply writes ({type(e).__name__}); re-run "
-                              "quantkit tune --apply, or remove it") from None
+        raise ResultFileError(
+            f"{path}: not the tune.json quantkit tune --apply writes ({type(e).__name__}); re-run "
+            "quantkit tune --apply, or remove it"
+        ) from None
 
 
 __all__ = ["load_gate_report", "load_manifest", "load_report", "load_tune_option", "parse_report", "select_candidate"]

@@ -28,10 +28,12 @@ class SpecDecodeCounters(Result):
     def minus(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
         """Counters accumulated since `before` (vLLM's are cumulative over the engine's or server's life)."""
         prev = before.accepted_per_pos + [0] * (len(self.accepted_per_pos) - len(before.accepted_per_pos))
-        return SpecDecodeCounters(num_drafts=self.num_drafts - before.num_drafts,
-                                  num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
-                                  num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
-                                  accepted_per_pos=[a - b for a, b in zip(self.accepted_per_pos, prev)])
+        return SpecDecodeCounters(
+            num_drafts=self.num_drafts - before.num_drafts,
+            num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
+            accepted_per_pos=[a - b for a, b in zip(self.accepted_per_pos, prev)],
+        )
 
 
 class ServedBatch(Result):
@@ -59,8 +61,9 @@ class ServedBatch(Result):
     _nan = field_validator("mean_acceptance_length", "tokens_per_s", "tpot_s", mode="before")(_nan_to_none)
 
 
-BackendStatus = Literal["as-predicted", "unpredicted-fallback", "differs", "expected-cpu-emulation", "not-logged",
-                        "report-only"]
+BackendStatus = Literal[
+    "as-predicted", "unpredicted-fallback", "differs", "expected-cpu-emulation", "not-logged", "report-only"
+]
 
 
 class ServedBackend(Result):

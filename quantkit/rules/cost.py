@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from quantkit.results.cost import ESTIMATE, DraftCost, RoleCost
 
@@ -37,8 +37,16 @@ ATTAINED = 0.875
 # runs them in BF16: at least the BF16 time, 9-15x slower than native in the field: 9 x its bytes' time, a floor.
 PATH_FACTOR = {"bf16": 1.0, "per_tensor": 1.0, "row_scaled": 1.6, "emulation": 9.0}
 # roles of a draft step: fc once per round, the others once per draft token
-PER_TOKEN_ROLES = ("attention", "linear_attention", "indexer", "dense_mlp", "router", "shared_experts", "experts",
-                   "lm_head")
+PER_TOKEN_ROLES = (
+    "attention",
+    "linear_attention",
+    "indexer",
+    "dense_mlp",
+    "router",
+    "shared_experts",
+    "experts",
+    "lm_head",
+)
 
 
 def _path(layer: Any, paths: dict[str, str]) -> str:
@@ -64,8 +72,10 @@ def _roles(layers: Iterable[Any], paths: dict[str, str], after: Sequence[str] = 
         acc[0] += stored
         acc[1] += stored * factor
     token = sum(w for role, (_, w) in out.items() if role != "fc")
-    return [RoleCost(role=role, bytes=int(b), weighted_bytes=w, share=None if role == "fc" or not token else w / token)
-            for role, (b, w) in out.items()]
+    return [
+        RoleCost(role=role, bytes=int(b), weighted_bytes=w, share=None if role == "fc" or not token else w / token)
+        for role, (b, w) in out.items()
+    ]
 
 
 def quantized_roles(recipe: Any) -> list[str]:
@@ -79,8 +89,11 @@ def quantized_roles(recipe: Any) -> list[str]:
             self.role = role
 
     quantize = recipe.quantize if recipe.quantize is not None else ["decoder_linears", "experts", "lm_head", "fc"]
-    return [r for r in ROLES if r not in keep and r != "decoder_linears"
-            and any(in_role(_Layer(r), q) for q in quantize)]  # type: ignore[arg-type]
+    return [
+        r
+        for r in ROLES
+        if r not in keep and r != "decoder_linears" and any(in_role(cast(Any, _Layer(r)), q) for q in quantize)
+    ]
 
 
 def kernel_paths_by_layer(report: Any, layers: Sequence[Any]) -> dict[str, str]:
@@ -90,24 +103,31 @@ def kernel_paths_by_layer(report: Any, layers: Sequence[Any]) -> dict[str, str]:
 
     out: dict[str, str] = {}
     for path in getattr(report, "paths", None) or []:
-        pattern = re.compile("".join("[^.]+" if part.startswith("{") else re.escape(part)
-                                     for part in re.split(r"(\{[^}]*\})", path.layer)) + "$")
+        pattern = re.compile(
+            "".join(
+                "[^.]+" if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]*\})", path.layer)
+            )
+            + "$"
+        )
         for layer in layers:
             if pattern.match(layer.name):
                 out[layer.name] = str(path.perf_class)
     return out
 
 
-def draft_cost(layers: Sequence[Any], kernel_paths: dict[str, str] | None = None,
-               recipe: Any = None) -> DraftCost:
+def draft_cost(layers: Sequence[Any], kernel_paths: dict[str, str] | None = None, recipe: Any = None) -> DraftCost:
     """The cost report of a draft's `layers` (LayerPrecision rows of `inspect`); with `recipe` (a Recipe), also the
     bytes after it for the layers it would quantize that the folder stores unquantized."""
     paths = kernel_paths or {}
     roles = _roles(layers, paths)
     token = sum(r.weighted_bytes for r in roles if r.role != "fc")
     lm = next((r.share for r in roles if r.role == "lm_head"), None)
-    cost = DraftCost(roles=roles, per_token_bytes=token, lm_head_share=lm,
-                     fc_bytes=sum(r.weighted_bytes for r in roles if r.role == "fc"))
+    cost = DraftCost(
+        roles=roles,
+        per_token_bytes=token,
+        lm_head_share=lm,
+        fc_bytes=sum(r.weighted_bytes for r in roles if r.role == "fc"),
+    )
     if recipe is not None and any(not layer.quantized and layer.role in quantized_roles(recipe) for layer in layers):
         after = _roles(layers, paths, after=quantized_roles(recipe))
         after_token = sum(r.weighted_bytes for r in after if r.role != "fc")
@@ -139,7 +159,8 @@ class TargetShape:
     def step_bytes(self, tokens: int) -> float:
         """Bytes of one forward over `tokens` tokens (decode: the batch; verify: batch x (K + 1))."""
         return self.always_bytes + self.moe_layers * self.expert_bytes * expected_distinct_experts(
-            self.num_experts, self.top_k, tokens)
+            self.num_experts, self.top_k, tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -165,19 +186,41 @@ def microseconds(weighted_bytes: float, platform: str, tp: int = 1) -> float:
     return weighted_bytes / tp / (tbs * 1e12 * ATTAINED) * 1e6
 
 
-def speedup_bound(target: TargetShape, draft_round_bytes: float, al: float, k: int, batch: int, platform: str,
-                  tp: int = 1) -> SpeedupBound:
+def speedup_bound(
+    target: TargetShape, draft_round_bytes: float, al: float, k: int, batch: int, platform: str, tp: int = 1
+) -> SpeedupBound:
     """Tokens per second with speculation over without: a round (draft K tokens, verify b x (K+1)) yields AL tokens
     per sequence where a plain decode step yields one."""
     tbs, source = BANDWIDTH_TBS[platform]
     decode = microseconds(target.step_bytes(batch), platform, tp)
     verify = microseconds(target.step_bytes(batch * (k + 1)), platform, tp)
     draft = microseconds(draft_round_bytes, platform, tp)
-    return SpeedupBound(platform=platform, bandwidth_tbs=tbs, source=source, target_decode_us=decode,
-                        target_verify_us=verify, draft_round_us=draft, speedup=al * decode / (decode + draft),
-                        speedup_uniform=al * decode / (verify + draft), notes=[ESTIMATE])
+    return SpeedupBound(
+        platform=platform,
+        bandwidth_tbs=tbs,
+        source=source,
+        target_decode_us=decode,
+        target_verify_us=verify,
+        draft_round_us=draft,
+        speedup=al * decode / (decode + draft),
+        speedup_uniform=al * decode / (verify + draft),
+        notes=[ESTIMATE],
+    )
 
 
-__all__ = ["ATTAINED", "BANDWIDTH_TBS", "ESTIMATE", "PATH_FACTOR", "DraftCost", "RoleCost", "SpeedupBound",
-           "TargetShape", "draft_cost", "expected_distinct_experts", "kernel_paths_by_layer", "microseconds",
-           "quantized_roles", "speedup_bound"]
+__all__ = [
+    "ATTAINED",
+    "BANDWIDTH_TBS",
+    "ESTIMATE",
+    "PATH_FACTOR",
+    "DraftCost",
+    "RoleCost",
+    "SpeedupBound",
+    "TargetShape",
+    "draft_cost",
+    "expected_distinct_experts",
+    "kernel_paths_by_layer",
+    "microseconds",
+    "quantized_roles",
+    "speedup_bound",
+]

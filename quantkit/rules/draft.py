@@ -63,10 +63,14 @@ def vocab_maps(ctx: RuleContext) -> None:
     d = _draft(ck)
     head = ck.tensors.get("lm_head.weight")
     if head is not None and isinstance(d.draft_vocab, int) and head.shape and head.shape[0] != d.draft_vocab:
-        findings.add("error", "draft-vocab-size", "lm_head.weight",
-                     f"lm_head has {head.shape[0]} rows but draft_vocab_size is {d.draft_vocab} (llama_eagle3.py "
-                     "builds lm_head with draft_vocab_size rows)",
-                     "set draft_vocab_size in config.json to the lm_head rows")
+        findings.add(
+            "error",
+            "draft-vocab-size",
+            "lm_head.weight",
+            f"lm_head has {head.shape[0]} rows but draft_vocab_size is {d.draft_vocab} (llama_eagle3.py "
+            "builds lm_head with draft_vocab_size rows)",
+            "set draft_vocab_size in config.json to the lm_head rows",
+        )
     if isinstance(d.vocab, int) and isinstance(d.draft_vocab, int) and d.draft_vocab != d.vocab:
         _vocab_maps(ck, d.vocab, d.draft_vocab, findings)
 
@@ -77,9 +81,14 @@ def aux_layers(ctx: RuleContext) -> None:
     d = _draft(ctx.subject.loaded)
     where = AUX_IDS
     if d.top_ids and d.nested_ids and list(d.top_ids) != list(d.nested_ids):
-        findings.add("warning", "aux-layer-ids", where,
-                     f"top-level eagle_aux_hidden_state_layer_ids {d.top_ids} differ from eagle_config's "
-                     f"{d.nested_ids}; vLLM uses the top-level ones", "make both the same")
+        findings.add(
+            "warning",
+            "aux-layer-ids",
+            where,
+            f"top-level eagle_aux_hidden_state_layer_ids {d.top_ids} differ from eagle_config's "
+            f"{d.nested_ids}; vLLM uses the top-level ones",
+            "make both the same",
+        )
     n_target = ctx.target_num_layers
     if ctx.target is None or n_target is None:
         return  # draft-target-unknown says what is not checked (deploy: a target config without a layer count)
@@ -88,20 +97,32 @@ def aux_layers(ctx: RuleContext) -> None:
         source_txt = f"{where} {effective}" if d.ids else f"vLLM's default aux layer ids {effective} (none in config)"
         bad = [i for i in effective if not isinstance(i, int) or i < 0 or i > n_target]
         if bad:
-            findings.add("error", "aux-layer-out-of-range", where,
-                         f"{source_txt}: {bad} outside the target's hidden states 0..{n_target} (the target has "
-                         f"{n_target} layers; llama.py collects the state after layer i for aux id i), so vLLM never "
-                         "collects them and the fc input has the wrong size",
-                         f"use ids within 0..{n_target} (the draft's training used the target's layer numbering; "
-                         "is --target the draft's target?)")
+            findings.add(
+                "error",
+                "aux-layer-out-of-range",
+                where,
+                f"{source_txt}: {bad} outside the target's hidden states 0..{n_target} (the target has "
+                f"{n_target} layers; llama.py collects the state after layer i for aux id i), so vLLM never "
+                "collects them and the fc input has the wrong size",
+                f"use ids within 0..{n_target} (the draft's training used the target's layer numbering; "
+                "is --target the draft's target?)",
+            )
         elif len(set(effective)) != len(effective):
-            findings.add("error", "aux-layer-ids", where,
-                         f"{source_txt} repeats a layer; vLLM then fails with a shape error",
-                         "write explicit distinct ids at the top level and in eagle_config")
+            findings.add(
+                "error",
+                "aux-layer-ids",
+                where,
+                f"{source_txt} repeats a layer; vLLM then fails with a shape error",
+                "write explicit distinct ids at the top level and in eagle_config",
+            )
         if d.n_aux is not None and d.n_aux != len(effective):
-            findings.add("error", "aux-layer-ids", where,
-                         f"fc takes {d.n_aux} x {d.target_hidden} inputs but {len(effective)} aux layer ids are given",
-                         f"give exactly {d.n_aux} aux layer ids")
+            findings.add(
+                "error",
+                "aux-layer-ids",
+                where,
+                f"fc takes {d.n_aux} x {d.target_hidden} inputs but {len(effective)} aux layer ids are given",
+                f"give exactly {d.n_aux} aux layer ids",
+            )
 
 
 def target_fit(ctx: RuleContext) -> None:
@@ -113,17 +134,29 @@ def target_fit(ctx: RuleContext) -> None:
     t_hidden, t_vocab = tcfg.get("hidden_size"), tcfg.get("vocab_size")
     fc, target_hidden, vocab = d.fc, d.target_hidden, d.vocab
     if isinstance(t_hidden, int) and isinstance(target_hidden, int) and t_hidden != target_hidden:
-        findings.add("error", "hidden-size-mismatch", "model.fc",
-                     f"the draft expects target hidden size {target_hidden} but the target's hidden_size is {t_hidden}",
-                     "is --target the draft's target? (set target_hidden_size in the draft config if it differs)")
+        findings.add(
+            "error",
+            "hidden-size-mismatch",
+            "model.fc",
+            f"the draft expects target hidden size {target_hidden} but the target's hidden_size is {t_hidden}",
+            "is --target the draft's target? (set target_hidden_size in the draft config if it differs)",
+        )
     elif fc is not None and isinstance(t_hidden, int) and len(fc.shape) == 2 and fc.shape[1] % t_hidden:
-        findings.add("error", "hidden-size-mismatch", "model.fc",
-                     f"fc.weight input dim {fc.shape[1]} is not a multiple of the target's hidden_size {t_hidden}",
-                     "is --target the draft's target?")
+        findings.add(
+            "error",
+            "hidden-size-mismatch",
+            "model.fc",
+            f"fc.weight input dim {fc.shape[1]} is not a multiple of the target's hidden_size {t_hidden}",
+            "is --target the draft's target?",
+        )
     if isinstance(t_vocab, int) and isinstance(vocab, int) and t_vocab != vocab:
-        findings.add("error", "vocab-size-mismatch", "vocab_size",
-                     f"the draft's vocab_size {vocab} differs from the target's {t_vocab}; d2t maps into the target "
-                     "vocabulary", "is --target the draft's target?")
+        findings.add(
+            "error",
+            "vocab-size-mismatch",
+            "vocab_size",
+            f"the draft's vocab_size {vocab} differs from the target's {t_vocab}; d2t maps into the target vocabulary",
+            "is --target the draft's target?",
+        )
 
 
 def target_unknown(ctx: RuleContext) -> None:
@@ -131,11 +164,18 @@ def target_unknown(ctx: RuleContext) -> None:
     if ctx.target is not None:
         return
     ck = ctx.subject.loaded
-    named = (f"the draft's decoder layers are named model.layers.{PLACEHOLDER}.* (N = the target's layer "
-             "count), and " if any(PLACEHOLDER in layer.name for layer in ck.layers) else "")
-    ctx.findings.add("info", "target-unknown", "--target",
-                     f"no --target: {named}aux layer ids, hidden sizes and the real load are not checked",
-                     "pass --target TARGET_DIR")
+    named = (
+        f"the draft's decoder layers are named model.layers.{PLACEHOLDER}.* (N = the target's layer count), and "
+        if any(PLACEHOLDER in layer.name for layer in ck.layers)
+        else ""
+    )
+    ctx.findings.add(
+        "info",
+        "target-unknown",
+        "--target",
+        f"no --target: {named}aux layer ids, hidden sizes and the real load are not checked",
+        "pass --target TARGET_DIR",
+    )
 
 
 def _vocab_maps(ck: LoadedCheckpoint, vocab: int, draft_vocab: int, findings: Findings) -> None:
@@ -145,44 +185,76 @@ def _vocab_maps(ck: LoadedCheckpoint, vocab: int, draft_vocab: int, findings: Fi
 
     d2t, t2d = ck.tensors.get("d2t"), ck.tensors.get("t2d")
     if d2t is None:
-        findings.add("error", "d2t-missing", "d2t",
-                     f"draft vocab ({draft_vocab}) differs from vocab ({vocab}) but there is no d2t tensor; vLLM "
-                     "keeps draft_id_to_target_id at zeros and maps every draft token to the wrong target token",
-                     "save d2t (draft id -> target id offset) with the draft")
+        findings.add(
+            "error",
+            "d2t-missing",
+            "d2t",
+            f"draft vocab ({draft_vocab}) differs from vocab ({vocab}) but there is no d2t tensor; vLLM "
+            "keeps draft_id_to_target_id at zeros and maps every draft token to the wrong target token",
+            "save d2t (draft id -> target id offset) with the draft",
+        )
         return
     if t2d is None:
-        findings.add("warning", "t2d-missing", "t2d",
-                     "no t2d tensor; vLLM skips t2d on load, but it is the only record of the draft vocabulary to "
-                     "check d2t against", "save t2d with the draft")
+        findings.add(
+            "warning",
+            "t2d-missing",
+            "t2d",
+            "no t2d tensor; vLLM skips t2d on load, but it is the only record of the draft vocabulary to "
+            "check d2t against",
+            "save t2d with the draft",
+        )
     reader = TensorReader(ck.path)
     if d2t.dtype not in ("I64", "I32") or len(d2t.shape) != 1 or d2t.shape[0] != draft_vocab:
-        findings.add("error", "d2t-invalid", "d2t",
-                     f"d2t is {d2t.dtype} {list(d2t.shape)}; vLLM loads it into an int64 [{draft_vocab}] parameter "
-                     "(draft_vocab_size)", "save d2t as int64 with draft_vocab_size entries")
+        findings.add(
+            "error",
+            "d2t-invalid",
+            "d2t",
+            f"d2t is {d2t.dtype} {list(d2t.shape)}; vLLM loads it into an int64 [{draft_vocab}] parameter "
+            "(draft_vocab_size)",
+            "save d2t as int64 with draft_vocab_size entries",
+        )
         return
     offsets = reader.array(d2t.file, "d2t").astype(np.int64)
     targets = np.arange(draft_vocab, dtype=np.int64) + offsets
     if targets.min() < 0 or targets.max() >= vocab or len(np.unique(targets)) != draft_vocab:
-        findings.add("error", "d2t-invalid", "d2t",
-                     f"arange(draft_vocab) + d2t gives target ids outside 0..{vocab - 1} or repeated ids",
-                     "regenerate d2t from the draft vocabulary")
+        findings.add(
+            "error",
+            "d2t-invalid",
+            "d2t",
+            f"arange(draft_vocab) + d2t gives target ids outside 0..{vocab - 1} or repeated ids",
+            "regenerate d2t from the draft vocabulary",
+        )
         return
     if t2d is None:
         return
     if len(t2d.shape) != 1 or t2d.shape[0] != vocab:
-        findings.add("error", "t2d-invalid", "t2d", f"t2d has shape {list(t2d.shape)}; expected [{vocab}] (vocab_size)",
-                     "regenerate t2d: a mask over the target vocabulary")
+        findings.add(
+            "error",
+            "t2d-invalid",
+            "t2d",
+            f"t2d has shape {list(t2d.shape)}; expected [{vocab}] (vocab_size)",
+            "regenerate t2d: a mask over the target vocabulary",
+        )
         return
     mask = reader.array(t2d.file, "t2d").astype(bool)
     if int(mask.sum()) != draft_vocab:
-        findings.add("error", "t2d-invalid", "t2d",
-                     f"t2d marks {int(mask.sum())} target tokens; draft_vocab_size is {draft_vocab}",
-                     "regenerate t2d from the draft vocabulary")
+        findings.add(
+            "error",
+            "t2d-invalid",
+            "t2d",
+            f"t2d marks {int(mask.sum())} target tokens; draft_vocab_size is {draft_vocab}",
+            "regenerate t2d from the draft vocabulary",
+        )
         return
     if not np.array_equal(np.sort(targets), np.nonzero(mask)[0]):
-        findings.add("error", "d2t-t2d-mismatch", "d2t",
-                     "arange(draft_vocab) + d2t does not give the target ids t2d marks: draft tokens map to the "
-                     "wrong target tokens", "regenerate d2t and t2d together")
+        findings.add(
+            "error",
+            "d2t-t2d-mismatch",
+            "d2t",
+            "arange(draft_vocab) + d2t does not give the target ids t2d marks: draft tokens map to the "
+            "wrong target tokens",
+            "regenerate d2t and t2d together",
+        )
 
 
 def check_draft_vocab(ctx: DeployContext) -> list[Finding]:
@@ -191,30 +263,71 @@ def check_draft_vocab(ctx: DeployContext) -> list[Finding]:
     out = []
     t_vocab = config_int(ctx.target_text.get("vocab_size"))
     d_vocab = config_int(layer.get("vocab_size")) or config_int(ctx.draft_config.get("vocab_size"))
-    draft_vocab = config_int(ctx.draft_config.get("draft_vocab_size")) or config_int(layer.get("draft_vocab_size")) or d_vocab
+    draft_vocab = (
+        config_int(ctx.draft_config.get("draft_vocab_size")) or config_int(layer.get("draft_vocab_size")) or d_vocab
+    )
     if t_vocab and d_vocab and t_vocab != d_vocab:
-        out.append(finding("draft-vocab-mismatch", "error", "draft-vocab-mismatch", "vocab_size",
-                            f"the draft's vocab_size {d_vocab} differs from the target's {t_vocab}: its d2t map and "
-                            "embeddings index the target's vocabulary", f"is {ctx.target_path} the draft's target?"))
+        out.append(
+            finding(
+                "draft-vocab-mismatch",
+                "error",
+                "draft-vocab-mismatch",
+                "vocab_size",
+                f"the draft's vocab_size {d_vocab} differs from the target's {t_vocab}: its d2t map and "
+                "embeddings index the target's vocabulary",
+                f"is {ctx.target_path} the draft's target?",
+            )
+        )
     if t_vocab and draft_vocab and draft_vocab > t_vocab:
-        out.append(finding("draft-vocab-mismatch", "error", "draft-vocab-mismatch", "draft_vocab_size",
-                            f"draft_vocab_size {draft_vocab} exceeds the target's vocab_size {t_vocab}",
-                            f"is {ctx.target_path} the draft's target?"))
+        out.append(
+            finding(
+                "draft-vocab-mismatch",
+                "error",
+                "draft-vocab-mismatch",
+                "draft_vocab_size",
+                f"draft_vocab_size {draft_vocab} exceeds the target's vocab_size {t_vocab}",
+                f"is {ctx.target_path} the draft's target?",
+            )
+        )
     d2t = ctx.draft_tensors.get("d2t")
     if draft_vocab and t_vocab and draft_vocab != t_vocab and d2t is None:
-        out.append(finding("draft-vocab-mismatch", "error", "draft-d2t-missing", "d2t",
-                            f"draft vocab {draft_vocab} differs from the target's {t_vocab} but the draft has no d2t "
-                            "tensor, so vLLM maps draft token i to target token i", "re-export the draft with d2t"))
+        out.append(
+            finding(
+                "draft-vocab-mismatch",
+                "error",
+                "draft-d2t-missing",
+                "d2t",
+                f"draft vocab {draft_vocab} differs from the target's {t_vocab} but the draft has no d2t "
+                "tensor, so vLLM maps draft token i to target token i",
+                "re-export the draft with d2t",
+            )
+        )
     elif d2t is not None and draft_vocab and d2t.shape and d2t.shape[0] != draft_vocab:
-        out.append(finding("draft-vocab-mismatch", "error", "draft-d2t-shape", "d2t",
-                            f"d2t has {d2t.shape[0]} entries but draft_vocab_size is {draft_vocab}",
-                            "fix draft_vocab_size in the draft's config.json, or re-export d2t"))
+        out.append(
+            finding(
+                "draft-vocab-mismatch",
+                "error",
+                "draft-d2t-shape",
+                "d2t",
+                f"d2t has {d2t.shape[0]} entries but draft_vocab_size is {draft_vocab}",
+                "fix draft_vocab_size in the draft's config.json, or re-export d2t",
+            )
+        )
     t_hidden = config_int(ctx.target_text.get("hidden_size"))
-    d_target_hidden = config_int(ctx.draft_config.get("target_hidden_size")) or config_int(layer.get("target_hidden_size"))
+    d_target_hidden = config_int(ctx.draft_config.get("target_hidden_size")) or config_int(
+        layer.get("target_hidden_size")
+    )
     if t_hidden and d_target_hidden and t_hidden != d_target_hidden:
-        out.append(finding("draft-vocab-mismatch", "error", "draft-hidden-mismatch", "target_hidden_size",
-                            f"the draft expects target hidden size {d_target_hidden}, the target has {t_hidden}",
-                            f"is {ctx.target_path} the draft's target?"))
+        out.append(
+            finding(
+                "draft-vocab-mismatch",
+                "error",
+                "draft-hidden-mismatch",
+                "target_hidden_size",
+                f"the draft expects target hidden size {d_target_hidden}, the target has {t_hidden}",
+                f"is {ctx.target_path} the draft's target?",
+            )
+        )
     return out
 
 
@@ -235,15 +348,22 @@ def qkv_prefix(ctx: RuleContext) -> None:
     if not qkv:
         return
     first = min(qkv, key=lambda layer: layer.layer_index if layer.layer_index is not None else 0)
-    old = replace(first, name=first.name.replace(".self_attn.qkv_proj", ".qkv_proj"),
-                  shards=tuple(s.replace(".self_attn.", ".") for s in first.shards))
+    old = replace(
+        first,
+        name=first.name.replace(".self_attn.qkv_proj", ".qkv_proj"),
+        shards=tuple(s.replace(".self_attn.", ".") for s in first.shards),
+    )
     try:
         now, then = is_excluded(first, exclude), is_excluded(old, exclude)
     except Exception:  # noqa: BLE001 - an invalid exclude list is exclude-matching's finding
         return
     if now and not then:
-        ctx.findings.add("error", "draft-qkv-prefix", first.name,
-                         f"vLLM {ctx.serving.vllm_version} names this layer {old.name} (the self_attn segment came "
-                         "with vLLM 0.26, PR #48068): the exclude entry that keeps it BF16 does not match there, so "
-                         "vLLM quantizes the 2*hidden qkv and fails to load it",
-                         f"serve with vLLM >= 0.26, or add the exclude entry {old.name!r}")
+        ctx.findings.add(
+            "error",
+            "draft-qkv-prefix",
+            first.name,
+            f"vLLM {ctx.serving.vllm_version} names this layer {old.name} (the self_attn segment came "
+            "with vLLM 0.26, PR #48068): the exclude entry that keeps it BF16 does not match there, so "
+            "vLLM quantizes the 2*hidden qkv and fails to load it",
+            f"serve with vLLM >= 0.26, or add the exclude entry {old.name!r}",
+        )

@@ -55,11 +55,15 @@ def _mtp_draft_excluded(ck: LoadedCheckpoint, findings: Findings) -> None:
             return  # exclude-matching reports the list itself
     if missed:
         entries = ck.family.mtp_exclusions(ck.config, ck.tensors) if ck.family is not None else ()
-        findings.add("warning", "mtp-draft-quantized", "quantization_config.exclude",
-                     f"the MTP layers {', '.join(missed)} keep float weights, but exclude does not exclude them under "
-                     "the runtime names of the MTP draft vLLM builds with this quant config (speculative method mtp): "
-                     "with MTP speculation vLLM gives them quantized parameters for float weights and fails to load the draft",
-                     f"add {_quoted(list(entries))} to exclude" if entries else "exclude the MTP draft's layers")
+        findings.add(
+            "warning",
+            "mtp-draft-quantized",
+            "quantization_config.exclude",
+            f"the MTP layers {', '.join(missed)} keep float weights, but exclude does not exclude them under "
+            "the runtime names of the MTP draft vLLM builds with this quant config (speculative method mtp): "
+            "with MTP speculation vLLM gives them quantized parameters for float weights and fails to load the draft",
+            f"add {_quoted(list(entries))} to exclude" if entries else "exclude the MTP draft's layers",
+        )
 
 
 def _quoted(entries: Sequence[str]) -> str:
@@ -70,8 +74,9 @@ def exclude_fix(ck: LoadedCheckpoint, resolved: Sequence[LayerPrecision], extra:
     """The exclude list under which exactly the layers excluded now, plus `extra`, are excluded (vLLM names)."""
     from quantkit.naming.exclude import exclude_entries_for
 
-    kept_names = {lp.name for lp in resolved if lp.exclude_rule is not None
-                  or lp.source == "partial_fused_exclusion"} | extra
+    kept_names = {
+        lp.name for lp in resolved if lp.exclude_rule is not None or lp.source == "partial_fused_exclusion"
+    } | extra
     kept = [layer for layer in ck.layers if layer.name in kept_names]
     try:
         entries = exclude_entries_for(kept, ck.layers)
@@ -83,11 +88,16 @@ def exclude_fix(ck: LoadedCheckpoint, resolved: Sequence[LayerPrecision], extra:
             head, _, tail = e.partition(f"model.layers.{PLACEHOLDER}.")
             e = "re:" + re.escape(head.removeprefix("re:") + "model.layers.") + r"\d+\." + re.escape(tail) + "$"
         fixed.append(e)
-    return f"write \"exclude\": {_quoted(fixed)}"
+    return f'write "exclude": {_quoted(fixed)}'
 
 
-def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_name: dict[str, Any],
-                     modules: dict[str, list[tuple[str, TensorInfo]]], findings: Findings) -> None:
+def _exclude_entries(
+    ck: LoadedCheckpoint,
+    resolved: list[LayerPrecision],
+    by_name: dict[str, Any],
+    modules: dict[str, list[tuple[str, TensorInfo]]],
+    findings: Findings,
+) -> None:
     """Entries vLLM ignores (Quark checkpoint names, fnmatch globs, names of nothing), invalid regexes, and fused
     layers excluded in part."""
     from quantkit.naming.exclude import ExcludeListError, PartialFusedExclusion, match_reason
@@ -100,8 +110,13 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
         try:
             m = match_reason(layer, exclude)
         except ExcludeListError as e:
-            findings.add("error", "exclude-invalid-regex", "quantization_config.exclude", str(e),
-                         "fix the regular expression (vLLM compiles it with the `regex` package)")
+            findings.add(
+                "error",
+                "exclude-invalid-regex",
+                "quantization_config.exclude",
+                str(e),
+                "fix the regular expression (vLLM compiles it with the `regex` package)",
+            )
             return
         if isinstance(m, PartialFusedExclusion):
             used.update(e for _, es in m.shard_entries for e in es)
@@ -113,14 +128,24 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
         if entry in used:
             continue
         # Quark writes checkpoint module names (fnmatch globs in its own config); vLLM matches runtime names only.
-        hits = [layer for layer in ck.layers if not entry.startswith("re:")
-                and any(m == entry or fnmatch.fnmatchcase(m, entry) or m.startswith(entry + ".")
-                        for m in layer.checkpoint_modules)]
+        hits = [
+            layer
+            for layer in ck.layers
+            if not entry.startswith("re:")
+            and any(
+                m == entry or fnmatch.fnmatchcase(m, entry) or m.startswith(entry + ".")
+                for m in layer.checkpoint_modules
+            )
+        ]
         if not hits:
-            findings.add("warning", "exclude-unmatched", entry,
-                         f"exclude entry {entry!r} matches no layer vLLM builds for this checkpoint "
-                         "(vLLM matches exact runtime names or `re:` regexes only); it has no effect",
-                         "remove it, or write the runtime name (see `quantkit inspect`)")
+            findings.add(
+                "warning",
+                "exclude-unmatched",
+                entry,
+                f"exclude entry {entry!r} matches no layer vLLM builds for this checkpoint "
+                "(vLLM matches exact runtime names or `re:` regexes only); it has no effect",
+                "remove it, or write the runtime name (see `quantkit inspect`)",
+            )
             continue
         for layer in hits:
             if layer.name in quantized:
@@ -129,21 +154,32 @@ def _exclude_entries(ck: LoadedCheckpoint, resolved: list[LayerPrecision], by_na
         fix = exclude_fix(ck, resolved, set(not_applied))
         for name, entries in not_applied.items():
             lp = next(lp for lp in resolved if lp.name == name)
-            dtypes = sorted({info.dtype for m in lp.checkpoint_modules for t, info in modules.get(m, [])
-                             if t.endswith(".weight")})
+            dtypes = sorted(
+                {info.dtype for m in lp.checkpoint_modules for t, info in modules.get(m, []) if t.endswith(".weight")}
+            )
             findings.add(
-                "error", "exclude-not-applied", name,
+                "error",
+                "exclude-not-applied",
+                name,
                 f"exclude entr{'ies' if len(entries) > 1 else 'y'} {', '.join(repr(e) for e in entries)} "
                 f"name{'s' if len(entries) == 1 else ''} checkpoint module(s) of {name}, but vLLM matches exclude "
                 f"against runtime names only (exact or `re:`), so it quantizes {name} as {lp.precision}"
-                + (f" although its weight is {'/'.join(dtypes)}: it would compute with garbage" if
-                   dtypes and set(dtypes) <= FLOAT_DTYPES else ""),
-                f"{fix} (or the `re:` form re:{re.escape(name)}$)")
+                + (
+                    f" although its weight is {'/'.join(dtypes)}: it would compute with garbage"
+                    if dtypes and set(dtypes) <= FLOAT_DTYPES
+                    else ""
+                ),
+                f"{fix} (or the `re:` form re:{re.escape(name)}$)",
+            )
     for lp in resolved:
         if lp.source == "partial_fused_exclusion":
             layer = by_name[lp.name]
-            findings.add("error", "partial-fused-exclusion", lp.name,
-                         f"{lp.problem} (utils.py should_ignore_layer: ValueError 'Found different quantization "
-                         "schemes for the shards')",
-                         f"exclude all of {', '.join(layer.shards)} or the fused runtime name; "
-                         f"{exclude_fix(ck, resolved, set())}")
+            findings.add(
+                "error",
+                "partial-fused-exclusion",
+                lp.name,
+                f"{lp.problem} (utils.py should_ignore_layer: ValueError 'Found different quantization "
+                "schemes for the shards')",
+                f"exclude all of {', '.join(layer.shards)} or the fused runtime name; "
+                f"{exclude_fix(ck, resolved, set())}",
+            )

@@ -128,6 +128,7 @@ def _aiter_experts(quant: str | None) -> Gate:
         if c.platform != "gfx950":
             return "AiterExperts runs MXFP4 on gfx950 only (rocm_aiter_moe.py _supports_quant_scheme: on_gfx950())"
         return None
+
     return gate
 
 
@@ -139,8 +140,10 @@ def _aiter_triton_w4a16(c: MoeCase, image: Image) -> str | None:
     if c.use_ep:
         return "the AITER Triton a16w4 kernel takes no expert parallelism"
     if c.routing not in ("Renormalize", "RenormalizeNaive", "DeepseekV4", "DeepSeekV3"):
-        return (f"the AITER Triton a16w4 kernel does not take the {c.routing} routing method "
-                "(aiter_mxfp4_w4a16_moe.py _supports_routing_method)")
+        return (
+            f"the AITER Triton a16w4 kernel does not take the {c.routing} routing method "
+            "(aiter_mxfp4_w4a16_moe.py _supports_routing_method)"
+        )
     return None
 
 
@@ -150,8 +153,10 @@ def _aiter_w4a8(c: MoeCase, image: Image) -> str | None:
     if c.platform != "gfx950":
         return "the AITER W4A8 kernel runs on gfx950 only"
     if c.activation != "swigluoai":
-        return (f"the AITER W4A8 kernel takes the swigluoai activation only, not {c.activation} "
-                "(aiter_mxfp4_w4a8_moe.py _supports_activation)")
+        return (
+            f"the AITER W4A8 kernel takes the swigluoai activation only, not {c.activation} "
+            "(aiter_mxfp4_w4a8_moe.py _supports_activation)"
+        )
     if c.use_ep or c.routing not in ("Renormalize", "RenormalizeNaive"):
         return f"the AITER W4A8 kernel does not take the {c.routing} routing method or EP"
     return None
@@ -165,8 +170,10 @@ def _triton(c: MoeCase, image: Image) -> str | None:
 
 def _cuda_only(what: str) -> Gate:
     """A backend for CUDA SM100+ (Blackwell): "cuda" here is SM90, so it never takes the layer."""
+
     def gate(c: MoeCase, image: Image) -> str | None:
         return f"{what} runs on CUDA SM100+ only"
+
     return gate
 
 
@@ -291,8 +298,9 @@ def padding_waste(backend: str, platform: str, hidden: int, intermediate: int, t
 # --- FP8 linears (choose_scaled_mm_linear_kernel over _POSSIBLE_FP8_KERNELS) ------------------------------------------
 
 
-def select_fp8_linear(platform: str, ptpc: bool, n: int, k: int, out_dtype: str = "bfloat16",
-                      image: Image = Image()) -> tuple[str | None, PerfClass, str]:
+def select_fp8_linear(
+    platform: str, ptpc: bool, n: int, k: int, out_dtype: str = "bfloat16", image: Image = Image()
+) -> tuple[str | None, PerfClass, str]:
     """The FP8 scaled-mm kernel class vLLM picks for one linear (weight [n, k] per partition): ptpc = per-channel
     weights with dynamic per-token activations (Quark ptpc_fp8), else per-tensor. Returns (class, perf, why)."""
     if platform in ("gfx950", "gfx942"):
@@ -315,8 +323,11 @@ def select_fp8_linear(platform: str, ptpc: bool, n: int, k: int, out_dtype: str 
                 return "AiterPerTokenFp8ScaledMMLinearKernel", "native", "; ".join(passed)
             if out_dtype != "float16":
                 return "RowWiseTorchFP8ScaledMMLinearKernel", "fallback", "hipBLASLt rowwise: " + "; ".join(passed)
-            return ("ChannelWiseTorchFP8ScaledMMLinearKernel", "fallback",
-                    "FP16 output: the rowwise hipBLASLt path needs BF16 (scaled_mm/pytorch.py)")
+            return (
+                "ChannelWiseTorchFP8ScaledMMLinearKernel",
+                "fallback",
+                "FP16 output: the rowwise hipBLASLt path needs BF16 (scaled_mm/pytorch.py)",
+            )
         return "ROCmFP8ScaledMMLinearKernel", "fallback", "per-tensor FP8: ROCm skinny GEMM / hipBLASLt"
     if platform == "cuda":  # not compared with vLLM: the CPU build lacks the CUTLASS capability op
         return "CutlassFP8ScaledMMLinearKernel", "native", "CUTLASS FP8 scaled-mm (SM89+; not verified against vLLM)"
@@ -355,8 +366,15 @@ def _key_of(lp: LayerPrecision) -> str | None | bool:
     return False
 
 
-def predict(config: dict[str, Any], layers: list[LayerPrecision], tensors: dict[str, Any], platform: str,
-            tp: int = 1, vllm_version: str = "0.32.0", image: Image = Image()) -> KernelReport:
+def predict(
+    config: dict[str, Any],
+    layers: list[LayerPrecision],
+    tensors: dict[str, Any],
+    platform: str,
+    tp: int = 1,
+    vllm_version: str = "0.32.0",
+    image: Image = Image(),
+) -> KernelReport:
     """Every MoE and linear layer's vLLM path on `platform` at TP `tp`, grouped by decoder-layer number."""
     from quantkit.rules.tensors import weight_dims
 
@@ -368,38 +386,82 @@ def predict(config: dict[str, Any], layers: list[LayerPrecision], tensors: dict[
         if lp.kind == "moe":
             key = _key_of(lp)
             if key is False:
-                rows.append(KernelPath(layer=lp.name, kind="moe", scheme="bf16" if not lp.quantized else lp.precision,
-                                       backend="unquantized" if not lp.quantized else "n/a",
-                                       perf_class="fallback", why="not an MXFP4 MoE: not predicted",
-                                       source=f"{_MOE}layer.py"))
+                rows.append(
+                    KernelPath(
+                        layer=lp.name,
+                        kind="moe",
+                        scheme="bf16" if not lp.quantized else lp.precision,
+                        backend="unquantized" if not lp.quantized else "n/a",
+                        perf_class="fallback",
+                        why="not an MXFP4 MoE: not predicted",
+                        source=f"{_MOE}layer.py",
+                    )
+                )
                 continue
             assert key is None or isinstance(key, str)
             choice = select_moe_backend(MoeCase(platform, key, act, routing, n_exp), image)
-            rows.append(KernelPath(layer=lp.name, kind="moe", scheme=_SCHEME_OF_KEY[key],
-                                   backend=choice.backend or "none", perf_class=choice.perf_class, why=choice.why,
-                                   source=_ORACLE))
+            rows.append(
+                KernelPath(
+                    layer=lp.name,
+                    kind="moe",
+                    scheme=_SCHEME_OF_KEY[key],
+                    backend=choice.backend or "none",
+                    perf_class=choice.perf_class,
+                    why=choice.why,
+                    source=_ORACLE,
+                )
+            )
         elif lp.kind in ("linear", "fused_linear"):
             kind = "attention" if lp.role == "attention" else "linear"
             s = lp.scheme
             if not lp.quantized or s is None:
-                rows.append(KernelPath(layer=lp.name, kind=kind, scheme="bf16", backend="UnquantizedLinearMethod",
-                                       perf_class="fallback", why="BF16 GEMM (hipBLASLt / rocBLAS on ROCm)",
-                                       source="vllm/model_executor/layers/linear.py UnquantizedLinearMethod"))
+                rows.append(
+                    KernelPath(
+                        layer=lp.name,
+                        kind=kind,
+                        scheme="bf16",
+                        backend="UnquantizedLinearMethod",
+                        perf_class="fallback",
+                        why="BF16 GEMM (hipBLASLt / rocBLAS on ROCm)",
+                        source="vllm/model_executor/layers/linear.py UnquantizedLinearMethod",
+                    )
+                )
                 continue
             if s.family == "fp8":
                 n, k = _linear_nk(lp, tensors, tp, weight_dims)
                 ptpc = s.weight_qscheme == "per_channel" and not s.static_input
                 cls, perf, why = select_fp8_linear(platform, ptpc, n, k, dtype, image)
-                rows.append(KernelPath(layer=lp.name, kind=kind, scheme="fp8-ptpc" if ptpc else "fp8",
-                                       backend=cls or "none", perf_class=perf, why=f"{why} (N={n}, K={k} per rank)",
-                                       source=_FP8))
+                rows.append(
+                    KernelPath(
+                        layer=lp.name,
+                        kind=kind,
+                        scheme="fp8-ptpc" if ptpc else "fp8",
+                        backend=cls or "none",
+                        perf_class=perf,
+                        why=f"{why} (N={n}, K={k} per rank)",
+                        source=_FP8,
+                    )
+                )
             else:
-                rows.append(KernelPath(layer=lp.name, kind=kind, scheme=s.precision, backend="not predicted",
-                                       perf_class="fallback", why=f"{s.precision} linears are not predicted yet",
-                                       source="vllm/model_executor/kernels/linear/__init__.py"))
+                rows.append(
+                    KernelPath(
+                        layer=lp.name,
+                        kind=kind,
+                        scheme=s.precision,
+                        backend="not predicted",
+                        perf_class="fallback",
+                        why=f"{s.precision} linears are not predicted yet",
+                        source="vllm/model_executor/kernels/linear/__init__.py",
+                    )
+                )
     grouped = _group(rows)
-    return KernelReport(platform=platform, vllm_version=vllm_version, assumes=image.assumes(), paths=grouped,
-                        predicted_backends=summary(grouped))
+    return KernelReport(
+        platform=platform,
+        vllm_version=vllm_version,
+        assumes=image.assumes(),
+        paths=grouped,
+        predicted_backends=summary(grouped),
+    )
 
 
 _ORDER = {"native": 0, "a16w4": 1, "fallback": 2, "emulation": 3, "none": 4}
@@ -415,8 +477,11 @@ def summary(paths: list[KernelPath]) -> dict[str, str]:
             continue
         rank = _ORDER[p.perf_class]
         kind = "linear" if p.kind == "attention" else p.kind
-        if kind not in out or rank > out[kind][0] or (p.backend != "UnquantizedLinearMethod"
-                                                         and out[kind][1] == "UnquantizedLinearMethod"):
+        if (
+            kind not in out
+            or rank > out[kind][0]
+            or (p.backend != "UnquantizedLinearMethod" and out[kind][1] == "UnquantizedLinearMethod")
+        ):
             out[kind] = (rank, p.backend)
     return {k: v[1] for k, v in sorted(out.items())}
 
@@ -449,8 +514,11 @@ def _group(rows: list[KernelPath]) -> list[KernelPath]:
     for (pattern, _b, _s, _w), members in groups.items():
         nums = sorted({int(m) for r in members for m in num.findall(r.layer)[:1]})
         if len(members) > 1 and nums:
-            span = f"{{{nums[0]}-{nums[-1]}}}" if nums == list(range(nums[0], nums[-1] + 1)) else \
-                "{" + ",".join(map(str, nums)) + "}"
+            span = (
+                f"{{{nums[0]}-{nums[-1]}}}"
+                if nums == list(range(nums[0], nums[-1] + 1))
+                else "{" + ",".join(map(str, nums)) + "}"
+            )
             pattern = pattern.replace("{N}", span, 1)
         else:
             pattern = members[0].layer
@@ -471,8 +539,9 @@ def report_for(view: Any, serving: Any, image: Image = Image()) -> KernelReport 
         layers = view.layers
     except QuantkitError:
         return None  # a checkpoint whose layers cannot be named: its own findings say why
-    return predict(view.config, layers, view.tensors, serving.platform, serving.tp,
-                   serving.vllm_version or "0.32.0", image)
+    return predict(
+        view.config, layers, view.tensors, serving.platform, serving.tp, serving.vllm_version or "0.32.0", image
+    )
 
 
 def kernel_findings(ctx: Any) -> None:
@@ -487,42 +556,72 @@ def kernel_findings(ctx: Any) -> None:
         for p in report.paths:
             where = f"{p.layer} (x{p.count})" if p.count > 1 else p.layer
             if p.kind == "moe" and p.perf_class == "none":
-                ctx.findings.add("error", "moe-no-backend", where,
-                                 f"no vLLM MXFP4 MoE backend takes these {p.scheme} experts on {s.platform}: {p.why}",
-                                 "serve on a platform with a kernel for this scheme (gfx950), or change the scheme")
+                ctx.findings.add(
+                    "error",
+                    "moe-no-backend",
+                    where,
+                    f"no vLLM MXFP4 MoE backend takes these {p.scheme} experts on {s.platform}: {p.why}",
+                    "serve on a platform with a kernel for this scheme (gfx950), or change the scheme",
+                )
             elif p.kind == "moe" and p.perf_class == "emulation":
-                ctx.findings.add("warning", "moe-emulated", where,
-                                 f"{p.scheme} MXFP4 experts on {s.platform} run vLLM's EMULATION MoE backend "
-                                 f"(weights dequantized on the fly: 9-15x slower, and eager mode only per "
-                                 f"vllm-project/vllm#50682) because {p.why}",
-                                 _emulation_fix(p.scheme, s.platform))
-            elif p.kind == "moe" and p.scheme in ("w4a4", "w4a8") and p.perf_class in ("a16w4", "fallback") \
-                    and p.backend not in ("EMULATION",):
-                ctx.findings.add("warning", "moe-bf16-activations", where,
-                                 f"{p.scheme} experts run {p.backend} with BF16 activations on {s.platform} "
-                                 f"(vLLM logs 'Falling back to {p.backend!r} with BF16 activations'): {p.why}",
-                                 "expected on this platform; serve on gfx950 for the native kernel")
+                ctx.findings.add(
+                    "warning",
+                    "moe-emulated",
+                    where,
+                    f"{p.scheme} MXFP4 experts on {s.platform} run vLLM's EMULATION MoE backend "
+                    f"(weights dequantized on the fly: 9-15x slower, and eager mode only per "
+                    f"vllm-project/vllm#50682) because {p.why}",
+                    _emulation_fix(p.scheme, s.platform),
+                )
+            elif (
+                p.kind == "moe"
+                and p.scheme in ("w4a4", "w4a8")
+                and p.perf_class in ("a16w4", "fallback")
+                and p.backend not in ("EMULATION",)
+            ):
+                ctx.findings.add(
+                    "warning",
+                    "moe-bf16-activations",
+                    where,
+                    f"{p.scheme} experts run {p.backend} with BF16 activations on {s.platform} "
+                    f"(vLLM logs 'Falling back to {p.backend!r} with BF16 activations'): {p.why}",
+                    "expected on this platform; serve on gfx950 for the native kernel",
+                )
             if p.kind == "moe" and p.backend not in ("none", "n/a") and hidden and inter and inter % s.tp == 0:
                 waste = padding_waste(p.backend, s.platform, hidden, inter, s.tp)
                 if waste > 1e-9:
                     ph, pi = padded_sizes(p.backend, s.platform, hidden, inter // s.tp)
-                    ctx.findings.add("warning", "moe-padding", where,
-                                     f"vLLM's {p.backend} MoE backend pads each rank's expert sizes at TP {s.tp}: intermediate "
-                                     f"{inter // s.tp} -> {pi}, hidden {hidden} -> {ph}: {waste:.0%} extra expert "
-                                     "GEMM work and weight memory, nowhere else reported",
-                                     "pick a TP size whose per-rank intermediate size is already aligned "
-                                     f"({'128' if p.backend == 'AITER_MXFP4_MXFP4' else '256'} on ROCm), or accept it")
-            if p.kind != "moe" and p.scheme == "fp8-ptpc" and s.platform in ("gfx950", "gfx942") \
-                    and "must be multiples of 16" in p.why:
-                ctx.findings.add("info", "fp8-aiter-shape", where,
-                                 f"FP8 GEMM shape misses AITER's divisibility (N and K % 16): {p.why}; vLLM uses "
-                                 f"{p.backend}", "none needed: it runs, on the slower path")
+                    ctx.findings.add(
+                        "warning",
+                        "moe-padding",
+                        where,
+                        f"vLLM's {p.backend} MoE backend pads each rank's expert sizes at TP {s.tp}: intermediate "
+                        f"{inter // s.tp} -> {pi}, hidden {hidden} -> {ph}: {waste:.0%} extra expert "
+                        "GEMM work and weight memory, nowhere else reported",
+                        "pick a TP size whose per-rank intermediate size is already aligned "
+                        f"({'128' if p.backend == 'AITER_MXFP4_MXFP4' else '256'} on ROCm), or accept it",
+                    )
+            if (
+                p.kind != "moe"
+                and p.scheme == "fp8-ptpc"
+                and s.platform in ("gfx950", "gfx942")
+                and "must be multiples of 16" in p.why
+            ):
+                ctx.findings.add(
+                    "info",
+                    "fp8-aiter-shape",
+                    where,
+                    f"FP8 GEMM shape misses AITER's divisibility (N and K % 16): {p.why}; vLLM uses {p.backend}",
+                    "none needed: it runs, on the slower path",
+                )
 
 
 def _emulation_fix(scheme: str, platform: str) -> str:
     if platform == "gfx942" and scheme == "w4a4":
-        return ("serve on gfx950 (MI350/MI355) for AITER's W4A4 kernel, or re-export the experts weight-only "
-                "(input_tensors null: AITER Triton a16w4 on gfx942); keep --enforce-eager meanwhile")
+        return (
+            "serve on gfx950 (MI350/MI355) for AITER's W4A4 kernel, or re-export the experts weight-only "
+            "(input_tensors null: AITER Triton a16w4 on gfx942); keep --enforce-eager meanwhile"
+        )
     if scheme == "w4a8":
         return "use dynamic MXFP4 (W4A4) or weight-only MXFP4 activations for the experts"
     return "serve on gfx950, or check that the image has aiter and VLLM_ROCM_USE_AITER=1"

@@ -49,15 +49,29 @@ def check_kv_e5m2_quark(ctx: DeployContext) -> list[Finding]:
         models.append(("draft", ctx.draft_path, ctx.draft_config))
     for role, path, config in models:
         if _is_quark(config) and not is_mla(config):  # MLA gets no Quark KV method: nothing raises (kv_scales_mla)
-            inherits = (" (the draft inherits the target's --kv-cache-dtype unless speculative_config sets "
-                        "kv_cache_dtype)") if role == "draft" else ""
-            fix = ("use --kv-cache-dtype fp8 (e4m3)" if role == "target" else
-                   'use --kv-cache-dtype fp8, or give the draft its own: "kv_cache_dtype": "auto" in '
-                   "--speculative-config")
-            out.append(finding("kv-fp8-e5m2-quark", "error", "kv-fp8-e5m2-quark", f"{role} {path}",
-                                f"--kv-cache-dtype fp8_e5m2 with a Quark-quantized {role}{inherits}: vLLM raises "
-                                "'fp8_e5m2 kv-cache is not supported with fp8 checkpoints' when it builds the "
-                                "attention layers", fix))
+            inherits = (
+                (" (the draft inherits the target's --kv-cache-dtype unless speculative_config sets kv_cache_dtype)")
+                if role == "draft"
+                else ""
+            )
+            fix = (
+                "use --kv-cache-dtype fp8 (e4m3)"
+                if role == "target"
+                else 'use --kv-cache-dtype fp8, or give the draft its own: "kv_cache_dtype": "auto" in '
+                "--speculative-config"
+            )
+            out.append(
+                finding(
+                    "kv-fp8-e5m2-quark",
+                    "error",
+                    "kv-fp8-e5m2-quark",
+                    f"{role} {path}",
+                    f"--kv-cache-dtype fp8_e5m2 with a Quark-quantized {role}{inherits}: vLLM raises "
+                    "'fp8_e5m2 kv-cache is not supported with fp8 checkpoints' when it builds the "
+                    "attention layers",
+                    fix,
+                )
+            )
     return out
 
 
@@ -67,12 +81,19 @@ def check_kv_draft_unscaled(ctx: DeployContext) -> list[Finding]:
     assert ctx.draft_config is not None and ctx.draft_tensors is not None
     if _has_kv_scales(ctx.draft_config, ctx.draft_tensors):
         return []
-    return [finding("kv-fp8-draft-unscaled", "warning", "kv-fp8-draft-unscaled", f"draft {ctx.draft_path}",
-                     f"--kv-cache-dtype {ctx.kv_cache_dtype}: the draft inherits it, but its checkpoint has no "
-                     "k/v scales, so vLLM stores its keys and values in FP8 with scale 1.0 (values above 448 "
-                     "saturate); acceptance length can drop without any error",
-                     'measure acceptance with this KV dtype, or keep the draft\'s KV cache in BF16: '
-                     '"kv_cache_dtype": "auto" in --speculative-config')]
+    return [
+        finding(
+            "kv-fp8-draft-unscaled",
+            "warning",
+            "kv-fp8-draft-unscaled",
+            f"draft {ctx.draft_path}",
+            f"--kv-cache-dtype {ctx.kv_cache_dtype}: the draft inherits it, but its checkpoint has no "
+            "k/v scales, so vLLM stores its keys and values in FP8 with scale 1.0 (values above 448 "
+            "saturate); acceptance length can drop without any error",
+            "measure acceptance with this KV dtype, or keep the draft's KV cache in BF16: "
+            '"kv_cache_dtype": "auto" in --speculative-config',
+        )
+    ]
 
 
 def check_kv_cpu_head_size(ctx: DeployContext) -> list[Finding]:
@@ -83,25 +104,43 @@ def check_kv_cpu_head_size(ctx: DeployContext) -> list[Finding]:
     for role, cfg in models:
         head_dim = attention_heads(cfg)[2]
         if head_dim is not None and head_dim % 32 and head_dim % 16 == 0:
-            out.append(finding("kv-fp8-cpu-head-size", "error", "kv-fp8-cpu-head-size", role,
-                                f"FP8 KV cache on CPU needs a head size divisible by 32; the {role}'s is {head_dim}",
-                                "use --kv-cache-dtype auto on CPU"))
-    out.append(finding("kv-fp8-cpu-head-size", "info", "kv-fp8-cpu-isa", "platform cpu",
-                        "FP8 KV cache on CPU needs x86 with AVX-512 or AMX (not checkable from the checkpoint)",
-                        "check /proc/cpuinfo for avx512f or amx_tile, else use --kv-cache-dtype auto"))
+            out.append(
+                finding(
+                    "kv-fp8-cpu-head-size",
+                    "error",
+                    "kv-fp8-cpu-head-size",
+                    role,
+                    f"FP8 KV cache on CPU needs a head size divisible by 32; the {role}'s is {head_dim}",
+                    "use --kv-cache-dtype auto on CPU",
+                )
+            )
+    out.append(
+        finding(
+            "kv-fp8-cpu-head-size",
+            "info",
+            "kv-fp8-cpu-isa",
+            "platform cpu",
+            "FP8 KV cache on CPU needs x86 with AVX-512 or AMX (not checkable from the checkpoint)",
+            "check /proc/cpuinfo for avx512f or amx_tile, else use --kv-cache-dtype auto",
+        )
+    )
     return out
 
 
 # --- the Quark KV-cache spec, as vLLM reads it ------------------------------------------------------------------
 
-KV_SPEC_SOURCE = ("vllm/model_executor/layers/quantization/quark/quark.py QuarkConfig.from_config (kv_cache_group "
-                  "against layer_quant_config keys, fnmatchcase; identical output_tensors), "
-                  "QuarkKVCacheMethod.validate_kv_cache_config (dtype fp8_e4m3, qscheme per_tensor)")
-KV_MLA_SOURCE = ("vllm/model_executor/layers/quantization/quark/quark.py get_quant_method_target (QuarkKVCacheMethod "
-                 "only for Attention subclasses; MLAAttention, vllm/model_executor/layers/attention/mla_attention.py, "
-                 "is not one), get_cache_scale_mapper (k_proj/v_proj/q_proj.output_scale only); "
-                 "vllm/model_executor/layers/attention/attention.py _init_kv_cache_quant (set_default_quant_scales: "
-                 "1.0)")
+KV_SPEC_SOURCE = (
+    "vllm/model_executor/layers/quantization/quark/quark.py QuarkConfig.from_config (kv_cache_group "
+    "against layer_quant_config keys, fnmatchcase; identical output_tensors), "
+    "QuarkKVCacheMethod.validate_kv_cache_config (dtype fp8_e4m3, qscheme per_tensor)"
+)
+KV_MLA_SOURCE = (
+    "vllm/model_executor/layers/quantization/quark/quark.py get_quant_method_target (QuarkKVCacheMethod "
+    "only for Attention subclasses; MLAAttention, vllm/model_executor/layers/attention/mla_attention.py, "
+    "is not one), get_cache_scale_mapper (k_proj/v_proj/q_proj.output_scale only); "
+    "vllm/model_executor/layers/attention/attention.py _init_kv_cache_quant (set_default_quant_scales: "
+    "1.0)"
+)
 
 
 def kv_spec_problem(qc: dict[str, Any]) -> str | None:
@@ -124,8 +163,10 @@ def kv_spec_problem(qc: dict[str, Any]) -> str | None:
         return "kv_cache_group is set but there is no layer_quant_config to hold its settings"
     keys, patterns = set(lqc), set(group)
     if not (patterns <= keys or any(fnmatch.fnmatchcase(k, p) for k in keys for p in patterns)):
-        return (f"kv_cache_group {group} matches no layer_quant_config key ({sorted(keys)[:4]}...): vLLM raises "
-                "'no kv_cache quantization settings were found'")
+        return (
+            f"kv_cache_group {group} matches no layer_quant_config key ({sorted(keys)[:4]}...): vLLM raises "
+            "'no kv_cache quantization settings were found'"
+        )
     matched = [cfg for k, cfg in lqc.items() if any(fnmatch.fnmatchcase(k, p) for p in group)]
     outputs = [cfg.get("output_tensors") if isinstance(cfg, dict) else None for cfg in matched]
     if any(o != outputs[0] for o in outputs):
@@ -157,9 +198,14 @@ def kv_spec(ctx: Any) -> None:
         return
     if is_mla(view.config) and problem.startswith("KV spec "):
         return  # MLA: vLLM never builds a QuarkKVCacheMethod, so the spec is not validated (kv-scales-mla-quark)
-    ctx.findings.add("error", "kv-quark-spec", "quantization_config.export.kv_cache_group",
-                     f"{problem}; the load fails", "re-export with Quark's FP8 KV cache (fp8_e4m3, per_tensor, "
-                     "kv_cache_group naming the k_proj/v_proj layer_quant_config keys), or drop kv_cache_group")
+    ctx.findings.add(
+        "error",
+        "kv-quark-spec",
+        "quantization_config.export.kv_cache_group",
+        f"{problem}; the load fails",
+        "re-export with Quark's FP8 KV cache (fp8_e4m3, per_tensor, "
+        "kv_cache_group naming the k_proj/v_proj layer_quant_config keys), or drop kv_cache_group",
+    )
 
 
 def kv_scales_mla(ctx: Any) -> None:
@@ -172,14 +218,19 @@ def kv_scales_mla(ctx: Any) -> None:
     fp8_kv = kv_is_quantized(ctx.serving.kv_cache_dtype)
     if not group and not fp8_kv:
         return
-    why = (f"its kv_cache_group {group} is never applied" if group else "no KV scales can be read for it")
-    runtime = (f"--kv-cache-dtype {ctx.serving.kv_cache_dtype} then stores K/V in FP8 with scale 1.0 (no warning: "
-               "the 1.0 default is set before loading, not by the KV method)" if fp8_kv else
-               "with the default --kv-cache-dtype auto the KV cache stays BF16")
-    ctx.findings.add("warning" if fp8_kv else "info", "kv-scales-mla-quark", f"{'target ' if ctx.draft else ''}"
-                     f"{view.path}",
-                     f"an MLA model under Quark cannot carry KV-cache scales: vLLM gives MLAAttention no Quark KV "
-                     f"method and maps only k_proj/v_proj/q_proj output scales, which MLA has none of, so {why}; "
-                     f"{runtime}",
-                     "measure accuracy with the FP8 KV cache (values beyond +-448 saturate), or serve with "
-                     "--kv-cache-dtype auto")
+    why = f"its kv_cache_group {group} is never applied" if group else "no KV scales can be read for it"
+    runtime = (
+        f"--kv-cache-dtype {ctx.serving.kv_cache_dtype} then stores K/V in FP8 with scale 1.0 (no warning: "
+        "the 1.0 default is set before loading, not by the KV method)"
+        if fp8_kv
+        else "with the default --kv-cache-dtype auto the KV cache stays BF16"
+    )
+    ctx.findings.add(
+        "warning" if fp8_kv else "info",
+        "kv-scales-mla-quark",
+        f"{'target ' if ctx.draft else ''}{view.path}",
+        f"an MLA model under Quark cannot carry KV-cache scales: vLLM gives MLAAttention no Quark KV "
+        f"method and maps only k_proj/v_proj/q_proj output scales, which MLA has none of, so {why}; "
+        f"{runtime}",
+        "measure accuracy with the FP8 KV cache (values beyond +-448 saturate), or serve with --kv-cache-dtype auto",
+    )

@@ -11,7 +11,14 @@ def check_max_model_len(ctx: DeployContext) -> list[Finding]:
     limit = derived_max_model_len(ctx.target_config)
     if ctx.max_model_len is None or limit is None or ctx.max_model_len <= limit.tokens:
         return []
-    return [finding("max-model-len-beyond-positions", "error", "max-model-len-beyond-positions", "--max-model-len",
-                     f"--max-model-len {ctx.max_model_len}: the target holds {limit}; vLLM refuses a longer "
-                     "max_model_len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and then RoPE positions past it give NaN",
-                     f"use --max-model-len {limit.tokens} or less")]
+    return [
+        finding(
+            "max-model-len-beyond-positions",
+            "error",
+            "max-model-len-beyond-positions",
+            "--max-model-len",
+            f"--max-model-len {ctx.max_model_len}: the target holds {limit}; vLLM refuses a longer "
+            "max_model_len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and then RoPE positions past it give NaN",
+            f"use --max-model-len {limit.tokens} or less",
+        )
+    ]

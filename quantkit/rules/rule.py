@@ -77,8 +77,15 @@ class CheckpointView:
     headers, runtime layers and the precision vLLM gives each layer are read or replayed once, on first use, so a
     rule that needs only the config reads nothing else (deploy reads headers only)."""
 
-    def __init__(self, path: str | Path, config: dict[str, Any], *, tensors: dict[str, TensorInfo] | None = None,
-                 loaded: LoadedCheckpoint | None = None, target_num_layers: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        config: dict[str, Any],
+        *,
+        tensors: dict[str, TensorInfo] | None = None,
+        loaded: LoadedCheckpoint | None = None,
+        target_num_layers: int | None = None,
+    ) -> None:
         self.path = path
         self.config = config
         self.target_num_layers = target_num_layers  # a draft's: names its decoder layers (load_checkpoint)
@@ -211,8 +218,10 @@ class Rule:
         if self.platforms is not None and (not self.platforms or not self.platforms <= set(PLATFORMS)):
             raise ValueError(f"rule {self.id}: platforms {sorted(self.platforms)} not in {PLATFORMS}")
         if self.decided_at not in DECIDED_AT or (self.decided_at == "serve") != (self.when == "serve"):
-            raise ValueError(f"rule {self.id}: decided_at {self.decided_at!r} with when {self.when!r} "
-                             "(a serve-time rule has both 'serve')")
+            raise ValueError(
+                f"rule {self.id}: decided_at {self.decided_at!r} with when {self.when!r} "
+                "(a serve-time rule has both 'serve')"
+            )
         lo, hi = self.vllm_range  # InvalidVersion for a malformed version: the table fails at import
         if lo is not None and hi is not None and lo >= hi:
             raise ValueError(f"rule {self.id}: vllm_min {self.vllm_min} is not below vllm_max {self.vllm_max}")
@@ -220,14 +229,19 @@ class Rule:
     @property
     def vllm_range(self) -> tuple[Version | None, Version | None]:
         """(first version it holds for, first it no longer holds for), as packaging Versions (None: unbounded)."""
-        return (parse_vllm_version(self.vllm_min) if self.vllm_min else None,
-                parse_vllm_version(self.vllm_max) if self.vllm_max else None)
+        return (
+            parse_vllm_version(self.vllm_min) if self.vllm_min else None,
+            parse_vllm_version(self.vllm_max) if self.vllm_max else None,
+        )
 
     @property
     def vllm_spec(self) -> str:
         """The version range as a PEP 440 specifier (">=0.20,<0.26"; "" for every version)."""
-        return ",".join(p for p in (f">={self.vllm_min}" if self.vllm_min else "",
-                                    f"<{self.vllm_max}" if self.vllm_max else "") if p)
+        return ",".join(
+            p
+            for p in (f">={self.vllm_min}" if self.vllm_min else "", f"<{self.vllm_max}" if self.vllm_max else "")
+            if p
+        )
 
     def holds_for_version(self, vllm_version: str | None) -> bool:
         """Whether the rule holds for `vllm_version` (None: every version)."""

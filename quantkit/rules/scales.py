@@ -19,8 +19,13 @@ def scale_values(ctx: RuleContext) -> None:
     scale_data(view.loaded, view.layers, view.modules, ctx.findings, ctx.progress)
 
 
-def scale_data(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
-                modules: dict[str, list[tuple[str, TensorInfo]]], findings: Findings, progress: Progress) -> None:
+def scale_data(
+    ck: LoadedCheckpoint,
+    layers: Sequence[LayerPrecision],
+    modules: dict[str, list[tuple[str, TensorInfo]]],
+    findings: Findings,
+    progress: Progress,
+) -> None:
     """Every scale of every layer vLLM quantizes: finite and positive; E8M0 0xFF is NaN."""
     import numpy as np
 
@@ -44,18 +49,32 @@ def scale_data(ck: LoadedCheckpoint, layers: Sequence[LayerPrecision],
             nan = int(np.count_nonzero(arr == 0xFF))
             if nan:
                 idx = np.argwhere(arr == 0xFF)[0].tolist()
-                findings.add("error", "scale-e8m0-nan", t,
-                             f"{t} has {nan} E8M0 scale byte(s) 0xFF, which is NaN (first at {idx}); every value "
-                             "in those 32-element groups becomes NaN", "re-quantize the layer")
+                findings.add(
+                    "error",
+                    "scale-e8m0-nan",
+                    t,
+                    f"{t} has {nan} E8M0 scale byte(s) 0xFF, which is NaN (first at {idx}); every value "
+                    "in those 32-element groups becomes NaN",
+                    "re-quantize the layer",
+                )
             continue
         bad_nan, bad_inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
         finite = arr[np.isfinite(arr)]
         nonpos = int((finite <= 0).sum())
         if bad_nan or bad_inf:
-            findings.add("error", "scale-not-finite", t,
-                         f"{t} has {bad_nan} NaN and {bad_inf} Inf value(s); the layer's output becomes NaN/Inf",
-                         "re-quantize the layer (check the source weights for NaN/Inf)")
+            findings.add(
+                "error",
+                "scale-not-finite",
+                t,
+                f"{t} has {bad_nan} NaN and {bad_inf} Inf value(s); the layer's output becomes NaN/Inf",
+                "re-quantize the layer (check the source weights for NaN/Inf)",
+            )
         if nonpos:
-            findings.add("error", "scale-not-positive", t,
-                         f"{t} has {nonpos} value(s) <= 0 (min {float(finite.min()):g}); a zero scale zeroes its "
-                         "channel, a negative one flips it", "re-quantize the layer")
+            findings.add(
+                "error",
+                "scale-not-positive",
+                t,
+                f"{t} has {nonpos} value(s) <= 0 (min {float(finite.min()):g}); a zero scale zeroes its "
+                "channel, a negative one flips it",
+                "re-quantize the layer",
+            )

@@ -42,21 +42,21 @@ ROCM_DEFAULT_MHA_ATTENTION = "ROCM_ATTN"
 
 SOURCES = {
     "draft-attention-backend-rocm": "vllm/platforms/rocm.py _get_backend_priorities (ROCM_ATTN first for MHA/GQA); "
-                                    "vllm/config/speculative.py SpeculativeConfig.attention_backend; vllm-project/vllm "
-                                    "PR #47854 (EAGLE3 layer0 acceptance collapse on ROCm; workaround "
-                                    "ROCM_AITER_UNIFIED_ATTN for the draft)",
-    "draft-block-size-1": "vllm/v1/worker/utils.py select_common_block_size (\"No common block size for\"); "
-                          "get_supported_kernel_block_sizes of v1/attention/backends/rocm_attn.py, rocm_aiter_fa.py, "
-                          "rocm_aiter_unified_attn.py, triton_attn.py, cpu_attn.py; mla/rocm_aiter_mla.py "
-                          "(MultipleOf(1) since vllm-project/vllm PR #39616, vLLM 0.20)",
+    "vllm/config/speculative.py SpeculativeConfig.attention_backend; vllm-project/vllm "
+    "PR #47854 (EAGLE3 layer0 acceptance collapse on ROCm; workaround "
+    "ROCM_AITER_UNIFIED_ATTN for the draft)",
+    "draft-block-size-1": 'vllm/v1/worker/utils.py select_common_block_size ("No common block size for"); '
+    "get_supported_kernel_block_sizes of v1/attention/backends/rocm_attn.py, rocm_aiter_fa.py, "
+    "rocm_aiter_unified_attn.py, triton_attn.py, cpu_attn.py; mla/rocm_aiter_mla.py "
+    "(MultipleOf(1) since vllm-project/vllm PR #39616, vLLM 0.20)",
     "fp8-channel-scale-1d": "vllm/model_executor/layers/quantization/quark/schemes/quark_w8a8_fp8.py create_weights "
-                            "(ChannelQuantScaleParameter [out]); vllm/model_executor/parameter.py "
-                            "_ColumnvLLMParameter.load_column_parallel_weight (assert self.data.shape == "
-                            "loaded_weight.shape)",
+    "(ChannelQuantScaleParameter [out]); vllm/model_executor/parameter.py "
+    "_ColumnvLLMParameter.load_column_parallel_weight (assert self.data.shape == "
+    "loaded_weight.shape)",
     "fp8-rowwise-bf16-output": "vllm/model_executor/kernels/linear/scaled_mm/pytorch.py "
-                               "RowWiseTorchFP8ScaledMMLinearKernel.can_implement (\"supports BFloat16 output data "
-                               "type only\"); vllm/config/speculative.py (the draft's ModelConfig takes the target's "
-                               "dtype)",
+    'RowWiseTorchFP8ScaledMMLinearKernel.can_implement ("supports BFloat16 output data '
+    "type only\"); vllm/config/speculative.py (the draft's ModelConfig takes the target's "
+    "dtype)",
 }
 
 
@@ -65,24 +65,35 @@ def draft_attention_backend(ctx: RuleContext) -> None:
     chosen = ctx.serving.draft_attention_backend
     if chosen is not None and chosen.upper() not in ("AUTO", ROCM_DEFAULT_MHA_ATTENTION):
         return
-    how = "no attention_backend in --speculative-config" if chosen is None or chosen.upper() == "AUTO" else \
-        f"attention_backend {chosen}"
-    ctx.findings.add("warning", "draft-attention-backend-rocm", "speculative_config.attention_backend",
-                     f"{how}: on ROCm vLLM 0.32 gives an EAGLE-3 drafter {ROCM_DEFAULT_MHA_ATTENTION}, where its "
-                     "acceptance collapses (layer-0 input prep, vllm-project/vllm PR #47854, open)",
-                     f'set "attention_backend": "{ROCM_DRAFT_ATTENTION}" in --speculative-config (quantkit deploy '
-                     "does by default; it needs the aiter package)")
+    how = (
+        "no attention_backend in --speculative-config"
+        if chosen is None or chosen.upper() == "AUTO"
+        else f"attention_backend {chosen}"
+    )
+    ctx.findings.add(
+        "warning",
+        "draft-attention-backend-rocm",
+        "speculative_config.attention_backend",
+        f"{how}: on ROCm vLLM 0.32 gives an EAGLE-3 drafter {ROCM_DEFAULT_MHA_ATTENTION}, where its "
+        "acceptance collapses (layer-0 input prep, vllm-project/vllm PR #47854, open)",
+        f'set "attention_backend": "{ROCM_DRAFT_ATTENTION}" in --speculative-config (quantkit deploy '
+        "does by default; it needs the aiter package)",
+    )
 
 
 def draft_block_size(ctx: RuleContext) -> None:
     """draft-block-size-1: `--block-size 1` with an EAGLE-3 draft fails at startup."""
     if ctx.serving.block_size != 1:
         return
-    ctx.findings.add("error", "draft-block-size-1", "--block-size",
-                     "--block-size 1 with an EAGLE-3 draft: the draft shares the target's KV block size and no "
-                     "drafter attention backend takes 1 (multiples of 16, or 32 on CPU), so vLLM raises 'No common "
-                     "block size for 1' at startup; AITER MLA needs no block size 1 since vLLM 0.20 (PR #39616)",
-                     "drop --block-size (vLLM's default), or use a multiple of 16 (32 on CPU)")
+    ctx.findings.add(
+        "error",
+        "draft-block-size-1",
+        "--block-size",
+        "--block-size 1 with an EAGLE-3 draft: the draft shares the target's KV block size and no "
+        "drafter attention backend takes 1 (multiples of 16, or 32 on CPU), so vLLM raises 'No common "
+        "block size for 1' at startup; AITER MLA needs no block size 1 since vLLM 0.20 (PR #39616)",
+        "drop --block-size (vLLM's default), or use a multiple of 16 (32 on CPU)",
+    )
 
 
 def fp8_channel_scale_1d(ctx: RuleContext, lp: LayerPrecision) -> None:
@@ -94,16 +105,27 @@ def fp8_channel_scale_1d(ctx: RuleContext, lp: LayerPrecision) -> None:
     for m in lp.checkpoint_modules:
         scale = dict(modules.get(m, [])).get(f"{m}.weight_scale")
         if scale is not None and len(scale.shape) == 2 and scale.shape[1] == 1:
-            ctx.findings.add("error", "fp8-channel-scale-1d", f"{m}.weight_scale",
-                             f"{m}.weight_scale is [{scale.shape[0]}, 1]; vLLM builds per-channel FP8 scales as a 1-D "
-                             f"[{scale.shape[0]}] parameter and its loader asserts equal shapes (AssertionError at "
-                             "load)", "save per-channel scales 1-D [out] (squeeze the trailing 1)")
+            ctx.findings.add(
+                "error",
+                "fp8-channel-scale-1d",
+                f"{m}.weight_scale",
+                f"{m}.weight_scale is [{scale.shape[0]}, 1]; vLLM builds per-channel FP8 scales as a 1-D "
+                f"[{scale.shape[0]}] parameter and its loader asserts equal shapes (AssertionError at "
+                "load)",
+                "save per-channel scales 1-D [out] (squeeze the trailing 1)",
+            )
 
 
 def fp8_rowwise_output_dtype(ctx: RuleContext) -> None:
     """fp8-rowwise-bf16-output: FP8 per-channel layers on ROCm in an FP16 model miss the hipBLASLt rowwise GEMM."""
-    fp8 = [lp.name for lp in ctx.subject.layers if lp.quantized and lp.scheme is not None
-           and lp.scheme.family == "fp8" and lp.scheme.weight_qscheme == "per_channel"]
+    fp8 = [
+        lp.name
+        for lp in ctx.subject.layers
+        if lp.quantized
+        and lp.scheme is not None
+        and lp.scheme.family == "fp8"
+        and lp.scheme.weight_qscheme == "per_channel"
+    ]
     if not fp8:
         return
     dtype = (ctx.serving.dtype or "").lower()
@@ -112,10 +134,15 @@ def fp8_rowwise_output_dtype(ctx: RuleContext) -> None:
     if label != "F16":
         return
     whose = "the target's (a draft runs in its target's dtype)" if ctx.draft is not None else "the model's"
-    ctx.findings.add("warning", "fp8-rowwise-bf16-output", "--dtype",
-                     f"{len(fp8)} FP8 per-channel layer(s) in an FP16 run ({whose} dtype): on ROCm the torch "
-                     "rowwise FP8 GEMM (hipBLASLt) vLLM uses where AITER does not take a shape needs BF16 output, so "
-                     "those layers fall to the slowest channel-wise path", "serve with --dtype bfloat16")
+    ctx.findings.add(
+        "warning",
+        "fp8-rowwise-bf16-output",
+        "--dtype",
+        f"{len(fp8)} FP8 per-channel layer(s) in an FP16 run ({whose} dtype): on ROCm the torch "
+        "rowwise FP8 GEMM (hipBLASLt) vLLM uses where AITER does not take a shape needs BF16 output, so "
+        "those layers fall to the slowest channel-wise path",
+        "serve with --dtype bfloat16",
+    )
 
 
 # --- what the manifest sets for these rules -----------------------------------------------------------------------
@@ -128,9 +155,11 @@ VLLM_DTYPES: tuple[str, ...] = ("auto", "half", "float16", "bfloat16", "float", 
 # ValueError "does not support the deployment configuration") instead of being skipped. 0.32's MoEBackend has no
 # "aiter_mxfp4_mxfp4" (map_mxfp4_backend knows it, the CLI does not), so the family is the narrowest pin that starts.
 ROCM_MXFP4_MOE_PIN = "aiter"
-MOE_PIN_SOURCE = ("vllm/config/kernel.py KernelConfig.moe_backend (MoEBackend); vllm/engine/arg_utils.py "
-                  "--moe-backend; vllm/model_executor/layers/fused_moe/oracle/mxfp4.py map_mxfp4_backend, "
-                  "_get_requested_backends, _return_or_raise")
+MOE_PIN_SOURCE = (
+    "vllm/config/kernel.py KernelConfig.moe_backend (MoEBackend); vllm/engine/arg_utils.py "
+    "--moe-backend; vllm/model_executor/layers/fused_moe/oracle/mxfp4.py map_mxfp4_backend, "
+    "_get_requested_backends, _return_or_raise"
+)
 
 
 def drafter_attention(platform: str, chosen: str | None) -> str | None:

@@ -215,23 +215,32 @@ _BY_ID = {r.id: r for r in RULES}
 assert len(_BY_ID) == len(RULES), "rule ids are unique"
 
 
-def rules_for(command: Command, serving: ServingOptions | None = None, *,
-              reads: Collection[str] = ("headers", "data")) -> list[Rule]:
+def rules_for(
+    command: Command, serving: ServingOptions | None = None, *, reads: Collection[str] = ("headers", "data")
+) -> list[Rule]:
     """The rules `command` runs for `serving` (platform, vLLM version), in table order; `reads` ("headers", "data")
     leaves out the rules that read what the command does not (deploy: headers only)."""
     serving = serving or ServingOptions()
     return [r for r in RULES if r.runs and r.reads in reads and r.holds_for(serving) and command in r.commands]
 
 
-def run_rules(ctx: RuleContext, command: Command, *, ids: Collection[str] | None = None,
-              reads: Collection[str] = ("headers", "data")) -> list[Finding]:
+def run_rules(
+    ctx: RuleContext,
+    command: Command,
+    *,
+    ids: Collection[str] | None = None,
+    reads: Collection[str] = ("headers", "data"),
+) -> list[Finding]:
     """Run the rules of `command` that apply to `ctx` (or only those named in `ids`), adding their findings to
     `ctx.findings` in table order; returns the findings this run added. Consecutive layer rules run layer by layer
     (each layer's tensor findings, then its TP findings, then the next layer's)."""
     if ids is not None and (unknown := set(ids) - set(_BY_ID)):
         raise ValueError(f"unknown rule ids {sorted(unknown)}")
-    todo = [r for r in rules_for(command, ctx.serving, reads=reads)
-            if (ids is None or r.id in ids) and r.applies(command, ctx)]
+    todo = [
+        r
+        for r in rules_for(command, ctx.serving, reads=reads)
+        if (ids is None or r.id in ids) and r.applies(command, ctx)
+    ]
     start = len(ctx.findings)
     i = 0
     while i < len(todo):
@@ -287,8 +296,12 @@ def draft_fit_findings(draft: str | Path, target: str | Path) -> list[Finding]:
     target_config = read_config(target)
     n_target = target_layer_count(target)
     view = checkpoint_view(draft, n_target)
-    ctx = RuleContext(subject=view, target=CheckpointView(target, target_config),
-                      draft=view if view.loaded.model_kind == EAGLE3_DRAFT else None, target_num_layers=n_target)
+    ctx = RuleContext(
+        subject=view,
+        target=CheckpointView(target, target_config),
+        draft=view if view.loaded.model_kind == EAGLE3_DRAFT else None,
+        target_num_layers=n_target,
+    )
     return run_rules(ctx, "check", ids=("draft-aux-layers", "draft-target-fit"))
 
 
@@ -305,5 +318,6 @@ class KnownBad:
 
 KNOWN_BAD: tuple[KnownBad, ...] = tuple(
     KnownBad(r.id.removeprefix("deploy-"), r.title, r.source, r.needs in ("draft", "pair") or r.deploy_needs == "draft")
-    for r in RULES if "deploy" in r.commands and r.runs
+    for r in RULES
+    if "deploy" in r.commands and r.runs
 )

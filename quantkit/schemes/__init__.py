@@ -15,8 +15,18 @@ from quantkit.schemes.record import Layout, Scheme, UnknownSchemeError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ALIASES", "SCHEMES", "Layout", "Scheme", "UnknownSchemeError", "expected_layout",
-           "native_schemes", "quantize_weight", "register_scheme", "scheme"]
+__all__ = [
+    "ALIASES",
+    "SCHEMES",
+    "Layout",
+    "Scheme",
+    "UnknownSchemeError",
+    "expected_layout",
+    "native_schemes",
+    "quantize_weight",
+    "register_scheme",
+    "scheme",
+]
 
 
 def scheme(name: str) -> Scheme:
@@ -44,7 +54,9 @@ def _native(name: str) -> Scheme:
     return record
 
 
-def quantize_weight(weight: torch.Tensor, scheme: str, *, finite_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight(
+    weight: torch.Tensor, scheme: str, *, finite_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(quantized weight, weight_scale) for `scheme` exactly as Quark 0.13's file-to-file path stores them.
 
     finite_only=True refuses Inf as well as NaN (found from the per-group/per-channel amax, at no extra pass);

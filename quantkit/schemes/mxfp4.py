@@ -163,8 +163,9 @@ def _e8m0_bytes(exponent: torch.Tensor) -> torch.Tensor:
     return (exponent.clamp(min=-126) + 127).to(torch.uint8)
 
 
-def _mxfp4_rows_bf16(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torch.Tensor,
-                     workspace: _Workspace | None, finite_only: bool) -> None:
+def _mxfp4_rows_bf16(
+    x: torch.Tensor, packed_out: torch.Tensor, scale_out: torch.Tensor, workspace: _Workspace | None, finite_only: bool
+) -> None:
     import torch
 
     rows, cols = x.shape
@@ -195,8 +196,7 @@ def _mxfp4_rows_bf16(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torch
     packed_out.view(-1).copy_(torch.bitwise_or(pairs, pairs >> 4))  # low byte: even | odd << 4
 
 
-def _mxfp4_rows_exact(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torch.Tensor,
-                      finite_only: bool) -> None:
+def _mxfp4_rows_exact(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torch.Tensor, finite_only: bool) -> None:
     """Any float dtype, any group: y = w.float() * 2**-e, then the E2M1 rounding by bucketize (slower)."""
     import torch
 
@@ -210,8 +210,9 @@ def _mxfp4_rows_exact(x: torch.Tensor, packed_out: torch.Tensor, scale_out: torc
     exponent = _group_exponents(amax.float().view(torch.int32))
     scale_out.copy_(_e8m0_bytes(exponent))
     # 1 / 2**e, exactly: x * 2**-e and x / 2**e are the same correctly rounded number.
-    inverse = torch.where(exponent == 127, torch.tensor(2.0**-127, device=x.device),
-                          ((127 - exponent) << 23).view(torch.float32))
+    inverse = torch.where(
+        exponent == 127, torch.tensor(2.0**-127, device=x.device), ((127 - exponent) << 23).view(torch.float32)
+    )
     y = xv * inverse.unsqueeze(-1)  # float32 (type promotion), as `input_tensor.to(float32) / scale`
     boundaries, lut = _mxfp4_tables(str(x.device))
     codes = lut[torch.bucketize(y, boundaries, out_int32=True).long()]

@@ -12,11 +12,25 @@ QUARK_VERSION = "0.13"
 
 def _tensor_spec(**fields: Any) -> dict[str, Any]:
     """quark/torch/quantization/config/config.py `QTensorConfig.to_dict`, key order included."""
-    spec = {"dtype": None, "is_dynamic": None, "qscheme": None, "ch_axis": None, "group_size": None,
-            "block_size": None, "symmetric": None, "round_method": "half_even", "scale_type": "float",
-            "zero_point_type": "int32", "scale_format": None, "scale_calculation_mode": None,
-            "mx_element_dtype": None, "observer_cls": None, "is_scale_quant": False, "enable_buffer_reuse": False,
-            "max_input_numel": 4194304}
+    spec = {
+        "dtype": None,
+        "is_dynamic": None,
+        "qscheme": None,
+        "ch_axis": None,
+        "group_size": None,
+        "block_size": None,
+        "symmetric": None,
+        "round_method": "half_even",
+        "scale_type": "float",
+        "zero_point_type": "int32",
+        "scale_format": None,
+        "scale_calculation_mode": None,
+        "mx_element_dtype": None,
+        "observer_cls": None,
+        "is_scale_quant": False,
+        "enable_buffer_reuse": False,
+        "max_input_numel": 4194304,
+    }
     unknown = set(fields) - set(spec)
     assert not unknown, unknown
     spec.update(fields)
@@ -29,18 +43,36 @@ def _layer(weight: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
 
 def mxfp4_layer_config() -> dict[str, Any]:
     """template.py `MXFP4Scheme` (OCP_MXFP4Spec: static weight, dynamic input) as `QLayerConfig.to_dict` writes it."""
+
     def mx(dynamic: bool) -> dict[str, Any]:
-        return _tensor_spec(dtype="fp4", is_dynamic=dynamic, qscheme="per_group", ch_axis=-1, group_size=32,
-                            scale_format="e8m0", scale_calculation_mode="even", observer_cls="PerBlockMXObserver")
+        return _tensor_spec(
+            dtype="fp4",
+            is_dynamic=dynamic,
+            qscheme="per_group",
+            ch_axis=-1,
+            group_size=32,
+            scale_format="e8m0",
+            scale_calculation_mode="even",
+            observer_cls="PerBlockMXObserver",
+        )
+
     return _layer(mx(False), mx(True))
 
 
 def ptpc_fp8_layer_config() -> dict[str, Any]:
     """template.py `PTPCFP8Scheme` (per-channel weight, dynamic per-token input) as `QLayerConfig.to_dict` writes
     it."""
+
     def fp8(dynamic: bool, axis: int) -> dict[str, Any]:
-        return _tensor_spec(dtype="fp8_e4m3", is_dynamic=dynamic, qscheme="per_channel", ch_axis=axis,
-                            symmetric=True, observer_cls="PerChannelMinMaxObserver")
+        return _tensor_spec(
+            dtype="fp8_e4m3",
+            is_dynamic=dynamic,
+            qscheme="per_channel",
+            ch_axis=axis,
+            symmetric=True,
+            observer_cls="PerChannelMinMaxObserver",
+        )
+
     return _layer(fp8(False, 0), fp8(True, 1))
 
 
@@ -74,7 +106,12 @@ def quark_quantization_config(scheme: str, exclude: list[str], layer_config: dic
         "kv_cache_post_rope": False,
         "quant_mode": "eager_mode",
         "version": QUARK_VERSION,
-        "export": {"kv_cache_group": [], "min_kv_scale": 0.0, "pack_method": "reorder",
-                   "weight_format": "real_quantized", "weight_merge_groups": None},
+        "export": {
+            "kv_cache_group": [],
+            "min_kv_scale": 0.0,
+            "pack_method": "reorder",
+            "weight_format": "real_quantized",
+            "weight_merge_groups": None,
+        },
     }
     return copy.deepcopy(config)

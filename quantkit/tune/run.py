@@ -37,8 +37,13 @@ def _target_shape(target: str | Path) -> Any:
     text = config.get("text_config") or config
     top_k = int(text.get("num_experts_per_tok") or text.get("moe_topk") or 1)
     per_expert = experts[0].bytes / max(experts[0].experts or 1, 1)
-    return TargetShape(always_bytes=always, moe_layers=len(experts), num_experts=int(experts[0].experts or 0),
-                       top_k=top_k, expert_bytes=per_expert)
+    return TargetShape(
+        always_bytes=always,
+        moe_layers=len(experts),
+        num_experts=int(experts[0].experts or 0),
+        top_k=top_k,
+        expert_bytes=per_expert,
+    )
 
 
 def _draft_rows(draft: str | Path) -> int:
@@ -50,18 +55,30 @@ def _draft_rows(draft: str | Path) -> int:
 
 def _pareto(options: list[TuneOption]) -> None:
     """Mark the options no other option beats on both AL ratio (higher) and cost per accepted token (lower)."""
-    done = [o for o in options if o.al_ratio is not None and o.us_per_token is not None]
-    for o in done:
-        o.pareto = not any(p is not o and p.al_ratio >= o.al_ratio and p.us_per_token <= o.us_per_token  # type: ignore[operator]
-                           and (p.al_ratio > o.al_ratio or p.us_per_token < o.us_per_token)  # type: ignore[operator]
-                           for p in done)
+    done = [(o, o.al_ratio, o.us_per_token) for o in options if o.al_ratio is not None and o.us_per_token is not None]
+    for o, ratio, cost in done:
+        o.pareto = not any(p is not o and r >= ratio and c <= cost and (r > ratio or c < cost) for p, r, c in done)
 
 
-def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_corpus: str | Path | None = None,
-         vocabs: Sequence[int] | None = None, ks: Sequence[int] = (2, 3, 4), bodies: Sequence[str] = ("bf16", "fp8"),
-         prompts: str = "builtin", max_new_tokens: int = 32, backend: str = "reference", platform: str = "MI355X",
-         tp: int = 1, batch: int = 1, floor: float = 0.98, apply_to: str | Path | None = None,
-         progress: Progress | None = None) -> TuneResult:
+def tune(
+    target: str | Path,
+    draft: str | Path,
+    workdir: str | Path,
+    *,
+    vocab_corpus: str | Path | None = None,
+    vocabs: Sequence[int] | None = None,
+    ks: Sequence[int] = (2, 3, 4),
+    bodies: Sequence[str] = ("bf16", "fp8"),
+    prompts: str = "builtin",
+    max_new_tokens: int = 32,
+    backend: str = "reference",
+    platform: str = "MI355X",
+    tp: int = 1,
+    batch: int = 1,
+    floor: float = 0.98,
+    apply_to: str | Path | None = None,
+    progress: Progress | None = None,
+) -> TuneResult:
     """Every combination of `bodies` x `vocabs` (lm_head rows; default: full, 1/2, 1/4) x `ks`, measured and
     estimated; the recommendation is the lowest estimated cost per accepted token with AL ratio >= `floor`."""
     from quantkit.acceptance.run import run_acceptance
@@ -72,8 +89,11 @@ def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_co
 
     progress = or_silent(progress)
     if platform not in BANDWIDTH_TBS:
-        raise TuneError(input=f"--platform {platform}", reason="no bandwidth on record",
-                        fix=f"use one of {', '.join(BANDWIDTH_TBS)}")
+        raise TuneError(
+            input=f"--platform {platform}",
+            reason="no bandwidth on record",
+            fix=f"use one of {', '.join(BANDWIDTH_TBS)}",
+        )
     if not ks:
         raise TuneError(input="--k", reason="no K given", fix="give at least one K")
     full = _draft_rows(draft)
@@ -81,8 +101,11 @@ def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_co
     if sizes[0] > full:
         raise TuneError(input=f"--vocab {sizes[0]}", reason=f"above the draft's {full} rows", fix=f"at most {full}")
     if any(v < full for v in sizes) and vocab_corpus is None:
-        raise TuneError(input="--vocab-corpus", reason="missing: pruned vocabularies are chosen from a corpus",
-                        fix="give --vocab-corpus FILE, or only --vocab " + str(full))
+        raise TuneError(
+            input="--vocab-corpus",
+            reason="missing: pruned vocabularies are chosen from a corpus",
+            fix="give --vocab-corpus FILE, or only --vocab " + str(full),
+        )
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     shape = _target_shape(target)
@@ -106,8 +129,15 @@ def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_co
             option = TuneOption(body=body, draft_vocab=rows, k=k)
             progress(f"{body} body, {rows} rows, K={k}: acceptance")
             try:
-                acc = run_acceptance(target, draft, folder, num_speculative_tokens=k, prompts=prompts,
-                                     max_new_tokens=max_new_tokens, backend=backend)
+                acc = run_acceptance(
+                    target,
+                    draft,
+                    folder,
+                    num_speculative_tokens=k,
+                    prompts=prompts,
+                    max_new_tokens=max_new_tokens,
+                    backend=backend,
+                )
             except QuantkitError as e:
                 option.error = str(e)
                 options.append(option)
@@ -115,8 +145,9 @@ def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_co
             option.al = acc.candidate.mean_acceptance_length if acc.candidate else None
             option.baseline_al = acc.baseline.mean_acceptance_length if acc.baseline else None
             option.al_ratio = acc.ratio
-            option.round_us = (microseconds(shape.step_bytes(batch * (k + 1)), platform, tp)
-                               + microseconds(cost.round_bytes(k), platform, tp))
+            option.round_us = microseconds(shape.step_bytes(batch * (k + 1)), platform, tp) + microseconds(
+                cost.round_bytes(k), platform, tp
+            )
             option.us_per_token = option.round_us / option.al if option.al else None
             options.append(option)
     reference = [o.us_per_token for o in options if o.body == "bf16" and o.draft_vocab == full and o.us_per_token]
@@ -126,8 +157,9 @@ def tune(target: str | Path, draft: str | Path, workdir: str | Path, *, vocab_co
     _pareto(options)
     keeping = [o for o in options if o.al_ratio is not None and o.al_ratio >= floor and o.us_per_token]
     best = min(keeping, key=lambda o: o.us_per_token) if keeping else None  # type: ignore[arg-type,return-value]
-    result = TuneResult(target=str(target), draft=str(draft), platform=platform, tp=tp, floor=floor, options=options,
-                        recommended=best)
+    result = TuneResult(
+        target=str(target), draft=str(draft), platform=platform, tp=tp, floor=floor, options=options, recommended=best
+    )
     result.chart = str(_chart(result, work / "tune.png"))
     if apply_to is not None and best is not None:
         out = Path(apply_to)
@@ -153,8 +185,9 @@ def _chart(result: TuneResult, path: Path) -> Path:
         ax.scatter(o.cost_ratio, o.al_ratio, color="tab:red" if o.body == "fp8" else "tab:blue")
         ax.annotate(f"{o.draft_vocab}/K{o.k}", (o.cost_ratio, o.al_ratio), fontsize=7)
     if result.recommended and result.recommended.cost_ratio is not None and result.recommended.al_ratio is not None:
-        ax.scatter(result.recommended.cost_ratio, result.recommended.al_ratio, s=200, facecolors="none",
-                   edgecolors="black")
+        ax.scatter(
+            result.recommended.cost_ratio, result.recommended.al_ratio, s=200, facecolors="none", edgecolors="black"
+        )
     ax.axhline(result.floor, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel(f"estimated cost per accepted token vs BF16 draft ({result.platform}; estimate from bytes)")
     ax.set_ylabel("AL ratio vs unpruned BF16 draft (measured)")

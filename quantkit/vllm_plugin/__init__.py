@@ -34,8 +34,11 @@ def register() -> None:
         _register()
     except Exception as e:  # noqa: BLE001 - see the docstring: nothing may escape into vLLM's plugin loader
         try:
-            logger.warning("quantkit CPU MXFP4 plugin: not patching vLLM (%s: %s); MXFP4 checkpoints will not load "
-                           "on CPU.", type(e).__name__, " ".join(str(e).split())[:300])
+            logger.warning(
+                "quantkit CPU MXFP4 plugin: not patching vLLM (%s: %s); MXFP4 checkpoints will not load on CPU.",
+                type(e).__name__,
+                " ".join(str(e).split())[:300],
+            )
         except Exception:  # noqa: BLE001, S110 - a broken log handler must not stop vLLM either
             pass
 
@@ -48,8 +51,12 @@ def _register() -> None:
         return
     version = getattr(vllm, "__version__", None)
     if version != PINNED_VLLM_VERSION:
-        logger.warning("quantkit CPU MXFP4 plugin: written for vllm %s, found %s; not patching (MXFP4 checkpoints "
-                       "will not load on CPU).", PINNED_VLLM_VERSION, version)
+        logger.warning(
+            "quantkit CPU MXFP4 plugin: written for vllm %s, found %s; not patching (MXFP4 checkpoints "
+            "will not load on CPU).",
+            PINNED_VLLM_VERSION,
+            version,
+        )
         return
     from quantkit.vllm_plugin.patches import apply_cpu_mx_patches
 

@@ -102,7 +102,8 @@ class CpuOcpMxEmulationExperts(mk.FusedMoEExpertsModular):
         if not (quant_config.use_mxfp4_w4a4 or quant_config.use_mxfp4_w4a16):
             raise NotImplementedError(
                 f"quantkit's CPU MXFP4 MoE emulation supports w_mxfp4 and w_mxfp4_a_mxfp4, "
-                f"not {quant_config.ocp_mx_scheme}")
+                f"not {quant_config.ocp_mx_scheme}"
+            )
         self.qdq_activations = quant_config.use_mxfp4_w4a4
 
     @staticmethod
@@ -135,25 +136,47 @@ class CpuOcpMxEmulationExperts(mk.FusedMoEExpertsModular):
         return True
 
     @staticmethod
-    def _supports_routing_method(routing_method: RoutingMethodType, weight_key: QuantKey | None,
-                                 activation_key: QuantKey | None) -> bool:
+    def _supports_routing_method(
+        routing_method: RoutingMethodType, weight_key: QuantKey | None, activation_key: QuantKey | None
+    ) -> bool:
         # Modular experts get top-k ids and weights from the router (CPURouter on CPU covers every routing method).
         return True
 
-    def workspace_shapes(self, M: int, N: int, K: int, topk: int, global_num_experts: int, local_num_experts: int,
-                         expert_tokens_meta: mk.ExpertTokensMetadata | None,
-                         activation: MoEActivation) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    def workspace_shapes(
+        self,
+        M: int,
+        N: int,
+        K: int,
+        topk: int,
+        global_num_experts: int,
+        local_num_experts: int,
+        expert_tokens_meta: mk.ExpertTokensMetadata | None,
+        activation: MoEActivation,
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         # No shared scratch: apply() allocates per expert. Output is the reduced [M, K] (as vLLM's CPU experts).
         return (0,), (0,), (M, K)
 
     def finalize_weight_and_reduce_impl(self) -> mk.TopKWeightAndReduce:
         return TopKWeightAndReduceNoOP()
 
-    def apply(self, output: torch.Tensor, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-              topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: MoEActivation, global_num_experts: int,
-              expert_map: torch.Tensor | None, a1q_scale: torch.Tensor | None, a2_scale: torch.Tensor | None,
-              workspace13: torch.Tensor, workspace2: torch.Tensor,
-              expert_tokens_meta: mk.ExpertTokensMetadata | None, apply_router_weight_on_input: bool) -> None:
+    def apply(
+        self,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        activation: MoEActivation,
+        global_num_experts: int,
+        expert_map: torch.Tensor | None,
+        a1q_scale: torch.Tensor | None,
+        a2_scale: torch.Tensor | None,
+        workspace13: torch.Tensor,
+        workspace2: torch.Tensor,
+        expert_tokens_meta: mk.ExpertTokensMetadata | None,
+        apply_router_weight_on_input: bool,
+    ) -> None:
         dtype = hidden_states.dtype
         # QDQ values are E2M1 x 2**k: exact in float32 whatever the activation dtype.
         x = (qdq_mxfp4(hidden_states) if self.qdq_activations else hidden_states).float()
@@ -169,19 +192,26 @@ class CpuOcpMxEmulationExperts(mk.FusedMoEExpertsModular):
                 continue
             tokens, slots = torch.nonzero(local_ids == expert, as_tuple=True)
             # Rounded to the activation dtype where Triton's experts store it (intermediate_cache1 / _cache2).
-            h = F.linear(x[tokens], dequant_mxfp4(w1[expert], w1_scale[expert], torch.float32),
-                         None if w1_bias is None else w1_bias[expert].float()).to(dtype)
+            h = F.linear(
+                x[tokens],
+                dequant_mxfp4(w1[expert], w1_scale[expert], torch.float32),
+                None if w1_bias is None else w1_bias[expert].float(),
+            ).to(dtype)
             act = moe_activation_fp32(activation, h.float(), self.activation_config).to(dtype)
             if self.qdq_activations:
                 act = qdq_mxfp4(act)
-            y = F.linear(act.float(), dequant_mxfp4(w2[expert], w2_scale[expert], torch.float32),
-                         None if w2_bias is None else w2_bias[expert].float())
+            y = F.linear(
+                act.float(),
+                dequant_mxfp4(w2[expert], w2_scale[expert], torch.float32),
+                None if w2_bias is None else w2_bias[expert].float(),
+            )
             acc.index_add_(0, tokens, y * weights[tokens, slots].float().unsqueeze(-1))
         output.copy_(acc.to(output.dtype))
 
 
-def moe_activation_fp32(activation: MoEActivation, x: torch.Tensor,
-                        config: ApplyMoEActivationConfig | None = None) -> torch.Tensor:
+def moe_activation_fp32(
+    activation: MoEActivation, x: torch.Tensor, config: ApplyMoEActivationConfig | None = None
+) -> torch.Tensor:
     """vLLM's MoE activation (fused_moe/activation.py `apply_moe_activation`) in float32 torch ops, unrounded.
 
     The gated forms follow vLLM's native definitions (vllm/model_executor/layers/activation.py `forward_native` of

@@ -45,8 +45,10 @@ def dequant_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
         raise ValueError(f"dequant_mxfp4 expects uint8 weights and scales, got {packed.dtype} and {scales.dtype}")
     n = packed.shape[-1] * 2
     if tuple(scales.shape) != (*packed.shape[:-1], n // BLOCK) or n % BLOCK:
-        raise ValueError(f"dequant_mxfp4: scales {tuple(scales.shape)} do not match packed weights "
-                         f"{tuple(packed.shape)} (expected {(*packed.shape[:-1], n // BLOCK)})")
+        raise ValueError(
+            f"dequant_mxfp4: scales {tuple(scales.shape)} do not match packed weights "
+            f"{tuple(packed.shape)} (expected {(*packed.shape[:-1], n // BLOCK)})"
+        )
     table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=packed.device)
     codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)  # low nibble is the first element
     values = table[codes.long()].unflatten(-1, (n // BLOCK, BLOCK))

@@ -57,33 +57,47 @@ def _surface() -> dict[str, Any]:
     from vllm.model_executor.layers.quantization.quark.schemes import quark_ocp_mx
     from vllm.platforms.interface import PlatformEnum
 
-    _expect(isinstance(getattr(linear, "_POSSIBLE_MXFP4_KERNELS", None), dict),
-            "vllm.model_executor.kernels.linear._POSSIBLE_MXFP4_KERNELS is not a dict")
-    _expect(getattr(quark_ocp_mx, "init_mxfp4_linear_kernel", None) is linear.init_mxfp4_linear_kernel,
-            "quark_ocp_mx no longer selects its kernel through init_mxfp4_linear_kernel")
-    _expect(_params(linear.init_mxfp4_linear_kernel) == ["activation_quant_key"],
-            "init_mxfp4_linear_kernel(activation_quant_key) changed signature")
-    _expect(_params(getattr(linear, "register_linear_kernel", None) or (lambda: None))
-            == ["kernel_class", "platform", "kernel_type"],
-            "register_linear_kernel(kernel_class, platform, kernel_type) is gone or changed signature")
+    _expect(
+        isinstance(getattr(linear, "_POSSIBLE_MXFP4_KERNELS", None), dict),
+        "vllm.model_executor.kernels.linear._POSSIBLE_MXFP4_KERNELS is not a dict",
+    )
+    _expect(
+        getattr(quark_ocp_mx, "init_mxfp4_linear_kernel", None) is linear.init_mxfp4_linear_kernel,
+        "quark_ocp_mx no longer selects its kernel through init_mxfp4_linear_kernel",
+    )
+    _expect(
+        _params(linear.init_mxfp4_linear_kernel) == ["activation_quant_key"],
+        "init_mxfp4_linear_kernel(activation_quant_key) changed signature",
+    )
+    _expect(
+        _params(getattr(linear, "register_linear_kernel", None) or (lambda: None))
+        == ["kernel_class", "platform", "kernel_type"],
+        "register_linear_kernel(kernel_class, platform, kernel_type) is gone or changed signature",
+    )
     _expect(hasattr(quark_moe, "QuarkOCP_MX_MoEMethod"), "quark_moe.QuarkOCP_MX_MoEMethod is gone")
     _expect(hasattr(oracle.Mxfp4MoeBackend, "EMULATION"), "Mxfp4MoeBackend.EMULATION is gone")
     _expect(callable(getattr(oracle, "_backend_activation_key", None)), "oracle._backend_activation_key is gone")
-    for name, params in (("select_mxfp4_moe_backend", ["config", "activation_key"]),
-                         ("backend_to_kernel_cls", ["backend"])):
+    for name, params in (
+        ("select_mxfp4_moe_backend", ["config", "activation_key"]),
+        ("backend_to_kernel_cls", ["backend"]),
+    ):
         current = getattr(quark_moe, name, None)
         original = getattr(current, "__wrapped__", current) if getattr(current, _MARK, False) else current
         _expect(original is getattr(oracle, name, None), f"quark_moe.{name} is not the oracle's {name}")
         _expect(_params(original) == params, f"oracle.{name}({', '.join(params)}) changed signature")
     cpu_kernels = linear._POSSIBLE_MXFP4_KERNELS.get(PlatformEnum.CPU)
-    _expect(cpu_kernels is None or all(getattr(k, _MARK, False) for k in cpu_kernels),
-            "vLLM now has its own CPU MXFP4 linear kernels")
+    _expect(
+        cpu_kernels is None or all(getattr(k, _MARK, False) for k in cpu_kernels),
+        "vLLM now has its own CPU MXFP4 linear kernels",
+    )
 
     from quantkit.vllm_plugin import cpu_kernels as ours
 
     for cls in (ours.CpuEmulationMxfp4LinearKernel, ours.CpuOcpMxEmulationExperts):
-        _expect(not getattr(cls, "__abstractmethods__", None),
-                f"{cls.__name__} misses vLLM abstract methods {sorted(getattr(cls, '__abstractmethods__', ()))}")
+        _expect(
+            not getattr(cls, "__abstractmethods__", None),
+            f"{cls.__name__} misses vLLM abstract methods {sorted(getattr(cls, '__abstractmethods__', ()))}",
+        )
     return {"linear": linear, "oracle": oracle, "quark_moe": quark_moe, "PlatformEnum": PlatformEnum, "ours": ours}
 
 
@@ -97,9 +111,11 @@ def _select_with_cpu_fallback(original, experts_cls):
     _fallback_logged: list[bool] = []  # log once per process, not once per MoE layer
 
     def emulation(config, activation_key, dropped: Any = None):
-        fmt = (mk.FusedMoEActivationFormat.BatchedExperts
-               if config.moe_parallel_config.use_batched_activation_format
-               else mk.FusedMoEActivationFormat.Standard)
+        fmt = (
+            mk.FusedMoEActivationFormat.BatchedExperts
+            if config.moe_parallel_config.use_batched_activation_format
+            else mk.FusedMoEActivationFormat.Standard
+        )
         supported, reason = experts_cls.is_supported_config(experts_cls, config, kMxfp4Static, activation_key, fmt)
         if not supported:
             logger.warning("quantkit CPU MXFP4 MoE emulation does not apply either: %s", reason)
@@ -107,11 +123,16 @@ def _select_with_cpu_fallback(original, experts_cls):
         if not _fallback_logged:
             _fallback_logged.append(True)
             if dropped is None:
-                logger.info("No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).",
-                            experts_cls.__name__)
+                logger.info(
+                    "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).", experts_cls.__name__
+                )
             else:
-                logger.info("vLLM's %s MXFP4 MoE backend would drop the checkpoint's MXFP4 activations (BF16 "
-                            "fallback): using quantkit's %s (torch emulation).", dropped, experts_cls.__name__)
+                logger.info(
+                    "vLLM's %s MXFP4 MoE backend would drop the checkpoint's MXFP4 activations (BF16 "
+                    "fallback): using quantkit's %s (torch emulation).",
+                    dropped,
+                    experts_cls.__name__,
+                )
         return Mxfp4MoeBackend.EMULATION, experts_cls
 
     def select_mxfp4_moe_backend(config, activation_key=None):
@@ -128,8 +149,12 @@ def _select_with_cpu_fallback(original, experts_cls):
         # (_warn_on_bf16_fallback: "Falling back to 'CPU' with BF16 activations"): another computation than the
         # checkpoint's, and than the native W4A4 kernels of the deployment GPU. On CPU the emulation keeps the
         # checkpoint's MXFP4 activations, so what quantkit measures here does not depend on the host's ISA.
-        if (current_platform.is_cpu() and activation_key is not None and chosen[0] != Mxfp4MoeBackend.EMULATION
-                and backend_activation_key(chosen[0]) is None):
+        if (
+            current_platform.is_cpu()
+            and activation_key is not None
+            and chosen[0] != Mxfp4MoeBackend.EMULATION
+            and backend_activation_key(chosen[0]) is None
+        ):
             emulated = emulation(config, activation_key, chosen[0].value)
             if emulated is not None:
                 return emulated
@@ -178,10 +203,13 @@ def apply_cpu_mx_patches() -> list[str]:
             if hasattr(kernel, _MARK):
                 delattr(kernel, _MARK)
 
-        steps.append(("register_linear_kernel(CpuEmulationMxfp4LinearKernel, CPU, 'mxfp4')", register_kernel,
-                      unregister_kernel))
-    for name, wrap in (("select_mxfp4_moe_backend", _select_with_cpu_fallback),
-                       ("backend_to_kernel_cls", _kernel_cls_with_cpu_emulation)):
+        steps.append(
+            ("register_linear_kernel(CpuEmulationMxfp4LinearKernel, CPU, 'mxfp4')", register_kernel, unregister_kernel)
+        )
+    for name, wrap in (
+        ("select_mxfp4_moe_backend", _select_with_cpu_fallback),
+        ("backend_to_kernel_cls", _kernel_cls_with_cpu_emulation),
+    ):
         current = getattr(quark_moe, name)
         if getattr(current, _MARK, False):
             continue
@@ -203,4 +231,5 @@ def apply_cpu_mx_patches() -> list[str]:
 def _rebind(module: Any, name: str, value: Any):
     def rebind() -> None:
         setattr(module, name, value)
+
     return rebind

@@ -36,6 +36,7 @@ def run_action(inputs: dict[str, str], workdir: Path) -> tuple[int, dict[str, st
             if parts[0] == "steps":
                 return outputs.get(parts[1], {}).get(parts[3], "")
             raise AssertionError(f"unknown expression {m.group(0)}")
+
         return EXPR.sub(one, text)
 
     code = 0
@@ -63,15 +64,23 @@ def draft_fp8(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("max_size_ratio,verdict_code", [(1.0, 0), (0.05, 1)])
-def test_action_gates_and_uploads_the_report(tiny: Path, draft_fp8: Path, tmp_path: Path, max_size_ratio: float,
-                                             verdict_code: int) -> None:
+def test_action_gates_and_uploads_the_report(
+    tiny: Path, draft_fp8: Path, tmp_path: Path, max_size_ratio: float, verdict_code: int
+) -> None:
     config = tmp_path / "gate.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "action", "target": str(tiny / "target"), "draft": str(tiny / "eagle3-draft"),
-        "candidates": [{"name": "draft-fp8", "path": str(draft_fp8)}], "steps": ["check"],
-        "check": {"platform": "cpu", "vllm": "off", "max_size_ratio": max_size_ratio}}))
-    code, gate_outputs, upload = run_action({"config": str(config), "install": "", "python": sys.executable},
-                                            tmp_path)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "action",
+                "target": str(tiny / "target"),
+                "draft": str(tiny / "eagle3-draft"),
+                "candidates": [{"name": "draft-fp8", "path": str(draft_fp8)}],
+                "steps": ["check"],
+                "check": {"platform": "cpu", "vllm": "off", "max_size_ratio": max_size_ratio},
+            }
+        )
+    )
+    code, gate_outputs, upload = run_action({"config": str(config), "install": "", "python": sys.executable}, tmp_path)
     assert code == verdict_code
     assert gate_outputs["exit-code"] == str(verdict_code)
     report = tmp_path / upload["path"]

@@ -21,8 +21,15 @@ PARTIAL_JOURNAL = ".quantkit-journal.json"
 
 
 def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=kw.pop("cwd", ROOT), capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "quantkit", *args],
+        cwd=kw.pop("cwd", ROOT),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        **kw,
+    )
 
 
 def _weights_and_config(folder: Path) -> dict[str, bytes]:
@@ -33,9 +40,27 @@ def _weights_and_config(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, big_moe_mxfp4, tmp_path, sig):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model",
-                             str(big_moe), "--output", str(out), "--devices", "cpu"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quantkit",
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(big_moe),
+            "--output",
+            str(out),
+            "--devices",
+            "cpu",
+        ],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines: list[str] = []
     sent = threading.Event()
 
@@ -67,8 +92,15 @@ def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, big_moe_mxfp4, tmp
     assert again.returncode == 2 and "--resume" in again.stderr and partial.exists()
 
     command = errors[0].split("resume with: ", 1)[1]
-    resumed = subprocess.run(command.replace("quantkit ", f"{sys.executable} -m quantkit ", 1), shell=True, cwd=ROOT,
-                             capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    resumed = subprocess.run(
+        command.replace("quantkit ", f"{sys.executable} -m quantkit ", 1),
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "kept from the interrupted run" in resumed.stderr
     assert not partial.exists()
@@ -107,10 +139,16 @@ from quantkit.apply import apply
 def progress(message):
     if message.startswith("wrote "):  # printed after the rename, before apply returns
         os.kill(os.getpid(), signal.SIGKILL)
-apply("mxfp4-moe", {str(tiny / 'moe-target')!r}, {str(out)!r}, devices="cpu", progress=progress)
+apply("mxfp4-moe", {str(tiny / "moe-target")!r}, {str(out)!r}, devices="cpu", progress=progress)
 """
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == -9, r.stderr
     assert not out.with_name(f".{out.name}.quantkit-partial").exists()
     manifest = json.loads((out / "quantkit.json").read_text())
@@ -136,8 +174,19 @@ def test_mixtral_layout_on_the_default_path(tmp_path):
 
 def test_dry_run_reads_no_tensor_data_and_writes_nothing(tmp_path, tiny):
     out = tmp_path / "out"
-    r = _cli("apply", "--recipe", "mxfp4-moe", "--model", str(tiny / "moe-target"), "--output", str(out),
-             "--dry-run", "--devices", "cpu", "--json")
+    r = _cli(
+        "apply",
+        "--recipe",
+        "mxfp4-moe",
+        "--model",
+        str(tiny / "moe-target"),
+        "--output",
+        str(out),
+        "--dry-run",
+        "--devices",
+        "cpu",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["dry_run"] is True and not out.exists()
@@ -149,10 +198,18 @@ def test_dry_run_reads_no_tensor_data_and_writes_nothing(tmp_path, tiny):
 
 def test_dry_run_predicts_the_written_size(tmp_path, tiny, big_moe_mxfp4):
     manifest = json.loads((big_moe_mxfp4 / "quantkit.json").read_text())
-    plan = _cli("apply", "--recipe", "mxfp4-moe", "--model", manifest["source"], "--output", str(tmp_path / "o"),
-                "--dry-run", "--json")
+    plan = _cli(
+        "apply",
+        "--recipe",
+        "mxfp4-moe",
+        "--model",
+        manifest["source"],
+        "--output",
+        str(tmp_path / "o"),
+        "--dry-run",
+        "--json",
+    )
     predicted = json.loads(plan.stdout)["size_after_bytes"]
     written = sum(p.stat().st_size for p in big_moe_mxfp4.glob("*.safetensors"))
     # The prediction counts tensor bytes; the files add their JSON headers (a few KB per shard).
     assert predicted <= written <= predicted + 64_000 * len(list(big_moe_mxfp4.glob("*.safetensors")))
-

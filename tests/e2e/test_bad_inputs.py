@@ -188,8 +188,10 @@ def _(t: Ctx) -> Bad:
 @case("recipes-show-yaml-python-tag")
 def _(t: Ctx) -> Bad:
     m = t.marker()
-    f = t.file("r.yaml", RECIPE_OK.replace('description: "', f'description: !!python/object/apply:os.system '
-                                           f'["touch {m}"]\nx: "'))
+    f = t.file(
+        "r.yaml",
+        RECIPE_OK.replace('description: "', f'description: !!python/object/apply:os.system ["touch {m}"]\nx: "'),
+    )
     return Bad(["recipes", "show", str(f)], light=True, markers=(m,))
 
 
@@ -350,24 +352,27 @@ def _(t: Ctx) -> Bad:
 def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     (src / "config.json").write_text(hostile.nested_json())
-    return Bad(_apply(src, t.tmp / "out"), light=True, absent=(t.tmp / "out",), mentions=("config.json",),
-               max_chars=500)
+    return Bad(
+        _apply(src, t.tmp / "out"), light=True, absent=(t.tmp / "out",), mentions=("config.json",), max_chars=500
+    )
 
 
 @case("apply-config-20mb-json-string")
 def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     (src / "config.json").write_text('"' + "A" * 20_000_000 + '"')
-    return Bad(_apply(src, t.tmp / "out"), light=True, absent=(t.tmp / "out",), mentions=("config.json",),
-               max_chars=500)
+    return Bad(
+        _apply(src, t.tmp / "out"), light=True, absent=(t.tmp / "out",), mentions=("config.json",), max_chars=500
+    )
 
 
 @case("apply-header-deep-nesting")
 def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     hostile.write_safetensors(src / "model.safetensors", hostile.nested_json().encode())
-    return Bad(_apply(src, t.tmp / "out"), light=True, absent=(t.tmp / "out",), mentions=("model.safetensors",),
-               max_chars=500)
+    return Bad(
+        _apply(src, t.tmp / "out"), light=True, absent=(t.tmp / "out",), mentions=("model.safetensors",), max_chars=500
+    )
 
 
 @case("apply-header-length-2**40")
@@ -388,8 +393,13 @@ def _(t: Ctx) -> Bad:
 def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
     (src / "model.safetensors.index.json").write_text(hostile.nested_json())
-    return Bad(_apply(src, t.tmp / "out", recipe="mxfp4-moe"), light=True, absent=(t.tmp / "out",),
-               mentions=("model.safetensors.index.json",), max_chars=500)
+    return Bad(
+        _apply(src, t.tmp / "out", recipe="mxfp4-moe"),
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("model.safetensors.index.json",),
+        max_chars=500,
+    )
 
 
 @case("apply-pickle-only-folder")
@@ -404,16 +414,26 @@ def _(t: Ctx) -> Bad:
 def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     bomb = _bomb_recipe(t)
-    return Bad(["apply", "--recipe", str(bomb), "--model", str(src), "--output", str(t.tmp / "out")], light=True,
-               absent=(t.tmp / "out",), max_chars=500, max_seconds=5, timeout=60)
+    return Bad(
+        ["apply", "--recipe", str(bomb), "--model", str(src), "--output", str(t.tmp / "out")],
+        light=True,
+        absent=(t.tmp / "out",),
+        max_chars=500,
+        max_seconds=5,
+        timeout=60,
+    )
 
 
 @case("apply-recipe-unknown-scheme")
 def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     f = t.file("r.yaml", RECIPE_OK.replace("scheme: ptpc_fp8", "scheme: int3_magic"))
-    return Bad(["apply", "--recipe", str(f), "--model", str(src), "--output", str(t.tmp / "out")], light=True,
-               absent=(t.tmp / "out",), mentions=("scheme",))
+    return Bad(
+        ["apply", "--recipe", str(f), "--model", str(src), "--output", str(t.tmp / "out")],
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("scheme",),
+    )
 
 
 @case("apply-recipe-is-a-folder")
@@ -421,8 +441,11 @@ def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     d = t.tmp / "recipes.d"
     d.mkdir()
-    return Bad(["apply", "--recipe", str(d), "--model", str(src), "--output", str(t.tmp / "out")], light=True,
-               absent=(t.tmp / "out",))
+    return Bad(
+        ["apply", "--recipe", str(d), "--model", str(src), "--output", str(t.tmp / "out")],
+        light=True,
+        absent=(t.tmp / "out",),
+    )
 
 
 @case("apply-recipe-for-another-kind-of-model")
@@ -462,8 +485,11 @@ def _poisoned(t: Ctx, model: str, recipe: str, shard: str, tensor: str, value: s
     src = t.model(model, "src")
     hostile.poison_bf16(src / shard, tensor, (5, 1), value)
     hostile.poison_bf16(src / shard, tensor, (3, 7), value)
-    return Bad(_apply(src, t.tmp / "out", recipe=recipe), absent=(t.tmp / "out",),
-               mentions=(f"{tensor.rsplit('.', 2)[-2]}.weight[3, 7]",))
+    return Bad(
+        _apply(src, t.tmp / "out", recipe=recipe),
+        absent=(t.tmp / "out",),
+        mentions=(f"{tensor.rsplit('.', 2)[-2]}.weight[3, 7]",),
+    )
 
 
 @case("apply-nan-in-draft-weight")
@@ -479,8 +505,11 @@ def _(t: Ctx) -> Bad:
 @case("apply-minus-inf-in-moe-expert-weight")
 def _(t: Ctx) -> Bad:
     index = json.loads((TINY / "moe-target" / "model.safetensors.index.json").read_text())["weight_map"]
-    tensor = next(n for n, f in sorted(index.items()) if f.endswith("00002-of-00002.safetensors")
-                  and re.search(r"experts\.\d+\.down_proj\.weight$", n))
+    tensor = next(
+        n
+        for n, f in sorted(index.items())
+        if f.endswith("00002-of-00002.safetensors") and re.search(r"experts\.\d+\.down_proj\.weight$", n)
+    )
     return _poisoned(t, "moe-target", "mxfp4-moe", index[tensor], tensor, "-inf")
 
 
@@ -493,8 +522,12 @@ def _(t: Ctx) -> Bad:
         return Bad(_apply(src, out), absent=(out,), mentions=(str(small),))
     # No mount here: a file size limit instead (Python ignores SIGXFSZ, so a write past it fails with EFBIG).
     out = t.tmp / "out"
-    return Bad(_apply(src, out), absent=(out,), mentions=(str(out),),
-               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000)))
+    return Bad(
+        _apply(src, out),
+        absent=(out,),
+        mentions=(str(out),),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000)),
+    )
 
 
 # --- inspect ------------------------------------------------------------------------------------------------------
@@ -616,8 +649,11 @@ def _(t: Ctx) -> Bad:
 
 @case("inspect-target-missing")
 def _(t: Ctx) -> Bad:
-    return Bad(["inspect", str(TINY / "eagle3-draft"), "--target", str(t.tmp / "no-target")], light=True,
-               mentions=("no-target",))
+    return Bad(
+        ["inspect", str(TINY / "eagle3-draft"), "--target", str(t.tmp / "no-target")],
+        light=True,
+        mentions=("no-target",),
+    )
 
 
 # --- check --------------------------------------------------------------------------------------------------------
@@ -650,14 +686,16 @@ def _(t: Ctx) -> Bad:
 
 @case("check-numeric-without-source")
 def _(t: Ctx) -> Bad:
-    return Bad(["check", str(TINY / "eagle3-draft"), "--numeric", "--vllm", "off"], light=True,
-               mentions=("--source",))
+    return Bad(["check", str(TINY / "eagle3-draft"), "--numeric", "--vllm", "off"], light=True, mentions=("--source",))
 
 
 @case("check-numeric-source-missing")
 def _(t: Ctx) -> Bad:
-    return Bad(["check", str(TINY / "eagle3-draft"), "--numeric", "--source", str(t.tmp / "no-source"),
-                "--vllm", "off"], light=True, mentions=("no-source",))
+    return Bad(
+        ["check", str(TINY / "eagle3-draft"), "--numeric", "--source", str(t.tmp / "no-source"), "--vllm", "off"],
+        light=True,
+        mentions=("no-source",),
+    )
 
 
 @case("check-empty-folder")
@@ -706,12 +744,31 @@ def _(t: Ctx) -> Bad:
 # --- acceptance ---------------------------------------------------------------------------------------------------
 
 
-def _acceptance(t: Ctx, *extra: str, target: Path | None = None, draft: Path | None = None,
-                candidate: Path | None = None, prompts: Path | None = None) -> list[str]:
+def _acceptance(
+    t: Ctx,
+    *extra: str,
+    target: Path | None = None,
+    draft: Path | None = None,
+    candidate: Path | None = None,
+    prompts: Path | None = None,
+) -> list[str]:
     """An otherwise valid, cheap acceptance run (reference engine, 2 new tokens, one prompt)."""
-    return ["acceptance", "--target", str(target or TINY / "target"), "--draft", str(draft or TINY / "eagle3-draft"),
-            "--candidate", str(candidate or TINY / "eagle3-draft"), "--backend", "reference",
-            "--prompts", str(prompts or t.prompts()), "--max-new-tokens", "2", *extra]
+    return [
+        "acceptance",
+        "--target",
+        str(target or TINY / "target"),
+        "--draft",
+        str(draft or TINY / "eagle3-draft"),
+        "--candidate",
+        str(candidate or TINY / "eagle3-draft"),
+        "--backend",
+        "reference",
+        "--prompts",
+        str(prompts or t.prompts()),
+        "--max-new-tokens",
+        "2",
+        *extra,
+    ]
 
 
 @case("acceptance-max-new-tokens-0")
@@ -850,8 +907,18 @@ def _(t: Ctx) -> Bad:
 
 
 def _eval(model: Path, baseline: Path, *extra: str) -> list[str]:
-    return ["eval", "--model", str(model), "--baseline", str(baseline), "--tasks", "tiny_french_mc", "--limit", "1",
-            *extra]
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--baseline",
+        str(baseline),
+        "--tasks",
+        "tiny_french_mc",
+        "--limit",
+        "1",
+        *extra,
+    ]
 
 
 @case("eval-limit-0")
@@ -968,8 +1035,13 @@ def _(t: Ctx) -> Bad:
 @case("gate-config-missing")
 def _(t: Ctx) -> Bad:
     out = t.tmp / "gate-out"
-    return Bad(["gate", str(t.tmp / "no-gate.yaml"), "--out", str(out)], kind="either", light=True, absent=(out,),
-               mentions=("no-gate.yaml",))
+    return Bad(
+        ["gate", str(t.tmp / "no-gate.yaml"), "--out", str(out)],
+        kind="either",
+        light=True,
+        absent=(out,),
+        mentions=("no-gate.yaml",),
+    )
 
 
 @case("gate-config-is-a-folder")
@@ -1020,8 +1092,7 @@ def _(t: Ctx) -> Bad:
 def _(t: Ctx) -> Bad:
     out = hostile.fake_quantkit_output(TINY / "target", t.tmp / "out")
     t.copies.append(out)
-    return Bad(_publish(out, repo_id="not a repo id"), light=True, absent=(_preview(out),),
-               mentions=("not a repo id",))
+    return Bad(_publish(out, repo_id="not a repo id"), light=True, absent=(_preview(out),), mentions=("not a repo id",))
 
 
 @case("publish-repo-id-path-traversal")
@@ -1036,8 +1107,13 @@ def _(t: Ctx) -> Bad:
     out = hostile.fake_quantkit_output(TINY / "target", t.tmp / "out")
     t.copies.append(out)
     rep = t.file("report.json", hostile.nested_json())
-    return Bad(_publish(out, "--report", str(rep)), light=True, absent=(_preview(out),), mentions=("report.json",),
-               max_chars=500)
+    return Bad(
+        _publish(out, "--report", str(rep)),
+        light=True,
+        absent=(_preview(out),),
+        mentions=("report.json",),
+        max_chars=500,
+    )
 
 
 @case("publish-report-not-json")
@@ -1107,8 +1183,10 @@ def _leftover_temp_folders(path: Path) -> list[Path]:
 
 def _assert_contract(bad: Bad, run: Run, before: dict[Path, dict[str, str]]) -> None:
     shown = " ".join(run.args)
-    where = (f"\n$ quantkit {shown[:400]}\nexit {run.returncode} after {run.seconds:.1f}s\n"
-             f"stderr: {run.stderr[-3000:]!r}\nstdout: {run.stdout[-1000:]!r}")
+    where = (
+        f"\n$ quantkit {shown[:400]}\nexit {run.returncode} after {run.seconds:.1f}s\n"
+        f"stderr: {run.stderr[-3000:]!r}\nstdout: {run.stdout[-1000:]!r}"
+    )
     assert run.returncode != FORBIDDEN_HEAVY_EXIT, "imported a heavy package before finding the error" + where
     assert "Traceback" not in run.stderr, where
     assert run.returncode == bad.code, where
@@ -1143,8 +1221,15 @@ def test_bad_input(name: str, tmp_path: Path) -> None:
         bad = build(ctx)
         watched = [TINY, *ctx.copies, *bad.watch]
         before = {p: tree_digest(p) for p in watched}
-        run = run_cli(bad.args, cwd=tmp_path, stdin=bad.stdin, env=bad.env, forbid_heavy=bad.light,
-                      timeout=bad.timeout, preexec_fn=bad.preexec_fn)
+        run = run_cli(
+            bad.args,
+            cwd=tmp_path,
+            stdin=bad.stdin,
+            env=bad.env,
+            forbid_heavy=bad.light,
+            timeout=bad.timeout,
+            preexec_fn=bad.preexec_fn,
+        )
         _assert_contract(bad, run, before)
     finally:
         ctx.cleanup()
@@ -1181,9 +1266,23 @@ def applied_draft(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
     root = tmp_path_factory.mktemp("bad-inputs-apply")
     out = root / "draft-fp8"
     out.mkdir()
-    run = run_cli(["apply", "--recipe", "fp8-draft", "--model", str(TINY / "eagle3-draft"), "--target",
-                   str(TINY / "target"), "--output", str(out), "--overwrite", "--json"], cwd=root,
-                  preexec_fn=lambda: os.umask(0o022))
+    run = run_cli(
+        [
+            "apply",
+            "--recipe",
+            "fp8-draft",
+            "--model",
+            str(TINY / "eagle3-draft"),
+            "--target",
+            str(TINY / "target"),
+            "--output",
+            str(out),
+            "--overwrite",
+            "--json",
+        ],
+        cwd=root,
+        preexec_fn=lambda: os.umask(0o022),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return out, run
 
@@ -1208,8 +1307,7 @@ def test_json_output_never_holds_nan_or_infinity(applied_draft: tuple[Path, Run]
     assert len(scales) >= 2, scales
     hostile.poison_f32_or_bf16_scalar(damaged / "model.safetensors", scales[0], float("inf"))
     hostile.poison_f32_or_bf16_scalar(damaged / "model.safetensors", scales[1], float("nan"))
-    check = run_cli(["check", str(damaged), "--target", str(TINY / "target"), "--vllm", "off", "--json"],
-                    cwd=tmp_path)
+    check = run_cli(["check", str(damaged), "--target", str(TINY / "target"), "--vllm", "off", "--json"], cwd=tmp_path)
     assert check.returncode == 1, check.stderr[-3000:]
     found = json.loads(check.stdout, parse_constant=_no_constants)
     assert any(f["code"] == "scale-not-finite" for f in found["findings"]), found["findings"]
@@ -1222,8 +1320,10 @@ def test_eval_json_never_holds_nan_when_the_baseline_scores_zero(tmp_path: Path)
     """Issue 10 (6): recovery = candidate / baseline is undefined at a zero baseline; the JSON must say so without
     NaN. moe-target scores 0.007 on tiny_json_gen, so its first 3 items score 0."""
     moe = TINY / "moe-target"
-    run = run_cli(["eval", "--model", str(moe), "--baseline", str(moe), "--tasks", "tiny_json_gen", "--limit", "3",
-                   "--json"], cwd=tmp_path)
+    run = run_cli(
+        ["eval", "--model", str(moe), "--baseline", str(moe), "--tasks", "tiny_json_gen", "--limit", "3", "--json"],
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads(run.stdout, parse_constant=_no_constants)
     assert data["tasks"] and all(t["baseline"] == 0 for t in data["tasks"]), data["tasks"]
@@ -1234,11 +1334,18 @@ def _run_and_signal(args: list[str], cwd: Path, sig: int, when: Callable[[str, f
     env = {**os.environ, "QUARK_DISABLE_COMPILE": "1"}
     env.pop("QUANTKIT_DEBUG", None)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "quantkit", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantkit", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.readline().decode(errors="replace"),
-                                                              "")), daemon=True)
+    reader = threading.Thread(
+        target=lambda: err.extend(iter(lambda: proc.stderr.readline().decode(errors="replace"), "")), daemon=True
+    )
     reader.start()
     sent = False
     while proc.poll() is None and time.perf_counter() - t0 < 300:
@@ -1277,17 +1384,21 @@ def test_signal_during_apply(sig: int, phase: str, tmp_path: Path) -> None:
         # 6 MB model is done within a second of the "quantizing" line on a quiet machine.
         from tests.fixtures import executor_checkpoints as ec
 
-        ec.write_checkpoint(ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024), src,
-                            shard_bytes=1_500_000)
+        ec.write_checkpoint(
+            ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024), src, shard_bytes=1_500_000
+        )
     else:
         hostile.copy_model(TINY / "moe-target", src)
     before = tree_digest(src)
     out = tmp_path / "out"
     # Quark's engine: its import and run take long enough to be interrupted in each phase (quantkit's own shard
     # executor finishes this model in about a second; its interrupts are tested in test_apply_resume.py).
-    run, sent = _run_and_signal(["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out),
-                                 "--engine", "quark"],
-                                tmp_path, sig, _during_import if phase == "import" else _in_quark_work)
+    run, sent = _run_and_signal(
+        ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out), "--engine", "quark"],
+        tmp_path,
+        sig,
+        _during_import if phase == "import" else _in_quark_work,
+    )
     where = f"\nexit {run.returncode}\nstderr: {run.stderr[-3000:]!r}"
     assert sent, "the run ended before the signal could be sent" + where
     assert run.returncode == 128 + sig, where

@@ -72,14 +72,31 @@ def bench(tiny, damaged_draft, prompts_file, tmp_path_factory):
 
     target, draft, broken = str(tiny / "target"), str(tiny / "eagle3-draft"), str(damaged_draft)
     out = tmp_path_factory.mktemp("bench")
-    with VllmServer(target, None, max_model_len=512, fast_start=True,
-                    extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(max(CONC))]) as plain:
-        arms = [ArmSpec("target", "no-spec", target, None, None, endpoint=plain.url),
-                ArmSpec("target+bf16", "bf16-draft", target, draft, 3),
-                ArmSpec("target+broken", "candidate", target, broken, 3),
-                ArmSpec("target+bf16@k0", "bf16-draft", target, draft, 0)]
-        res = run_bench(target, draft, [broken], concurrency=CONC, output_len=OUT_LEN, repeats=3,
-                        prompts=str(prompts_file), out_dir=out, fast_start=True, arms=arms)
+    with VllmServer(
+        target,
+        None,
+        max_model_len=512,
+        fast_start=True,
+        extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(max(CONC))],
+    ) as plain:
+        arms = [
+            ArmSpec("target", "no-spec", target, None, None, endpoint=plain.url),
+            ArmSpec("target+bf16", "bf16-draft", target, draft, 3),
+            ArmSpec("target+broken", "candidate", target, broken, 3),
+            ArmSpec("target+bf16@k0", "bf16-draft", target, draft, 0),
+        ]
+        res = run_bench(
+            target,
+            draft,
+            [broken],
+            concurrency=CONC,
+            output_len=OUT_LEN,
+            repeats=3,
+            prompts=str(prompts_file),
+            out_dir=out,
+            fast_start=True,
+            arms=arms,
+        )
         endpoint_checks = _endpoint_checks(plain.url, target, draft)
     return res, endpoint_checks
 
@@ -89,9 +106,11 @@ def _endpoint_checks(url, target, draft):
     from quantkit.bench.run import ArmSpec, BenchError, verify_endpoint
 
     out = {}
-    for label, spec in [("right", ArmSpec("t", "no-spec", target, None, None, url)),
-                        ("claims-draft", ArmSpec("t+d", "bf16-draft", target, draft, 3, url)),
-                        ("other-target", ArmSpec("t", "no-spec", draft, None, None, url))]:
+    for label, spec in [
+        ("right", ArmSpec("t", "no-spec", target, None, None, url)),
+        ("claims-draft", ArmSpec("t+d", "bf16-draft", target, draft, 3, url)),
+        ("other-target", ArmSpec("t", "no-spec", draft, None, None, url)),
+    ]:
         try:
             out[label] = verify_endpoint(spec)
         except BenchError as e:
@@ -110,14 +129,16 @@ def test_every_started_arm_started_and_stopped_its_server(bench):
         assert arm.server_pid and arm.startup_s and arm.startup_s > 0
         assert "--no-enable-prefix-caching" in arm.command and "--max-num-seqs" in arm.command
         assert group_members(arm.server_pid) == [], f"{arm.name}: processes left in its group"
+
     # identical server settings: the argv of every started arm is the same apart from its speculative config
     def settings(cmd):
         cmd = list(cmd)
         for flag in ("--port", "--speculative-config", "--per-request-spec-decode-metrics"):
             if flag in cmd:
                 i = cmd.index(flag)
-                del cmd[i:i + 2]
+                del cmd[i : i + 2]
         return cmd
+
     assert len({tuple(settings(a.command)) for a in started}) == 1
 
 
@@ -200,8 +221,11 @@ def test_crossover_and_schedule_from_the_measured_sweep(bench):
     for ch in sched[0].choices:  # the K chosen at each concurrency is the one with the highest median tok/s
         assert ch.by_k[ch.k] == max(v for v in ch.by_k.values() if v is not None)
     assert validate_and_normalize_dynamic_sd_schedule([list(r) for r in ranges]) == ranges
-    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=max(1, sched[0].num_speculative_tokens),
-                            num_speculative_tokens_per_batch_size=ranges)
+    cfg = SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=max(1, sched[0].num_speculative_tokens),
+        num_speculative_tokens_per_batch_size=ranges,
+    )
     assert cfg.uses_dynamic_speculative_decoding()
 
 
@@ -211,8 +235,9 @@ def test_gate_speed_thresholds_hardware_dependent_and_synthetic(bench):
     from quantkit.gate.verdict import judge
 
     res, _ = bench
-    strict = BenchStep(min_speedup=100.0, vs_bf16_draft_tolerance=0.0, min_crossover=1000,
-                       runner_is_deployment_hardware=True)
+    strict = BenchStep(
+        min_speedup=100.0, vs_bf16_draft_tolerance=0.0, min_crossover=1000, runner_is_deployment_hardware=True
+    )
     figs = bench_figures("broken", res, strict)
     by = {f.name: f for f in figs}
     assert by["bench.c1.speedup"].verdict == "regression" and by["bench.c2.vs_bf16_draft"].verdict == "regression"
@@ -221,8 +246,9 @@ def test_gate_speed_thresholds_hardware_dependent_and_synthetic(bench):
     # the same figures measured off the deployment hardware: reported, not gated
     off = bench_figures("broken", res, BenchStep(min_speedup=100.0, vs_bf16_draft_tolerance=0.0))
     speed = [f for f in off if f.name.endswith(("speedup", "vs_bf16_draft"))]
-    assert speed and all(f.passed and "hardware_dependent" in f.message and "would be regression" in f.message
-                         for f in speed)
+    assert speed and all(
+        f.passed and "hardware_dependent" in f.message and "would be regression" in f.message for f in speed
+    )
     assert judge(off).verdict == "pass"
     # synthetic acceptance is refused in a gated figure
     synthetic = copy.deepcopy(res)

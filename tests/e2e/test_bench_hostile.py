@@ -45,8 +45,9 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *a: Any) -> None:
             pass
 
-        def _send(self, code: int, body: bytes, ctype: str = "application/json",
-                  extra: dict[str, str] | None = None) -> None:
+        def _send(
+            self, code: int, body: bytes, ctype: str = "application/json", extra: dict[str, str] | None = None
+        ) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -65,8 +66,9 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
             return True
 
         def _redirect(self) -> bool:
-            if fake.behaviour == "redirect-all" or (fake.behaviour == "redirect-completions"
-                                                     and self.path.startswith("/v1/completions")):
+            if fake.behaviour == "redirect-all" or (
+                fake.behaviour == "redirect-completions" and self.path.startswith("/v1/completions")
+            ):
                 assert fake.other is not None
                 self._send(307, b"", extra={"Location": f"{fake.other.url}{self.path}"})  # type: ignore[attr-defined]
                 return True
@@ -92,11 +94,11 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 elif fake.behaviour == "huge-id":
                     self._send(200, json.dumps({"data": [{"id": "M" * 2_000_000, "root": "M" * 2_000_000}]}).encode())
                 else:
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": fake.model, "root": fake.model}]})
-                               .encode())
+                    self._send(
+                        200, json.dumps({"object": "list", "data": [{"id": fake.model, "root": fake.model}]}).encode()
+                    )
             elif self.path.startswith("/metrics"):
-                self._send(200, b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n",
-                           "text/plain")
+                self._send(200, b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n", "text/plain")
             else:
                 self._send(404, b'{"error": "not found"}')
 
@@ -174,19 +176,48 @@ def _prompts(tmp: Path) -> Path:
     return path
 
 
-def bench(models: dict[str, Path], tmp: Path, url: str, *extra: str, out: Path | None = None,
-          arm: str = "target") -> Any:
+def bench(
+    models: dict[str, Path], tmp: Path, url: str, *extra: str, out: Path | None = None, arm: str = "target"
+) -> Any:
     """`quantkit bench` of the target alone through `url`: one concurrency, one repeat, 4 tokens."""
     before = {k: tree_digest(models[k]) for k in ("target", "draft")}
     out = out or tmp / "out"
-    r = run_cli(["bench", "--target", str(models["target"]), "--endpoint", f"{arm}={url}", "--concurrency", "1",
-                 "--repeats", "1", "--output-len", "4", "--prompts", str(_prompts(tmp)), "--out", str(out),
-                 "--request-timeout", "5", *extra], cwd=tmp, timeout=300)
+    r = run_cli(
+        [
+            "bench",
+            "--target",
+            str(models["target"]),
+            "--endpoint",
+            f"{arm}={url}",
+            "--concurrency",
+            "1",
+            "--repeats",
+            "1",
+            "--output-len",
+            "4",
+            "--prompts",
+            str(_prompts(tmp)),
+            "--out",
+            str(out),
+            "--request-timeout",
+            "5",
+            *extra,
+        ],
+        cwd=tmp,
+        timeout=300,
+    )
     after = {k: tree_digest(models[k]) for k in ("target", "draft")}
     assert before == after, "a model folder changed"
     assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
-    everything = r.stdout + r.stderr + "".join(p.read_text(errors="replace") for p in tmp.rglob("*")
-                                               if p.is_file() and p.suffix in (".json", ".log", ".jsonl", ".txt"))
+    everything = (
+        r.stdout
+        + r.stderr
+        + "".join(
+            p.read_text(errors="replace")
+            for p in tmp.rglob("*")
+            if p.is_file() and p.suffix in (".json", ".log", ".jsonl", ".txt")
+        )
+    )
     assert PASSWORD not in everything
     assert base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode() not in everything
     return r
@@ -225,10 +256,15 @@ def test_broken_answers_fail_the_cell_in_one_line(models, tmp_path, behaviour):
     assert failed and all(len(line) <= 800 for line in r.stderr.splitlines())
 
 
-@pytest.mark.parametrize("behaviour,words", [("models-list", "not a vLLM server's answer"),
-                                             ("huge-id", "more characters"),
-                                             ("endless", "more than 32 MB"),
-                                             ("redirect-all", "redirect")])
+@pytest.mark.parametrize(
+    "behaviour,words",
+    [
+        ("models-list", "not a vLLM server's answer"),
+        ("huge-id", "more characters"),
+        ("endless", "more than 32 MB"),
+        ("redirect-all", "redirect"),
+    ],
+)
 def test_broken_server_fails_its_arm_in_one_line(models, tmp_path, behaviour, words):
     with serve(Fake(str(models["target"]))) as other, serve(Fake(str(models["target"]), behaviour)) as fake:
         fake.other = other
@@ -243,8 +279,10 @@ def test_broken_server_fails_its_arm_in_one_line(models, tmp_path, behaviour, wo
 
 
 def test_redirect_of_requests_is_not_followed(models, tmp_path):
-    with serve(Fake(str(models["target"]))) as other, \
-            serve(Fake(str(models["target"]), "redirect-completions")) as fake:
+    with (
+        serve(Fake(str(models["target"]))) as other,
+        serve(Fake(str(models["target"]), "redirect-completions")) as fake,
+    ):
         fake.other = other
         r = bench(models, tmp_path, fake.url, "--json")
     assert r.returncode == 1
@@ -281,12 +319,26 @@ def test_malformed_endpoint_url_is_one_error_line(models, tmp_path, url):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args", [["--concurrency", "0"], ["--concurrency", "1000000000"], ["--k", "99"],
-                                  ["--repeats", "0"], ["--output-len", "10000000"], ["--request-timeout", "0"],
-                                  ["--tp", "0"], ["--concurrency", "1-100000"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--concurrency", "0"],
+        ["--concurrency", "1000000000"],
+        ["--k", "99"],
+        ["--repeats", "0"],
+        ["--output-len", "10000000"],
+        ["--request-timeout", "0"],
+        ["--tp", "0"],
+        ["--concurrency", "1-100000"],
+    ],
+)
 def test_numeric_options_out_of_range_are_refused_before_any_work(models, tmp_path, args):
-    r = run_cli(["bench", "--target", str(models["target"]), "--out", str(tmp_path / "out"), *args], cwd=tmp_path,
-                forbid_heavy=True, timeout=60)
+    r = run_cli(
+        ["bench", "--target", str(models["target"]), "--out", str(tmp_path / "out"), *args],
+        cwd=tmp_path,
+        forbid_heavy=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
 
@@ -294,8 +346,7 @@ def test_numeric_options_out_of_range_are_refused_before_any_work(models, tmp_pa
 @pytest.mark.parametrize("where", ["target", "target/sub", "draft"])
 def test_out_inside_a_model_folder_is_refused(models, tmp_path, where):
     out = models["root"] / where
-    r = bench(models, tmp_path, "http://127.0.0.1:9", "--draft", str(models["draft"]), out=out,
-              arm="target+bf16")
+    r = bench(models, tmp_path, "http://127.0.0.1:9", "--draft", str(models["draft"]), out=out, arm="target+bf16")
     assert r.returncode == 2 and len(error_lines(r.stderr)) == 1 and "model folder" in r.stderr, r.stderr
     assert not (models["root"] / "target" / "sub").exists()
 
@@ -303,8 +354,11 @@ def test_out_inside_a_model_folder_is_refused(models, tmp_path, where):
 def test_pickle_only_draft_is_refused_before_any_server(models, tmp_path):
     marker = tmp_path / "pwned"
     draft = pickle_only_folder(models["draft"], tmp_path / "pickled", marker)
-    r = run_cli(["bench", "--target", str(models["target"]), "--draft", str(draft), "--out", str(tmp_path / "out")],
-                cwd=tmp_path, timeout=120)
+    r = run_cli(
+        ["bench", "--target", str(models["target"]), "--draft", str(draft), "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2 and len(error_lines(r.stderr)) == 1 and "pickle" in r.stderr, r.stderr
     assert not marker.exists() and not (tmp_path / "out").exists()
     assert "vllm serve" not in r.stderr
@@ -312,8 +366,21 @@ def test_pickle_only_draft_is_refused_before_any_server(models, tmp_path):
 
 def test_default_out_and_no_silent_overwrite(models, tmp_path):
     with serve(Fake(str(models["target"]))) as fake:
-        argv = ["bench", "--target", str(models["target"]), "--endpoint", f"target={fake.url}", "--concurrency", "1",
-                "--repeats", "1", "--output-len", "4", "--prompts", str(_prompts(tmp_path))]
+        argv = [
+            "bench",
+            "--target",
+            str(models["target"]),
+            "--endpoint",
+            f"target={fake.url}",
+            "--concurrency",
+            "1",
+            "--repeats",
+            "1",
+            "--output-len",
+            "4",
+            "--prompts",
+            str(_prompts(tmp_path)),
+        ]
         first = run_cli(argv, cwd=tmp_path, timeout=300)
         assert first.returncode == 0, first.stderr[-2000:]
         out = tmp_path / "quantkit-out" / "bench-target"
@@ -326,8 +393,6 @@ def test_default_out_and_no_silent_overwrite(models, tmp_path):
     assert "target" in first.stdout  # the arm's name, whole, in the table
 
 
-
-
 def test_remote_code_target_refused_naming_a_flag_bench_takes(models, tmp_path):
     """Issue 35.11: the refusal names --trust-remote-code, and bench takes it (no folder code runs without it)."""
     from tests.hostile import add_remote_code, copy_model
@@ -336,8 +401,11 @@ def test_remote_code_target_refused_naming_a_flag_bench_takes(models, tmp_path):
     target = copy_model(models["target"], tmp_path / "kimi")
     add_remote_code(target, marker)
     before = tree_digest(target)
-    r = run_cli(["bench", "--target", str(target), "--endpoint", "target=http://127.0.0.1:9", "--out",
-                 str(tmp_path / "out")], cwd=tmp_path, timeout=300)
+    r = run_cli(
+        ["bench", "--target", str(target), "--endpoint", "target=http://127.0.0.1:9", "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, r.stderr[-2000:]
     assert "--trust-remote-code" in error_lines(r.stderr)[0] and "Traceback" not in r.stderr
     assert not marker.exists() and tree_digest(target) == before

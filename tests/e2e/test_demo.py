@@ -22,8 +22,11 @@ def test_demo_runs_the_whole_pipeline(tiny, tmp_path):
     gate = yaml.safe_load((work / "gate.yaml").read_text())
     served = "serve" in gate["steps"]
     assert [s["step"] for s in data["steps"]] == [
-        "apply fp8-draft", "apply mxfp4-moe", f"gate (check, acceptance, eval{', serve' if served else ''})",
-        "publish --dry-run"]
+        "apply fp8-draft",
+        "apply mxfp4-moe",
+        f"gate (check, acceptance, eval{', serve' if served else ''})",
+        "publish --dry-run",
+    ]
     print("steps:", [(s["step"], s["seconds"]) for s in data["steps"]])
     assert data["gate_passed"] is True and data["gate_verdict"] == "pass", data["steps"][2]
     report = json.loads((work / "gate-report" / "report.json").read_text())
@@ -53,12 +56,16 @@ def test_demo_runs_the_whole_pipeline(tiny, tmp_path):
         assert [b["batch_size"] for b in sr["batches"]] == [1, 8]
         for b in sr["batches"]:
             assert abs(b["mean_acceptance_length"] - sr["in_process_al"]) <= 0.02 and b["well_formed"]
-            print(f"served batch {b['batch_size']}: AL {b['mean_acceptance_length']:.4f} (in-process "
-                  f"{sr['in_process_al']:.4f}), TTFT p50 {1000 * b['ttft_s']['p50']:.0f} ms, "
-                  f"{b['tokens_per_s']:.1f} tok/s; server up in {sr['startup_s']} s")
+            print(
+                f"served batch {b['batch_size']}: AL {b['mean_acceptance_length']:.4f} (in-process "
+                f"{sr['in_process_al']:.4f}), TTFT p50 {1000 * b['ttft_s']['p50']:.0f} ms, "
+                f"{b['tokens_per_s']:.1f} tok/s; server up in {sr['startup_s']} s"
+            )
         assert "serve" not in moe or moe["serve"] is None  # a target alone is not served
     assert {t["task"] for t in moe["eval"]["tasks"]} == {"tiny_french_mc", "tiny_french_gen"}
     card = (work / "publish-preview" / "README.md").read_text()
     assert "base_model_relation: quantized" in card and "eagle3" in card and "model.fc" in card
     assert json.loads((work / "draft-fp8" / "config.json").read_text())["quantization_config"]["exclude"] == [
-        "model.fc", "lm_head"]
+        "model.fc",
+        "lm_head",
+    ]

@@ -30,8 +30,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail("mkdocs is required (QUANTKIT_REQUIRE_DOCS=1) but does not import: pip install -e '.[docs]'")
         pytest.skip("needs the docs extra: pip install -e '.[docs]'")
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -70,8 +75,10 @@ def test_api_reference_documents_every_verb(site: Path) -> None:
     page = (site / "reference" / "api" / "index.html").read_text()
     verbs = ("acceptance", "apply", "bench", "check", "deploy", "evaluate", "gate", "inspect", "publish")
     assert all(f'id="quantkit.api.{v}"' in page for v in verbs)
-    assert all(f'id="quantkit.specs.{s}"' in page for s in ("ApplySpec", "CheckSpec", "AcceptanceSpec", "EvalSpec",
-                                                              "BenchSpec", "ServeSpec", "PublishSpec"))
+    assert all(
+        f'id="quantkit.specs.{s}"' in page
+        for s in ("ApplySpec", "CheckSpec", "AcceptanceSpec", "EvalSpec", "BenchSpec", "ServeSpec", "PublishSpec")
+    )
     assert all(hasattr(quantkit, v) for v in verbs)
 
 

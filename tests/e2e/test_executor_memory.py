@@ -32,11 +32,15 @@ def _one_large_shard(src: Path, kept_mib: int, tensor_mib: int) -> None:
     src.mkdir(parents=True)
     rows = tensor_mib * MIB // (2 * 2048)
     base = torch.arange(rows * 2048, dtype=torch.int32).remainder(16000).to(torch.int16)
-    tensors = {f"model.layers.{i}.mlp.gate.weight": (base + i).view(torch.bfloat16).reshape(rows, 2048) for i in range(kept_mib // tensor_mib)}
+    tensors = {
+        f"model.layers.{i}.mlp.gate.weight": (base + i).view(torch.bfloat16).reshape(rows, 2048)
+        for i in range(kept_mib // tensor_mib)
+    }
     g = torch.Generator().manual_seed(0)
     for e in range(4):
-        tensors[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] = (torch.randn(256, 2048, generator=g) * 0.02
-                                                                        ).to(torch.bfloat16)
+        tensors[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] = (torch.randn(256, 2048, generator=g) * 0.02).to(
+            torch.bfloat16
+        )
     save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
     (src / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "torch_dtype": "bfloat16"}))
 
@@ -57,16 +61,42 @@ def test_max_memory_below_one_tensor_is_refused_before_any_work(tmp_path):
     src = tmp_path / "src"
     _one_large_shard(src, kept_mib=8, tensor_mib=4)
     with pytest.raises(ExecutorError) as err:
-        quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=["*.mlp.gate"], layer_config=None,
-                            devices=["cpu"], max_memory=2 * MIB)
+        quantize_checkpoint(
+            src,
+            tmp_path / "out",
+            scheme="mxfp4",
+            exclude=["*.mlp.gate"],
+            layer_config=None,
+            devices=["cpu"],
+            max_memory=2 * MIB,
+        )
     message = str(err.value)
     assert "\n" not in message and "--max-memory 2.0 MiB" in message and "model.layers." in message
     assert not (tmp_path / "out").exists()
     # The CLI: one line on stderr, exit 2, nothing written.
-    proc = subprocess.run([sys.executable, "-m", "quantkit", "apply", "--recipe", "mxfp4-moe", "--model",
-                           str(ROOT / "quantkit" / "data" / "tiny" / "moe-target"), "--output", str(tmp_path / "cli"),
-                           "--devices", "cpu", "--max-memory", "4KiB"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quantkit",
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(ROOT / "quantkit" / "data" / "tiny" / "moe-target"),
+            "--output",
+            str(tmp_path / "cli"),
+            "--devices",
+            "cpu",
+            "--max-memory",
+            "4KiB",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "--max-memory 0.0 MiB" in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "cli").exists()
@@ -74,8 +104,20 @@ def test_max_memory_below_one_tensor_is_refused_before_any_work(tmp_path):
 
     from quantkit.cli.app import main
 
-    result = CliRunner().invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
-                                       str(tmp_path / "cli2"), "--max-memory", "lots"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(src),
+            "--output",
+            str(tmp_path / "cli2"),
+            "--max-memory",
+            "lots",
+        ],
+    )
     assert result.exit_code == 2 and "--max-memory 'lots': not a size" in result.output, result.output
 
 
@@ -103,9 +145,17 @@ def _reshard(src: Path, dst: Path, move) -> int:
     return moved
 
 
-_INT4_CONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": [],
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                    "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}}}
+_INT4_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "ignore": [],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32},
+        }
+    },
+}
 
 
 def _int4_parts(rows: int, cols: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -137,10 +187,13 @@ def _quantized_source(out: Path, fmt: str) -> Path:
     return sc.write_checkpoint(out, tensors, config, shard_bytes=200_000)
 
 
-@pytest.mark.parametrize("fmt,move", [
-    ("fp8-block", lambda n: n.endswith("_scale_inv") and ".gate_proj." not in n),
-    ("int4", lambda n: n.endswith((".weight_scale", ".weight_shape")) and ".experts.1." not in n),
-])
+@pytest.mark.parametrize(
+    "fmt,move",
+    [
+        ("fp8-block", lambda n: n.endswith("_scale_inv") and ".gate_proj." not in n),
+        ("int4", lambda n: n.endswith((".weight_scale", ".weight_shape")) and ".experts.1." not in n),
+    ],
+)
 def test_modules_split_across_shards_give_the_unsplit_bytes(tmp_path, fmt, move):
     whole = _quantized_source(tmp_path / "whole", fmt)
     split = tmp_path / "split"
@@ -150,8 +203,16 @@ def test_modules_split_across_shards_give_the_unsplit_bytes(tmp_path, fmt, move)
         source_format = detect_format(read_config(src), checkpoint_tensors(src))
         out = tmp_path / f"out-{src.name}-{budget}"
         # A small budget: several batches per shard, so parts are fetched from other batches and other shards.
-        report = quantize_checkpoint(src, out, scheme="mxfp4", exclude=_EXCLUDE, layer_config=None, devices=["cpu"],
-                                     decode=source_format, max_memory=budget)
+        report = quantize_checkpoint(
+            src,
+            out,
+            scheme="mxfp4",
+            exclude=_EXCLUDE,
+            layer_config=None,
+            devices=["cpu"],
+            decode=source_format,
+            max_memory=budget,
+        )
         assert report.slots >= 2 and len(report.shards) >= 2
         assert sum(r.quantized for r in report.shards) > 0
         outs.append(ec.tree_bytes(out))
@@ -185,8 +246,9 @@ def test_gpu_decode_is_bit_exact_with_the_cpu_decode(tmp_path):
         trees = []
         for device in ("cpu", "cuda:0"):
             out = tmp_path / f"{name}-{device.replace(':', '')}"
-            quantize_checkpoint(src, out, scheme="mxfp4", exclude=_EXCLUDE, layer_config=None, devices=[device],
-                                decode=fmt)
+            quantize_checkpoint(
+                src, out, scheme="mxfp4", exclude=_EXCLUDE, layer_config=None, devices=[device], decode=fmt
+            )
             trees.append(ec.tree_bytes(out))
         assert trees[0] == trees[1], name
         checked += 1

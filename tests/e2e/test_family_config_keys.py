@@ -39,8 +39,11 @@ def _folder(tmp_path: Path, config: dict) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
-    write_safetensors(folder / "model.safetensors",
-                      {"lm_head.weight": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, b"\0" * 8)
+    write_safetensors(
+        folder / "model.safetensors",
+        {"lm_head.weight": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+    )
     return folder
 
 
@@ -50,8 +53,11 @@ def test_a_mistyped_record_key_is_one_line_naming_key_and_file(tmp_path, case, c
     config, key = CASES[case]
     folder = _folder(tmp_path, config)
     before = tree_digest(folder)
-    args = ["inspect", str(folder)] if command == "inspect" else \
-        ["apply", "--recipe", "mxfp4-moe", "--model", str(folder), "--output", str(tmp_path / "out"), "--dry-run"]
+    args = (
+        ["inspect", str(folder)]
+        if command == "inspect"
+        else ["apply", "--recipe", "mxfp4-moe", "--model", str(folder), "--output", str(tmp_path / "out"), "--dry-run"]
+    )
     run = run_cli(args, cwd=tmp_path)
     assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
     lines = error_lines(run.stderr)

@@ -47,9 +47,13 @@ def _servers() -> dict[int, int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and "--port" in argv and \
-                ("vllm.entrypoints.openai.api_server" in argv or "serve" in argv):
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if (
+            int(fields[1]) == os.getpid()
+            and fields[0] != "Z"
+            and "--port" in argv
+            and ("vllm.entrypoints.openai.api_server" in argv or "serve" in argv)
+        ):
             found[int(entry)] = int(argv[argv.index("--port") + 1])
     return found
 
@@ -80,8 +84,12 @@ def served(moe_pair, tmp_path_factory):
     require_vllm()
     draft_q, target_q = moe_pair
     tmp = tmp_path_factory.mktemp("served")
-    cfg = _config(tmp, [{"name": "pair", "path": str(draft_q), "target": str(target_q)}], ["serve"],
-                  serve={"batch_sizes": [1, 8], "require_batch_sizes": [1, 8]})
+    cfg = _config(
+        tmp,
+        [{"name": "pair", "path": str(draft_q), "target": str(target_q)}],
+        ["serve"],
+        serve={"batch_sizes": [1, 8], "require_batch_sizes": [1, 8]},
+    )
     t0 = time.perf_counter()
     result = _gate(cfg, tmp / "r", "--json")
     print(f"\ngate serve step: {time.perf_counter() - t0:.1f} s")
@@ -117,9 +125,11 @@ def test_served_al_agrees_with_in_process(served, moe_pair):
         assert len(b.accepted_per_pos) == K and sum(b.accepted_per_pos) == b.num_accepted
         assert b.mean_acceptance_length == pytest.approx(1 + b.num_accepted / b.num_drafts)
         assert b.tokens_per_s and b.tokens_per_s > 0 and 0 < (b.ttft_s["p50"] or 0) <= (b.ttft_s["max"] or 0)
-        print(f"batch {b.batch_size}: served AL {b.mean_acceptance_length:.4f} (in-process {sr.in_process_al:.4f}), "
-              f"TTFT p50 {1000 * (b.ttft_s['p50'] or 0):.1f} ms, {b.tokens_per_s:.1f} tok/s, up in {sr.startup_s} s; "
-              f"{a.same_output_prompts}/42 prompts with the same tokens, p {a.p_value:.3g}")
+        print(
+            f"batch {b.batch_size}: served AL {b.mean_acceptance_length:.4f} (in-process {sr.in_process_al:.4f}), "
+            f"TTFT p50 {1000 * (b.ttft_s['p50'] or 0):.1f} ms, {b.tokens_per_s:.1f} tok/s, up in {sr.startup_s} s; "
+            f"{a.same_output_prompts}/42 prompts with the same tokens, p {a.p_value:.3g}"
+        )
     names = {c["name"]: c for c in data["gate"]["checks"]}
     for b in (1, 8):
         assert names[f"serve.bs{b}.al_vs_in_process"]["passed"] and names[f"serve.bs{b}.acceptance_length"]["passed"]
@@ -165,8 +175,13 @@ def test_server_killed_midway_fails_the_step_cleanly(moe_pair, few_prompts, tmp_
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    cfg = _config(tmp_path, [{"name": "pair", "path": str(draft_q), "target": str(target_q)}], ["serve"],
-                  acceptance={"prompts": str(few_prompts)}, serve={"batch_sizes": [1]})
+    cfg = _config(
+        tmp_path,
+        [{"name": "pair", "path": str(draft_q), "target": str(target_q)}],
+        ["serve"],
+        acceptance={"prompts": str(few_prompts)},
+        serve={"batch_sizes": [1]},
+    )
     try:
         result = _gate(cfg, tmp_path / "r", "--json")
     finally:
@@ -182,8 +197,9 @@ def test_server_killed_midway_fails_the_step_cleanly(moe_pair, few_prompts, tmp_
     assert lines[0].startswith("gate failed: pair: serve: serve.error: step failed: vllm serve ")
     assert "was killed by signal 9 while serving requests" in lines[0] and "last log lines:" in lines[0]
     assert data["candidates"]["pair"]["serve"]["error"] in lines[0]
-    assert data["gate"]["reasons"] == [f"infeasible: serve.error: could not run ("
-                                       f"step failed: {data['candidates']['pair']['serve']['error']})"]
+    assert data["gate"]["reasons"] == [
+        f"infeasible: serve.error: could not run (step failed: {data['candidates']['pair']['serve']['error']})"
+    ]
     _nothing_left(seen["pid"], seen["port"])
     _drop_kept_log(lines[0])
 
@@ -191,8 +207,13 @@ def test_server_killed_midway_fails_the_step_cleanly(moe_pair, few_prompts, tmp_
 def test_server_that_does_not_come_up_is_infeasible(moe_pair, few_prompts, tmp_path):
     require_vllm()
     draft_q, target_q = moe_pair
-    cfg = _config(tmp_path, [{"name": "pair", "path": str(draft_q), "target": str(target_q)}], ["serve"],
-                  acceptance={"prompts": str(few_prompts)}, serve={"startup_timeout_s": 4})
+    cfg = _config(
+        tmp_path,
+        [{"name": "pair", "path": str(draft_q), "target": str(target_q)}],
+        ["serve"],
+        acceptance={"prompts": str(few_prompts)},
+        serve={"startup_timeout_s": 4},
+    )
     result = _gate(cfg, tmp_path / "r", "--json")
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
@@ -210,13 +231,20 @@ def test_server_that_does_not_come_up_is_infeasible(moe_pair, few_prompts, tmp_p
 # --- anomalous ---------------------------------------------------------------------------------------------------
 
 
-def test_candidate_beating_its_baseline_beyond_the_ci_is_anomalous(tiny, fp8_draft, broken_fp8_draft, few_prompts,
-                                                                  tmp_path):
+def test_candidate_beating_its_baseline_beyond_the_ci_is_anomalous(
+    tiny, fp8_draft, broken_fp8_draft, few_prompts, tmp_path
+):
     """Swapped paths: the damaged draft given as the BF16 baseline. The good FP8 draft then 'beats' it with a ratio CI
     wholly above 1: no threshold is missed, yet the gate must not pass it."""
     good, _ = fp8_draft
-    cfg = _config(tmp_path, [{"name": "draft-fp8", "path": str(good)}], ["acceptance"], target=str(tiny / "target"),
-                  draft=str(broken_fp8_draft), acceptance={"backend": "reference", "prompts": str(few_prompts)})
+    cfg = _config(
+        tmp_path,
+        [{"name": "draft-fp8", "path": str(good)}],
+        ["acceptance"],
+        target=str(tiny / "target"),
+        draft=str(broken_fp8_draft),
+        acceptance={"backend": "reference", "prompts": str(few_prompts)},
+    )
     result = _gate(cfg, tmp_path / "r", "--json")
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)

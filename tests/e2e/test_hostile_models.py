@@ -28,8 +28,10 @@ from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_c
 
 
 def _contract(run: Run, *mentions: str, light: bool = True) -> str:
-    where = (f"\n$ quantkit {' '.join(run.args)[:400]}\nexit {run.returncode}\nstderr: {run.stderr[-3000:]!r}\n"
-             f"stdout: {run.stdout[-500:]!r}")
+    where = (
+        f"\n$ quantkit {' '.join(run.args)[:400]}\nexit {run.returncode}\nstderr: {run.stderr[-3000:]!r}\n"
+        f"stdout: {run.stdout[-500:]!r}"
+    )
     assert run.returncode != FORBIDDEN_HEAVY_EXIT, "imported a heavy package before finding the error" + where
     assert "Traceback" not in run.stderr, where
     assert run.returncode == 2, where
@@ -73,8 +75,17 @@ class Models:
 
 def _gate_yaml(tmp: Path, target: Path, draft: Path, cand: Path) -> Path:
     cfg = tmp / "gate.yaml"
-    cfg.write_text(json.dumps({"name": "g", "target": str(target), "draft": str(draft),
-                               "candidates": [{"name": "c", "path": str(cand)}], "steps": ["check"]}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "name": "g",
+                "target": str(target),
+                "draft": str(draft),
+                "candidates": [{"name": "c", "path": str(cand)}],
+                "steps": ["check"],
+            }
+        )
+    )
     return cfg
 
 
@@ -109,22 +120,43 @@ def _acceptance_inside(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
 def _acceptance_candidate_target(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
     t, d, ct = m.copy("target", "t"), m.copy("eagle3-draft", "d"), m.copy("target", "ct")
     out = ct / "sub" / "a.json"
-    return ["acceptance", "--target", str(t), "--draft", str(d), "--candidate", str(d), "--candidate-target", str(ct),
-            "--out", str(out)], out, "--out"
+    return (
+        [
+            "acceptance",
+            "--target",
+            str(t),
+            "--draft",
+            str(d),
+            "--candidate",
+            str(d),
+            "--candidate-target",
+            str(ct),
+            "--out",
+            str(out),
+        ],
+        out,
+        "--out",
+    )
 
 
 def _eval_inside_baseline(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
     t, b = m.copy("target", "t"), m.copy("target", "b")
     out = b / "eval.json"
-    return ["eval", "--model", str(t), "--baseline", str(b), "--tasks", "tiny_french_mc", "--out", str(out)], out, \
-        "--out"
+    return (
+        ["eval", "--model", str(t), "--baseline", str(b), "--tasks", "tiny_french_mc", "--out", str(out)],
+        out,
+        "--out",
+    )
 
 
 def _apply_inside_target(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
     d, t = m.copy("eagle3-draft", "d"), m.copy("target", "t")
     out = t / "draft-fp8"
-    return ["apply", "--recipe", "fp8-draft", "--model", str(d), "--target", str(t), "--output", str(out),
-            "--dry-run"], out, "--output"
+    return (
+        ["apply", "--recipe", "fp8-draft", "--model", str(d), "--target", str(t), "--output", str(out), "--dry-run"],
+        out,
+        "--output",
+    )
 
 
 def _publish_preview_inside_target(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
@@ -132,8 +164,11 @@ def _publish_preview_inside_target(m: Models, tmp: Path) -> tuple[list[str], Pat
     m.before[folder] = tree_digest(folder)
     t = m.copy("target", "t")
     out = t / "preview"
-    return ["publish", str(folder), "--repo-id", "org/name", "--target", str(t), "--dry-run", "--dry-run-dir",
-            str(out)], out, "--dry-run-dir"
+    return (
+        ["publish", str(folder), "--repo-id", "org/name", "--target", str(t), "--dry-run", "--dry-run-dir", str(out)],
+        out,
+        "--dry-run-dir",
+    )
 
 
 def _gate_out_inside_candidate(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
@@ -143,8 +178,11 @@ def _gate_out_inside_candidate(m: Models, tmp: Path) -> tuple[list[str], Path, s
 
 def _gate_junit_inside_draft(m: Models, tmp: Path) -> tuple[list[str], Path, str]:
     t, d, c = m.copy("moe-target", "t"), m.copy("moe-eagle3-draft", "d"), m.copy("moe-target", "c")
-    return ["gate", str(_gate_yaml(tmp, t, d, c)), "--out", str(tmp / "report"), "--junit", str(d / "junit.xml")], \
-        d / "junit.xml", "--junit"
+    return (
+        ["gate", str(_gate_yaml(tmp, t, d, c)), "--out", str(tmp / "report"), "--junit", str(d / "junit.xml")],
+        d / "junit.xml",
+        "--junit",
+    )
 
 
 OUTPUT_CASES: dict[str, OutputCase] = {
@@ -188,8 +226,11 @@ def test_an_output_beside_or_above_the_models_is_still_written(tmp_path: Path, o
 def test_apply_refuses_an_output_that_contains_its_source(tmp_path: Path) -> None:
     m = Models(tmp_path)
     t = m.copy("target", "models/t")
-    run = run_cli(["apply", "--recipe", "fp8-target", "--model", str(t), "--output", str(tmp_path / "models"),
-                   "--dry-run"], cwd=tmp_path, forbid_heavy=True)
+    run = run_cli(
+        ["apply", "--recipe", "fp8-target", "--model", str(t), "--output", str(tmp_path / "models"), "--dry-run"],
+        cwd=tmp_path,
+        forbid_heavy=True,
+    )
     _contract(run, "contains", str(t))
     m.unchanged()
 
@@ -200,34 +241,108 @@ PickleCase = Callable[[Models, Path], list[str]]
 
 PICKLE_CASES: dict[str, PickleCase] = {
     "inspect": lambda m, tmp: ["inspect", str(m.pickle_only("target", "p"))],
-    "inspect --target": lambda m, tmp: ["inspect", str(m.copy("eagle3-draft", "d")), "--target",
-                                        str(m.pickle_only("target", "p"))],
+    "inspect --target": lambda m, tmp: [
+        "inspect",
+        str(m.copy("eagle3-draft", "d")),
+        "--target",
+        str(m.pickle_only("target", "p")),
+    ],
     "check": lambda m, tmp: ["check", str(m.pickle_only("target", "p")), "--vllm", "off"],
-    "check --source": lambda m, tmp: ["check", str(m.copy("target", "t")), "--vllm", "off", "--numeric", "--source",
-                                      str(m.pickle_only("target", "p"))],
-    "deploy": lambda m, tmp: ["deploy", str(m.pickle_only("target", "p")), "--platform", "cpu",
-                              "--out", str(tmp / "o")],
-    "deploy --target": lambda m, tmp: ["deploy", str(m.copy("eagle3-draft", "d")), "--target",
-                                       str(m.pickle_only("target", "p")), "--platform", "cpu", "--out", str(tmp / "o")],
-    "acceptance --candidate": lambda m, tmp: ["acceptance", "--target", str(m.copy("target", "t")), "--draft",
-                                              str(m.copy("eagle3-draft", "d")), "--candidate",
-                                              str(m.pickle_only("eagle3-draft", "p"))],
-    "eval --baseline": lambda m, tmp: ["eval", "--model", str(m.copy("target", "t")), "--baseline",
-                                       str(m.pickle_only("target", "p")), "--tasks", "tiny_french_mc"],
-    "apply --model": lambda m, tmp: ["apply", "--recipe", "fp8-target", "--model", str(m.pickle_only("target", "p")),
-                                     "--output", str(tmp / "o"), "--dry-run"],
-    "apply --target": lambda m, tmp: ["apply", "--recipe", "fp8-draft", "--model", str(m.copy("eagle3-draft", "d")),
-                                      "--target", str(m.pickle_only("target", "p")), "--output", str(tmp / "o")],
-    "publish --target": lambda m, tmp: ["publish", str(hostile.fake_quantkit_output(TINY / "eagle3-draft",
-                                                                                      tmp / "pub")),
-                                        "--repo-id", "org/name", "--target", str(m.pickle_only("target", "p")),
-                                        "--dry-run", "--dry-run-dir", str(tmp / "o")],
-    "gate candidate": lambda m, tmp: ["gate", str(_gate_yaml(tmp, m.copy("moe-target", "t"),
-                                                             m.copy("moe-eagle3-draft", "d"),
-                                                             m.pickle_only("moe-target", "p"))),
-                                      "--out", str(tmp / "o")],
-    "deploy, weights as model.pt": lambda m, tmp: ["deploy", str(m.pickle_only("target", "p", "model.pt")),
-                                                   "--platform", "cpu", "--out", str(tmp / "o")],
+    "check --source": lambda m, tmp: [
+        "check",
+        str(m.copy("target", "t")),
+        "--vllm",
+        "off",
+        "--numeric",
+        "--source",
+        str(m.pickle_only("target", "p")),
+    ],
+    "deploy": lambda m, tmp: [
+        "deploy",
+        str(m.pickle_only("target", "p")),
+        "--platform",
+        "cpu",
+        "--out",
+        str(tmp / "o"),
+    ],
+    "deploy --target": lambda m, tmp: [
+        "deploy",
+        str(m.copy("eagle3-draft", "d")),
+        "--target",
+        str(m.pickle_only("target", "p")),
+        "--platform",
+        "cpu",
+        "--out",
+        str(tmp / "o"),
+    ],
+    "acceptance --candidate": lambda m, tmp: [
+        "acceptance",
+        "--target",
+        str(m.copy("target", "t")),
+        "--draft",
+        str(m.copy("eagle3-draft", "d")),
+        "--candidate",
+        str(m.pickle_only("eagle3-draft", "p")),
+    ],
+    "eval --baseline": lambda m, tmp: [
+        "eval",
+        "--model",
+        str(m.copy("target", "t")),
+        "--baseline",
+        str(m.pickle_only("target", "p")),
+        "--tasks",
+        "tiny_french_mc",
+    ],
+    "apply --model": lambda m, tmp: [
+        "apply",
+        "--recipe",
+        "fp8-target",
+        "--model",
+        str(m.pickle_only("target", "p")),
+        "--output",
+        str(tmp / "o"),
+        "--dry-run",
+    ],
+    "apply --target": lambda m, tmp: [
+        "apply",
+        "--recipe",
+        "fp8-draft",
+        "--model",
+        str(m.copy("eagle3-draft", "d")),
+        "--target",
+        str(m.pickle_only("target", "p")),
+        "--output",
+        str(tmp / "o"),
+    ],
+    "publish --target": lambda m, tmp: [
+        "publish",
+        str(hostile.fake_quantkit_output(TINY / "eagle3-draft", tmp / "pub")),
+        "--repo-id",
+        "org/name",
+        "--target",
+        str(m.pickle_only("target", "p")),
+        "--dry-run",
+        "--dry-run-dir",
+        str(tmp / "o"),
+    ],
+    "gate candidate": lambda m, tmp: [
+        "gate",
+        str(
+            _gate_yaml(
+                tmp, m.copy("moe-target", "t"), m.copy("moe-eagle3-draft", "d"), m.pickle_only("moe-target", "p")
+            )
+        ),
+        "--out",
+        str(tmp / "o"),
+    ],
+    "deploy, weights as model.pt": lambda m, tmp: [
+        "deploy",
+        str(m.pickle_only("target", "p", "model.pt")),
+        "--platform",
+        "cpu",
+        "--out",
+        str(tmp / "o"),
+    ],
     "inspect, weights as weights.pth": lambda m, tmp: ["inspect", str(m.pickle_only("target", "p", "weights.pth"))],
 }
 
@@ -286,8 +401,21 @@ def test_a_huge_mtp_count_over_one_stored_layer_plans_at_once(tmp_path: Path, fa
     in one short exclude entry, and finishes in the time a normal plan takes (the issue saw > 90 s and a 6.9 MB
     regex). The run's own timing is no assertion here; the size of what it wrote is."""
     src, before = _replica(tmp_path, family, num_nextn_predict_layers=count)
-    run = run_cli(["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(tmp_path / "out"),
-                   "--dry-run", "--json"], cwd=tmp_path, timeout=120)
+    run = run_cli(
+        [
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(src),
+            "--output",
+            str(tmp_path / "out"),
+            "--dry-run",
+            "--json",
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)
     assert r"re:model\.layers\.3\." in result["exclude"]
@@ -311,18 +439,36 @@ def test_mtp_layers_are_the_stored_ones_in_the_configured_range() -> None:
     assert mtp_layer_indices({**cfg, "num_nextn_predict_layers": 2}, keys, names) == [61, 62]
     assert mtp_layers_exclude({**cfg, "num_nextn_predict_layers": 1}, keys, names) == (r"re:model\.layers\.61\.",)
     assert mtp_layer_indices({**cfg, "num_nextn_predict_layers": "2"}, keys, names) == []
-    dsv3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **cfg,
-            "num_nextn_predict_layers": 2}
+    dsv3 = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        **cfg,
+        "num_nextn_predict_layers": 2,
+    }
     assert mtp_tensor_names(dsv3, names) == ["model.layers.61.mlp.gate.weight", "model.layers.62.mlp.gate.weight"]
 
 
-@pytest.mark.parametrize("command", [["inspect"], ["deploy", "--platform", "cpu"], ["check", "--vllm", "off"],
-                                     ["apply", "--recipe", "mxfp4-moe", "--dry-run", "--output"]],
-                         ids=["inspect", "deploy", "check", "apply"])
-@pytest.mark.parametrize(("key", "value"), [("num_hidden_layers", 10**9), ("num_hidden_layers", 10**400),
-                                          ("num_experts", 10**12), ("num_key_value_heads", 10**30),
-                                          ("vocab_size", 2**40)], ids=["layers-1e9", "layers-400-digits",
-                                                                       "experts-1e12", "kv-heads-1e30", "vocab-2^40"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect"],
+        ["deploy", "--platform", "cpu"],
+        ["check", "--vllm", "off"],
+        ["apply", "--recipe", "mxfp4-moe", "--dry-run", "--output"],
+    ],
+    ids=["inspect", "deploy", "check", "apply"],
+)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num_hidden_layers", 10**9),
+        ("num_hidden_layers", 10**400),
+        ("num_experts", 10**12),
+        ("num_key_value_heads", 10**30),
+        ("vocab_size", 2**40),
+    ],
+    ids=["layers-1e9", "layers-400-digits", "experts-1e12", "kv-heads-1e30", "vocab-2^40"],
+)
 def test_an_absurd_count_in_a_config_is_one_line(tmp_path: Path, command: list[str], key: str, value: int) -> None:
     """num_hidden_layers of a billion (or 400 digits) over two stored layers, a trillion experts, ...: one line naming
     the key and the file, never a loop over a billion layers, a KV cache of millions of GiB or a 400-digit echo.

@@ -92,8 +92,10 @@ def test_deploy_never_writes_through_a_planted_link(tmp_path: Path, overwrite: b
     out = tmp_path / "out"
     out.mkdir()
     (out / "deploy.json").symlink_to(outside)
-    run = run_cli(["deploy", str(TARGET), "--platform", "cpu", "--out", str(out),
-                   *(["--overwrite"] if overwrite else [])], cwd=tmp_path)
+    run = run_cli(
+        ["deploy", str(TARGET), "--platform", "cpu", "--out", str(out), *(["--overwrite"] if overwrite else [])],
+        cwd=tmp_path,
+    )
     assert outside.read_text() == "secret"
     if overwrite:
         assert run.returncode == 0, run.stderr
@@ -119,20 +121,36 @@ def _args(case: str, src: Path, out: Path) -> tuple[list[str], dict[str, str], t
     apply = ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out)]
     acceptance = ["acceptance", "--target", str(src), "--draft", str(src), "--out", str(out / "a.json")]
     return {
-        "rules-version-5000-digits": (["rules", "--vllm-version", BIG], {}, ("--vllm-version", "5000 characters"),
-                                      False),
-        "deploy-version-5000-digits": (["deploy", str(src), "--out", str(out), "--vllm-version", BIG], {},
-                                       ("--vllm-version",), False),
+        "rules-version-5000-digits": (
+            ["rules", "--vllm-version", BIG],
+            {},
+            ("--vllm-version", "5000 characters"),
+            False,
+        ),
+        "deploy-version-5000-digits": (
+            ["deploy", str(src), "--out", str(out), "--vllm-version", BIG],
+            {},
+            ("--vllm-version",),
+            False,
+        ),
         "check-version-5000-digits": (["check", str(src), "--vllm-version", BIG], {}, ("--vllm-version",), False),
-        "inspect-version-not-pep440": (["inspect", str(src), "--vllm-version", "0.32.0-cpu!!"], {},
-                                       ("--vllm-version",), False),
+        "inspect-version-not-pep440": (
+            ["inspect", str(src), "--vllm-version", "0.32.0-cpu!!"],
+            {},
+            ("--vllm-version",),
+            False,
+        ),
         "apply-max-memory-400-digits": ([*apply, "--max-memory", HUGE], {}, ("--max-memory", "400 characters"), False),
         "apply-max-memory-env-400-digits": (apply, {"QUANTKIT_MAX_MEMORY": HUGE}, ("QUANTKIT_MAX_MEMORY",), False),
         "apply-max-memory-beyond-1-eib": ([*apply, "--max-memory", "2000000T"], {}, ("--max-memory", "1 EiB"), False),
         "apply-max-memory-negative": ([*apply, "--max-memory", "-1G"], {}, ("--max-memory",), False),
         "apply-max-shard-size-5000-digits": ([*apply, "--max-shard-size", BIG], {}, ("--max-shard-size",), False),
-        "apply-max-shard-size-beyond-1-eib": ([*apply, "--max-shard-size", "9999999999999999999GB"], {},
-                                              ("--max-shard-size", "1 EiB"), False),
+        "apply-max-shard-size-beyond-1-eib": (
+            [*apply, "--max-shard-size", "9999999999999999999GB"],
+            {},
+            ("--max-shard-size", "1 EiB"),
+            False,
+        ),
         "acceptance-temperature-nan": ([*acceptance, "--temperature", "nan"], {}, ("--temperature", "finite"), True),
         "acceptance-temperature-inf": ([*acceptance, "--temperature", "inf"], {}, ("--temperature", "finite"), True),
         "acceptance-temperature-1e400": ([*acceptance, "--temperature", "1e400"], {}, ("--temperature",), True),
@@ -143,20 +161,45 @@ def _args(case: str, src: Path, out: Path) -> tuple[list[str], dict[str, str], t
         "check-tp-5000-digits": (["check", str(src), "--tp", BIG], {}, ("--tp",), True),
         "inspect-tp-beyond": (["inspect", str(src), "--tp", "100000000000"], {}, ("--tp",), True),
         "deploy-tp-5000-digits": (["deploy", str(src), "--out", str(out), "--tp", BIG], {}, ("--tp",), True),
-        "eval-limit-5000-digits": (["eval", "--model", str(src), "--tasks", "x", "--limit", BIG], {}, ("--limit",),
-                                   True),
-        "eval-batch-size-beyond": (["eval", "--model", str(src), "--tasks", "x", "--batch-size", "10000000000"], {},
-                                   ("--batch-size",), True),
+        "eval-limit-5000-digits": (
+            ["eval", "--model", str(src), "--tasks", "x", "--limit", BIG],
+            {},
+            ("--limit",),
+            True,
+        ),
+        "eval-batch-size-beyond": (
+            ["eval", "--model", str(src), "--tasks", "x", "--batch-size", "10000000000"],
+            {},
+            ("--batch-size",),
+            True,
+        ),
     }[case]
 
 
-CASES_10 = ["rules-version-5000-digits", "deploy-version-5000-digits", "check-version-5000-digits",
-            "inspect-version-not-pep440", "apply-max-memory-400-digits", "apply-max-memory-env-400-digits",
-            "apply-max-memory-beyond-1-eib", "apply-max-memory-negative", "apply-max-shard-size-5000-digits",
-            "apply-max-shard-size-beyond-1-eib", "acceptance-temperature-nan", "acceptance-temperature-inf",
-            "acceptance-temperature-1e400", "acceptance-top-p-nan", "acceptance-top-k-5000-digits",
-            "acceptance-top-k-beyond", "check-load-timeout-nan", "check-tp-5000-digits", "inspect-tp-beyond",
-            "deploy-tp-5000-digits", "eval-limit-5000-digits", "eval-batch-size-beyond"]
+CASES_10 = [
+    "rules-version-5000-digits",
+    "deploy-version-5000-digits",
+    "check-version-5000-digits",
+    "inspect-version-not-pep440",
+    "apply-max-memory-400-digits",
+    "apply-max-memory-env-400-digits",
+    "apply-max-memory-beyond-1-eib",
+    "apply-max-memory-negative",
+    "apply-max-shard-size-5000-digits",
+    "apply-max-shard-size-beyond-1-eib",
+    "acceptance-temperature-nan",
+    "acceptance-temperature-inf",
+    "acceptance-temperature-1e400",
+    "acceptance-top-p-nan",
+    "acceptance-top-k-5000-digits",
+    "acceptance-top-k-beyond",
+    "check-load-timeout-nan",
+    "check-tp-5000-digits",
+    "inspect-tp-beyond",
+    "deploy-tp-5000-digits",
+    "eval-limit-5000-digits",
+    "eval-batch-size-beyond",
+]
 
 
 @pytest.mark.parametrize("case", CASES_10)
@@ -189,28 +232,48 @@ def _config_case(tmp_path: Path, edit: dict[str, object], raw: str | None = None
     return src
 
 
-@pytest.mark.parametrize(("label", "edit", "raw", "mentions"), [
-    ("positions-1e300", {"max_position_embeddings": "RAW"}, "1e300", ("max_position_embeddings", "config.json")),
-    ("positions-2-pow-40", {"max_position_embeddings": 2**40}, None, ("max_position_embeddings",)),
-    # the smallest length key wins (as in vLLM): seq_length alone
-    ("seq-length-1e30", {"seq_length": "RAW", "max_position_embeddings": None}, "1e30", ("seq_length",)),
-    ("yarn-factor-1e308", {"rope_scaling": {"rope_type": "yarn", "factor": 1e308,
-                                            "original_max_position_embeddings": 4096}}, None,
-     ("rope_scaling.factor", "config.json")),
-    ("linear-factor-1e300", {"rope_scaling": {"rope_type": "linear", "factor": 1e300}}, None,
-     ("rope_scaling.factor",)),
-    ("linear-factor-product", {"rope_scaling": {"rope_type": "linear", "factor": 900000.0},
-                               "max_position_embeddings": 1_000_000}, None, ("x rope factor",)),
-    ("rope-parameters-factor-negative", {"rope_parameters": {"rope_type": "linear", "factor": -2.0}}, None,
-     ("rope_parameters.factor",)),
-])
-def test_deploy_refuses_absurd_positions_in_one_line(tmp_path: Path, label: str, edit: dict[str, object],
-                                                      raw: str | None, mentions: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("label", "edit", "raw", "mentions"),
+    [
+        ("positions-1e300", {"max_position_embeddings": "RAW"}, "1e300", ("max_position_embeddings", "config.json")),
+        ("positions-2-pow-40", {"max_position_embeddings": 2**40}, None, ("max_position_embeddings",)),
+        # the smallest length key wins (as in vLLM): seq_length alone
+        ("seq-length-1e30", {"seq_length": "RAW", "max_position_embeddings": None}, "1e30", ("seq_length",)),
+        (
+            "yarn-factor-1e308",
+            {"rope_scaling": {"rope_type": "yarn", "factor": 1e308, "original_max_position_embeddings": 4096}},
+            None,
+            ("rope_scaling.factor", "config.json"),
+        ),
+        (
+            "linear-factor-1e300",
+            {"rope_scaling": {"rope_type": "linear", "factor": 1e300}},
+            None,
+            ("rope_scaling.factor",),
+        ),
+        (
+            "linear-factor-product",
+            {"rope_scaling": {"rope_type": "linear", "factor": 900000.0}, "max_position_embeddings": 1_000_000},
+            None,
+            ("x rope factor",),
+        ),
+        (
+            "rope-parameters-factor-negative",
+            {"rope_parameters": {"rope_type": "linear", "factor": -2.0}},
+            None,
+            ("rope_parameters.factor",),
+        ),
+    ],
+)
+def test_deploy_refuses_absurd_positions_in_one_line(
+    tmp_path: Path, label: str, edit: dict[str, object], raw: str | None, mentions: tuple[str, ...]
+) -> None:
     src = _config_case(tmp_path, edit, raw)
     before = tree_digest(src)
     out = tmp_path / "out"
-    run = run_cli(["deploy", str(src), "--platform", "cpu", "--out", str(out)], cwd=tmp_path, forbid_heavy=True,
-                  timeout=120)
+    run = run_cli(
+        ["deploy", str(src), "--platform", "cpu", "--out", str(out)], cwd=tmp_path, forbid_heavy=True, timeout=120
+    )
     line = _one_error(run, *mentions)
     assert str(src) in line  # names the file
     assert not out.exists()
@@ -219,11 +282,16 @@ def test_deploy_refuses_absurd_positions_in_one_line(tmp_path: Path, label: str,
 
 def test_a_real_long_context_config_is_never_blamed(tmp_path: Path) -> None:
     """Llama-4 Scout: 10,485,760 positions; a linear factor of 8 over 131,072: both are what published configs say."""
-    for edit in ({"max_position_embeddings": 10_485_760},
-                 {"max_position_embeddings": 131_072, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}):
+    for edit in (
+        {"max_position_embeddings": 10_485_760},
+        {"max_position_embeddings": 131_072, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    ):
         src = _config_case(tmp_path / str(len(str(edit))), edit)
-        run = run_cli(["deploy", str(src), "--platform", "cpu", "--out", str(tmp_path / "o" / src.parent.name),
-                       "--json"], cwd=tmp_path, timeout=120)
+        run = run_cli(
+            ["deploy", str(src), "--platform", "cpu", "--out", str(tmp_path / "o" / src.parent.name), "--json"],
+            cwd=tmp_path,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         argv = json.loads(run.stdout)["argv"]
         length = int(argv[argv.index("--max-model-len") + 1])
@@ -244,8 +312,10 @@ def test_rules_says_no_rule_knows_an_unknown_version(tmp_path: Path) -> None:
     assert "0.20.0's rules" in json.loads(run.stdout)["version_note"]
 
 
-@pytest.mark.parametrize(("text", "expected"), [("8GiB", 8 * 2**30), ("500MiB", 500 * 2**20), ("1.5G", 3 * 2**29),
-                                                ("4096", 4096), ("1T", 2**40)])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8GiB", 8 * 2**30), ("500MiB", 500 * 2**20), ("1.5G", 3 * 2**29), ("4096", 4096), ("1T", 2**40)],
+)
 def test_sizes_within_range_read_as_before(text: str, expected: int) -> None:
     from quantkit.io.sizes import parse_size
 
@@ -268,7 +338,11 @@ def test_every_commands_refusal_names_only_a_flag_it_takes() -> None:
             assert f"`quantkit {name}` takes no --trust-remote-code" in hint, name
             assert "pass --trust-remote-code" not in hint, name
     assert {n for n, c in main.commands.items() if any(p.name == "trust_remote_code" for p in c.params)} >= {
-        "apply", "check", "acceptance", "eval"}
+        "apply",
+        "check",
+        "acceptance",
+        "eval",
+    }
 
 
 def _remote_code_folder(tmp_path: Path) -> tuple[Path, Path]:
@@ -296,8 +370,9 @@ def test_bench_refusal_names_the_step_that_takes_the_flag(tmp_path: Path) -> Non
     src, marker = _remote_code_folder(tmp_path)
     before = tree_digest(src)
     run = run_cli(["bench", "--target", str(src), "--out", str(tmp_path / "bench-out")], cwd=tmp_path, timeout=300)
-    line = _one_error(run, "tokenization_evil.py", "`quantkit bench` takes no --trust-remote-code",
-                      "vllm serve --trust-remote-code")
+    line = _one_error(
+        run, "tokenization_evil.py", "`quantkit bench` takes no --trust-remote-code", "vllm serve --trust-remote-code"
+    )
     assert "pass --trust-remote-code" not in line
     assert not marker.exists()
     assert tree_digest(src) == before
@@ -332,15 +407,34 @@ def _moe_card_object(tmp_path: Path, report: dict[str, object] | None = None):  
 
     out = tmp_path / "moe-mxfp4"
     out.mkdir()
-    (out / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"],
-                                                 "quantization_config": {"quant_method": "quark"}}))
-    manifest = {"model_kind": "moe-target", "architecture": "Qwen3MoeForCausalLM", "source": "Qwen/Qwen3-30B-A3B",
-                "recipe": {"name": "mxfp4-moe", "scheme": "mxfp4", "description": HOSTILE},
-                "exclude": ["lm_head", HOSTILE],
-                "layers": [{"runtime_name": "model.layers.0.mlp.experts", "role": "experts", "action": "quantize",
-                            "scheme": "mxfp4", "reason": HOSTILE, "checkpoint_modules": []},
-                           {"runtime_name": "lm_head", "role": "lm_head", "action": "keep", "scheme": None,
-                            "reason": "output head stays BF16", "checkpoint_modules": ["lm_head"]}]}
+    (out / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "quantization_config": {"quant_method": "quark"}})
+    )
+    manifest = {
+        "model_kind": "moe-target",
+        "architecture": "Qwen3MoeForCausalLM",
+        "source": "Qwen/Qwen3-30B-A3B",
+        "recipe": {"name": "mxfp4-moe", "scheme": "mxfp4", "description": HOSTILE},
+        "exclude": ["lm_head", HOSTILE],
+        "layers": [
+            {
+                "runtime_name": "model.layers.0.mlp.experts",
+                "role": "experts",
+                "action": "quantize",
+                "scheme": "mxfp4",
+                "reason": HOSTILE,
+                "checkpoint_modules": [],
+            },
+            {
+                "runtime_name": "lm_head",
+                "role": "lm_head",
+                "action": "keep",
+                "scheme": None,
+                "reason": "output head stays BF16",
+                "checkpoint_modules": ["lm_head"],
+            },
+        ],
+    }
     (out / "quantkit.json").write_text(json.dumps(manifest))
     return build_model_card(out, repo_id="amd-test/moe-mxfp4", report=report)
 
@@ -364,14 +458,27 @@ def test_model_card_escapes_everything_from_input(tmp_path: Path) -> None:
 
 def test_card_says_not_measured_for_nan_figures(tmp_path: Path) -> None:
     nan, inf = float("nan"), float("inf")
-    report = {"schema_version": 1, "model": "moe-mxfp4",
-              "acceptance": {"backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 2,
-                             "candidate_kind": "draft",
-                             "baseline": {"mean_acceptance_length": nan, "per_domain": {HOSTILE: nan}},
-                             "candidate": {"mean_acceptance_length": 2.5, "per_domain": {HOSTILE: 2.5}},
-                             "ratio": nan, "ratio_ci": [-inf, inf], "per_domain_ratio": {HOSTILE: nan}},
-              "eval": {"tasks": [{"task": HOSTILE, "metric": "acc", "baseline": nan, "candidate": 0.5,
-                                  "delta": nan, "recovery": inf}]}}
+    report = {
+        "schema_version": 1,
+        "model": "moe-mxfp4",
+        "acceptance": {
+            "backend": "vllm",
+            "num_speculative_tokens": 3,
+            "prompts": "builtin",
+            "num_prompts": 2,
+            "candidate_kind": "draft",
+            "baseline": {"mean_acceptance_length": nan, "per_domain": {HOSTILE: nan}},
+            "candidate": {"mean_acceptance_length": 2.5, "per_domain": {HOSTILE: 2.5}},
+            "ratio": nan,
+            "ratio_ci": [-inf, inf],
+            "per_domain_ratio": {HOSTILE: nan},
+        },
+        "eval": {
+            "tasks": [
+                {"task": HOSTILE, "metric": "acc", "baseline": nan, "candidate": 0.5, "delta": nan, "recovery": inf}
+            ]
+        },
+    }
     card = _moe_card_object(tmp_path, report)
     text = str(card.text)
     _assert_no_injection(text)
@@ -389,18 +496,44 @@ def test_gate_report_md_escapes_names_domains_reasons_and_messages(tmp_path: Pat
     from quantkit.results import CandidateReport
     from quantkit.results.gate import GateCheck, GateResult
 
-    report = CandidateReport.model_validate({
-        "acceptance": {"backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 2,
-                       "candidate_kind": "draft",
-                       "baseline": {"mean_acceptance_length": 2.0, "per_domain": {HOSTILE: 2.0}},
-                       "candidate": {"mean_acceptance_length": 2.0, "per_domain": {HOSTILE: 2.0}},
-                       "ratio": 1.0, "ratio_ci": [0.9, 1.1], "per_domain_ratio": {HOSTILE: 1.0}},
-        "eval": {"tasks": [{"task": HOSTILE, "metric": HOSTILE, "baseline": 0.5, "candidate": 0.5}]}})
-    result = GateResult(name=HOSTILE, config="g.yaml", passed=False, verdict="regression",
-                        reasons=[f"regression: {HOSTILE}"],
-                        checks=[GateCheck(candidate="c", step="acceptance", name=HOSTILE, value=0.5, threshold=0.9,
-                                          op=">=", passed=False, message=HOSTILE)],
-                        candidates={"c": report}, seconds=1.0)
+    report = CandidateReport.model_validate(
+        {
+            "acceptance": {
+                "backend": "vllm",
+                "num_speculative_tokens": 3,
+                "prompts": "builtin",
+                "num_prompts": 2,
+                "candidate_kind": "draft",
+                "baseline": {"mean_acceptance_length": 2.0, "per_domain": {HOSTILE: 2.0}},
+                "candidate": {"mean_acceptance_length": 2.0, "per_domain": {HOSTILE: 2.0}},
+                "ratio": 1.0,
+                "ratio_ci": [0.9, 1.1],
+                "per_domain_ratio": {HOSTILE: 1.0},
+            },
+            "eval": {"tasks": [{"task": HOSTILE, "metric": HOSTILE, "baseline": 0.5, "candidate": 0.5}]},
+        }
+    )
+    result = GateResult(
+        name=HOSTILE,
+        config="g.yaml",
+        passed=False,
+        verdict="regression",
+        reasons=[f"regression: {HOSTILE}"],
+        checks=[
+            GateCheck(
+                candidate="c",
+                step="acceptance",
+                name=HOSTILE,
+                value=0.5,
+                threshold=0.9,
+                op=">=",
+                passed=False,
+                message=HOSTILE,
+            )
+        ],
+        candidates={"c": report},
+        seconds=1.0,
+    )
     md = render_markdown(result)
     _assert_no_injection(md)
     table = [line for line in md.splitlines() if line.startswith("| ") and "acceptance" in line]
@@ -421,22 +554,37 @@ def test_chart_draws_a_domain_named_like_tex(tmp_path: Path) -> None:
     from quantkit.results import AcceptanceResult
 
     domain = "a$\\foo{$b"
-    acc = AcceptanceResult.model_validate({
-        "backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 2,
-        "candidate_kind": "draft", "baseline": {"mean_acceptance_length": 2.0, "per_domain": {domain: 2.0}},
-        "candidate": {"mean_acceptance_length": 2.1, "per_domain": {domain: 2.1}}, "ratio": 1.05,
-        "ratio_ci": [0.9, 1.1], "per_domain_ratio": {domain: 1.05}})
+    acc = AcceptanceResult.model_validate(
+        {
+            "backend": "vllm",
+            "num_speculative_tokens": 3,
+            "prompts": "builtin",
+            "num_prompts": 2,
+            "candidate_kind": "draft",
+            "baseline": {"mean_acceptance_length": 2.0, "per_domain": {domain: 2.0}},
+            "candidate": {"mean_acceptance_length": 2.1, "per_domain": {domain: 2.1}},
+            "ratio": 1.05,
+            "ratio_ci": [0.9, 1.1],
+            "per_domain_ratio": {domain: 1.05},
+        }
+    )
     out = render_acceptance_chart(acc, None, tmp_path / "c.png")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_deploy_says_no_rule_knows_an_unknown_version(tmp_path: Path) -> None:
-    run = run_cli(["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "99999", "--out",
-                   str(tmp_path / "o")], cwd=tmp_path, timeout=120)
+    run = run_cli(
+        ["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "99999", "--out", str(tmp_path / "o")],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "note: no rule knows vLLM 99999" in run.stdout and "0.32.0's rules" in run.stdout
-    run = run_cli(["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "0.32.0", "--out",
-                   str(tmp_path / "o2")], cwd=tmp_path, timeout=120)
+    run = run_cli(
+        ["deploy", str(TARGET), "--platform", "cpu", "--vllm-version", "0.32.0", "--out", str(tmp_path / "o2")],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert run.returncode == 0 and "no rule knows" not in run.stdout
 
 

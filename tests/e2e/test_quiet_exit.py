@@ -32,8 +32,9 @@ print("the table", flush=True)
 def test_output_at_interpreter_exit_goes_to_the_log(tmp_path: Path) -> None:
     log = tmp_path / "out" / "third-party.log"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, env=env, timeout=60,
-                       cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr == "[quantkit bench] done\n" and r.stdout == "the table\n"
     text = log.read_text()

@@ -83,39 +83,58 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
 @case("acceptance-context-length-1000000-on-a-4096-position-target")
 def _(t: Ctx) -> Bad:
     # Ran past 240 s before: the preamble grew one note at a time towards a million tokens.
-    return Bad(_acceptance(t, "--context-lengths", "256,1000000"), light=True, max_seconds=30, timeout=120,
-               mentions=("--context-lengths 1000000", f"{LIMIT} positions", "max_position_embeddings"))
+    return Bad(
+        _acceptance(t, "--context-lengths", "256,1000000"),
+        light=True,
+        max_seconds=30,
+        timeout=120,
+        mentions=("--context-lengths 1000000", f"{LIMIT} positions", "max_position_embeddings"),
+    )
 
 
 @case("acceptance-context-length-one-past-the-limit")
 def _(t: Ctx) -> Bad:
     # 4028 + 2 new + 3 speculative = 4033 fits; 4092 + 2 + 3 = 4097 does not
-    return Bad(_acceptance(t, "--context-lengths", "4028,4092"), light=True,
-               mentions=("--context-lengths 4092", "use lengths up to 4091"))
+    return Bad(
+        _acceptance(t, "--context-lengths", "4028,4092"),
+        light=True,
+        mentions=("--context-lengths 4092", "use lengths up to 4091"),
+    )
 
 
 @case("acceptance-max-new-tokens-beyond-the-target")
 def _(t: Ctx) -> Bad:
-    return Bad([*_acceptance(t), "--max-new-tokens", "5000"], light=True,
-               mentions=("--max-new-tokens 5000", f"{LIMIT} positions", "use --max-new-tokens 4092 or less"))
+    return Bad(
+        [*_acceptance(t), "--max-new-tokens", "5000"],
+        light=True,
+        mentions=("--max-new-tokens 5000", f"{LIMIT} positions", "use --max-new-tokens 4092 or less"),
+    )
 
 
 @case("acceptance-candidate-target-holds-fewer-positions")
 def _(t: Ctx) -> Bad:
     short = t.model("target", "short-target")
     _edit_json(short / "config.json", lambda c: c.update(max_position_embeddings=64))
-    return Bad([*_acceptance(t, "--candidate-target", str(short)), "--max-new-tokens", "100"], light=True,
-               mentions=("short-target", "64 positions"))
+    return Bad(
+        [*_acceptance(t, "--candidate-target", str(short)), "--max-new-tokens", "100"],
+        light=True,
+        mentions=("short-target", "64 positions"),
+    )
 
 
 @case("acceptance-rope-scaled-target-still-has-a-limit")
 def _(t: Ctx) -> Bad:
     # linear RoPE scaling x2: vLLM derives 8192 positions, so 8192 + new tokens no longer fits
     tgt = t.model("target", "tgt")
-    _edit_json(tgt / "config.json", lambda c: c.update(rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                                                        "rope_theta": 10000.0}))
-    return Bad(_acceptance(t, "--context-lengths", "8192", target=tgt), light=True,
-               mentions=("8192 positions", "rope factor 2", "use lengths up to 8187"))
+    _edit_json(
+        tgt / "config.json",
+        lambda c: c.update(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+    )
+    return Bad(
+        _acceptance(t, "--context-lengths", "8192", target=tgt),
+        light=True,
+        mentions=("8192 positions", "rope factor 2", "use lengths up to 8187"),
+    )
 
 
 @case("acceptance-prompt-longer-than-the-target")
@@ -182,8 +201,7 @@ def _(t: Ctx) -> Bad:
 @case("inspect-index-5000-digit-integer")
 def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
-    _edit_json(src / "model.safetensors.index.json", lambda c: c["metadata"].update(total_size="BIG"),
-               raw={"BIG": BIG})
+    _edit_json(src / "model.safetensors.index.json", lambda c: c["metadata"].update(total_size="BIG"), raw={"BIG": BIG})
     return Bad(["inspect", str(src)], light=True, mentions=("model.safetensors.index.json", "5000 digits"))
 
 
@@ -202,8 +220,9 @@ def _(t: Ctx) -> Bad:
 @case("recipes-show-5000-digit-hexadecimal-integer")
 def _(t: Ctx) -> Bad:
     # int() has no digit limit in base 16, but printing the value in decimal would
-    f = t.file("r.yaml", RECIPE_OK.replace("calibration: none", f"calibration: {{samples: 0x{'f' * 5000}, "
-                                                               "seq_len: 512}"))
+    f = t.file(
+        "r.yaml", RECIPE_OK.replace("calibration: none", f"calibration: {{samples: 0x{'f' * 5000}, seq_len: 512}}")
+    )
     return Bad(["recipes", "show", str(f)], light=True, mentions=("r.yaml", "digits"), max_chars=400)
 
 
@@ -218,16 +237,26 @@ def _(t: Ctx) -> Bad:
 def _(t: Ctx) -> Bad:
     out = t.tmp / "gate-out"
     cfg = t.file("gate.yaml", GATE_OK.replace('  vllm: "off"', f'  vllm: "off"\n  tp: {BIG}'))
-    return Bad(["gate", str(cfg), "--out", str(out)], light=True, absent=(out,), mentions=("gate.yaml", "5000 digits"),
-               max_chars=400)
+    return Bad(
+        ["gate", str(cfg), "--out", str(out)],
+        light=True,
+        absent=(out,),
+        mentions=("gate.yaml", "5000 digits"),
+        max_chars=400,
+    )
 
 
 def _report_case(t: Ctx, text: str, *mentions: str) -> Bad:
     out = hostile.fake_quantkit_output(TINY / "target", t.tmp / "out")
     t.copies.append(out)
     rep = t.file("report.json", text)
-    return Bad(_publish(out, "--report", str(rep)), light=True, absent=(_preview(out),),
-               mentions=("report.json", *mentions), max_chars=500)
+    return Bad(
+        _publish(out, "--report", str(rep)),
+        light=True,
+        absent=(_preview(out),),
+        mentions=("report.json", *mentions),
+        max_chars=500,
+    )
 
 
 @case("publish-report-5000-digit-integer")
@@ -238,17 +267,36 @@ def _(t: Ctx) -> Bad:
 # --- item 13: documents of the wrong shape ----------------------------------------------------------------------
 
 
-def _config_case(t: Ctx, edit: tuple[str, Any], model: str = "target", command: str = "inspect",
-                 mentions: tuple[str, ...] = ()) -> Bad:
+def _config_case(
+    t: Ctx, edit: tuple[str, Any], model: str = "target", command: str = "inspect", mentions: tuple[str, ...] = ()
+) -> Bad:
     key, value = edit
     src = t.model(model, "src")
     _edit_json(src / "config.json", lambda c: _set(c, key, value), raw={"NAN": "NaN", "INF": "Infinity"})
-    args = {"inspect": ["inspect", str(src)], "check": ["check", str(src), "--vllm", "off"],
-            "apply": ["apply", "--recipe", "fp8-target", "--model", str(src), "--output", str(t.tmp / "out"),
-                      "--dry-run", "--devices", "cpu"],
-            "deploy": ["deploy", str(src), "--out", str(t.tmp / "deploy-out")]}[command]
-    return Bad(args, light=True, absent=(t.tmp / "out", t.tmp / "deploy-out"), max_chars=700,
-               mentions=("config.json", key.split(".")[-1], *mentions))
+    args = {
+        "inspect": ["inspect", str(src)],
+        "check": ["check", str(src), "--vllm", "off"],
+        "apply": [
+            "apply",
+            "--recipe",
+            "fp8-target",
+            "--model",
+            str(src),
+            "--output",
+            str(t.tmp / "out"),
+            "--dry-run",
+            "--devices",
+            "cpu",
+        ],
+        "deploy": ["deploy", str(src), "--out", str(t.tmp / "deploy-out")],
+    }[command]
+    return Bad(
+        args,
+        light=True,
+        absent=(t.tmp / "out", t.tmp / "deploy-out"),
+        max_chars=700,
+        mentions=("config.json", key.split(".")[-1], *mentions),
+    )
 
 
 # A wrong type for a key quantkit reads, for each command that reads it.
@@ -311,12 +359,18 @@ INDEX_SHAPES: dict[str, tuple[Callable[[dict[str, Any]], Any], tuple[str, ...]]]
     "weight-map-a-list": (lambda c: c.update(weight_map=list(c["weight_map"])), ("weight_map",)),
     "shard-name-a-number": (lambda c: c["weight_map"].update({"lm_head.weight": 5}), ("lm_head.weight",)),
     "shard-name-null": (lambda c: c["weight_map"].update({"lm_head.weight": None}), ("lm_head.weight",)),
-    "shard-name-outside-the-folder": (lambda c: c["weight_map"].update({"lm_head.weight": "../x.safetensors"}),
-                                      ("../x.safetensors",)),
-    "shard-name-absolute": (lambda c: c["weight_map"].update({"lm_head.weight": "/etc/model.safetensors"}),
-                            ("/etc/model.safetensors",)),
-    "shard-name-not-safetensors": (lambda c: c["weight_map"].update({"lm_head.weight": "config.json"}),
-                                   ("config.json",)),
+    "shard-name-outside-the-folder": (
+        lambda c: c["weight_map"].update({"lm_head.weight": "../x.safetensors"}),
+        ("../x.safetensors",),
+    ),
+    "shard-name-absolute": (
+        lambda c: c["weight_map"].update({"lm_head.weight": "/etc/model.safetensors"}),
+        ("/etc/model.safetensors",),
+    ),
+    "shard-name-not-safetensors": (
+        lambda c: c["weight_map"].update({"lm_head.weight": "config.json"}),
+        ("config.json",),
+    ),
 }
 _cases("inspect-index", INDEX_SHAPES, lambda t, v: _index_case(t, v[0], *v[1]))
 
@@ -342,27 +396,38 @@ def _source_case(t: Ctx, qcfg: dict[str, Any], *mentions: str) -> Bad:
     # The typed check comes before the tensors are compared with the config, so a BF16 copy of the target serves.
     src = t.model("target", "src")
     _edit_json(src / "config.json", lambda c: c.update(quantization_config=qcfg))
-    return Bad(["apply", "--recipe", "fp8-target", "--model", str(src), "--output", str(t.tmp / "out"), "--devices",
-                "cpu"], light=True, absent=(t.tmp / "out",), mentions=("config.json", *mentions))
+    return Bad(
+        ["apply", "--recipe", "fp8-target", "--model", str(src), "--output", str(t.tmp / "out"), "--devices", "cpu"],
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("config.json", *mentions),
+    )
 
 
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 CT_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
-CT = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-      "config_groups": {"group_0": {"targets": ["Linear"], "weights": CT_WEIGHTS}}, "ignore": ["lm_head"]}
+CT = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": CT_WEIGHTS}},
+    "ignore": ["lm_head"],
+}
 SOURCE_CONFIGS = {
     "fp8-ignored-layers-7": ({**FP8, "ignored_layers": 7}, ("quantization_config.ignored_layers",)),
-    "fp8-modules-to-not-convert-a-string": ({**FP8, "modules_to_not_convert": "lm_head"},
-                                            ("modules_to_not_convert",)),
+    "fp8-modules-to-not-convert-a-string": ({**FP8, "modules_to_not_convert": "lm_head"}, ("modules_to_not_convert",)),
     "fp8-block-size-strings": ({**FP8, "weight_block_size": ["128", "128"]}, ("weight_block_size[0]",)),
     "ct-ignore-5": ({**CT, "ignore": 5}, ("quantization_config.ignore",)),
     "ct-a-string-in-config-groups": ({**CT, "config_groups": {"group_0": "int4"}}, ("config_groups.group_0",)),
     "ct-config-groups-a-list": ({**CT, "config_groups": [CT["config_groups"]["group_0"]]}, ("config_groups",)),
     # "false" is truthy: read as a flag it would decode asymmetric INT4 as symmetric
-    "ct-symmetric-the-string-false": ({**CT, "config_groups": {"group_0": {
-        "weights": {**CT_WEIGHTS, "symmetric": "false"}}}}, ("symmetric",)),
-    "ct-num-bits-null-group-size-a-float": ({**CT, "config_groups": {"group_0": {
-        "weights": {**CT_WEIGHTS, "group_size": 32.0}}}}, ("group_size",)),
+    "ct-symmetric-the-string-false": (
+        {**CT, "config_groups": {"group_0": {"weights": {**CT_WEIGHTS, "symmetric": "false"}}}},
+        ("symmetric",),
+    ),
+    "ct-num-bits-null-group-size-a-float": (
+        {**CT, "config_groups": {"group_0": {"weights": {**CT_WEIGHTS, "group_size": 32.0}}}},
+        ("group_size",),
+    ),
 }
 _cases("apply-source", SOURCE_CONFIGS, lambda t, v: _source_case(t, v[0], *v[1]))
 
@@ -391,19 +456,34 @@ RECIPE_SHAPES = {
     "quantize-an-object": RECIPE_OK.replace("quantize: [decoder_linears]", "quantize: {decoder_linears: 1}"),
     "keep-entry-null": RECIPE_OK.replace("keep:\n  - role: fc", "keep:\n  - null\n  - role: fc"),
     "calibration-samples-a-float": RECIPE_OK.replace("calibration: none", "calibration: {samples: 1.5, seq_len: 4}"),
-    "reason-10mb": RECIPE_OK + "overrides:\n  - role: decoder_linears\n    scheme: 7\n    reason: " + "y" * 10_000_000
-                   + "\n",
+    "reason-10mb": RECIPE_OK
+    + "overrides:\n  - role: decoder_linears\n    scheme: 7\n    reason: "
+    + "y" * 10_000_000
+    + "\n",
 }
-_cases("recipes-show", RECIPE_SHAPES, lambda t, text: Bad(["recipes", "show", str(t.file("r.yaml", text))],
-                                                              light=True, mentions=("r.yaml",), max_chars=700,
-                                                              max_seconds=60))
+_cases(
+    "recipes-show",
+    RECIPE_SHAPES,
+    lambda t, text: Bad(
+        ["recipes", "show", str(t.file("r.yaml", text))],
+        light=True,
+        mentions=("r.yaml",),
+        max_chars=700,
+        max_seconds=60,
+    ),
+)
 
 
 def _gate_case(t: Ctx, text: str, *mentions: str) -> Bad:
     out = t.tmp / "gate-out"
     cfg = t.file("gate.yaml", text)
-    return Bad(["gate", str(cfg), "--out", str(out)], light=True, absent=(out,), mentions=("gate.yaml", *mentions),
-               max_chars=700)
+    return Bad(
+        ["gate", str(cfg), "--out", str(out)],
+        light=True,
+        absent=(out,),
+        mentions=("gate.yaml", *mentions),
+        max_chars=700,
+    )
 
 
 GATE_SHAPES = {
@@ -418,13 +498,23 @@ _cases("gate-config", GATE_SHAPES, lambda t, v: _gate_case(t, v[0], *v[1]))
 
 # A candidate's name becomes file names, JUnit classnames and Markdown: a plain file-name component or nothing.
 CANDIDATE_NAMES = {
-    "parent-folder": "../x", "path": "a/b", "absolute": "/tmp/x", "hidden": ".x", "empty": "",
-    "control-characters": "c\x1b[31mred", "nul": "c\x00d", "newline": "c\nd", "65-characters": "c" * 65,
-    "non-ascii": "caf\u00e9", "10mb": TEN_MB,
+    "parent-folder": "../x",
+    "path": "a/b",
+    "absolute": "/tmp/x",
+    "hidden": ".x",
+    "empty": "",
+    "control-characters": "c\x1b[31mred",
+    "nul": "c\x00d",
+    "newline": "c\nd",
+    "65-characters": "c" * 65,
+    "non-ascii": "caf\u00e9",
+    "10mb": TEN_MB,
 }
-_cases("gate-candidate-named", CANDIDATE_NAMES,
-       lambda t, name: _gate_case(t, GATE_OK.replace("  - name: c", f"  - name: {json.dumps(name)}"),
-                                  "candidates.0.name"))
+_cases(
+    "gate-candidate-named",
+    CANDIDATE_NAMES,
+    lambda t, name: _gate_case(t, GATE_OK.replace("  - name: c", f"  - name: {json.dumps(name)}"), "candidates.0.name"),
+)
 
 
 @case("gate-name-with-control-characters")
@@ -434,13 +524,19 @@ def _(t: Ctx) -> Bad:
 
 REPORT_SHAPES = {
     # a whole-gate report whose candidates' `model` is not a path: this picked the candidate with Path(5)
-    "candidate-model-a-number": (json.dumps({"schema_version": 1, "candidates": {"a": {"model": 5}, "b": {"model": 6}}}),
-                                 ("candidates",)),
-    "candidate-model-with-a-nul-byte": (json.dumps({"schema_version": 1, "candidates": {
-        "a": {"model": "x\x00y"}, "b": {"model": "z"}}}), ("candidates",)),
+    "candidate-model-a-number": (
+        json.dumps({"schema_version": 1, "candidates": {"a": {"model": 5}, "b": {"model": 6}}}),
+        ("candidates",),
+    ),
+    "candidate-model-with-a-nul-byte": (
+        json.dumps({"schema_version": 1, "candidates": {"a": {"model": "x\x00y"}, "b": {"model": "z"}}}),
+        ("candidates",),
+    ),
     "schema-version-a-boolean": (json.dumps({"schema_version": True}), ("schema_version",)),
-    "num-items-nan": ('{"schema_version": 1, "eval": {"tasks": [{"task": "t", "metric": "m", "num_items": NaN}]}}',
-                      ("eval.tasks.0.num_items",)),
+    "num-items-nan": (
+        '{"schema_version": 1, "eval": {"tasks": [{"task": "t", "metric": "m", "num_items": NaN}]}}',
+        ("eval.tasks.0.num_items",),
+    ),
     "acceptance-a-list": (json.dumps({"schema_version": 1, "acceptance": [1]}), ("acceptance",)),
 }
 _cases("publish-report", REPORT_SHAPES, lambda t, v: _report_case(t, v[0], *v[1]))
@@ -448,19 +544,41 @@ _cases("publish-report", REPORT_SHAPES, lambda t, v: _report_case(t, v[0], *v[1]
 
 # --- item 13: options ---------------------------------------------------------------------------------------------
 
-DEVICES = {"superscript-two": "cuda:\u00b2", "arabic-indic-three": "cuda:\u0663", "fullwidth-one": "cuda:\uff11",
-           "negative": "cuda:-1", "huge": "cuda:" + "9" * 5000, "trailing-comma-garbage": "cpu,cuda:0x"}
-_cases("apply-devices", DEVICES,
-       lambda t, d: Bad(["apply", "--recipe", "fp8-draft", "--model", str(TINY / "eagle3-draft"), "--output",
-                         str(t.tmp / "out"), "--devices", d], light=True, absent=(t.tmp / "out",),
-                        mentions=("--devices",), max_chars=300))
+DEVICES = {
+    "superscript-two": "cuda:\u00b2",
+    "arabic-indic-three": "cuda:\u0663",
+    "fullwidth-one": "cuda:\uff11",
+    "negative": "cuda:-1",
+    "huge": "cuda:" + "9" * 5000,
+    "trailing-comma-garbage": "cpu,cuda:0x",
+}
+_cases(
+    "apply-devices",
+    DEVICES,
+    lambda t, d: Bad(
+        [
+            "apply",
+            "--recipe",
+            "fp8-draft",
+            "--model",
+            str(TINY / "eagle3-draft"),
+            "--output",
+            str(t.tmp / "out"),
+            "--devices",
+            d,
+        ],
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("--devices",),
+        max_chars=300,
+    ),
+)
 
 
 @case("deploy-out-parent-is-a-file")
 def _(t: Ctx) -> Bad:
     f = t.file("afile", "x\n")
-    return Bad(["deploy", str(TINY / "target"), "--out", str(f / "sub")], light=True, watch=(f,),
-               mentions=("--out",))
+    return Bad(["deploy", str(TINY / "target"), "--out", str(f / "sub")], light=True, watch=(f,), mentions=("--out",))
 
 
 @case("deploy-out-is-a-file")
@@ -479,34 +597,68 @@ def _pattern_recipe(t: Ctx, entry: str) -> Path:
 @case("apply-keep-pattern-matches-nothing")
 def _(t: Ctx) -> Bad:
     f = t.file("r.yaml", RECIPE_OK.replace("keep:\n", "keep:\n  - pattern: '*.mlp.gaet_proj'\n    reason: typo\n"))
-    return Bad(["apply", "--recipe", str(f), "--model", str(TINY / "eagle3-draft"), "--output", str(t.tmp / "out"),
-                "--dry-run", "--devices", "cpu"], light=True, absent=(t.tmp / "out",),
-               mentions=("keep[0].pattern", "*.mlp.gaet_proj", "matches no module"))
+    return Bad(
+        [
+            "apply",
+            "--recipe",
+            str(f),
+            "--model",
+            str(TINY / "eagle3-draft"),
+            "--output",
+            str(t.tmp / "out"),
+            "--dry-run",
+            "--devices",
+            "cpu",
+        ],
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("keep[0].pattern", "*.mlp.gaet_proj", "matches no module"),
+    )
 
 
 @case("apply-override-pattern-matches-nothing")
 def _(t: Ctx) -> Bad:
     f = _pattern_recipe(t, "overrides:\n  - pattern: 'layers.*.mlp.down'\n    scheme: mxfp4\n    reason: smaller\n")
-    return Bad(["apply", "--recipe", str(f), "--model", str(TINY / "eagle3-draft"), "--output", str(t.tmp / "out"),
-                "--devices", "cpu"], light=True, absent=(t.tmp / "out",),
-               mentions=("overrides[0].pattern", "matches no module"))
+    return Bad(
+        [
+            "apply",
+            "--recipe",
+            str(f),
+            "--model",
+            str(TINY / "eagle3-draft"),
+            "--output",
+            str(t.tmp / "out"),
+            "--devices",
+            "cpu",
+        ],
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("overrides[0].pattern", "matches no module"),
+    )
 
 
 @case("apply-kimi-wrapper-without-text-config")
 def _(t: Ctx) -> Bad:
     # Was blamed on the recipe ("applies to moe-target checkpoints, but ... is a dense-target").
     src = t.model("moe-target", "kimi")
-    _edit_json(src / "config.json", lambda c: c.update(architectures=["KimiK25ForConditionalGeneration"],
-                                                       model_type="kimi_k25"))
-    return Bad(["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(t.tmp / "out"), "--dry-run"],
-               light=True, absent=(t.tmp / "out",), mentions=("config.json", "text_config"))
+    _edit_json(
+        src / "config.json",
+        lambda c: c.update(architectures=["KimiK25ForConditionalGeneration"], model_type="kimi_k25"),
+    )
+    return Bad(
+        ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(t.tmp / "out"), "--dry-run"],
+        light=True,
+        absent=(t.tmp / "out",),
+        mentions=("config.json", "text_config"),
+    )
 
 
 @case("inspect-kimi-wrapper-with-null-text-config")
 def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "kimi")
-    _edit_json(src / "config.json", lambda c: c.update(architectures=["KimiK25ForConditionalGeneration"],
-                                                       text_config=None))
+    _edit_json(
+        src / "config.json", lambda c: c.update(architectures=["KimiK25ForConditionalGeneration"], text_config=None)
+    )
     return Bad(["inspect", str(src)], light=True, mentions=("config.json", "text_config"))
 
 
@@ -521,8 +673,15 @@ def test_safety_input(name: str, tmp_path: Path) -> None:
         bad = build(ctx)
         watched = [TINY, *ctx.copies, *bad.watch]
         before = {p: tree_digest(p) for p in watched}
-        run = run_cli(bad.args, cwd=tmp_path, stdin=bad.stdin, env=bad.env, forbid_heavy=bad.light,
-                      timeout=bad.timeout, preexec_fn=bad.preexec_fn)
+        run = run_cli(
+            bad.args,
+            cwd=tmp_path,
+            stdin=bad.stdin,
+            env=bad.env,
+            forbid_heavy=bad.light,
+            timeout=bad.timeout,
+            preexec_fn=bad.preexec_fn,
+        )
         _assert_contract(bad, run, before)
     finally:
         ctx.cleanup()
@@ -530,9 +689,25 @@ def test_safety_input(name: str, tmp_path: Path) -> None:
 
 def test_the_table_covers_each_class() -> None:
     names = " ".join(CASES)
-    for needle in ("context-length", "max-new-tokens", "5000-digit", "nan", "config-", "index-",
-                   "header-", "source-", "prompts-", "recipes-show-", "gate-config-", "candidate-named",
-                   "publish-report-", "devices-", "deploy-out", "pattern-matches-nothing", "kimi"):
+    for needle in (
+        "context-length",
+        "max-new-tokens",
+        "5000-digit",
+        "nan",
+        "config-",
+        "index-",
+        "header-",
+        "source-",
+        "prompts-",
+        "recipes-show-",
+        "gate-config-",
+        "candidate-named",
+        "publish-report-",
+        "devices-",
+        "deploy-out",
+        "pattern-matches-nothing",
+        "kimi",
+    ):
         assert needle in names, needle
     assert len(CASES) >= 150
 
@@ -547,8 +722,21 @@ def _no_constants(name: str) -> Any:
 def test_deploy_out_into_a_missing_folder_creates_it(tmp_path: Path) -> None:
     """It ended in `error: unexpected FileNotFoundError`; a folder that can be made is made, as `gate --out` does."""
     out = tmp_path / "new" / "deeper"
-    run = run_cli(["deploy", str(TINY / "eagle3-draft"), "--target", str(TINY / "target"), "--platform", "cpu",
-                   "--out", str(out), "--json"], cwd=tmp_path, forbid_heavy=True)
+    run = run_cli(
+        [
+            "deploy",
+            str(TINY / "eagle3-draft"),
+            "--target",
+            str(TINY / "target"),
+            "--platform",
+            "cpu",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        cwd=tmp_path,
+        forbid_heavy=True,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     written = json.loads((out / "deploy.json").read_text())
     assert written == json.loads(run.stdout, parse_constant=_no_constants)
@@ -558,8 +746,17 @@ def test_deploy_out_into_a_missing_folder_creates_it(tmp_path: Path) -> None:
 def test_deploy_max_model_len_beyond_the_target_is_an_error_finding(tmp_path: Path) -> None:
     """deploy's way to say "vLLM would refuse this": an error finding naming the limit (exit 1), the manifest still
     written (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes vLLM take it); at the limit, no finding."""
-    args = ["deploy", str(TINY / "target"), "--platform", "cpu", "--out", str(tmp_path), "--overwrite", "--json",
-            "--max-model-len"]
+    args = [
+        "deploy",
+        str(TINY / "target"),
+        "--platform",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--overwrite",
+        "--json",
+        "--max-model-len",
+    ]
     run = run_cli([*args, str(LIMIT + 1)], cwd=tmp_path, forbid_heavy=True)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
     found = [f for f in json.loads(run.stdout)["findings"] if f["code"] == "max-model-len-beyond-positions"]
@@ -617,11 +814,28 @@ def test_junit_parses_whatever_the_names_and_messages_hold() -> None:
     from quantkit.gate.run import GateResult
     from quantkit.results import GateCheck
 
-    checks = [GateCheck(candidate="c" + HOSTILE_TEXT, step="check", name="check.errors" + HOSTILE_TEXT, value=1.0,
-                        threshold=0.0, op="<=", passed=False, message="first: " + HOSTILE_TEXT),
-              GateCheck(candidate="c", step="check", name="ok", value=0.0, threshold=0.0, op="<=", passed=True)]
-    result = GateResult(name="g" + HOSTILE_TEXT, config="x", passed=False, verdict="regression", checks=checks,
-                        candidates={}, seconds=1.0)
+    checks = [
+        GateCheck(
+            candidate="c" + HOSTILE_TEXT,
+            step="check",
+            name="check.errors" + HOSTILE_TEXT,
+            value=1.0,
+            threshold=0.0,
+            op="<=",
+            passed=False,
+            message="first: " + HOSTILE_TEXT,
+        ),
+        GateCheck(candidate="c", step="check", name="ok", value=0.0, threshold=0.0, op="<=", passed=True),
+    ]
+    result = GateResult(
+        name="g" + HOSTILE_TEXT,
+        config="x",
+        passed=False,
+        verdict="regression",
+        checks=checks,
+        candidates={},
+        seconds=1.0,
+    )
     root = ET.fromstring(render_junit(result).encode("utf-8"))
     suite = root.find("testsuite")
     assert suite is not None and suite.get("name", "").startswith("quantkit-gate g")
@@ -656,10 +870,23 @@ ROPE_VARIANTS = {
     "plain": {},
     "linear-x2": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
     "dynamic-x4": {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}},
-    "yarn-prescaled": {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
-                                           "original_max_position_embeddings": 1024}},
-    "llama3-prescaled": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}},
+    "yarn-prescaled": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 1024,
+        }
+    },
+    "llama3-prescaled": {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        }
+    },
     "legacy-rope-scaling-wins": {"rope_scaling": {"type": "linear", "factor": 3.0}},
     "smallest-key-wins": {"max_position_embeddings": 1000, "n_positions": 500},
     "model-max-length-overrides": {"max_position_embeddings": 1000, "model_max_length": 2000},
@@ -689,8 +916,9 @@ def test_max_model_len_is_the_one_vllm_derives(edit: dict[str, Any]) -> None:
     hf = AutoConfig.for_model(config["model_type"], **fields)
     patch_rope_parameters(hf)
     text = get_hf_text_config(hf)
-    derived = SimpleNamespace(derived_max_model_len_and_key=ModelArchConfigConvertorBase(hf, text)
-                              .derive_max_model_len_and_key())
+    derived = SimpleNamespace(
+        derived_max_model_len_and_key=ModelArchConfigConvertorBase(hf, text).derive_max_model_len_and_key()
+    )
     theirs = _get_and_verify_max_len(text, derived, None, None, False, None)
     assert ours is not None and ours.tokens == theirs, (ours, theirs)
 
@@ -699,8 +927,11 @@ def test_max_model_len_of_a_wrapper_reads_its_text_config() -> None:
     """Kimi-K2.5 keeps the language model's length under text_config (vLLM: get_hf_text_config); values by hand."""
     from quantkit.io.config import fit_max_model_len, max_model_len
 
-    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-               "text_config": {"max_position_embeddings": 262144, "rope_scaling": {"type": "yarn", "factor": 64.0}}}
+    wrapper = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {"max_position_embeddings": 262144, "rope_scaling": {"type": "yarn", "factor": 64.0}},
+    }
     got = max_model_len(wrapper)
     assert got is not None and got.tokens == 262144 and got.key == "text_config.max_position_embeddings"
     assert max_model_len({"architectures": ["X"]}) is None  # vLLM assumes 2048 but takes any explicit length
@@ -714,8 +945,9 @@ def test_eval_engines_get_one_length_that_both_models_hold() -> None:
     from quantkit.evaluate.run import EvalError, _engine_length
 
     def src(n: int | None) -> SimpleNamespace:
-        return SimpleNamespace(hub_id=None, path=Path(f"m{n}"), config={} if n is None else
-                               {"max_position_embeddings": n})
+        return SimpleNamespace(
+            hub_id=None, path=Path(f"m{n}"), config={} if n is None else {"max_position_embeddings": n}
+        )
 
     assert _engine_length({"baseline": src(4096), "candidate": src(4096)}, None) == 2048
     assert _engine_length({"baseline": src(1024), "candidate": src(4096)}, None) == 1024
@@ -740,9 +972,27 @@ def test_context_lengths_up_to_the_limit_still_run(tmp_path: Path) -> None:
         assert n - 16 <= tokens <= n, (n, tokens)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "The capital of France is", "domain": "x"}) + "\n")
-    run = run_cli(["acceptance", "--target", str(TINY / "target"), "--draft", str(TINY / "eagle3-draft"),
-                   "--candidate", str(TINY / "eagle3-draft"), "--backend", "reference", "--prompts", str(prompts),
-                   "--max-new-tokens", "2", "--context-lengths", str(LIMIT - 5), "--json"], cwd=tmp_path)
+    run = run_cli(
+        [
+            "acceptance",
+            "--target",
+            str(TINY / "target"),
+            "--draft",
+            str(TINY / "eagle3-draft"),
+            "--candidate",
+            str(TINY / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "2",
+            "--context-lengths",
+            str(LIMIT - 5),
+            "--json",
+        ],
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads(run.stdout, parse_constant=_no_constants)
     assert data["settings"]["context_lengths"] == [LIMIT - 5]
@@ -757,8 +1007,11 @@ def test_gate_config_names_and_paths_are_checked_before_any_step(tmp_path: Path)
         cfg.write_text(GATE_OK.replace("  - name: c", f"  - name: {name}"))
         assert load_gate_config(cfg)[0].candidates[0].name == name
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text(yaml.safe_dump({**yaml.safe_load(GATE_OK), "candidates": [
-        {"name": "../x", "path": str(TINY / "eagle3-draft")}]}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {**yaml.safe_load(GATE_OK), "candidates": [{"name": "../x", "path": str(TINY / "eagle3-draft")}]}
+        )
+    )
     with pytest.raises(GateConfigError, match=r"candidates\.0\.name: '\.\./x' is not a candidate name"):
         load_gate_config(cfg)
 
@@ -770,16 +1023,25 @@ def test_the_parsers_refuse_what_python_chokes_on() -> None:
 
     assert parse_json('{"a": ' + "9" * 4300 + "}")["a"] == int("9" * 4300)  # at the limit: read
     assert parse_json("[NaN]")[0] != parse_json("[NaN]")[0]  # NaN is read where allowed (config.json)
-    for text, reason in ((BIG, "5000 digits"), ("-" + BIG, "5000 digits"), ("[" * 100_000, "nested too deeply"),
-                         ("{", "not valid JSON"), (b"\xff\xfe\x00", "not")):
+    for text, reason in (
+        (BIG, "5000 digits"),
+        ("-" + BIG, "5000 digits"),
+        ("[" * 100_000, "nested too deeply"),
+        ("{", "not valid JSON"),
+        (b"\xff\xfe\x00", "not"),
+    ):
         with pytest.raises(JsonInputError, match=reason):
             parse_json(text)
     with pytest.raises(JsonInputError, match="NaN, which is not JSON"):
         parse_json('{"a": NaN}', allow_nan=False)
     with pytest.raises(JsonInputError, match="Infinity"):
         parse_json("[-Infinity]", allow_nan=False)
-    for text, reason in ((f"a: {BIG}", "5000 digits"), ("a: 2024-13-45", "month must be in 1..12"),
-                         ("a: !!float abc", "could not convert"), ("a: !!int x", "invalid literal")):
+    for text, reason in (
+        (f"a: {BIG}", "5000 digits"),
+        ("a: 2024-13-45", "month must be in 1..12"),
+        ("a: !!float abc", "could not convert"),
+        ("a: !!int x", "invalid literal"),
+    ):
         with pytest.raises(yaml.YAMLError, match=reason):
             load_yaml(text)
     assert load_yaml("a: 2024-01-31")["a"].month == 1

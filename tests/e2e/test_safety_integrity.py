@@ -61,8 +61,10 @@ def _cli(args: list[str], cwd: Path, **kw: Any) -> Run:
 
 def _refused(run: Run, *mentions: str, light: bool = False, code: int = 2) -> str:
     """The contract of tests/e2e/test_bad_inputs.py for one run; returns the error line."""
-    where = (f"\n$ quantkit {' '.join(run.args)[:400]}\nexit {run.returncode} after {run.seconds:.1f}s\n"
-             f"stderr: {run.stderr[-3000:]!r}\nstdout: {run.stdout[-500:]!r}")
+    where = (
+        f"\n$ quantkit {' '.join(run.args)[:400]}\nexit {run.returncode} after {run.seconds:.1f}s\n"
+        f"stderr: {run.stderr[-3000:]!r}\nstdout: {run.stdout[-500:]!r}"
+    )
     assert run.returncode != FORBIDDEN_HEAVY_EXIT, "imported a heavy package before finding the error" + where
     assert "Traceback" not in run.stderr, where
     assert run.returncode == code, where
@@ -77,8 +79,9 @@ def _refused(run: Run, *mentions: str, light: bool = False, code: int = 2) -> st
 
 def _no_output(out: Path) -> None:
     assert not out.exists(), f"{out} exists"
-    leftovers = [p.name for p in out.parent.glob(f".{out.name}.quantkit-*")
-                 if not (p.is_dir() and (p / JOURNAL).is_file())]
+    leftovers = [
+        p.name for p in out.parent.glob(f".{out.name}.quantkit-*") if not (p.is_dir() and (p / JOURNAL).is_file())
+    ]
     assert not leftovers, f"left beside the output: {leftovers}"
 
 
@@ -102,6 +105,7 @@ def _rewrite(path: Path, change: Callable[[dict[str, Any], bytes], tuple[dict[st
 
 def _alias(a: str, b: str) -> Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]:
     """Tensor `b` reads `a`'s bytes (same dtype and shape); b's own bytes are cut out, so nothing else is wrong."""
+
     def change(header: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes]:
         assert (header[a]["dtype"], header[a]["shape"]) == (header[b]["dtype"], header[b]["shape"])
         begin, end = header[b]["data_offsets"]
@@ -110,6 +114,7 @@ def _alias(a: str, b: str) -> Callable[[dict[str, Any], bytes], tuple[dict[str, 
                 header[k]["data_offsets"] = [o - (end - begin) for o in header[k]["data_offsets"]]
         header[b]["data_offsets"] = list(header[a]["data_offsets"])
         return header, data[:begin] + data[end:]
+
     return change
 
 
@@ -120,6 +125,7 @@ def _gap(after: str, size: int = 16) -> Callable[[dict[str, Any], bytes], tuple[
             if header[k]["data_offsets"][0] >= end and k != after:
                 header[k]["data_offsets"] = [o + size for o in header[k]["data_offsets"]]
         return header, data[:end] + b"\xaa" * size + data[end:]
+
     return change
 
 
@@ -132,8 +138,9 @@ def _past_end(header: dict[str, Any], data: bytes) -> tuple[dict[str, Any], byte
 
 
 DAMAGED_SHARDS: dict[str, Callable[[Path], None]] = {
-    "two-tensors-share-one-byte-range": lambda p: _rewrite(p, _alias("model.layers.0.mlp.experts.5.gate_proj.weight",
-                                                                     "model.layers.0.mlp.experts.5.up_proj.weight")),
+    "two-tensors-share-one-byte-range": lambda p: _rewrite(
+        p, _alias("model.layers.0.mlp.experts.5.gate_proj.weight", "model.layers.0.mlp.experts.5.up_proj.weight")
+    ),
     "gap-between-tensors": lambda p: _rewrite(p, _gap("model.layers.0.mlp.experts.5.gate_proj.weight")),
     "tensor-end-runs-past-the-file": lambda p: _rewrite(p, _past_end),
     "header-claims-2**60-bytes": lambda p: hostile.set_header_length(p, 2**60),
@@ -194,8 +201,9 @@ def _tensor_names_in(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("engine", ["native", "quark"])
-def test_a_shard_the_index_does_not_name_is_neither_quantized_nor_copied(moe_output: Path, tmp_path: Path,
-                                                                          engine: str) -> None:
+def test_a_shard_the_index_does_not_name_is_neither_quantized_nor_copied(
+    moe_output: Path, tmp_path: Path, engine: str
+) -> None:
     """A Mistral-style `consolidated.safetensors` (every tensor again) beside the indexed shards, and one more in a
     sub-folder: the output holds each tensor once, equals the output of the clean source, and one warning names
     the ignored files."""
@@ -210,8 +218,11 @@ def test_a_shard_the_index_does_not_name_is_neither_quantized_nor_copied(moe_out
     assert run.returncode == 0, run.stderr[-3000:]
     # (a second warning, from the copy allow-list, names the `original/` folder as not copied)
     warnings = [line for line in run.stderr.splitlines() if "[quantkit apply] warning:" in line and INDEX in line]
-    assert len(warnings) == 1 and "consolidated.safetensors" in warnings[0] and \
-        "original/consolidated.safetensors" in warnings[0], run.stderr
+    assert (
+        len(warnings) == 1
+        and "consolidated.safetensors" in warnings[0]
+        and "original/consolidated.safetensors" in warnings[0]
+    ), run.stderr
     names = _tensor_names_in(out)
     assert len(names) == len(set(names)) and names.count("lm_head.weight") == 1
     assert not [p for p in out.rglob("*.safetensors") if "consolidated" in p.name]
@@ -244,28 +255,47 @@ def _index(folder: Path) -> dict[str, Any]:
 BAD_INDEXES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "names-a-missing-shard": (lambda s: (s / SHARD2).unlink(), (SHARD2, "missing")),
     "names-a-shard-outside-the-folder": (
-        lambda s: (s / INDEX).write_text(json.dumps({"weight_map": {
-            **_index(s)["weight_map"], "lm_head.weight": f"../{s.name}/{SHARD1}"}})), ("not a .safetensors file",)),
+        lambda s: (s / INDEX).write_text(
+            json.dumps({"weight_map": {**_index(s)["weight_map"], "lm_head.weight": f"../{s.name}/{SHARD1}"}})
+        ),
+        ("not a .safetensors file",),
+    ),
     "names-a-tensor-twice": (
-        lambda s: (s / INDEX).write_text((s / INDEX).read_text().replace(
-            '"weight_map": {', f'"weight_map": {{"lm_head.weight": "{SHARD2}", ', 1)), ("'lm_head.weight' twice",)),
+        lambda s: (s / INDEX).write_text(
+            (s / INDEX).read_text().replace('"weight_map": {', f'"weight_map": {{"lm_head.weight": "{SHARD2}", ', 1)
+        ),
+        ("'lm_head.weight' twice",),
+    ),
     "names-a-file-that-is-not-safetensors": (
-        lambda s: (s / INDEX).write_text(json.dumps({"weight_map": {**_index(s)["weight_map"],
-                                                                    "lm_head.weight": "config.json"}})),
-        ("config.json",)),
+        lambda s: (s / INDEX).write_text(
+            json.dumps({"weight_map": {**_index(s)["weight_map"], "lm_head.weight": "config.json"}})
+        ),
+        ("config.json",),
+    ),
     "a-shard-holds-a-tensor-the-index-places-elsewhere": (
-        lambda s: _rewrite(s / SHARD2, lambda h, d: ({**h, "lm_head.weight": {**h[_by_offset(h)[0]],
-                                                                              "data_offsets": [len(d), len(d) + 65536]}},
-                                                     d + d[:65536])),
-        (SHARD2, "'lm_head.weight'", SHARD1)),
+        lambda s: _rewrite(
+            s / SHARD2,
+            lambda h, d: (
+                {**h, "lm_head.weight": {**h[_by_offset(h)[0]], "data_offsets": [len(d), len(d) + 65536]}},
+                d + d[:65536],
+            ),
+        ),
+        (SHARD2, "'lm_head.weight'", SHARD1),
+    ),
     "a-shard-holds-a-tensor-the-index-does-not-list": (
-        lambda s: _rewrite(s / SHARD2, lambda h, d: ({**h, "extra.weight": {"dtype": "BF16", "shape": [4],
-                                                                            "data_offsets": [len(d), len(d) + 8]}},
-                                                     d + b"\0" * 8)),
-        ("'extra.weight'", "does not list")),
+        lambda s: _rewrite(
+            s / SHARD2,
+            lambda h, d: (
+                {**h, "extra.weight": {"dtype": "BF16", "shape": [4], "data_offsets": [len(d), len(d) + 8]}},
+                d + b"\0" * 8,
+            ),
+        ),
+        ("'extra.weight'", "does not list"),
+    ),
     "no-index-and-two-shards-overlap": (
         lambda s: ((s / INDEX).unlink(), hostile.write_safetensors(s / "consolidated.safetensors", *_consolidated(s))),
-        ("is in both", "consolidated.safetensors")),
+        ("is in both", "consolidated.safetensors"),
+    ),
 }
 
 
@@ -285,8 +315,9 @@ def test_index_problems_are_one_line(tmp_path: Path, case: str) -> None:
 # --- a damaged journal is one line ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["a-json-list", "shards-a-list", "entry-without-bytes_out", "5000-digit-integer",
-                                  "from-a-different-source"])
+@pytest.mark.parametrize(
+    "case", ["a-json-list", "shards-a-list", "entry-without-bytes_out", "5000-digit-integer", "from-a-different-source"]
+)
 def test_a_bad_journal_through_the_cli(tmp_path: Path, case: str) -> None:
     out, partial, before = _bad_journal(tmp_path, case)
     line = _refused(_cli(_apply(MOE, out, "--resume"), tmp_path), JOURNAL, "--overwrite")
@@ -312,9 +343,14 @@ class _Apply:
     """A `quantkit apply` running in the background, its stderr read line by line."""
 
     def __init__(self, args: list[str], cwd: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "quantkit", *args], cwd=cwd, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, "QUARK_DISABLE_COMPILE": "1", **ENV})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "quantkit", *args],
+            cwd=cwd,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "QUARK_DISABLE_COMPILE": "1", **ENV},
+        )
         self.lines: list[str] = []
         self.done_shards = 0
         self.progressed = threading.Condition()
@@ -357,12 +393,18 @@ def test_a_second_run_on_a_live_output_is_refused_naming_it(big_moe: Path, big_m
         partial = tmp_path / ".out.quantkit-partial"
         lock = tmp_path / ".out.quantkit-lock"
         holder = json.loads(lock.read_text())
-        assert holder["pid"] == first.proc.pid and holder["host"] == socket.gethostname() and "apply" in \
-            holder["command"]
+        assert (
+            holder["pid"] == first.proc.pid and holder["host"] == socket.gethostname() and "apply" in holder["command"]
+        )
         before = tree_digest(partial)
         for extra in ([], ["--overwrite"], ["--resume"]):
-            line = _refused(_cli(_apply(big_moe, out, *extra), tmp_path), f"pid {first.proc.pid}",
-                            f"on host {socket.gethostname()}", "since", "being written by another quantkit apply")
+            line = _refused(
+                _cli(_apply(big_moe, out, *extra), tmp_path),
+                f"pid {first.proc.pid}",
+                f"on host {socket.gethostname()}",
+                "since",
+                "being written by another quantkit apply",
+            )
             assert "--overwrite" not in line and "--resume" not in line, line  # no advice that would break the run
             assert tree_digest(partial) == before and not out.exists()
         # Another spelling of the same output (through a symlinked parent) is the same output.
@@ -384,8 +426,9 @@ def test_a_second_run_on_a_live_output_is_refused_naming_it(big_moe: Path, big_m
     assert not (tmp_path / ".out.quantkit-lock").exists() and not (tmp_path / ".out.quantkit-partial").exists()
 
 
-def test_a_lock_left_by_a_killed_run_is_explained_and_taken_over(big_moe: Path, big_moe_mxfp4: Path,
-                                                                  tmp_path: Path) -> None:
+def test_a_lock_left_by_a_killed_run_is_explained_and_taken_over(
+    big_moe: Path, big_moe_mxfp4: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     first = _Apply(_apply(big_moe, out), tmp_path)
     try:
@@ -400,7 +443,9 @@ def test_a_lock_left_by_a_killed_run_is_explained_and_taken_over(big_moe: Path, 
     assert json.loads(lock.read_text())["pid"] == first.proc.pid  # left behind: the kernel released only the flock
     run = _cli(_apply(big_moe, out, "--resume"), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    warnings = [line for line in run.stderr.splitlines() if "warning:" in line and "not copied from the source" not in line]
+    warnings = [
+        line for line in run.stderr.splitlines() if "warning:" in line and "not copied from the source" not in line
+    ]
     assert len(warnings) == 1 and "stale lock" in warnings[0] and f"pid {first.proc.pid}" in warnings[0], run.stderr
     assert "kept from the interrupted run" in run.stderr
     assert _weights_and_config(out) == _weights_and_config(big_moe_mxfp4)
@@ -427,8 +472,14 @@ if child == 0:
 print(child, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **ENV})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **ENV},
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr
     orphan = int(done.stdout.strip())
     try:
@@ -451,8 +502,12 @@ def test_a_live_holder_on_another_host_is_never_taken_over(tmp_path: Path) -> No
     """A lock file naming another host (whose pids this host cannot check), held by a live process: refused."""
     out = tmp_path / "out"
     lock = tmp_path / ".out.quantkit-lock"
-    holder = {"pid": 4242, "host": "gpu-node-7", "started": "2026-12-01 09:00:00 UTC",
-              "command": "quantkit apply --recipe mxfp4-moe --model /models/x --output /shared/out"}
+    holder = {
+        "pid": 4242,
+        "host": "gpu-node-7",
+        "started": "2026-12-01 09:00:00 UTC",
+        "command": "quantkit apply --recipe mxfp4-moe --model /models/x --output /shared/out",
+    }
     script = f"""
 import fcntl, json, os, sys, time
 fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o644)
@@ -464,8 +519,12 @@ time.sleep(300)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
-        line = _refused(_cli(_apply(MOE, out, "--overwrite"), tmp_path), "pid 4242 on host gpu-node-7",
-                        "since 2026-12-01 09:00:00 UTC", "--output /shared/out")
+        line = _refused(
+            _cli(_apply(MOE, out, "--overwrite"), tmp_path),
+            "pid 4242 on host gpu-node-7",
+            "since 2026-12-01 09:00:00 UTC",
+            "--output /shared/out",
+        )
         assert len(line) < 600
         assert not out.exists() and not (tmp_path / ".out.quantkit-partial").exists()
     finally:
@@ -493,7 +552,8 @@ def _flip_signs(path: Path, tensor: str, count: int = 64) -> None:
 
 
 def test_resume_redoes_a_finished_shard_whose_source_changed_with_the_same_size_and_mtime(
-        big_moe: Path, tmp_path: Path) -> None:
+    big_moe: Path, tmp_path: Path
+) -> None:
     src = tmp_path / "src"
     shutil.copytree(big_moe, src)
     out = tmp_path / "out"
@@ -508,8 +568,11 @@ def test_resume_redoes_a_finished_shard_whose_source_changed_with_the_same_size_
     assert code == 128 + signal.SIGTERM, stderr[-3000:]
     partial = tmp_path / ".out.quantkit-partial"
     finished = sorted(json.loads((partial / JOURNAL).read_text())["shards"])
-    changed = next(f for f in finished
-                   if any(".mlp.experts." in n and n.endswith(".weight") for n in hostile.read_header(src / f)[0]))
+    changed = next(
+        f
+        for f in finished
+        if any(".mlp.experts." in n and n.endswith(".weight") for n in hostile.read_header(src / f)[0])
+    )
     touched = next(f for f in finished if f != changed)
     expert = next(n for n in hostile.read_header(src / changed)[0] if ".mlp.experts." in n and n.endswith(".weight"))
     stale = (partial / changed).read_bytes()

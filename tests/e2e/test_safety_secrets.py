@@ -95,8 +95,7 @@ def _(t: Ctx) -> Bad:
     src = t.copies[0]
     (src / "generation_config.json").unlink()
     (src / "generation_config.json").symlink_to("z-last-hop")  # inside, but the chain ends outside
-    return Bad(bad.args, light=True, absent=bad.absent, watch=bad.watch, mentions=("generation_config.json",
-                                                                                    "outside"))
+    return Bad(bad.args, light=True, absent=bad.absent, watch=bad.watch, mentions=("generation_config.json", "outside"))
 
 
 @case("apply-weight-shard-linked-from-outside")
@@ -107,8 +106,13 @@ def _(t: Ctx) -> Bad:
     shutil.move(src / "model.safetensors", elsewhere)
     (src / "model.safetensors").symlink_to(elsewhere)
     out = t.tmp / "out"
-    return Bad(_apply(src, out, recipe="fp8-draft"), light=True, absent=(out,), watch=(elsewhere,),
-               mentions=("model.safetensors", "outside"))
+    return Bad(
+        _apply(src, out, recipe="fp8-draft"),
+        light=True,
+        absent=(out,),
+        watch=(elsewhere,),
+        mentions=("model.safetensors", "outside"),
+    )
 
 
 @case("apply-hf-snapshot-link-into-another-repos-blobs")
@@ -168,9 +172,23 @@ def _(t: Ctx) -> Bad:
     # there too, before any work (links out of the folder are fine there: nothing is copied).
     src = t.model("target", "src")
     (src / "self").symlink_to(".")
-    return Bad(["acceptance", "--target", str(src), "--draft", str(TINY / "eagle3-draft"), "--candidate",
-                str(TINY / "eagle3-draft"), "--backend", "reference", "--max-new-tokens", "2"], light=True,
-               mentions=("self",))
+    return Bad(
+        [
+            "acceptance",
+            "--target",
+            str(src),
+            "--draft",
+            str(TINY / "eagle3-draft"),
+            "--candidate",
+            str(TINY / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--max-new-tokens",
+            "2",
+        ],
+        light=True,
+        mentions=("self",),
+    )
 
 
 # --- item 11: pipes, devices and sockets ----------------------------------------------------------------------------
@@ -187,8 +205,13 @@ def _(t: Ctx) -> Bad:
     src = t.model("eagle3-draft", "src")
     _fifo(src / "config.json")
     out = t.tmp / "out"
-    return Bad(_apply(src, out, recipe="fp8-draft"), light=True, absent=(out,), mentions=("config.json", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        _apply(src, out, recipe="fp8-draft"),
+        light=True,
+        absent=(out,),
+        mentions=("config.json", "pipe"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("apply-fifo-as-a-shard")
@@ -196,8 +219,13 @@ def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
     _fifo(src / "model-00002-of-00002.safetensors")
     out = t.tmp / "out"
-    return Bad(_apply(src, out), light=True, absent=(out,), mentions=("model-00002-of-00002.safetensors", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        _apply(src, out),
+        light=True,
+        absent=(out,),
+        mentions=("model-00002-of-00002.safetensors", "pipe"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("apply-fifo-as-the-index")
@@ -205,8 +233,13 @@ def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
     _fifo(src / "model.safetensors.index.json")
     out = t.tmp / "out"
-    return Bad(_apply(src, out), light=True, absent=(out,), mentions=("model.safetensors.index.json", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        _apply(src, out),
+        light=True,
+        absent=(out,),
+        mentions=("model.safetensors.index.json", "pipe"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("apply-fifo-among-the-aux-files")
@@ -214,8 +247,7 @@ def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
     _fifo(src / "tokenizer.json")
     out = t.tmp / "out"
-    return Bad(_apply(src, out), light=True, absent=(out,), mentions=("tokenizer.json", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(_apply(src, out), light=True, absent=(out,), mentions=("tokenizer.json", "pipe"), timeout=FIFO_TIMEOUT)
 
 
 @case("apply-fifo-as-the-recipe")
@@ -223,16 +255,26 @@ def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
     recipe = _fifo(t.tmp / "my-recipe.yaml")
     out = t.tmp / "out"
-    return Bad(_apply(src, out, recipe=str(recipe)), light=True, absent=(out,), mentions=("my-recipe.yaml", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        _apply(src, out, recipe=str(recipe)),
+        light=True,
+        absent=(out,),
+        mentions=("my-recipe.yaml", "pipe"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("apply-dev-zero-as-the-recipe")
 def _(t: Ctx) -> Bad:
     src = t.model("moe-target", "src")
     out = t.tmp / "out"
-    return Bad(_apply(src, out, recipe="/dev/zero"), light=True, absent=(out,), mentions=("/dev/zero", "device"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        _apply(src, out, recipe="/dev/zero"),
+        light=True,
+        absent=(out,),
+        mentions=("/dev/zero", "device"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("apply-config-json-linked-to-dev-zero")
@@ -241,8 +283,13 @@ def _(t: Ctx) -> Bad:
     (src / "config.json").unlink()
     (src / "config.json").symlink_to("/dev/zero")
     out = t.tmp / "out"
-    return Bad(_apply(src, out, recipe="fp8-draft"), light=True, absent=(out,), mentions=("config.json", "device"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        _apply(src, out, recipe="fp8-draft"),
+        light=True,
+        absent=(out,),
+        mentions=("config.json", "device"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("apply-socket-in-the-source")
@@ -266,24 +313,45 @@ def _(t: Ctx) -> Bad:
 def _(t: Ctx) -> Bad:
     src = t.model("target", "src")
     _fifo(src / "config.json")
-    return Bad(["check", str(src), "--vllm", "off"], light=True, mentions=("config.json", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(["check", str(src), "--vllm", "off"], light=True, mentions=("config.json", "pipe"), timeout=FIFO_TIMEOUT)
 
 
 @case("acceptance-prompts-fifo")
 def _(t: Ctx) -> Bad:
     prompts = _fifo(t.tmp / "prompts.jsonl")
-    return Bad(["acceptance", "--target", str(TINY / "target"), "--draft", str(TINY / "eagle3-draft"),
-                "--candidate", str(TINY / "eagle3-draft"), "--backend", "reference", "--prompts", str(prompts),
-                "--max-new-tokens", "2"], light=True, mentions=("prompts.jsonl", "pipe"), timeout=FIFO_TIMEOUT)
+    return Bad(
+        [
+            "acceptance",
+            "--target",
+            str(TINY / "target"),
+            "--draft",
+            str(TINY / "eagle3-draft"),
+            "--candidate",
+            str(TINY / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "2",
+        ],
+        light=True,
+        mentions=("prompts.jsonl", "pipe"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("gate-config-fifo")
 def _(t: Ctx) -> Bad:
     cfg = _fifo(t.tmp / "gate.yaml")
     out = t.tmp / "gate-out"
-    return Bad(["gate", str(cfg), "--out", str(out)], light=True, absent=(out,), mentions=("gate.yaml", "pipe"),
-               timeout=FIFO_TIMEOUT)
+    return Bad(
+        ["gate", str(cfg), "--out", str(out)],
+        light=True,
+        absent=(out,),
+        mentions=("gate.yaml", "pipe"),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 # --- publish: tokens, links, the allow-list and the dry-run folder --------------------------------------------------
@@ -313,11 +381,21 @@ def _(t: Ctx) -> Bad:
     out = _published(t)
     tok = json.loads((out / "tokenizer.json").read_text())
     hidden = "hf_" + secrets.token_urlsafe(30).replace("-", "A").replace("_", "b")[:34]
-    tok["added_tokens"].append({"id": 999, "content": hidden, "special": False, "single_word": False,
-                                "lstrip": False, "rstrip": False, "normalized": True})
+    tok["added_tokens"].append(
+        {
+            "id": 999,
+            "content": hidden,
+            "special": False,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": True,
+        }
+    )
     (out / "tokenizer.json").write_text(json.dumps(tok))
-    return Bad(_publish(out), light=True, absent=(_preview(out),), mentions=("tokenizer.json", "token"),
-               env=_hermetic(t))
+    return Bad(
+        _publish(out), light=True, absent=(_preview(out),), mentions=("tokenizer.json", "token"), env=_hermetic(t)
+    )
 
 
 @case("publish-hub-token-in-safetensors-metadata")
@@ -326,8 +404,9 @@ def _(t: Ctx) -> Bad:
     header, data = hostile.read_header(out / "model.safetensors")
     header["__metadata__"] = {"format": "pt", "note": "hf_" + "Q7" * 17}
     hostile.write_safetensors(out / "model.safetensors", header, data)
-    return Bad(_publish(out), light=True, absent=(_preview(out),), mentions=("model.safetensors", "token"),
-               env=_hermetic(t))
+    return Bad(
+        _publish(out), light=True, absent=(_preview(out),), mentions=("model.safetensors", "token"), env=_hermetic(t)
+    )
 
 
 @case("publish-your-own-token-in-the-chat-template")
@@ -336,8 +415,13 @@ def _(t: Ctx) -> Bad:
     own = "tok" + secrets.token_hex(16)  # not hf_-shaped: only "the user's own token" finds it
     with open(out / "chat_template.jinja", "a") as f:
         f.write("{# " + own + " #}\n")
-    return Bad(_publish(out), light=True, absent=(_preview(out),), mentions=("chat_template.jinja", "your own"),
-               env=_hermetic(t, own))
+    return Bad(
+        _publish(out),
+        light=True,
+        absent=(_preview(out),),
+        mentions=("chat_template.jinja", "your own"),
+        env=_hermetic(t, own),
+    )
 
 
 @case("publish-your-own-token-from-the-login-token-file")
@@ -349,8 +433,13 @@ def _(t: Ctx) -> Bad:
     cfg = json.loads((out / "generation_config.json").read_text())
     cfg["comment"] = own
     (out / "generation_config.json").write_text(json.dumps(cfg))
-    return Bad(_publish(out), light=True, absent=(_preview(out),), mentions=("generation_config.json", "your own"),
-               env=_hermetic(t))
+    return Bad(
+        _publish(out),
+        light=True,
+        absent=(_preview(out),),
+        mentions=("generation_config.json", "your own"),
+        env=_hermetic(t),
+    )
 
 
 @case("publish-folder-with-a-link-outside")
@@ -360,53 +449,86 @@ def _(t: Ctx) -> Bad:
     t.secret = value  # type: ignore[attr-defined]
     (out / "tokenizer_config.json").unlink()
     (out / "tokenizer_config.json").symlink_to(secret)
-    return Bad(_publish(out), light=True, absent=(_preview(out),), watch=(secret,),
-               mentions=("tokenizer_config.json", "outside"), env=_hermetic(t))
+    return Bad(
+        _publish(out),
+        light=True,
+        absent=(_preview(out),),
+        watch=(secret,),
+        mentions=("tokenizer_config.json", "outside"),
+        env=_hermetic(t),
+    )
 
 
 @case("publish-folder-with-a-fifo")
 def _(t: Ctx) -> Bad:
     out = _published(t)
     _fifo(out / "tokenizer.json")
-    return Bad(_publish(out), light=True, absent=(_preview(out),), mentions=("tokenizer.json", "pipe"),
-               env=_hermetic(t), timeout=FIFO_TIMEOUT)
+    return Bad(
+        _publish(out),
+        light=True,
+        absent=(_preview(out),),
+        mentions=("tokenizer.json", "pipe"),
+        env=_hermetic(t),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("publish-report-fifo")
 def _(t: Ctx) -> Bad:
     out = _published(t)
     rep = _fifo(t.tmp / "report.json")
-    return Bad(_publish(out, "--report", str(rep)), light=True, absent=(_preview(out),),
-               mentions=("report.json", "pipe"), env=_hermetic(t), timeout=FIFO_TIMEOUT)
+    return Bad(
+        _publish(out, "--report", str(rep)),
+        light=True,
+        absent=(_preview(out),),
+        mentions=("report.json", "pipe"),
+        env=_hermetic(t),
+        timeout=FIFO_TIMEOUT,
+    )
 
 
 @case("publish-dry-run-dir-is-the-folder")
 def _(t: Ctx) -> Bad:
     out = _published(t)
-    return Bad(_publish(out, "--dry-run-dir", str(out)), light=True, mentions=("--dry-run-dir", "is the folder"),
-               env=_hermetic(t))
+    return Bad(
+        _publish(out, "--dry-run-dir", str(out)),
+        light=True,
+        mentions=("--dry-run-dir", "is the folder"),
+        env=_hermetic(t),
+    )
 
 
 @case("publish-dry-run-dir-inside-the-folder")
 def _(t: Ctx) -> Bad:
     out = _published(t)
-    return Bad(_publish(out, "--dry-run-dir", str(out / "preview")), light=True, absent=(out / "preview",),
-               mentions=("lies inside",), env=_hermetic(t))
+    return Bad(
+        _publish(out, "--dry-run-dir", str(out / "preview")),
+        light=True,
+        absent=(out / "preview",),
+        mentions=("lies inside",),
+        env=_hermetic(t),
+    )
 
 
 @case("publish-dry-run-dir-contains-the-folder")
 def _(t: Ctx) -> Bad:
     out = _published(t)
-    return Bad(_publish(out, "--dry-run-dir", str(t.tmp)), light=True, watch=(t.tmp,), mentions=("contains",),
-               env=_hermetic(t))
+    return Bad(
+        _publish(out, "--dry-run-dir", str(t.tmp)), light=True, watch=(t.tmp,), mentions=("contains",), env=_hermetic(t)
+    )
 
 
 @case("publish-dry-run-dir-via-a-link-to-the-folder")
 def _(t: Ctx) -> Bad:
     out = _published(t)
     (t.tmp / "alias").symlink_to(out)
-    return Bad(_publish(out, "--dry-run-dir", str(t.tmp / "alias" / "p")), light=True, absent=(out / "p",),
-               mentions=("lies inside",), env=_hermetic(t))
+    return Bad(
+        _publish(out, "--dry-run-dir", str(t.tmp / "alias" / "p")),
+        light=True,
+        absent=(out / "p",),
+        mentions=("lies inside",),
+        env=_hermetic(t),
+    )
 
 
 @case("publish-dry-run-dir-holds-someone-elses-files")
@@ -415,8 +537,13 @@ def _(t: Ctx) -> Bad:
     mine = t.tmp / "mine"
     mine.mkdir()
     (mine / "README.md").write_text("my own notes\n")
-    return Bad(_publish(out, "--dry-run-dir", str(mine)), light=True, watch=(mine,), mentions=("did not write",),
-               env=_hermetic(t))
+    return Bad(
+        _publish(out, "--dry-run-dir", str(mine)),
+        light=True,
+        watch=(mine,),
+        mentions=("did not write",),
+        env=_hermetic(t),
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -426,14 +553,24 @@ def test_refused(name: str, tmp_path: Path) -> None:
         bad = CASES[name](ctx)
         watched = [TINY, *ctx.copies, *bad.watch]
         before = {p: tree_digest(p) for p in watched}
-        run = run_cli(bad.args, cwd=tmp_path, stdin=bad.stdin, env=bad.env, forbid_heavy=bad.light,
-                      timeout=bad.timeout, preexec_fn=bad.preexec_fn)
+        run = run_cli(
+            bad.args,
+            cwd=tmp_path,
+            stdin=bad.stdin,
+            env=bad.env,
+            forbid_heavy=bad.light,
+            timeout=bad.timeout,
+            preexec_fn=bad.preexec_fn,
+        )
         _assert_contract(bad, run, before)
         secret = getattr(ctx, "secret", None)
         if secret is not None:
             assert secret not in (run.stdout + run.stderr).encode()
-            holders = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
-                       and p.name != "token" and secret in p.read_bytes()]
+            holders = [
+                p
+                for p in tmp_path.rglob("*")
+                if p.is_file() and not p.is_symlink() and p.name != "token" and secret in p.read_bytes()
+            ]
             assert not holders, f"the secret was copied to {holders}"
     finally:
         ctx.cleanup()
@@ -473,8 +610,9 @@ def _assert_applied(run: hostile.Run, out: Path, model: Path) -> dict[str, Any]:
         assert not p.is_symlink(), f"{p} is a link"
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         assert (out / name).is_file() and (out / name).read_bytes() == (model / name).read_bytes(), name
-    assert sorted(manifest["output_files"]) == sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
-                                                      if p.is_file())
+    assert sorted(manifest["output_files"]) == sorted(
+        p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()
+    )
     return manifest
 
 
@@ -499,8 +637,11 @@ def test_apply_reads_a_hub_id_resolved_to_the_cache(tmp_path: Path) -> None:
     model = TINY / "moe-target"
     hf_cache_repo(tmp_path / "hub", model, "org/moe")
     out = tmp_path / "out"
-    run = run_cli(["apply", "--recipe", "mxfp4-moe", "--model", "org/moe", "--output", str(out)], cwd=tmp_path,
-                  env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
+    run = run_cli(
+        ["apply", "--recipe", "mxfp4-moe", "--model", "org/moe", "--output", str(out)],
+        cwd=tmp_path,
+        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"},
+    )
     manifest = _assert_applied(run, out, model)
     assert manifest["source"] == "org/moe" and manifest["not_copied"] == []
 
@@ -556,10 +697,14 @@ def test_executor_aux_copy_refuses_links_before_any_shard(tmp_path: Path) -> Non
     (src / "extra" / "notes.txt").write_text("a real sub-folder is copied, as Quark does\n")
     outside = tmp_path / "token"
     outside.write_text("hf_" + "x" * 34)
-    for i, (name, make) in enumerate([("self", lambda p: p.symlink_to(".")),
-                                      ("extra/leak.txt", lambda p: p.symlink_to(outside)),
-                                      (".hidden.json", lambda p: p.symlink_to(outside)),
-                                      ("pipe", os.mkfifo)]):
+    for i, (name, make) in enumerate(
+        [
+            ("self", lambda p: p.symlink_to(".")),
+            ("extra/leak.txt", lambda p: p.symlink_to(outside)),
+            (".hidden.json", lambda p: p.symlink_to(outside)),
+            ("pipe", os.mkfifo),
+        ]
+    ):
         make(src / name)
         dst = tmp_path / f"dst{i}"
         with pytest.raises(ExecutorError) as e:
@@ -583,7 +728,9 @@ def test_quark_per_shard_engine_reads_only_the_planned_checkpoint(tmp_path: Path
     run = run_cli(_apply(src, out, "--engine", "quark"), cwd=tmp_path)
     manifest = _assert_applied(run, out, src)
     assert sorted(p.name for p in out.iterdir() if p.name.endswith(".safetensors")) == [
-        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
     assert not (out / "original").exists() and manifest["not_copied"] == ["notes.md", "original/"]
 
 
@@ -602,8 +749,14 @@ def hub(hub_token: str):
 
 
 def _hub_env(tmp_path: Path, token: str, endpoint: str | None = None) -> dict[str, str]:
-    env = {"HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf-home"),
-           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": token, "HUGGING_FACE_HUB_TOKEN": ""}
+    env = {
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_OFFLINE": "0",
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_TOKEN": token,
+        "HUGGING_FACE_HUB_TOKEN": "",
+    }
     if endpoint:
         env["HF_ENDPOINT"] = endpoint
     return env
@@ -614,15 +767,15 @@ def _folder(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["pattern", "own"])
-def test_publish_with_a_token_in_a_file_sends_nothing(kind: str, hub: HubServer, hub_token: str,
-                                                      tmp_path: Path) -> None:
+def test_publish_with_a_token_in_a_file_sends_nothing(
+    kind: str, hub: HubServer, hub_token: str, tmp_path: Path
+) -> None:
     folder = _folder(tmp_path)
     leaked = "hf_" + "k3Y" * 12 if kind == "pattern" else hub_token
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     cfg["model_max_length_note"] = f"see {leaked}"
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    run = run_cli(["publish", str(folder), "--repo-id", REPO], cwd=tmp_path,
-                  env=_hub_env(tmp_path, hub_token, hub.url))
+    run = run_cli(["publish", str(folder), "--repo-id", REPO], cwd=tmp_path, env=_hub_env(tmp_path, hub_token, hub.url))
     where = f"\nexit {run.returncode}\nstderr: {run.stderr[-3000:]}"
     assert run.returncode == 2, where
     lines = error_lines(run.stderr)
@@ -637,29 +790,41 @@ def test_publish_uploads_only_what_apply_writes(hub: HubServer, hub_token: str, 
     (folder / "original").mkdir()
     (folder / "original" / "params.json").write_text("{}\n")
     (folder / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
-    run = run_cli(["publish", str(folder), "--repo-id", REPO, "--json"], cwd=tmp_path,
-                  env=_hub_env(tmp_path, hub_token, hub.url))
+    run = run_cli(
+        ["publish", str(folder), "--repo-id", REPO, "--json"], cwd=tmp_path, env=_hub_env(tmp_path, hub_token, hub.url)
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     assert result["skipped"] == ["notes.txt", "original/", "pytorch_model.bin"]
     files = set(hub.files(REPO))
     assert files == {".gitattributes", *(f["path"] for f in result["files"])}
-    assert files - {"deploy.json"} == {".gitattributes", "README.md", "quantkit.json", "config.json",
-                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                                       "chat_template.jinja", "generation_config.json"}
+    assert files - {"deploy.json"} == {
+        ".gitattributes",
+        "README.md",
+        "quantkit.json",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    }
     warnings = [line for line in run.stderr.splitlines() if "warning: not uploaded" in line]
     assert len(warnings) == 1 and "notes.txt" in warnings[0]
 
 
 @pytest.mark.parametrize("failure", ["refused-connection", "wrong-password"])
-def test_endpoint_credentials_are_never_printed(failure: str, hub: HubServer, hub_token: str,
-                                                tmp_path: Path) -> None:
+def test_endpoint_credentials_are_never_printed(failure: str, hub: HubServer, hub_token: str, tmp_path: Path) -> None:
     """HF_ENDPOINT=http://user:PASSWORD@host, and the endpoint fails: the error line shows the URL as
     http://***@host, and the password is nowhere in what the process prints."""
     password = "Pw" + secrets.token_hex(8)
     host = "127.0.0.1:9" if failure == "refused-connection" else hub.url.removeprefix("http://")
-    run = run_cli(["publish", str(_folder(tmp_path)), "--repo-id", REPO], cwd=tmp_path,
-                  env=_hub_env(tmp_path, hub_token, f"http://alice:{password}@{host}"), timeout=300)
+    run = run_cli(
+        ["publish", str(_folder(tmp_path)), "--repo-id", REPO],
+        cwd=tmp_path,
+        env=_hub_env(tmp_path, hub_token, f"http://alice:{password}@{host}"),
+        timeout=300,
+    )
     where = f"\nexit {run.returncode}\nstderr: {run.stderr[-3000:]}"
     assert run.returncode == 2, where
     lines = error_lines(run.stderr)
@@ -668,8 +833,7 @@ def test_endpoint_credentials_are_never_printed(failure: str, hub: HubServer, hu
     assert password not in run.stdout + run.stderr and hub_token not in run.stdout + run.stderr, where
 
 
-def test_retry_logs_and_results_of_a_mirror_with_a_password_show_no_password(hub_token: str,
-                                                                             tmp_path: Path) -> None:
+def test_retry_logs_and_results_of_a_mirror_with_a_password_show_no_password(hub_token: str, tmp_path: Path) -> None:
     """A Hub mirror behind HTTP Basic auth (user:password@ in HF_ENDPOINT, which httpx sends as Basic): the
     preupload call fails twice with 500, huggingface_hub logs each retried URL on stderr, then the publish
     succeeds. No log line, no result line and no --json field holds the password."""
@@ -677,8 +841,12 @@ def test_retry_logs_and_results_of_a_mirror_with_a_password_show_no_password(hub
     with HubServer(hub_token, basic=("alice", password)) as mirror:
         mirror.fail_next("preupload", 500, times=2)
         endpoint = f"http://alice:{password}@{mirror.url.removeprefix('http://')}"
-        run = run_cli(["publish", str(_folder(tmp_path)), "--repo-id", REPO, "--json"], cwd=tmp_path,
-                      env=_hub_env(tmp_path, hub_token, endpoint), timeout=300)
+        run = run_cli(
+            ["publish", str(_folder(tmp_path)), "--repo-id", REPO, "--json"],
+            cwd=tmp_path,
+            env=_hub_env(tmp_path, hub_token, endpoint),
+            timeout=300,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         assert mirror.history(REPO)[0].message.startswith("quantkit publish")
     retried = [line for line in run.stderr.splitlines() if "thrown while requesting" in line]
@@ -693,13 +861,15 @@ def test_dry_run_replaces_only_its_own_previous_preview(tmp_path: Path) -> None:
     before = tree_digest(folder)
     preview = tmp_path / "preview"
     env = {"HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN": ""}
-    first = run_cli(["publish", str(folder), "--repo-id", REPO, "--dry-run", "--dry-run-dir", str(preview)],
-                    cwd=tmp_path, env=env)
+    first = run_cli(
+        ["publish", str(folder), "--repo-id", REPO, "--dry-run", "--dry-run-dir", str(preview)], cwd=tmp_path, env=env
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     plan = json.loads((preview / "upload-plan.json").read_text())
     (preview / "deploy.json").write_text("{}\n")  # a file the plan lists: still the preview's own
-    again = run_cli(["publish", str(folder), "--repo-id", REPO, "--dry-run", "--dry-run-dir", str(preview)],
-                    cwd=tmp_path, env=env)
+    again = run_cli(
+        ["publish", str(folder), "--repo-id", REPO, "--dry-run", "--dry-run-dir", str(preview)], cwd=tmp_path, env=env
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((preview / "upload-plan.json").read_text())["files"] == plan["files"]
     assert tree_digest(folder) == before

@@ -137,8 +137,16 @@ def test_server_killed_midway_raises_one_line_and_leaves_no_process(tiny, texts)
         threading.Thread(target=killer, daemon=True).start()
 
     with pytest.raises(vllm_server.ServerDiedError) as e:
-        serve_client.serve_and_measure(tiny / "target", tiny / "eagle3-draft", texts * 4, num_speculative_tokens=K,
-                          max_tokens=MAX_TOKENS, batch_size=2, fast_start=True, on_ready=kill_when_busy)
+        serve_client.serve_and_measure(
+            tiny / "target",
+            tiny / "eagle3-draft",
+            texts * 4,
+            num_speculative_tokens=K,
+            max_tokens=MAX_TOKENS,
+            batch_size=2,
+            fast_start=True,
+            on_ready=kill_when_busy,
+        )
     msg = str(e.value)
     assert seen.get("running_at_kill"), "the kill did not land while requests were running"
     assert "\n" not in msg and "was killed by signal 9 while serving requests" in msg and "last log lines:" in msg
@@ -160,8 +168,12 @@ def start_caller(tiny):
     from pathlib import Path
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(tiny / "target"), str(tiny / "eagle3-draft")],
-                              stderr=subprocess.PIPE, text=True, env=env)
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER, str(tiny / "target"), str(tiny / "eagle3-draft")],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert caller.stderr is not None
     for line in caller.stderr:
         m = re.search(r"started vllm serve .* \(pid (\d+), port (\d+)\)", line)
@@ -213,24 +225,44 @@ def check_against_in_process(res, in_process, texts) -> None:
     accepted = sum(s.num_accepted for s in in_process)
     in_process_al = 1 + accepted / drafts
     assert all(r.num_drafts is not None for r in res.requests), "the server sent no per-request spec-decode metrics"
-    served = [PromptAcceptance(id=str(i), domain="-", num_drafts=r.num_drafts or 0, num_accepted=r.num_accepted or 0,
-                               generated_tokens=len(r.token_ids), output_digest=output_digest(r.token_ids))
-              for i, r in enumerate(res.requests)]
-    local = [PromptAcceptance(id=str(i), domain="-", num_drafts=s.num_drafts, num_accepted=s.num_accepted,
-                              generated_tokens=len(s.output_ids), output_digest=output_digest(s.output_ids))
-             for i, s in enumerate(in_process)]
+    served = [
+        PromptAcceptance(
+            id=str(i),
+            domain="-",
+            num_drafts=r.num_drafts or 0,
+            num_accepted=r.num_accepted or 0,
+            generated_tokens=len(r.token_ids),
+            output_digest=output_digest(r.token_ids),
+        )
+        for i, r in enumerate(res.requests)
+    ]
+    local = [
+        PromptAcceptance(
+            id=str(i),
+            domain="-",
+            num_drafts=s.num_drafts,
+            num_accepted=s.num_accepted,
+            generated_tokens=len(s.output_ids),
+            output_digest=output_digest(s.output_ids),
+        )
+        for i, s in enumerate(in_process)
+    ]
     assert res.spec is not None
-    assert (sum(p.num_drafts for p in served), sum(p.num_accepted for p in served)) == \
-        (res.spec.num_drafts, res.spec.num_accepted_tokens)  # per request adds up to /metrics
+    assert (sum(p.num_drafts for p in served), sum(p.num_accepted for p in served)) == (
+        res.spec.num_drafts,
+        res.spec.num_accepted_tokens,
+    )  # per request adds up to /metrics
     a = al_agreement(served, local)
     assert a.counter_mismatches == [] and a.agree, describe(a)
     same = a.same_output_prompts
     assert res.spec is not None and len(res.spec.accepted_per_pos) == K
     assert sum(res.spec.accepted_per_pos) == res.spec.num_accepted_tokens
     assert res.spec.num_draft_tokens == K * res.spec.num_drafts
-    print(f"\nbatch {res.batch_size}: served AL {res.mean_acceptance_length:.4f} (in-process {in_process_al:.4f}), "
-          f"{res.tokens_per_s:.1f} tok/s, TTFT p50 {1000 * res.ttft_s['p50']:.1f} ms, "
-          f"TPOT {1000 * (res.tpot_s or 0):.2f} ms, tokens identical on {same}/{len(texts)}")
+    print(
+        f"\nbatch {res.batch_size}: served AL {res.mean_acceptance_length:.4f} (in-process {in_process_al:.4f}), "
+        f"{res.tokens_per_s:.1f} tok/s, TTFT p50 {1000 * res.ttft_s['p50']:.1f} ms, "
+        f"TPOT {1000 * (res.tpot_s or 0):.2f} ms, tokens identical on {same}/{len(texts)}"
+    )
 
 
 def test_served_al_matches_in_process_at_batch_1(server, in_process, texts):

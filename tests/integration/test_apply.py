@@ -50,8 +50,12 @@ def test_vllm_loads_fp8_draft_as_the_recipe_intends(tiny, fp8_draft, tmp_path):
     # vLLM's CPU GEMM repacks BF16 weights and drops the tensor, so compare what the loaded layer computes.
     for name, tensor in (("model.fc", "fc.weight"), ("lm_head", "lm_head.weight")):
         assert _probe_error(layers[name], src[tensor]) < 0.02, name
-    for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
-                 "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj"):
+    for name in (
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.0.self_attn.o_proj",
+        "model.layers.0.mlp.gate_up_proj",
+        "model.layers.0.mlp.down_proj",
+    ):
         info = layers[name]
         assert info["method"] == "QuarkLinearMethod" and info["dtype"] == "float8_e4m3fn", (name, info)
         assert info["scale_finite"] and info["scale_min"] > 0, (name, info)

@@ -34,8 +34,11 @@ def outputs(tiny, tmp_path_factory):
 def _check_plan_against_vllm_rules(result, out):
     """Replaying vLLM's exclude rule over the written config excludes exactly the layers the plan keeps."""
     cfg = json.loads((out / "config.json").read_text())
-    names = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"] \
-        if (out / "model.safetensors.index.json").exists() else None
+    names = (
+        json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+        if (out / "model.safetensors.index.json").exists()
+        else None
+    )
     layers = runtime_layers(cfg, names or families.tensors(out).keys())
     keep = {d.runtime_name for d in result.layers if d.action == "keep"}
     for layer in layers:
@@ -55,8 +58,10 @@ def test_deepseek_v3_experts_mxfp4_rest_identical(outputs):
     kept = {d.runtime_name: d for d in res.layers if d.action == "keep"}
     assert "model.layers.0.mlp.gate_up_proj" in kept and "model.layers.1.mlp.shared_experts.gate_up_proj" in kept
     assert "model.layers.1.self_attn.fused_qkv_a_proj" in kept and "model.layers.2.mlp.gate" in kept
-    assert res.verified["restored_source_dtype"] == ["model.layers.1.mlp.gate.e_score_correction_bias",
-                                                     "model.layers.2.mlp.gate.e_score_correction_bias"]
+    assert res.verified["restored_source_dtype"] == [
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.2.mlp.gate.e_score_correction_bias",
+    ]
     _check_plan_against_vllm_rules(res, outputs["base"] / "ds-mem")
 
 
@@ -64,7 +69,9 @@ def test_deepseek_v3_in_memory_equals_per_shard(outputs):
     a, b = families.tensors(outputs["base"] / "ds-mem"), families.tensors(outputs["base"] / "ds-shard")
     assert set(a) == set(b)
     for name in a:
-        assert a[name].dtype == b[name].dtype and torch.equal(a[name].view(torch.uint8), b[name].view(torch.uint8)), name
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name].view(torch.uint8), b[name].view(torch.uint8)), (
+            name
+        )
 
 
 def test_deepseek_v3_attention_fp8_under_runtime_names(outputs):
@@ -85,9 +92,13 @@ def test_minimax_m2_uses_per_shard_and_keeps_names(outputs):
     assert res.path == "per-shard"  # the default for every recipe without static activation scales (issue 12)
     src, got = families.tensors(outputs["mm_src"]), families.tensors(out)
     assert got["model.layers.1.block_sparse_moe.experts.7.w2.weight"].dtype == torch.uint8
-    assert torch.equal(got["model.layers.1.block_sparse_moe.gate.weight"], src["model.layers.1.block_sparse_moe.gate.weight"])
-    assert torch.equal(got["model.layers.1.block_sparse_moe.e_score_correction_bias"],
-                       src["model.layers.1.block_sparse_moe.e_score_correction_bias"])
+    assert torch.equal(
+        got["model.layers.1.block_sparse_moe.gate.weight"], src["model.layers.1.block_sparse_moe.gate.weight"]
+    )
+    assert torch.equal(
+        got["model.layers.1.block_sparse_moe.e_score_correction_bias"],
+        src["model.layers.1.block_sparse_moe.e_score_correction_bias"],
+    )
     # vLLM builds MiniMax-M2's MoE under `mlp` (minimax_m2.py): the runtime names say so
     names = {d.runtime_name for d in res.layers}
     assert "model.layers.1.mlp.experts" in names
@@ -96,6 +107,18 @@ def test_minimax_m2_uses_per_shard_and_keeps_names(outputs):
 
 
 def test_minimax_m2_refuses_explicit_in_memory(outputs, tmp_path):
-    result = CliRunner().invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(outputs["mm_src"]),
-                                       "--output", str(tmp_path / "o"), "--path", "in-memory"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(outputs["mm_src"]),
+            "--output",
+            str(tmp_path / "o"),
+            "--path",
+            "in-memory",
+        ],
+    )
     assert result.exit_code == 2 and "per-shard" in result.stderr and not (tmp_path / "o").exists()

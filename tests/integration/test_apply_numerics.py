@@ -88,8 +88,10 @@ def moe_tokenizer(tiny):
 
 def _prompt_ids(tokenizer) -> list[torch.Tensor]:
     """The built-in prompts, chat-templated, as [1, T] id tensors."""
-    return [tokenizer(r.render(tokenizer), return_tensors="pt", add_special_tokens=False)["input_ids"]
-            for r in load_prompts("builtin")]
+    return [
+        tokenizer(r.render(tokenizer), return_tensors="pt", add_special_tokens=False)["input_ids"]
+        for r in load_prompts("builtin")
+    ]
 
 
 def _next_token_logits(model, prompts: list[torch.Tensor]) -> torch.Tensor:
@@ -100,9 +102,13 @@ def _next_token_logits(model, prompts: list[torch.Tensor]) -> torch.Tensor:
 
 def _agreement(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     cos = F.cosine_similarity(got.double(), ref.double(), dim=-1)
-    return {"mean_cos": cos.mean().item(), "min_cos": cos.min().item(),
-            "top1": (got.argmax(-1) == ref.argmax(-1)).double().mean().item(),
-            "max_abs_diff": (got - ref).abs().max().item(), "positions": ref.shape[0]}
+    return {
+        "mean_cos": cos.mean().item(),
+        "min_cos": cos.min().item(),
+        "top1": (got.argmax(-1) == ref.argmax(-1)).double().mean().item(),
+        "max_abs_diff": (got - ref).abs().max().item(),
+        "positions": ref.shape[0],
+    }
 
 
 def _fmt(d: dict) -> str:
@@ -140,8 +146,11 @@ def even_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _expert_modules(tensors: dict[str, torch.Tensor]) -> list[str]:
-    return sorted(k[: -len(".weight")] for k in tensors
-                  if k.endswith(".weight") and ".mlp.experts." in k and k.rsplit(".", 2)[-2] in EXPERT_PROJS)
+    return sorted(
+        k[: -len(".weight")]
+        for k in tensors
+        if k.endswith(".weight") and ".mlp.experts." in k and k.rsplit(".", 2)[-2] in EXPERT_PROJS
+    )
 
 
 def test_mxfp4_expert_bytes_decode_within_the_format_bound(mxfp4_in_memory, moe_source, tiny):
@@ -165,18 +174,23 @@ def test_mxfp4_expert_bytes_decode_within_the_format_bound(mxfp4_in_memory, moe_
         amax = w64.abs().view(rows, cols // MX_GROUP, MX_GROUP).amax(-1)
         ratio = amax / s64
         nonzero = amax > 0
-        assert ((ratio[nonzero] >= 3.5) & (ratio[nonzero] < 7)).all(), \
+        assert ((ratio[nonzero] >= 3.5) & (ratio[nonzero] < 7)).all(), (
             f"{m}: group max / scale outside [3.5, 7): {ratio[nonzero].min().item()}..{ratio[nonzero].max().item()}"
+        )
         expected_code = even_scale_exponent(amax[nonzero]) + 127
-        assert torch.equal(scale[nonzero].long(), expected_code.long()), f"{m}: scale is not the 'even' E8M0 of the group max"
+        assert torch.equal(scale[nonzero].long(), expected_code.long()), (
+            f"{m}: scale is not the 'even' E8M0 of the group max"
+        )
 
         deq = decode_mxfp4(packed, scale)
         s_el = s64.repeat_interleave(MX_GROUP, dim=1)
         err = (deq - w64).abs()
         bound = e2m1_half_spacing(w64.abs() / s_el) * s_el
         over = err > bound
-        assert not over.any(), (f"{m}: {int(over.sum())} elements beyond the MXFP4 bound, e.g. w={w64[over][0].item()} "
-                                f"deq={deq[over][0].item()} bound={bound[over][0].item()}")
+        assert not over.any(), (
+            f"{m}: {int(over.sum())} elements beyond the MXFP4 bound, e.g. w={w64[over][0].item()} "
+            f"deq={deq[over][0].item()} bound={bound[over][0].item()}"
+        )
         # Round-to-nearest: no E2M1 grid point (times the group scale) is closer to w than the decoded value.
         nearest = (E2M1_VALUES.view(1, 1, -1) * s_el.unsqueeze(-1) - w64.unsqueeze(-1)).abs().amin(-1)
         assert torch.equal(err, nearest), f"{m}: a decoded value is not the nearest E2M1 point"
@@ -184,8 +198,8 @@ def test_mxfp4_expert_bytes_decode_within_the_format_bound(mxfp4_in_memory, moe_
         r = (err / bound.clamp_min(1e-300)).max().item()
         if r > worst_ratio:
             worst_ratio, worst_name = r, m
-        err2 += (err ** 2).sum().item()
-        ref2 += (w64 ** 2).sum().item()
+        err2 += (err**2).sum().item()
+        ref2 += (w64**2).sum().item()
 
         swapped = decode_mxfp4(packed, scale, low_nibble_first=False)
         swapped_err2 += ((swapped - w64) ** 2).sum().item()
@@ -193,9 +207,11 @@ def test_mxfp4_expert_bytes_decode_within_the_format_bound(mxfp4_in_memory, moe_
         total += w.numel()
 
     rel, swapped_rel = math.sqrt(err2 / ref2), math.sqrt(swapped_err2 / ref2)
-    print(f"\nMXFP4 experts ({len(modules)} weights, {total} values): relative error {rel:.4f}, worst |deq-w|/bound "
-          f"{worst_ratio:.3f} ({worst_name}); high-nibble-first decoding: relative error {swapped_rel:.4f}, "
-          f"{swapped_violations / total:.1%} of values beyond the bound")
+    print(
+        f"\nMXFP4 experts ({len(modules)} weights, {total} values): relative error {rel:.4f}, worst |deq-w|/bound "
+        f"{worst_ratio:.3f} ({worst_name}); high-nibble-first decoding: relative error {swapped_rel:.4f}, "
+        f"{swapped_violations / total:.1%} of values beyond the bound"
+    )
     assert 0.01 < rel < 0.2, f"MXFP4 relative error {rel:.4f}"
     # The decoder discriminates: the wrong nibble order is far off and breaks the bound for many values.
     assert swapped_rel > 4 * rel and swapped_rel > 0.5, (rel, swapped_rel)
@@ -206,9 +222,15 @@ def test_mxfp4_moe_keeps_router_attention_norms_embeddings_lm_head_byte_identica
     out = _tensors(mxfp4_in_memory["out"])
     expert_weights = {f"{m}.weight" for m in _expert_modules(moe_source)}
     kept = sorted(set(moe_source) - expert_weights)
-    for required in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                     "model.layers.0.mlp.gate.weight", "model.layers.1.self_attn.q_proj.weight",
-                     "model.layers.1.self_attn.o_proj.weight", "model.layers.0.input_layernorm.weight"):
+    for required in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.mlp.gate.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+    ):
         assert required in kept
     for name in kept:
         a, b = moe_source[name], out.get(name)
@@ -275,12 +297,14 @@ def moe_bf16_logits(tiny, moe_prompts):
     return _next_token_logits(model, moe_prompts)
 
 
-@pytest.mark.parametrize("variant, min_mean_cos, min_top1", [
-    ("mxfp4_in_memory", 0.995, 0.95),  # measured 0.99883 / 0.991
-    ("mxfp4_attn_fp8", 0.995, 0.95),  # measured 0.99886 / 0.983
-])
-def test_mxfp4_moe_logits_match_bf16(request, variant, min_mean_cos, min_top1, moe_prompts, moe_bf16_logits,
-                                     tmp_path):
+@pytest.mark.parametrize(
+    "variant, min_mean_cos, min_top1",
+    [
+        ("mxfp4_in_memory", 0.995, 0.95),  # measured 0.99883 / 0.991
+        ("mxfp4_attn_fp8", 0.995, 0.95),  # measured 0.99886 / 0.983
+    ],
+)
+def test_mxfp4_moe_logits_match_bf16(request, variant, min_mean_cos, min_top1, moe_prompts, moe_bf16_logits, tmp_path):
     applied = request.getfixturevalue(variant)
     model = _load_with_quark(applied["out"], tmp_path / "quark-view")
     # The loader honoured the plan: experts are Quark modules; attention is quantized only in the attn-fp8 recipe.
@@ -292,7 +316,9 @@ def test_mxfp4_moe_logits_match_bf16(request, variant, min_mean_cos, min_top1, m
 
     stats = _agreement(_next_token_logits(model, moe_prompts), moe_bf16_logits)
     print(f"\n{applied['result']['recipe']['name']} vs BF16 ({applied['result']['path']}): {_fmt(stats)}")
-    assert stats["max_abs_diff"] > 0.05, f"quantized logits equal BF16's: the quantization had no effect ({_fmt(stats)})"
+    assert stats["max_abs_diff"] > 0.05, (
+        f"quantized logits equal BF16's: the quantization had no effect ({_fmt(stats)})"
+    )
     assert stats["mean_cos"] > min_mean_cos, _fmt(stats)
     assert stats["top1"] > min_top1, _fmt(stats)
     assert stats["min_cos"] > 0.9, _fmt(stats)
@@ -311,7 +337,7 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     ang = torch.arange(x.shape[-2], dtype=torch.float32)[:, None] * inv
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
 
 
 def fp8_per_token(x: torch.Tensor) -> torch.Tensor:
@@ -341,8 +367,13 @@ class DraftStep1:
         heads, kv_heads, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         t = aux.shape[0]
         h = self.linear("fc", aux)
-        x = torch.cat([_rms_norm(self.embed[next_tokens], w["midlayer.input_layernorm.weight"], eps),
-                       _rms_norm(h, w["midlayer.hidden_norm.weight"], eps)], -1)
+        x = torch.cat(
+            [
+                _rms_norm(self.embed[next_tokens], w["midlayer.input_layernorm.weight"], eps),
+                _rms_norm(h, w["midlayer.hidden_norm.weight"], eps),
+            ],
+            -1,
+        )
         q = self.linear("midlayer.self_attn.q_proj", x).view(t, heads, hd).transpose(0, 1)
         k = self.linear("midlayer.self_attn.k_proj", x).view(t, kv_heads, hd).transpose(0, 1)
         v = self.linear("midlayer.self_attn.v_proj", x).view(t, kv_heads, hd).transpose(0, 1)
@@ -351,8 +382,10 @@ class DraftStep1:
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(t, heads * hd)
         residual = self.linear("midlayer.self_attn.o_proj", attn) + h
         y = _rms_norm(residual, w["midlayer.post_attention_layernorm.weight"], eps)
-        mlp = self.linear("midlayer.mlp.down_proj", F.silu(self.linear("midlayer.mlp.gate_proj", y))
-                          * self.linear("midlayer.mlp.up_proj", y))
+        mlp = self.linear(
+            "midlayer.mlp.down_proj",
+            F.silu(self.linear("midlayer.mlp.gate_proj", y)) * self.linear("midlayer.mlp.up_proj", y),
+        )
         return self.linear("lm_head", _rms_norm(mlp + residual, w["norm.weight"], eps))
 
 
@@ -366,15 +399,24 @@ def draft_inputs(tiny):
     target = AutoModelForCausalLM.from_pretrained(tiny / "target", dtype=torch.float32).eval()
     aux_ids = json.loads((tiny / "eagle3-draft" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
     captured: dict[int, torch.Tensor] = {}
-    hooks = [target.model.layers[i].register_forward_pre_hook(
-        lambda mod, args, kwargs, i=i: captured.__setitem__(i, args[0] if args else kwargs["hidden_states"]),
-        with_kwargs=True) for i in aux_ids]
+    hooks = [
+        target.model.layers[i].register_forward_pre_hook(
+            lambda mod, args, kwargs, i=i: captured.__setitem__(i, args[0] if args else kwargs["hidden_states"]),
+            with_kwargs=True,
+        )
+        for i in aux_ids
+    ]
     seqs = []
     try:
         with torch.no_grad():
             for ids in _prompt_ids(tok):
-                full = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
-                                       pad_token_id=tok.pad_token_id)
+                full = target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=48,
+                    do_sample=False,
+                    pad_token_id=tok.pad_token_id,
+                )
                 captured.clear()
                 greedy = target(input_ids=full).logits[0].argmax(-1)
                 aux = torch.cat([captured[i][0] for i in aux_ids], -1)
@@ -386,8 +428,11 @@ def draft_inputs(tiny):
 
 
 def _draft_linears(cfg_tensors: dict[str, torch.Tensor]) -> list[str]:
-    return sorted(k[: -len(".weight")] for k in cfg_tensors
-                  if k.endswith(".weight") and (k.startswith(("fc.", "lm_head.")) or "_proj." in k))
+    return sorted(
+        k[: -len(".weight")]
+        for k in cfg_tensors
+        if k.endswith(".weight") and (k.startswith(("fc.", "lm_head.")) or "_proj." in k)
+    )
 
 
 def _draft_logits(draft: DraftStep1, seqs: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -432,15 +477,18 @@ def test_draft_forward_reproduces_what_the_draft_was_trained_for(tiny, bf16_draf
 
     trained = _training_draft(tiny, src, draft_inputs["embed"], cfg)
     with torch.no_grad():
-        ref = torch.cat([trained.ttt_forward(s["aux"][None], s["tokens"][None], 1)[0][0, :-1]
-                         for s in draft_inputs["seqs"]])
+        ref = torch.cat(
+            [trained.ttt_forward(s["aux"][None], s["tokens"][None], 1)[0][0, :-1] for s in draft_inputs["seqs"]]
+        )
     diff = (logits - ref).abs().max().item()
     assert diff < 1e-3 * ref.abs().max().item(), f"the test's draft forward differs from Eagle3Draft by {diff}"
 
     proposed = logits.argmax(-1) + src["d2t"][logits.argmax(-1)]  # vLLM: target id = draft id + d2t[draft id]
     agree = (proposed == labels).double().mean().item()
-    print(f"\nBF16 draft step-1 top-1 = target greedy next-next token: {agree:.4f} over {labels.numel()} positions; "
-          f"max |logit diff| vs the training Eagle3Draft {diff:.2e}")
+    print(
+        f"\nBF16 draft step-1 top-1 = target greedy next-next token: {agree:.4f} over {labels.numel()} positions; "
+        f"max |logit diff| vs the training Eagle3Draft {diff:.2e}"
+    )
     # Measured 0.984. Feeding token n instead of n+1 gives 0.26, dropping RoPE 0.82.
     assert agree > 0.9, f"the test's EAGLE-3 forward agrees with the target only {agree:.3f} of the time"
 
@@ -466,7 +514,7 @@ def test_fp8_draft_logits_match_bf16(fp8_draft_without_target, bf16_draft, draft
             rel = ((deq - ref).norm() / ref.norm()).item()
             assert rel < 0.05, f"{name}: FP8 weight relative error {rel:.4f}"
             # Per-channel scale = channel max / 448: the largest weight of every row maps onto FP8's max.
-            row_max = (t.float().abs().amax(1))
+            row_max = t.float().abs().amax(1)
             assert bool((row_max >= 416).all()), f"{name}: some channel max is not at the top of the FP8 range"
             weights[name] = deq
         else:
@@ -474,8 +522,9 @@ def test_fp8_draft_logits_match_bf16(fp8_draft_without_target, bf16_draft, draft
             weights[name] = t.float()
     assert out["fc.weight"].dtype == torch.bfloat16 and out["lm_head.weight"].dtype == torch.bfloat16
 
-    ref_logits, labels = _draft_logits(DraftStep1(cfg, bf16_weights, draft_inputs["embed"], set()),
-                                       draft_inputs["seqs"])
+    ref_logits, labels = _draft_logits(
+        DraftStep1(cfg, bf16_weights, draft_inputs["embed"], set()), draft_inputs["seqs"]
+    )
     fp8_logits, _ = _draft_logits(DraftStep1(cfg, weights, draft_inputs["embed"], quantized), draft_inputs["seqs"])
     stats = _agreement(fp8_logits, ref_logits)
     d2t = src["d2t"]

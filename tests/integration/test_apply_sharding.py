@@ -36,7 +36,7 @@ def _tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
 
 def _header_names(path: Path) -> list[str]:
     n = int.from_bytes(path.read_bytes()[:8], "little")
-    header = json.loads(path.read_bytes()[8:8 + n])
+    header = json.loads(path.read_bytes()[8 : 8 + n])
     return [k for k in header if k != "__metadata__"]
 
 
@@ -83,8 +83,23 @@ def _assert_consistent(out: Path, limit: int) -> dict:
 @pytest.mark.parametrize("limit", [150_000, 40_000], ids=["within", "oversized-tensors"])
 def test_resharded_output_holds_the_default_outputs_tensors(source, default_out, tmp_path, limit):
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(source), "--output", str(out),
-                                  "--devices", "cpu", "--max-shard-size", str(limit), "--json"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(source),
+            "--output",
+            str(out),
+            "--devices",
+            "cpu",
+            "--max-shard-size",
+            str(limit),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)
     assert result["max_shard_size"] == limit
@@ -105,13 +120,24 @@ def test_resharded_output_holds_the_default_outputs_tensors(source, default_out,
 
 
 def test_default_output_keeps_the_source_shard_names(source, default_out):
-    assert sorted(p.name for p in default_out.glob("*.safetensors")) == \
-        sorted(p.name for p in source.glob("*.safetensors"))
+    assert sorted(p.name for p in default_out.glob("*.safetensors")) == sorted(
+        p.name for p in source.glob("*.safetensors")
+    )
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("10KiB", 10 * 1024), ("1000", 1000),
-    ("8Gb", 10**9), ("5gb", 5 * 10**9 // 8), ("7mib", 7 * 2**20)])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5GB", 5 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("2GiB", 2 * 2**30),
+        ("10KiB", 10 * 1024),
+        ("1000", 1000),
+        ("8Gb", 10**9),
+        ("5gb", 5 * 10**9 // 8),
+        ("7mib", 7 * 2**20),
+    ],
+)
 def test_sizes_read_as_transformers_reads_max_shard_size(text, expected):
     from transformers.utils.hub import convert_file_size_to_int
 
@@ -123,8 +149,22 @@ def test_sizes_read_as_transformers_reads_max_shard_size(text, expected):
 @pytest.mark.parametrize("bad", ["5XB", "big", "-1GB", "0", "1.5GB", ""])
 def test_a_bad_size_is_one_line_exit_2_before_any_output(source, tmp_path, bad):
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(source), "--output", str(out),
-                                  "--devices", "cpu", "--max-shard-size", bad])
+    r = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(source),
+            "--output",
+            str(out),
+            "--devices",
+            "cpu",
+            "--max-shard-size",
+            bad,
+        ],
+    )
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --max-shard-size"), r.output
@@ -134,8 +174,24 @@ def test_a_bad_size_is_one_line_exit_2_before_any_output(source, tmp_path, bad):
 
 def test_the_quark_engine_refuses_resharding_naming_the_native_engine(source, tmp_path):
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(source), "--output", str(out),
-                                  "--devices", "cpu", "--engine", "quark", "--max-shard-size", "1MB"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(source),
+            "--output",
+            str(out),
+            "--devices",
+            "cpu",
+            "--engine",
+            "quark",
+            "--max-shard-size",
+            "1MB",
+        ],
+    )
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--engine native" in lines[0] and lines[0].startswith("error:"), r.output
@@ -180,8 +236,10 @@ def test_an_interrupted_resharded_run_resumes_to_the_same_bytes(larger, tmp_path
     assert 1 <= result.resumed_shards <= len(finished) - 1
     assert not any(s.resumed for s in result.shards if s.name == finished[-1])
     assert _weights_and_config(out) == _weights_and_config(clean)
-    assert json.loads((out / "quantkit.json").read_text())["source_files"] == \
-        json.loads((clean / "quantkit.json").read_text())["source_files"]
+    assert (
+        json.loads((out / "quantkit.json").read_text())["source_files"]
+        == json.loads((clean / "quantkit.json").read_text())["source_files"]
+    )
     _assert_consistent(out, limit)
 
 
@@ -191,10 +249,19 @@ def test_two_workers_finishing_out_of_order_write_the_same_resharded_tensors(lar
     from quantkit.apply.shards import quantize_checkpoint
 
     exclude = ec.exclude_modules(ec.qwen3_moe(layers=4, experts=16, hidden=256, inter=256, vocab=1024))
-    one = quantize_checkpoint(larger, tmp_path / "one", scheme="mxfp4", exclude=exclude, layer_config=None,
-                              devices=["cpu"])
-    two = quantize_checkpoint(larger, tmp_path / "two", scheme="mxfp4", exclude=exclude, layer_config=None,
-                              devices=["cpu", "cpu"], max_shard_size=1_000_000, max_memory=64 << 20)
+    one = quantize_checkpoint(
+        larger, tmp_path / "one", scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"]
+    )
+    two = quantize_checkpoint(
+        larger,
+        tmp_path / "two",
+        scheme="mxfp4",
+        exclude=exclude,
+        layer_config=None,
+        devices=["cpu", "cpu"],
+        max_shard_size=1_000_000,
+        max_memory=64 << 20,
+    )
     assert two.slots > 1 and len(two.shards) != len(one.shards)
     assert two.source_sha256 == one.source_sha256 == {s.name: s.sha256_in for s in one.shards}
     assert _tensors(tmp_path / "two") == _tensors(tmp_path / "one")

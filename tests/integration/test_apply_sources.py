@@ -57,11 +57,16 @@ def _decoded_reference(src: Path, dst: Path) -> Path:
     for f in sorted(src.glob("*.safetensors")):
         t = load_file(str(f))
         if int4:
-            out = {n: x.to(torch.bfloat16) if x.is_floating_point() and n not in t else x
-                   for n, x in dequantizer.process(dict(t)).items()}
+            out = {
+                n: x.to(torch.bfloat16) if x.is_floating_point() and n not in t else x
+                for n, x in dequantizer.process(dict(t)).items()
+            }
         else:
-            out = {n: _fp8_block_reference(x, t[f"{n}_scale_inv"]) if x.dtype == torch.float8_e4m3fn else x
-                   for n, x in t.items() if not n.endswith("_scale_inv")}
+            out = {
+                n: _fp8_block_reference(x, t[f"{n}_scale_inv"]) if x.dtype == torch.float8_e4m3fn else x
+                for n, x in t.items()
+                if not n.endswith("_scale_inv")
+            }
         save_file({n: x.contiguous() for n, x in out.items()}, str(dst / f.name), metadata={"format": "pt"})
     for f in src.iterdir():
         if f.suffix != ".safetensors" and f.is_file() and f.name not in ("config.json", "model.safetensors.index.json"):

@@ -65,8 +65,11 @@ def test_platform_env_vars_exist_in_vllm_and_carry_sources(tiny, platform):
 def test_kv_cache_dtypes_are_vllms():
     """The accepted --kv-cache-dtype values are exactly vllm/config/cache.py's CacheDType literal."""
     tree = ast.parse(vllm_source("vllm/config/cache.py"))
-    node = next(n for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "CacheDType" for t in n.targets))
+    node = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CacheDType" for t in n.targets)
+    )
     assert isinstance(node.value, ast.Subscript)
     literal = tuple(e.value for e in node.value.slice.elts)  # type: ignore[attr-defined]
     assert literal == KV_CACHE_DTYPES
@@ -80,7 +83,7 @@ def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_
     messages that are in them (vLLM 0.32 as installed)."""
     fired: set[str] = set()
     for damage, _ in CASES.values():
-        p = (tmp_path / f"c{len(fired)}-{damage.__name__}")
+        p = tmp_path / f"c{len(fired)}-{damage.__name__}"
         t, d = p / "t", p / "d"
         shutil.copytree(tiny / "target", t)
         shutil.copytree(tiny / "eagle3-draft", d)

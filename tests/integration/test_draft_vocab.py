@@ -88,8 +88,12 @@ def _draft_logits(worker):  # runs inside the vLLM worker (in-process)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, model.config.hidden_size, generator=g).to(model.lm_head.weight.dtype)
     logits = model.compute_logits(h)
-    return {"d2t": model.draft_id_to_target_id.tolist(), "h": h.float().tolist(),
-            "logits": logits.float().tolist(), "lm_head": model.lm_head.weight.float().tolist()}
+    return {
+        "d2t": model.draft_id_to_target_id.tolist(),
+        "h": h.float().tolist(),
+        "logits": logits.float().tolist(),
+        "lm_head": model.lm_head.weight.float().tolist(),
+    }
 
 
 def test_vllm_loads_the_pruned_draft_and_stays_lossless(tiny: Path, pruned: tuple[Path, list[int]]) -> None:
@@ -126,10 +130,18 @@ def test_apply_prunes_then_quantizes_and_refuses_in_one_line(tiny: Path, corpus:
 
     from quantkit.cli import main
 
-    base = ["apply", "--model", str(tiny / "eagle3-draft"), "--target", str(tiny / "target"),
-            "--vocab-corpus", str(corpus)]
-    done = CliRunner().invoke(main, [*base, "--recipe", "fp8-draft", "--draft-vocab", "256",
-                                     "--output", str(tmp_path / "fp8-256"), "--json"])
+    base = [
+        "apply",
+        "--model",
+        str(tiny / "eagle3-draft"),
+        "--target",
+        str(tiny / "target"),
+        "--vocab-corpus",
+        str(corpus),
+    ]
+    done = CliRunner().invoke(
+        main, [*base, "--recipe", "fp8-draft", "--draft-vocab", "256", "--output", str(tmp_path / "fp8-256"), "--json"]
+    )
     assert done.exit_code == 0, done.output
     result = json.loads(done.stdout)
     assert result["draft_vocab"]["rows_after"] == 256 and result["source"] == str((tiny / "eagle3-draft").resolve())

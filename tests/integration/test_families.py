@@ -52,8 +52,22 @@ def test_eagle3_qwen3_architecture_is_a_draft(tiny, tmp_path):
     names = {layer["name"] for layer in shown["layers"]}
     assert "model.layers.{N}.qkv_proj" in names and "model.fc" in names  # qwen3_eagle3.py's own qkv_proj prefix
 
-    res = CliRunner().invoke(main, ["apply", "--recipe", "fp8-draft", "--model", str(draft), "--target",
-                                    str(tiny / "target"), "--output", str(tmp_path / "out"), "--dry-run", "--json"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "fp8-draft",
+            "--model",
+            str(draft),
+            "--target",
+            str(tiny / "target"),
+            "--output",
+            str(tmp_path / "out"),
+            "--dry-run",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "dense-target" not in res.output
     plan = json.loads(res.stdout)
@@ -87,8 +101,8 @@ def _quark_template_names() -> set[str]:
     spec = importlib.util.find_spec("quark")
     assert spec is not None and spec.submodule_search_locations
     text = (Path(list(spec.submodule_search_locations)[0]) / "torch/quantization/config/template.py").read_text()
-    table = text[text.index("DEFAULT_TEMPLATES = {"):]
-    table = table[:table.index("\n}\n")]
+    table = text[text.index("DEFAULT_TEMPLATES = {") :]
+    table = table[: table.index("\n}\n")]
     return set(re.findall(r'^    "([a-z0-9_]+)": \{', table, re.M))
 
 
@@ -106,8 +120,11 @@ def test_every_quark_template_exists_in_quark():
 
 def test_kimi_k25_gets_quarks_own_template():
     """Issue 19: Kimi-K2.5 took the silent llama fallback of the old QUARK_TEMPLATES table."""
-    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-              "text_config": {"model_type": "kimi_k2", "n_routed_experts": 8}}
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {"model_type": "kimi_k2", "n_routed_experts": 8},
+    }
     assert archs.quark_template(config) == "kimi_k25"
     assert model_kind(config) == "moe-target"  # the wrapper asks its text family
 
@@ -118,10 +135,12 @@ def test_missing_quark_template_is_an_error_naming_the_family(tmp_path):
     with pytest.raises(QuarkTemplateError, match="toy_moe"):
         toy_family.FAMILY.quark_template(toy_family.CONFIG)
     src = toy_family.write_checkpoint(tmp_path / "toy")
-    code = ("import sys\nfrom click.testing import CliRunner\nfrom quantkit.cli import main\n"
-            f"r = CliRunner().invoke(main, ['apply', '--recipe', 'mxfp4-moe', '--model', {str(src)!r}, '--output', "
-            f"{str(tmp_path / 'out')!r}, '--engine', 'quark'])\n"
-            "print(r.exit_code); print(r.stderr.strip()); print('quark' in sys.modules)")
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom quantkit.cli import main\n"
+        f"r = CliRunner().invoke(main, ['apply', '--recipe', 'mxfp4-moe', '--model', {str(src)!r}, '--output', "
+        f"{str(tmp_path / 'out')!r}, '--engine', 'quark'])\n"
+        "print(r.exit_code); print(r.stderr.strip()); print('quark' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), archs.FAMILY_MODULES_ENV: "tests.fixtures.toy_family"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     exit_code, line, quark_imported = out.stdout.strip().split("\n")
@@ -155,8 +174,9 @@ def test_a_family_from_its_record_alone_goes_through_inspect_apply_and_check(tmp
         names = {layer["name"] for layer in shown["layers"]}
         assert {"model.layers.0.mlp.router", "model.layers.1.mlp.experts", "model.layers.0.self_attn.qkv_proj"} <= names
 
-        res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out),
-                                   "--json"])
+        res = runner.invoke(
+            main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out), "--json"]
+        )
         assert res.exit_code == 0, res.output
         applied = json.loads(res.stdout)
         assert applied["engine"] == "native"
@@ -180,8 +200,13 @@ def test_a_family_from_its_record_alone_goes_through_inspect_apply_and_check(tmp
             assert tensors[name].dtype == "BF16"
             assert torch.equal(a.get_tensor(name).view(torch.int16), b.get_tensor(name).view(torch.int16))
     exclude = json.loads((out / "config.json").read_text())["quantization_config"]["exclude"]
-    assert exclude == ["model.embed_tokens", r"re:model\.layers\.\d+\.self_attn\.qkv_proj$",
-                       r"re:model\.layers\.\d+\.self_attn\.o_proj$", r"re:model\.layers\.\d+\.mlp\.router$", "lm_head"]
+    assert exclude == [
+        "model.embed_tokens",
+        r"re:model\.layers\.\d+\.self_attn\.qkv_proj$",
+        r"re:model\.layers\.\d+\.self_attn\.o_proj$",
+        r"re:model\.layers\.\d+\.mlp\.router$",
+        "lm_head",
+    ]
 
     # outside the context the family is unknown again: one line naming its architecture
     res = runner.invoke(main, ["inspect", str(src)])
@@ -193,8 +218,14 @@ def test_a_family_from_its_record_alone_goes_through_inspect_apply_and_check(tmp
 def test_family_modules_variable_names_what_it_cannot_import(tiny):
     """QUANTKIT_FAMILY_MODULES naming a module that does not import: one line naming the variable and the module."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), archs.FAMILY_MODULES_ENV: "no_such_family_module"}
-    out = subprocess.run([sys.executable, "-m", "quantkit", "inspect", str(tiny / "target")], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "quantkit", "inspect", str(tiny / "target")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     line = out.stderr.strip()
     assert out.returncode == 2 and "\n" not in line and "Traceback" not in line
     assert archs.FAMILY_MODULES_ENV in line and "no_such_family_module" in line

@@ -175,7 +175,9 @@ def test_glm4_moe_names(runs):
     ]  # fmt: skip
     assert layers["model.layers.1.mlp.gate"].quantizable is False
     assert layers["model.layers.1.mlp.shared_experts.gate_up_proj"].shards == (
-        "model.layers.1.mlp.shared_experts.gate_proj", "model.layers.1.mlp.shared_experts.up_proj")
+        "model.layers.1.mlp.shared_experts.gate_proj",
+        "model.layers.1.mlp.shared_experts.up_proj",
+    )
     assert not any(".layers.3." in m for layer in layers.values() for m in layer.checkpoint_modules)
 
 
@@ -185,7 +187,9 @@ def test_glm4_moe_lite_names_are_mla(runs):
     assert attn == ["model.layers.1.self_attn.fused_qkv_a_proj", "model.layers.1.self_attn.q_b_proj",
                     "model.layers.1.self_attn.kv_b_proj", "model.layers.1.self_attn.o_proj"]  # fmt: skip
     assert layers["model.layers.1.self_attn.fused_qkv_a_proj"].shards == (
-        "model.layers.1.self_attn.q_a_proj", "model.layers.1.self_attn.kv_a_proj_with_mqa")
+        "model.layers.1.self_attn.q_a_proj",
+        "model.layers.1.self_attn.kv_a_proj_with_mqa",
+    )
     assert layers["model.layers.2.mlp.gate"].quantizable is False
     assert "model.layers.3.self_attn.o_proj" not in layers  # the MTP layer
 
@@ -212,10 +216,16 @@ def test_qwen3_next_names_hybrid_attention(runs):
 
 def test_deepseek_v32_indexer_names(runs):
     layers = _layers("deepseek_v32", runs)
-    wq_b, wk = layers["model.layers.0.self_attn.indexer.wq_b"], layers["model.layers.0.self_attn.indexer.wk_weights_proj"]
+    wq_b, wk = (
+        layers["model.layers.0.self_attn.indexer.wq_b"],
+        layers["model.layers.0.self_attn.indexer.wk_weights_proj"],
+    )
     assert wq_b.quantizable and wq_b.role == "indexer"
     assert not wk.quantizable and wk.shards == ()  # wk_weights_proj is in no packed_modules_mapping
-    assert wk.checkpoint_modules == ("model.layers.0.self_attn.indexer.wk", "model.layers.0.self_attn.indexer.weights_proj")
+    assert wk.checkpoint_modules == (
+        "model.layers.0.self_attn.indexer.wk",
+        "model.layers.0.self_attn.indexer.weights_proj",
+    )
     # IndexCache (index_topk_freq 2, offset 2): layers 0-1 build an indexer, layer 2 reuses layer 1's and has none
     cfg = {**replicas.DEEPSEEK_V32_CONFIG, "index_topk_freq": 2}
     names = [n for n in json.loads((runs["deepseek_v32"]["src"] / "model.safetensors.index.json").read_text())
@@ -234,8 +244,9 @@ def v(vllm_names):  # noqa: F811  (the fixture imported above)
 
     from vllm.model_executor.models import glm4_moe, glm4_moe_lite, qwen3_next
 
-    return types.SimpleNamespace(**vars(vllm_names), glm4_moe=glm4_moe, glm4_moe_lite=glm4_moe_lite,
-                                 qwen3_next=qwen3_next)
+    return types.SimpleNamespace(
+        **vars(vllm_names), glm4_moe=glm4_moe, glm4_moe_lite=glm4_moe_lite, qwen3_next=qwen3_next
+    )
 
 
 def _vllm_config(v, family: str, exclude: list[str]):
@@ -322,7 +333,10 @@ def test_never_quantized_layers_are_built_without_quant_config_in_vllm(v, runs):
         (v.deepseek_v2, "Indexer", "wk_weights_proj", ds["model.layers.1.self_attn.indexer.wk_weights_proj"]),
     ]
     for module, cls_name, attribute, layer in cases:
-        assert _built_without_quant_config(module, cls_name, attribute) is (not layer.quantizable), (cls_name, attribute)
+        assert _built_without_quant_config(module, cls_name, attribute) is (not layer.quantizable), (
+            cls_name,
+            attribute,
+        )
 
 
 @pytest.mark.vllm
@@ -350,7 +364,9 @@ def test_qwen3_5_moe_names(runs):
     assert qkvz.shards == ("language_model.model.layers.0.linear_attn.in_proj_qkv",
                            "language_model.model.layers.0.linear_attn.in_proj_z")  # fmt: skip
     assert layers["language_model.model.layers.0.linear_attn.in_proj_ba"].shards == (
-        "language_model.model.layers.0.linear_attn.in_proj_b", "language_model.model.layers.0.linear_attn.in_proj_a")
+        "language_model.model.layers.0.linear_attn.in_proj_b",
+        "language_model.model.layers.0.linear_attn.in_proj_a",
+    )
     assert "language_model.lm_head" in layers and "visual.blocks.0.attn.qkv" in layers
     exclude = json.loads((runs["qwen3_5_moe"]["out"] / "config.json").read_text())["quantization_config"]["exclude"]
     assert exclude[-2:] == [r"re:visual\.", r"re:mtp\."] and "language_model.lm_head" in exclude
@@ -381,8 +397,10 @@ def test_qwen3_5_moe_fused_release_inspect_apply_check(qwen35_fused):
     assert r["inspect"].exit_code == 0, r["inspect"].output
     shown = json.loads(r["inspect"].stdout)
     assert shown["architecture"] == "Qwen3_5MoeForConditionalGeneration" and shown["model_kind"] == "moe-target"
-    assert shown["source_format"].startswith("qwen3_5_moe with 8 experts fused per layer (experts.gate_up_proj "
-                                             "[E, 2I, H]); split per expert, values unchanged"), shown["source_format"]
+    assert shown["source_format"].startswith(
+        "qwen3_5_moe with 8 experts fused per layer (experts.gate_up_proj "
+        "[E, 2I, H]); split per expert, values unchanged"
+    ), shown["source_format"]
     applied = r["out_apply"]
     assert applied["engine"] == "native" and applied["source_format"] == "fused-experts"
     quantized = {d["runtime_name"] for d in applied["layers"] if d["action"] == "quantize"}
@@ -391,7 +409,9 @@ def test_qwen3_5_moe_fused_release_inspect_apply_check(qwen35_fused):
         assert r[key].exit_code == 0, r[key].output
         assert json.loads(r[key].stdout)["ok"] is True
     # the same exclude list as the per-expert layout's
-    excludes = [json.loads((r[k] / "config.json").read_text())["quantization_config"]["exclude"] for k in ("out", "ref")]
+    excludes = [
+        json.loads((r[k] / "config.json").read_text())["quantization_config"]["exclude"] for k in ("out", "ref")
+    ]
     assert excludes[0] == excludes[1]
 
 
@@ -473,8 +493,11 @@ def test_qwen3_5_moe_split_is_the_one_vllm_loads(qwen35_fused):
     st_dtype = {torch.bfloat16: "BF16", torch.float32: "F32"}
     from quantkit.naming.archs import fused_layouts
 
-    fmt = detect_format(replicas.QWEN3_5_MOE_CONFIG, {k: (st_dtype[v.dtype], tuple(v.shape)) for k, v in src.items()},
-                        fused=fused_layouts(replicas.QWEN3_5_MOE_CONFIG))
+    fmt = detect_format(
+        replicas.QWEN3_5_MOE_CONFIG,
+        {k: (st_dtype[v.dtype], tuple(v.shape)) for k, v in src.items()},
+        fused=fused_layouts(replicas.QWEN3_5_MOE_CONFIG),
+    )
     x = "model.language_model.layers.1.mlp.experts"
     fused = {k: src[f"{x}.{k}"] for k in ("gate_up_proj", "down_proj")}
     decoded = decode_tensors(fmt, {f"{x}.{k}": v for k, v in fused.items()})
@@ -497,7 +520,7 @@ def test_qwen3_5_moe_split_is_the_one_vllm_loads(qwen35_fused):
         return got
 
     from_fused = load(list(fused.items()))
-    from_names = load([(k[len(x) + 1:], v) for k, v in decoded.items()])
+    from_names = load([(k[len(x) + 1 :], v) for k, v in decoded.items()])
     assert set(from_fused) == set(from_names) == {(e, s) for e in range(n) for s in ("w1", "w2", "w3")}
     part = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
     for (e, shard), t in from_fused.items():

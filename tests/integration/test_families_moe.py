@@ -42,8 +42,11 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 def same_bytes(a, b) -> bool:
     import torch
 
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
-                                                                     b.contiguous().view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
 
 
 def dequant_mxfp4(codes, scales):
@@ -105,11 +108,13 @@ def test_kimi_k2_config_is_read_as_vllm_reads_it_without_remote_code(kimi):
     # vLLM's own reading of the same folder (what `check --vllm auto` then loads: DeepseekV2ForCausalLM, the class
     # tests/e2e/test_check_mxfp4.py loads for DeepSeek-V3), in a subprocess: get_config registers kimi_k2 by setting
     # transformers' DeepseekV3Config.model_type = "kimi_k2" for the whole process (_register_config_class)
-    code = ("import json, sys; from transformers import DeepseekV3Config; "
-            "from vllm.transformers_utils.config import _CONFIG_REGISTRY, get_config; "
-            "c = get_config(sys.argv[1], trust_remote_code=False); "
-            "print(json.dumps([_CONFIG_REGISTRY['kimi_k2'] is DeepseekV3Config, isinstance(c, DeepseekV3Config), "
-            "c.max_position_embeddings]))")
+    code = (
+        "import json, sys; from transformers import DeepseekV3Config; "
+        "from vllm.transformers_utils.config import _CONFIG_REGISTRY, get_config; "
+        "c = get_config(sys.argv[1], trust_remote_code=False); "
+        "print(json.dumps([_CONFIG_REGISTRY['kimi_k2'] is DeepseekV3Config, isinstance(c, DeepseekV3Config), "
+        "c.max_position_embeddings]))"
+    )
     run = subprocess.run([sys.executable, "-c", code, str(kimi["out"])], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == [True, True, 131072]
@@ -170,16 +175,28 @@ def test_gpt_oss_runtime_names_and_kept_layers(gpt_oss):
     shown = cli_json("inspect", str(gpt_oss["src"]))
     assert shown["architecture"] == "GptOssForCausalLM" and shown["model_kind"] == "moe-target"
     names = {layer["name"] for layer in shown["layers"]}
-    assert names == {"model.embed_tokens", "lm_head"} | {f"model.layers.{i}.{s}" for i in range(2) for s in
-                                                           ("attn.qkv_proj", "attn.o_proj", "mlp.router", "mlp.experts")}
+    assert names == {"model.embed_tokens", "lm_head"} | {
+        f"model.layers.{i}.{s}" for i in range(2) for s in ("attn.qkv_proj", "attn.o_proj", "mlp.router", "mlp.experts")
+    }
     quantized = {d["runtime_name"] for d in gpt_oss["applied"]["layers"] if d["action"] == "quantize"}
     assert quantized == {"model.layers.0.mlp.experts", "model.layers.1.mlp.experts"}
     exclude = json.loads((gpt_oss["out"] / "config.json").read_text())["quantization_config"]["exclude"]
     assert r"re:model\.layers\.\d+\.attn\.qkv_proj$" in exclude and r"re:model\.layers\.\d+\.mlp\.router$" in exclude
     assert cli_json("check", str(gpt_oss["out"]), "--vllm", "off")["ok"] is True
     # Quark's engine (its file-to-file path passes fused 3-D tensors through unquantized) is refused in one line
-    line = one_line_error(cli("apply", "--recipe", "mxfp4-moe", "--model", str(gpt_oss["src"]), "--output",
-                              str(gpt_oss["src"]) + "-quark", "--engine", "quark"))
+    line = one_line_error(
+        cli(
+            "apply",
+            "--recipe",
+            "mxfp4-moe",
+            "--model",
+            str(gpt_oss["src"]),
+            "--output",
+            str(gpt_oss["src"]) + "-quark",
+            "--engine",
+            "quark",
+        )
+    )
     assert "fused-experts checkpoint" in line and "--engine native" in line
 
 
@@ -219,12 +236,20 @@ def test_gpt_oss_mxfp4_release_is_refused_with_the_serve_command_vllm_understand
     from vllm.model_executor.models.gpt_oss import GptOssForCausalLM
 
     qcfg = json.loads((mx / "config.json").read_text())["quantization_config"]
-    assert GptOssMxfp4Config.override_quantization_method(qcfg, None, SimpleNamespace(model_type="gpt_oss")) == \
-        "gpt_oss_mxfp4"
+    assert (
+        GptOssMxfp4Config.override_quantization_method(qcfg, None, SimpleNamespace(model_type="gpt_oss"))
+        == "gpt_oss_mxfp4"
+    )
     names = list(checkpoint_tensors(mx))
     mapped = GptOssForCausalLM.hf_to_vllm_mapper.apply_list([n for n in names if ".mlp.experts." in n])
-    assert sorted({m.rsplit(".", 1)[-1] for m in mapped}) == ["w13_bias", "w13_weight", "w13_weight_scale",
-                                                               "w2_bias", "w2_weight", "w2_weight_scale"]
+    assert sorted({m.rsplit(".", 1)[-1] for m in mapped}) == [
+        "w13_bias",
+        "w13_weight",
+        "w13_weight_scale",
+        "w2_bias",
+        "w2_weight",
+        "w2_weight_scale",
+    ]
 
 
 @pytest.mark.vllm
@@ -264,9 +289,15 @@ def test_llama4_runtime_names_shared_expert_and_vision_kept(llama4):
     assert shown["architecture"] == "Llama4ForConditionalGeneration" and shown["model_kind"] == "moe-target"
     layers = {layer["name"]: layer for layer in shown["layers"]}
     p = "language_model.model.layers"
-    assert {f"{p}.0.feed_forward.gate_up_proj", f"{p}.1.feed_forward.router", f"{p}.1.feed_forward.experts",
-            f"{p}.1.feed_forward.shared_expert.gate_up_proj", "language_model.lm_head",
-            "multi_modal_projector.linear_1", "vision_model.model.layers.0.mlp.fc1"} <= set(layers)
+    assert {
+        f"{p}.0.feed_forward.gate_up_proj",
+        f"{p}.1.feed_forward.router",
+        f"{p}.1.feed_forward.experts",
+        f"{p}.1.feed_forward.shared_expert.gate_up_proj",
+        "language_model.lm_head",
+        "multi_modal_projector.linear_1",
+        "vision_model.model.layers.0.mlp.fc1",
+    } <= set(layers)
     decided = {d["runtime_name"]: d for d in llama4["applied"]["layers"]}
     assert {n for n, d in decided.items() if d["action"] == "quantize"} == {f"{p}.1.feed_forward.experts"}
     assert cli_json("check", str(llama4["out"]), "--vllm", "off")["ok"] is True
@@ -302,8 +333,10 @@ def _cases() -> dict:
     gpt = {**replicas.GPT_OSS_CONFIG, "num_hidden_layers": 6}
     l4 = json.loads(json.dumps(replicas.LLAMA4_CONFIG))
     l4["text_config"]["num_hidden_layers"] = 6
-    return {"gpt_oss": (gpt, names(lambda c: replicas.gpt_oss_tensors(c, False), gpt)),
-            "llama4": (l4, names(replicas.llama4_tensors, l4))}
+    return {
+        "gpt_oss": (gpt, names(lambda c: replicas.gpt_oss_tensors(c, False), gpt)),
+        "llama4": (l4, names(replicas.llama4_tensors, l4)),
+    }
 
 
 CASES = _cases()
@@ -370,15 +403,19 @@ def test_written_exclude_lists_exclude_exactly_the_kept_layers_in_vllm(v, model)
     config, tensors = CASES[model]
     layers = runtime_layers(config, tensors)
     rng = random.Random(11)
-    kept_sets = [[lay for lay in layers if any(in_role(lay, r) for r in roles)] for roles in
-                 [("attention", "router", "lm_head"), ("experts",), ("decoder_linears",), ("shared_experts",)]]
+    kept_sets = [
+        [lay for lay in layers if any(in_role(lay, r) for r in roles)]
+        for roles in [("attention", "router", "lm_head"), ("experts",), ("decoder_linears",), ("shared_experts",)]
+    ]
     kept_sets += [rng.sample(layers, rng.randint(1, len(layers))) for _ in range(10)]
     for kept in kept_sets:
         if not kept:
             continue
         entries = exclude_entries_for(kept, layers)
         cfg = vllm_config_for(model, entries)
-        assert {lay.name for lay in layers if vllm_outcome(v, cfg, lay) == "excluded"} == {lay.name for lay in kept}, entries
+        assert {lay.name for lay in layers if vllm_outcome(v, cfg, lay) == "excluded"} == {lay.name for lay in kept}, (
+            entries
+        )
 
 
 @pytest.mark.vllm
@@ -394,8 +431,14 @@ def test_what_vllm_never_quantizes_is_marked_so(v):
         (gate,) = [n for n in ast.walk(cls) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "GateLinear"]
         assert not any(k.arg == "quant_config" for k in gate.keywords)
     init = next(n for n in mllama4_class().body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    built_without = {ast.unparse(n.func) for n in ast.walk(init) if isinstance(n, ast.Call) and any(
-        k.arg == "quant_config" and isinstance(k.value, ast.Constant) and k.value.value is None for k in n.keywords)}
+    built_without = {
+        ast.unparse(n.func)
+        for n in ast.walk(init)
+        if isinstance(n, ast.Call)
+        and any(
+            k.arg == "quant_config" and isinstance(k.value, ast.Constant) and k.value.value is None for k in n.keywords
+        )
+    }
     assert built_without == {"Llama4VisionModel", "Llama4MultiModalProjector"}
     assert gpt_oss.GptOssForCausalLM.hf_to_vllm_mapper.orig_to_new_substr == {".self_attn.": ".attn."}
     for model, (config, names) in CASES.items():
@@ -424,8 +467,9 @@ def gpt_oss_pair(tmp_path_factory) -> dict:
              .GPT_OSS_FOR_DRAFT)), "--output", str(target))  # fmt: skip
     spec = families.speculators_draft(ROOT / "examples" / "tiny" / "eagle3-draft", base / "spec", target)
     out = base / "spec-fp8"
-    applied = cli_json("apply", "--recipe", "fp8-draft", "--model", str(spec), "--target", str(target), "--output",
-                       str(out))
+    applied = cli_json(
+        "apply", "--recipe", "fp8-draft", "--model", str(spec), "--target", str(target), "--output", str(out)
+    )
     return {"target": target, "draft": out, "applied": applied}
 
 
@@ -484,15 +528,37 @@ def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
     shutil.copytree(tiny / "eagle3-draft", draft)
     torch.save(tensors(draft), draft / "pytorch_model.bin")
     (draft / "model.safetensors").unlink()
-    line = one_line_error(cli("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target",
-                              str(tiny / "target"), "--output", str(tmp_path / "out"), "--dry-run"))
+    line = one_line_error(
+        cli(
+            "apply",
+            "--recipe",
+            "fp8-draft",
+            "--model",
+            str(draft),
+            "--target",
+            str(tiny / "target"),
+            "--output",
+            str(tmp_path / "out"),
+            "--dry-run",
+        )
+    )
     assert "pytorch_model.bin" in line and "weights_only=True" in line, line
     command = line.split("convert them first with ", 1)[1]
     argv = shlex.split(command)
     assert argv[:2] == ["python", "-c"]
     subprocess.run([sys.executable, "-c", argv[2]], check=True, timeout=120)
-    plan = cli_json("apply", "--recipe", "fp8-draft", "--model", str(draft), "--target", str(tiny / "target"),
-                    "--output", str(tmp_path / "out"), "--dry-run")
+    plan = cli_json(
+        "apply",
+        "--recipe",
+        "fp8-draft",
+        "--model",
+        str(draft),
+        "--target",
+        str(tiny / "target"),
+        "--output",
+        str(tmp_path / "out"),
+        "--dry-run",
+    )
     assert plan["model_kind"] == "eagle3-draft"
     # the same command on a hostile pickle (tests/fixtures/hostile.py: loading it would open a file) refuses to run it
     from tests.fixtures import hostile
@@ -500,6 +566,10 @@ def test_bin_only_draft_is_refused_with_a_conversion_that_works(tiny, tmp_path):
     marker = tmp_path / "pwned"
     evil = hostile.pickle_only_folder(tiny / "target", tmp_path / "evil", marker)
     line = one_line_error(cli("inspect", str(evil)))
-    ran = subprocess.run([sys.executable, "-c", shlex.split(line.split("convert them first with ", 1)[1])[2]],
-                         capture_output=True, text=True, timeout=120)
+    ran = subprocess.run(
+        [sys.executable, "-c", shlex.split(line.split("convert them first with ", 1)[1])[2]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode != 0 and "weights_only" in ran.stderr.lower() and not marker.exists()

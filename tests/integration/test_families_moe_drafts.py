@@ -54,7 +54,9 @@ SHRINK: dict[str, Any] = {"hidden_size": 256, "vocab_size": 2048, "draft_vocab_s
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}  # fmt: skip
 QWEN3: dict[str, Any] = dict(QWEN3_MOE_DRAFT_CONFIG, **SHRINK, intermediate_size=512, moe_intermediate_size=64, num_experts=8,
              num_experts_per_tok=2, bos_token_id=1, eos_token_id=2)  # fmt: skip
-GPT_OSS: dict[str, Any] = dict(GPT_OSS_DRAFT_CONFIG, **SHRINK, intermediate_size=64, num_local_experts=4, experts_per_token=2)
+GPT_OSS: dict[str, Any] = dict(
+    GPT_OSS_DRAFT_CONFIG, **SHRINK, intermediate_size=64, num_local_experts=4, experts_per_token=2
+)
 NO_VLLM = "vLLM 0.32 builds no EAGLE-3 draft with an MoE decoder layer (vllm/model_executor/models/registry.py"
 
 
@@ -114,7 +116,11 @@ def gpt_oss_draft(out: Path, seed: int = 0) -> Path:
 
 MAKERS = {"qwen3-stacked": lambda p: qwen3_moe_draft(p), "qwen3-per-expert": lambda p: qwen3_moe_draft(p, "per-expert"),
           "gpt-oss": gpt_oss_draft}  # fmt: skip
-ROUTER = {"qwen3-stacked": "midlayer.mlp.gate", "qwen3-per-expert": "midlayer.mlp.gate", "gpt-oss": "midlayer.mlp.router"}
+ROUTER = {
+    "qwen3-stacked": "midlayer.mlp.gate",
+    "qwen3-per-expert": "midlayer.mlp.gate",
+    "gpt-oss": "midlayer.mlp.router",
+}
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -204,7 +210,9 @@ def test_apply_fp8_draft_quantizes_attention_and_experts_and_keeps_the_rest_byte
             assert same_bytes(out[f"{base}.down_proj.bias"], src["midlayer.mlp.experts.down_proj_bias"][x])
         else:
             for p in ("gate", "up", "down"):
-                ref = src[f"{base}.{p}_proj.weight"] if name == "qwen3-per-expert" else src[f"midlayer.mlp.{p}_weight"][x]
+                ref = (
+                    src[f"{base}.{p}_proj.weight"] if name == "qwen3-per-expert" else src[f"midlayer.mlp.{p}_weight"][x]
+                )
                 assert_fp8_of(out, f"{base}.{p}_proj", ref)
     # every other tensor (router, fc, lm_head, embeddings, norms, d2t, t2d) byte-identical to the source
     scales = [n for n in out if n.endswith(".weight_scale")]
@@ -243,11 +251,16 @@ def test_check_finds_a_damaged_expert_scale(drafts, tmp_path):
 
 
 def test_a_recipe_can_put_the_experts_in_mxfp4(drafts, tmp_path):
-    """"experts FP8, or MXFP4 if a recipe says so": an fp8-draft variant whose override gives the experts mxfp4."""
+    """ "experts FP8, or MXFP4 if a recipe says so": an fp8-draft variant whose override gives the experts mxfp4."""
     recipe = tmp_path / "fp8-draft-mxfp4-experts.yaml"
     text = (ROOT / "recipes" / "fp8-draft.yaml").read_text().replace("name: fp8-draft", "name: fp8-draft-mxfp4-experts")
-    recipe.write_text(text.replace("quantize: [decoder_linears, experts]", "quantize: [decoder_linears, experts]\n"
-                                   "overrides:\n  - role: experts\n    scheme: mxfp4\n    reason: experts in MXFP4\n"))
+    recipe.write_text(
+        text.replace(
+            "quantize: [decoder_linears, experts]",
+            "quantize: [decoder_linears, experts]\n"
+            "overrides:\n  - role: experts\n    scheme: mxfp4\n    reason: experts in MXFP4\n",
+        )
+    )
     out = tmp_path / "out"
     applied = cli_json("apply", "--recipe", str(recipe), "--model", str(drafts["gpt-oss"]["src"]), "--target",
                        str(TARGET), "--output", str(out))  # fmt: skip

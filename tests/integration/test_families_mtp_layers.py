@@ -119,7 +119,10 @@ def test_exclude_has_the_mtp_entry_only_where_vllm_builds_a_draft_from_the_mtp_l
     """`mtp: keep`: DeepSeek-V3 / V3.2 and GLM-4.5 end their exclude list with one `re:model\\.layers\\.3\\.`, which
     excludes no target runtime layer; GLM-4.7-Flash and MiniMax-M2 get none. `mtp: drop`: never."""
     r = runs[family]
-    kept, dropped = _json(r["out"])["quantization_config"]["exclude"], _json(r["drop"])["quantization_config"]["exclude"]
+    kept, dropped = (
+        _json(r["out"])["quantization_config"]["exclude"],
+        _json(r["drop"])["quantization_config"]["exclude"],
+    )
     src_cfg = _json(r["src"])
     entries = family_of(src_cfg).mtp_exclusions(src_cfg, tensors(r["src"]))
     if family in WITH_ENTRY:
@@ -166,9 +169,14 @@ def test_entry_for_several_mtp_layers_and_a_release_sized_model():
     one = fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_hidden_layers": 61}, stored)
     two = fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_hidden_layers": 61, "num_nextn_predict_layers": 2}, stored)
     assert one == (r"re:model\.layers\.61\.",) and two == (r"re:model\.layers\.(?:61|62)\.",)
-    for name, hit in (("model.layers.61.mlp.experts", True), ("model.layers.62.self_attn.o_proj", True),
-                      ("model.layers.6.mlp.experts", False), ("model.layers.60.self_attn.o_proj", False),
-                      ("model.layers.610.mlp.experts", False), ("language_model.model.layers.61.mlp", False)):
+    for name, hit in (
+        ("model.layers.61.mlp.experts", True),
+        ("model.layers.62.self_attn.o_proj", True),
+        ("model.layers.6.mlp.experts", False),
+        ("model.layers.60.self_attn.o_proj", False),
+        ("model.layers.610.mlp.experts", False),
+        ("language_model.model.layers.61.mlp", False),
+    ):
         assert bool(re.match(two[0][3:], name)) is hit, name
     assert fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_nextn_predict_layers": 0}, stored) == ()
     assert family_of(replicas.GLM4_MOE_LITE_CONFIG).mtp_exclusions(replicas.GLM4_MOE_LITE_CONFIG, stored) == ()

@@ -133,8 +133,10 @@ def test_quark_exclude_keeps_the_mtp_modules(runs):
 def vq(vllm_names):  # noqa: F811  (the fixture imported above)
     """test_vllm_names' namespace plus vLLM's Qwen3.5 / Qwen3-Next target and MTP modules."""
     require_vllm()
-    stand_ins = {"transformers.models.qwen2_vl.image_processing_qwen2_vl": ("smart_resize", "Qwen2VLImageProcessor"),
-                 "transformers.models.qwen3_vl.video_processing_qwen3_vl": ("smart_resize", "Qwen3VLVideoProcessor")}
+    stand_ins = {
+        "transformers.models.qwen2_vl.image_processing_qwen2_vl": ("smart_resize", "Qwen2VLImageProcessor"),
+        "transformers.models.qwen3_vl.video_processing_qwen3_vl": ("smart_resize", "Qwen3VLVideoProcessor"),
+    }
     saved = {name: sys.modules.get(name) for name in stand_ins}
     try:
         for name, attrs in stand_ins.items():
@@ -152,8 +154,13 @@ def vq(vllm_names):  # noqa: F811  (the fixture imported above)
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
-    return types.SimpleNamespace(**vars(vllm_names), qwen3_5=qwen3_5, qwen3_5_mtp=qwen3_5_mtp, qwen3_next=qwen3_next,
-                                 qwen3_next_mtp=qwen3_next_mtp)
+    return types.SimpleNamespace(
+        **vars(vllm_names),
+        qwen3_5=qwen3_5,
+        qwen3_5_mtp=qwen3_5_mtp,
+        qwen3_next=qwen3_next,
+        qwen3_next_mtp=qwen3_next_mtp,
+    )
 
 
 def _classes(vq, layout: str):
@@ -194,8 +201,10 @@ def test_vllm_builds_the_mtp_draft_with_the_targets_quant_config_under_prefix_mt
     src = inspect.getsource(llm_base_proposer.SpecDecodeBaseProposer._create_draft_vllm_config)
     assert "base = self.vllm_config" in src and "replace(" in src and "quant_config" not in src
     assert "vllm_config=draft_vllm_config" in inspect.getsource(llm_base_proposer.SpecDecodeBaseProposer._get_model)
-    for module, cls, predictor_cls in ((vq.qwen3_5_mtp, "Qwen3_5MTP", "Qwen3_5MultiTokenPredictor"),
-                                       (vq.qwen3_next_mtp, "Qwen3NextMTP", "Qwen3NextMultiTokenPredictor")):
+    for module, cls, predictor_cls in (
+        (vq.qwen3_5_mtp, "Qwen3_5MTP", "Qwen3_5MultiTokenPredictor"),
+        (vq.qwen3_next_mtp, "Qwen3NextMTP", "Qwen3NextMultiTokenPredictor"),
+    ):
         assert 'maybe_prefix(prefix, "mtp")' in inspect.getsource(getattr(module, cls)), cls
         predictor = inspect.getsource(getattr(module, predictor_cls))
         assert "quant_config = vllm_config.quant_config" in predictor
@@ -259,15 +268,20 @@ def test_vllm_cpu_loads_the_mtp_draft_bf16_and_refuses_it_without_the_entry(runs
     done = load_with_mtp({"with": out, "without": bare}, generate=False)
     ok, lines = done["with"]
     assert ok.returncode == 0 and "DRAFT" in lines, ok.stderr[-3000:]
-    methods = {k: m for k, m in lines["DRAFT"].items()
-               if k.endswith(("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "experts"))}
+    methods = {
+        k: m
+        for k, m in lines["DRAFT"].items()
+        if k.endswith(("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "experts"))
+    }
     assert set(methods) == {"model.fc", "model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
                             "model.layers.0.mlp.shared_expert.gate_up_proj", "model.layers.0.mlp.shared_expert.down_proj",
                             "model.layers.0.mlp.experts.routed_experts"}, methods  # fmt: skip
     assert set(methods.values()) == {"UnquantizedLinearMethod", "UnquantizedFusedMoEMethod"}, methods
     failed = done["without"][0]
     assert failed.returncode != 0 and "DRAFT " not in failed.stdout
-    assert "drafter.load_model" in failed.stderr and "load_column_parallel_weight" in failed.stderr, failed.stderr[-3000:]
+    assert "drafter.load_model" in failed.stderr and "load_column_parallel_weight" in failed.stderr, failed.stderr[
+        -3000:
+    ]
 
 
 # --- check: the MTP draft's layers, named by the family record --------------------------------------------------
@@ -284,8 +298,7 @@ def test_family_names_the_mtp_draft_layers_vllm_builds(runs, layout):
     assert family.mtp_draft_layers is not None
     layers = {layer.name: layer for layer in family.mtp_draft_layers(cfg, names)}
     assert set(layers) == set(MTP_LAYERS)
-    assert layers["mtp.layers.0.self_attn.qkv_proj"].shards == tuple(
-        f"mtp.layers.0.self_attn.{p}_proj" for p in "qkv")
+    assert layers["mtp.layers.0.self_attn.qkv_proj"].shards == tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "qkv")
     experts = layers["mtp.layers.0.mlp.experts"].checkpoint_modules
     n = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
     assert len(experts) == (2 if layout == "qwen3_6" else 3 * n), experts

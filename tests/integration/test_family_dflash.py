@@ -58,17 +58,32 @@ def run(tmp_path_factory):
     checked = runner.invoke(main, ["check", str(dst), "--target", str(target), "--vllm", "off", "--json"])
     deployed = runner.invoke(main, ["deploy", str(dst), "--target", str(target), "--out", str(base / "deploy"),
                                     "--json"])  # fmt: skip
-    return {"src": src, "out": dst, "n_target": n_target, "inspect": shown, "apply": json.loads(applied.stdout),
-            "check": checked, "deploy": deployed}
+    return {
+        "src": src,
+        "out": dst,
+        "n_target": n_target,
+        "inspect": shown,
+        "apply": json.loads(applied.stdout),
+        "check": checked,
+        "deploy": deployed,
+    }
 
 
 def test_runtime_names_follow_qwen3_dflash():
     assert family_of(CONFIG).name == "dflash" and speculative_method(CONFIG) == "dflash"
     layers = {layer.name: layer for layer in runtime_layers(CONFIG, list(dflash_tensors()), 36)}
-    assert list(layers) == ["model.fc", *[f"model.layers.{36 + i}.{s}" for i in range(LAYERS) for s in (
-        "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")], "lm_head"]
+    assert list(layers) == [
+        "model.fc",
+        *[
+            f"model.layers.{36 + i}.{s}"
+            for i in range(LAYERS)
+            for s in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+        ],
+        "lm_head",
+    ]
     assert layers["model.layers.36.self_attn.qkv_proj"].shards == tuple(
-        f"model.layers.36.self_attn.{p}_proj" for p in "qkv")
+        f"model.layers.36.self_attn.{p}_proj" for p in "qkv"
+    )
     assert layers["lm_head"].checkpoint_modules == () and layers["lm_head"].quantizable is False  # the target's
 
 

@@ -105,5 +105,6 @@ def test_apply_check_deploy_and_heads_kept(run):
     assert out["layers.0.mlp.gate_proj.weight"].dtype == torch.float8_e4m3fn
     for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
                  "confidence_head.proj.bias"):  # fmt: skip
-        assert out[name].dtype == src[name].dtype and torch.equal(out[name].view(torch.uint8),
-                                                                  src[name].view(torch.uint8)), name
+        assert out[name].dtype == src[name].dtype and torch.equal(
+            out[name].view(torch.uint8), src[name].view(torch.uint8)
+        ), name

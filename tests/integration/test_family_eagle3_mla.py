@@ -68,8 +68,15 @@ def run(tmp_path_factory):
     checked = runner.invoke(main, ["check", str(dst), "--target", str(target), "--vllm", "off", "--json"])
     deployed = runner.invoke(main, ["deploy", str(dst), "--target", str(target), "--out", str(base / "deploy"),
                                     "--json"])  # fmt: skip
-    return {"src": src, "out": dst, "target": target, "inspect": shown, "apply": json.loads(applied.stdout),
-            "check": checked, "deploy": deployed}
+    return {
+        "src": src,
+        "out": dst,
+        "target": target,
+        "inspect": shown,
+        "apply": json.loads(applied.stdout),
+        "check": checked,
+        "deploy": deployed,
+    }
 
 
 def test_runtime_names_follow_deepseek_eagle3():
@@ -129,8 +136,9 @@ def test_headers_quantized_where_intended_kept_where_intended(run):
                  "midlayer.mlp.down_proj.weight"):  # fmt: skip
         assert out[name].dtype == torch.float8_e4m3fn, name
     for name in ("lm_head.weight", "d2t", "t2d", "norm.weight", "midlayer.hidden_norm.weight"):
-        assert out[name].dtype == src[name].dtype and torch.equal(out[name].view(torch.uint8),
-                                                                  src[name].view(torch.uint8)), name
+        assert out[name].dtype == src[name].dtype and torch.equal(
+            out[name].view(torch.uint8), src[name].view(torch.uint8)
+        ), name
     assert {n for n in src if not n.endswith(".weight") or "norm" in n or n == "lm_head.weight"} <= set(out)
 
 

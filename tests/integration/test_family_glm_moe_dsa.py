@@ -45,7 +45,9 @@ def run(tmp_path_factory):
     dst = base / "glm5-mxfp4"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    applied = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"])
+    applied = runner.invoke(
+        main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"]
+    )
     assert applied.exit_code == 0, applied.output
     checked = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
     return {"src": src, "out": dst, "inspect": shown, "apply": json.loads(applied.stdout), "check": checked}
@@ -57,11 +59,18 @@ def test_record_and_runtime_names():
     names = list(replicas.mla_moe_tensors(GLM5_CONFIG, indexer=True))
     layers = {layer.name: layer for layer in runtime_layers(GLM5_CONFIG, names)}
     attn = [n for n in layers if n.startswith("model.layers.1.self_attn.")]
-    assert attn == ["model.layers.1.self_attn.fused_qkv_a_proj", "model.layers.1.self_attn.q_b_proj",
-                    "model.layers.1.self_attn.kv_b_proj", "model.layers.1.self_attn.o_proj",
-                    "model.layers.1.self_attn.indexer.wq_b", "model.layers.1.self_attn.indexer.wk_weights_proj"]
+    assert attn == [
+        "model.layers.1.self_attn.fused_qkv_a_proj",
+        "model.layers.1.self_attn.q_b_proj",
+        "model.layers.1.self_attn.kv_b_proj",
+        "model.layers.1.self_attn.o_proj",
+        "model.layers.1.self_attn.indexer.wq_b",
+        "model.layers.1.self_attn.indexer.wk_weights_proj",
+    ]
     assert layers["model.layers.1.self_attn.fused_qkv_a_proj"].shards == (
-        "model.layers.1.self_attn.q_a_proj", "model.layers.1.self_attn.kv_a_proj_with_mqa")
+        "model.layers.1.self_attn.q_a_proj",
+        "model.layers.1.self_attn.kv_a_proj_with_mqa",
+    )
     assert layers["model.layers.1.self_attn.indexer.wk_weights_proj"].quantizable is False
     assert layers["model.layers.1.mlp.gate"].quantizable is False
     assert not any(n.startswith("model.layers.3.") for n in layers)  # the MTP layer: no target layer

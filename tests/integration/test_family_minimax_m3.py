@@ -89,19 +89,27 @@ def run(tmp_path_factory):
     dst = base / "m3-mxfp4"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    applied = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"])
+    applied = runner.invoke(
+        main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"]
+    )
     assert applied.exit_code == 0, applied.output
     checked = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
     return {"src": src, "out": dst, "inspect": shown, "apply": json.loads(applied.stdout), "check": checked}
 
 
 def test_runtime_names_follow_vllms_model_file():
-    assert family_of(CONFIG).name == "minimax_m3_vl" and family_of({**TEXT, "architectures": [
-        "MiniMaxM3SparseForCausalLM"]}).name == "minimax_m3"
+    assert (
+        family_of(CONFIG).name == "minimax_m3_vl"
+        and family_of({**TEXT, "architectures": ["MiniMaxM3SparseForCausalLM"]}).name == "minimax_m3"
+    )
     layers = {layer.name: layer for layer in runtime_layers(CONFIG, list(m3_tensors()))}
     lm = "language_model.model.layers"
     assert [n for n in layers if n.startswith(f"{lm}.0.")] == [
-        f"{lm}.0.self_attn.qkv_proj", f"{lm}.0.self_attn.o_proj", f"{lm}.0.mlp.gate_up_proj", f"{lm}.0.mlp.down_proj"]
+        f"{lm}.0.self_attn.qkv_proj",
+        f"{lm}.0.self_attn.o_proj",
+        f"{lm}.0.mlp.gate_up_proj",
+        f"{lm}.0.mlp.down_proj",
+    ]
     assert [n for n in layers if n.startswith(f"{lm}.1.")] == [
         f"{lm}.1.self_attn.qkv_proj", f"{lm}.1.self_attn.o_proj", f"{lm}.1.block_sparse_moe.gate",
         f"{lm}.1.block_sparse_moe.experts", f"{lm}.1.block_sparse_moe.shared_experts.gate_up_proj",

@@ -39,8 +39,7 @@ def run(tmp_path_factory):
     deployed = runner.invoke(main, ["deploy", str(dst), "--target", str(TARGET), "--out", str(base / "deploy"),
                                     "--json"])  # fmt: skip
     out = {k: v for f in sorted(dst.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
-    return {"config": config, "src": tensors, "out": out,
-            "check": checked, "deploy": deployed}
+    return {"config": config, "src": tensors, "out": out, "check": checked, "deploy": deployed}
 
 
 def test_record_and_names(run):

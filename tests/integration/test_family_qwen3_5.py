@@ -21,8 +21,13 @@ _MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "sha
              "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef")  # fmt: skip
 TEXT = {**{k: v for k, v in replicas.QWEN3_5_MOE_CONFIG["text_config"].items() if k not in _MOE_KEYS},
         "model_type": "qwen3_5_text", "intermediate_size": DENSE_I}  # fmt: skip
-CONFIG = {**replicas.QWEN3_5_MOE_CONFIG, "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-          "text_config": TEXT, "vision_config": {**replicas.QWEN3_5_MOE_CONFIG["vision_config"], "model_type": "qwen3_5"}}
+CONFIG = {
+    **replicas.QWEN3_5_MOE_CONFIG,
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": TEXT,
+    "vision_config": {**replicas.QWEN3_5_MOE_CONFIG["vision_config"], "model_type": "qwen3_5"},
+}
 
 
 def dense_tensors() -> dict[str, tuple[tuple[int, ...], str]]:
@@ -53,7 +58,9 @@ def run(tmp_path_factory):
     dst = base / "q36-fp8"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    applied = runner.invoke(main, ["apply", "--recipe", "fp8-target", "--model", str(src), "--output", str(dst), "--json"])
+    applied = runner.invoke(
+        main, ["apply", "--recipe", "fp8-target", "--model", str(src), "--output", str(dst), "--json"]
+    )
     assert applied.exit_code == 0, applied.output
     checked = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
     moe = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(base / "x")])
@@ -90,7 +97,10 @@ def test_headers(run):
     assert out[f"{lm}.0.mlp.gate_proj.weight"].dtype == torch.float8_e4m3fn
     assert out[f"{lm}.3.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     for name, t in src.items():  # kept: MTP block, vision tower, conv1d, norms, embeddings, lm_head
-        if name.startswith(("mtp.", "model.visual.", "lm_head", "model.language_model.embed_tokens")) or \
-                ".conv1d." in name or "norm" in name:
+        if (
+            name.startswith(("mtp.", "model.visual.", "lm_head", "model.language_model.embed_tokens"))
+            or ".conv1d." in name
+            or "norm" in name
+        ):
             assert out[name].dtype == t.dtype and torch.equal(out[name].view(torch.uint8), t.view(torch.uint8)), name
     assert set(src) <= set(out)

@@ -31,8 +31,9 @@ def vllm_routing():
 
     def llama4(config):
         # llama4.py:133-145 FusedMoE(custom_routing_function=Llama4MoE.custom_routing_function, renormalize=False)
-        return CustomRoutingRouter(top_k=1, global_num_experts=4, renormalize=False,
-                                   custom_routing_function=Llama4MoE.custom_routing_function).routing_method_type
+        return CustomRoutingRouter(
+            top_k=1, global_num_experts=4, renormalize=False, custom_routing_function=Llama4MoE.custom_routing_function
+        ).routing_method_type
 
     return get_routing_method_type, llama4
 
@@ -41,8 +42,12 @@ def _deepseek(c):
     # deepseek_v2.py:327-332 (bias iff topk_method == "noaux_tc") and 373-390: renormalize=config.norm_topk_prob
     # (transformers' DeepseekV3Config default True), use_grouped_topk=True, num_expert_group=getattr(config,
     # "n_group", 1), scoring_func=getattr(config, "scoring_func", "softmax")
-    return (c.get("scoring_func", "softmax"), c.get("norm_topk_prob", True), c.get("n_group", 1),
-            c.get("topk_method") == "noaux_tc")
+    return (
+        c.get("scoring_func", "softmax"),
+        c.get("norm_topk_prob", True),
+        c.get("n_group", 1),
+        c.get("topk_method") == "noaux_tc",
+    )
 
 
 def _glm(c):
@@ -55,14 +60,22 @@ def _glm(c):
 # family -> (architecture, the vLLM arguments (scoring_func, renormalize, num_expert_group, has_bias) of a config,
 # configs to try)
 CASES = {
-    "deepseek_v3": ("DeepseekV3ForCausalLM", _deepseek, [
-        {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8, "norm_topk_prob": True},
-        {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1},
-        {"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": False},
-        {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": False},
-        {}]),
-    "deepseek_v32": ("DeepseekV32ForCausalLM", _deepseek, [
-        {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8}, {"scoring_func": "sqrtsoftplus"}]),
+    "deepseek_v3": (
+        "DeepseekV3ForCausalLM",
+        _deepseek,
+        [
+            {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8, "norm_topk_prob": True},
+            {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1},
+            {"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": False},
+            {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": False},
+            {},
+        ],
+    ),
+    "deepseek_v32": (
+        "DeepseekV32ForCausalLM",
+        _deepseek,
+        [{"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8}, {"scoring_func": "sqrtsoftplus"}],
+    ),
     "glm4_moe": ("Glm4MoeForCausalLM", _glm, [{"n_group": 1, "norm_topk_prob": True}, {"norm_topk_prob": False}, {}]),
     # glm4_moe_lite.py:92 Glm4MoeLite(Glm4MoE): the same block
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", _glm, [{"n_group": 1}, {}]),
@@ -70,31 +83,49 @@ CASES = {
     "gpt_oss": ("GptOssForCausalLM", lambda c: ("softmax", True, None, False), [{}, {"norm_topk_prob": False}]),
     # minimax_m2.py:86-94 (bias iff getattr(config, "use_routing_bias", False)) and 96-103: FusedMoE(
     # scoring_func=config.scoring_func, renormalize=True)
-    "minimax_m2": ("MiniMaxM2ForCausalLM",
-                   lambda c: (c.get("scoring_func", "softmax"), True, None, bool(c.get("use_routing_bias", False))),
-                   [{"scoring_func": "sigmoid", "use_routing_bias": True}, {"scoring_func": "sigmoid"},
-                    {"scoring_func": "softmax", "use_routing_bias": False}]),
+    "minimax_m2": (
+        "MiniMaxM2ForCausalLM",
+        lambda c: (c.get("scoring_func", "softmax"), True, None, bool(c.get("use_routing_bias", False))),
+        [
+            {"scoring_func": "sigmoid", "use_routing_bias": True},
+            {"scoring_func": "sigmoid"},
+            {"scoring_func": "softmax", "use_routing_bias": False},
+        ],
+    ),
     # mixtral.py:115-124 FusedMoE(renormalize=True), default softmax
     "mixtral": ("MixtralForCausalLM", lambda c: ("softmax", True, None, False), [{}]),
     # qwen3_moe.py:203-213 FusedMoE(renormalize=config.norm_topk_prob) (Qwen3MoeConfig default False)
-    "qwen3_moe": ("Qwen3MoeForCausalLM", lambda c: ("softmax", c.get("norm_topk_prob", False), None, False),
-                  [{"norm_topk_prob": True}, {"norm_topk_prob": False}, {}]),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        lambda c: ("softmax", c.get("norm_topk_prob", False), None, False),
+        [{"norm_topk_prob": True}, {"norm_topk_prob": False}, {}],
+    ),
     # qwen3_next.py:224-234 FusedMoE(renormalize=getattr(config, "norm_topk_prob", True))
-    "qwen3_next": ("Qwen3NextForCausalLM", lambda c: ("softmax", c.get("norm_topk_prob", True), None, False),
-                   [{"norm_topk_prob": True}, {"norm_topk_prob": False}, {}]),
+    "qwen3_next": (
+        "Qwen3NextForCausalLM",
+        lambda c: ("softmax", c.get("norm_topk_prob", True), None, False),
+        [{"norm_topk_prob": True}, {"norm_topk_prob": False}, {}],
+    ),
     # qwen3_5.py:173 builds Qwen3NextSparseMoeBlock from text_config: the same arguments
-    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration",
-                    lambda c: ("softmax", c.get("norm_topk_prob", True), None, False),
-                    [{"norm_topk_prob": True}, {"norm_topk_prob": False}]),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeForConditionalGeneration",
+        lambda c: ("softmax", c.get("norm_topk_prob", True), None, False),
+        [{"norm_topk_prob": True}, {"norm_topk_prob": False}],
+    ),
     "llama4_text": ("Llama4ForCausalLM", None, [{}, {"norm_topk_prob": True}]),
     # vllm/models/deepseek_v32/__init__.py: deepseek_v2.py GlmMoeDsaForCausalLM on CPU, DeepSeek's arguments
-    "glm_moe_dsa": ("GlmMoeDsaForCausalLM", _deepseek, [
-        {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "norm_topk_prob": True}, {}]),
+    "glm_moe_dsa": (
+        "GlmMoeDsaForCausalLM",
+        _deepseek,
+        [{"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "norm_topk_prob": True}, {}],
+    ),
     # vllm/models/minimax_m3/nvidia/model.py MiniMaxM3MoE: FusedMoEFactory(scoring_func=config.scoring_func,
     # e_score_correction_bias iff use_routing_bias, renormalize=True); MiniMaxM3TextConfig defaults sigmoid, True
-    "minimax_m3": ("MiniMaxM3SparseForCausalLM",
-                   lambda c: (c.get("scoring_func", "sigmoid"), True, None, bool(c.get("use_routing_bias", True))),
-                   [{}, {"use_routing_bias": False}, {"scoring_func": "softmax", "use_routing_bias": False}]),
+    "minimax_m3": (
+        "MiniMaxM3SparseForCausalLM",
+        lambda c: (c.get("scoring_func", "sigmoid"), True, None, bool(c.get("use_routing_bias", True))),
+        [{}, {"use_routing_bias": False}, {"scoring_func": "softmax", "use_routing_bias": False}],
+    ),
 }
 WRAPPED = {"qwen3_5_moe"}  # its MoE keys live under text_config
 

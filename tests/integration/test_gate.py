@@ -21,9 +21,17 @@ def test_gate_passes_on_the_bundled_pair(tiny, fp8_draft, tmp_path, monkeypatch)
     data = json.loads(result.stdout)
     assert data["schema_version"] == 1 and data["gate"]["passed"] is True and data["gate"]["verdict"] == "pass"
     names = {c["name"] for c in data["gate"]["checks"]}
-    assert {"check.errors", "acceptance.ratio", "acceptance.candidate_al", "acceptance.per_domain_ratio.math",
-            "check.unexpected_unquantized", "check.precision_mismatches", "size.ratio", "size.prediction_error",
-            "tokenizer.drifted_files"} <= names
+    assert {
+        "check.errors",
+        "acceptance.ratio",
+        "acceptance.candidate_al",
+        "acceptance.per_domain_ratio.math",
+        "check.unexpected_unquantized",
+        "check.precision_mismatches",
+        "size.ratio",
+        "size.prediction_error",
+        "tokenizer.drifted_files",
+    } <= names
     assert data["candidates"]["draft-fp8"]["verdict"] == "pass"
     assert "gate verdict: pass" in result.stderr
     acc = data["candidates"]["draft-fp8"]["acceptance"]

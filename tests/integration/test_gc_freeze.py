@@ -36,7 +36,8 @@ def frozen_by_vllm() -> Iterator[list[object]]:
 
 
 def test_paused_gc_after_vllm_froze_the_heap_leaves_what_it_made_in_the_oldest_generation(
-        frozen_by_vllm: list[object]) -> None:
+    frozen_by_vllm: list[object],
+) -> None:
     assert gc.isenabled()
     with paused_gc():
         assert not gc.isenabled()

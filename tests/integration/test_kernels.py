@@ -25,10 +25,30 @@ from quantkit.rules.kernels import Image, MoeCase, select_moe_backend
 PLATFORMS = ("gfx950", "gfx942", "cuda", "cpu")
 # (model_type config keys) -> routing method as vLLM names it, by hand from the model files
 ROUTERS = {
-    "qwen3_moe": ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "norm_topk_prob": True}, "RenormalizeNaive"),
-    "kimi_k2": ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1,
-                 "norm_topk_prob": True}, "DeepSeekV3"),
-    "minimax_m2": ({"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "scoring_func": "sigmoid", "use_routing_bias": True}, "MiniMax2"),
+    "qwen3_moe": (
+        {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "norm_topk_prob": True},
+        "RenormalizeNaive",
+    ),
+    "kimi_k2": (
+        {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "n_group": 1,
+            "norm_topk_prob": True,
+        },
+        "DeepSeekV3",
+    ),
+    "minimax_m2": (
+        {
+            "architectures": ["MiniMaxM2ForCausalLM"],
+            "model_type": "minimax_m2",
+            "scoring_func": "sigmoid",
+            "use_routing_bias": True,
+        },
+        "MiniMax2",
+    ),
 }
 
 
@@ -69,7 +89,26 @@ def vllm_ref():
     from vllm.platforms import PlatformEnum, current_platform
     from vllm.platforms.interface import DeviceCapability
 
-    return types.SimpleNamespace(aiter_ops=aiter_ops, rocm=rocm, linear=linear, scaled_mm_torch=scaled_mm_torch, RoutedExperts=RoutedExperts, MoEActivation=MoEActivation, FusedMoEConfig=FusedMoEConfig, FusedMoEParallelConfig=FusedMoEParallelConfig, get_routing_method_type=get_routing_method_type, flashinfer_cutlass_moe=flashinfer_cutlass_moe, ocp_mx_emulation_moe=ocp_mx_emulation_moe, oracle=oracle, LinearBase=LinearBase, quark_moe=quark_moe, QuarkConfig=QuarkConfig, PlatformEnum=PlatformEnum, current_platform=current_platform, DeviceCapability=DeviceCapability)
+    return types.SimpleNamespace(
+        aiter_ops=aiter_ops,
+        rocm=rocm,
+        linear=linear,
+        scaled_mm_torch=scaled_mm_torch,
+        RoutedExperts=RoutedExperts,
+        MoEActivation=MoEActivation,
+        FusedMoEConfig=FusedMoEConfig,
+        FusedMoEParallelConfig=FusedMoEParallelConfig,
+        get_routing_method_type=get_routing_method_type,
+        flashinfer_cutlass_moe=flashinfer_cutlass_moe,
+        ocp_mx_emulation_moe=ocp_mx_emulation_moe,
+        oracle=oracle,
+        LinearBase=LinearBase,
+        quark_moe=quark_moe,
+        QuarkConfig=QuarkConfig,
+        PlatformEnum=PlatformEnum,
+        current_platform=current_platform,
+        DeviceCapability=DeviceCapability,
+    )
 
 
 def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
@@ -84,8 +123,11 @@ def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
     if rocm_:
         mp.setattr(v.rocm, "_ON_GFX942" if platform == "gfx942" else "_ON_GFX950", True)
         mp.setattr(v.rocm, "_ON_GFX9", True)
-    cap = {"gfx950": v.DeviceCapability(9, 5), "gfx942": v.DeviceCapability(9, 4),
-           "cuda": v.DeviceCapability(9, 0)}.get(platform)
+    cap = {
+        "gfx950": v.DeviceCapability(9, 5),
+        "gfx942": v.DeviceCapability(9, 4),
+        "cuda": v.DeviceCapability(9, 0),
+    }.get(platform)
     p = v.current_platform
     enum = {"cuda": v.PlatformEnum.CUDA, "cpu": v.PlatformEnum.CPU}.get(platform, v.PlatformEnum.ROCM)
     mp.setattr(p, "_enum", enum)
@@ -95,10 +137,15 @@ def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
     mp.setattr(p, "is_cpu", lambda: platform == "cpu")
     mp.setattr(p, "is_xpu", lambda: False)
     mp.setattr(p, "get_device_capability", lambda device_id=0: cap)
-    mp.setattr(p, "has_device_capability",
-               lambda c, device_id=0: cap is not None and cap.to_int() >= (c if isinstance(c, int) else c[0] * 10 + c[1]))
+    mp.setattr(
+        p,
+        "has_device_capability",
+        lambda c, device_id=0: cap is not None and cap.to_int() >= (c if isinstance(c, int) else c[0] * 10 + c[1]),
+    )
     mp.setattr(p, "is_device_capability", lambda c, device_id=0: cap is not None and cap.to_int() == c)
-    mp.setattr(p, "is_device_capability_family", lambda c, device_id=0: cap is not None and cap.to_int() // 10 == c // 10)
+    mp.setattr(
+        p, "is_device_capability_family", lambda c, device_id=0: cap is not None and cap.to_int() // 10 == c // 10
+    )
     mp.setattr(p, "is_fp8_fnuz", lambda: platform == "gfx942")
     mp.setattr(v.aiter_ops, "IS_AITER_FOUND", image.aiter and rocm_)
     ops = v.aiter_ops.rocm_aiter_ops
@@ -118,8 +165,11 @@ def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
     import vllm._custom_ops as custom_ops
 
     mp.setattr(custom_ops, "_supports_cpu_fp8_w8a16", image.cpu_amx, raising=False)
-    fake = types.SimpleNamespace(model_config=types.SimpleNamespace(
-        quantization_config=None, dtype=torch.bfloat16, hf_config=types.SimpleNamespace(model_type="x")))
+    fake = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(
+            quantization_config=None, dtype=torch.bfloat16, hf_config=types.SimpleNamespace(model_type="x")
+        )
+    )
     mp.setattr(v.oracle, "get_current_vllm_config", lambda: fake)
     mp.setattr(v.quark_moe, "get_current_vllm_config", lambda: fake)
 
@@ -127,13 +177,24 @@ def _stand_in(mp: pytest.MonkeyPatch, v, platform: str, image: Image) -> None:
 def _moe_config(v, router: str, num_experts: int = 8, hidden: int = 256, inter: int = 128):
     import torch
 
-    routing = {"RenormalizeNaive": v.get_routing_method_type("softmax", 2, True, None, False),
-               "DeepSeekV3": v.get_routing_method_type("sigmoid", 2, True, 1, True),
-               "MiniMax2": v.get_routing_method_type("sigmoid", 2, True, None, True)}[router]
-    return v.FusedMoEConfig(num_experts=num_experts, experts_per_token=2, hidden_dim=hidden, intermediate_size=inter,
-                            num_local_experts=num_experts, num_logical_experts=num_experts,
-                            activation=v.MoEActivation("silu"), device="cpu", routing_method=routing,
-                            moe_parallel_config=v.FusedMoEParallelConfig.make_no_parallel(), in_dtype=torch.bfloat16)
+    routing = {
+        "RenormalizeNaive": v.get_routing_method_type("softmax", 2, True, None, False),
+        "DeepSeekV3": v.get_routing_method_type("sigmoid", 2, True, 1, True),
+        "MiniMax2": v.get_routing_method_type("sigmoid", 2, True, None, True),
+    }[router]
+    return v.FusedMoEConfig(
+        num_experts=num_experts,
+        experts_per_token=2,
+        hidden_dim=hidden,
+        intermediate_size=inter,
+        num_local_experts=num_experts,
+        num_logical_experts=num_experts,
+        activation=v.MoEActivation("silu"),
+        device="cpu",
+        routing_method=routing,
+        moe_parallel_config=v.FusedMoEParallelConfig.make_no_parallel(),
+        in_dtype=torch.bfloat16,
+    )
 
 
 def vllm_moe_backend(v, qc: dict, layer: str, platform: str, image: Image, router: str = "RenormalizeNaive"):
@@ -156,11 +217,17 @@ def vllm_fp8_kernel(v, qc: dict, layer: str, platform: str, image: Image, n: int
         _stand_in(mp, v, platform, image)
         cfg = v.QuarkConfig.from_config(qc)
         w, a, _cls = cfg.get_scheme_cls(v.LinearBase, layer)
-        c = v.linear.FP8ScaledMMLinearLayerConfig(weight_quant_key=w, activation_quant_key=a, input_dtype=torch.bfloat16,
-                                                  out_dtype=torch.bfloat16, weight_shape=(n, k))
+        c = v.linear.FP8ScaledMMLinearLayerConfig(
+            weight_quant_key=w,
+            activation_quant_key=a,
+            input_dtype=torch.bfloat16,
+            out_dtype=torch.bfloat16,
+            weight_shape=(n, k),
+        )
         try:
-            return v.linear.choose_scaled_mm_linear_kernel(c, v.linear._POSSIBLE_FP8_KERNELS,
-                                                           quantization="fp8_w8a8").__name__
+            return v.linear.choose_scaled_mm_linear_kernel(
+                c, v.linear._POSSIBLE_FP8_KERNELS, quantization="fp8_w8a8"
+            ).__name__
         except ValueError:
             return None
 
@@ -169,21 +236,45 @@ def vllm_fp8_kernel(v, qc: dict, layer: str, platform: str, image: Image, n: int
 
 
 def _mx(dynamic: bool) -> dict:
-    return {"dtype": "fp4", "is_dynamic": dynamic, "qscheme": "per_group", "ch_axis": -1, "group_size": 32,
-            "scale_format": "e8m0", "scale_calculation_mode": "even", "round_method": "half_even",
-            "mx_element_dtype": None, "observer_cls": "PerBlockMXObserver", "symmetric": None, "is_scale_quant": False}
+    return {
+        "dtype": "fp4",
+        "is_dynamic": dynamic,
+        "qscheme": "per_group",
+        "ch_axis": -1,
+        "group_size": 32,
+        "scale_format": "e8m0",
+        "scale_calculation_mode": "even",
+        "round_method": "half_even",
+        "mx_element_dtype": None,
+        "observer_cls": "PerBlockMXObserver",
+        "symmetric": None,
+        "is_scale_quant": False,
+    }
 
 
-_FP8_STATIC = {"dtype": "fp8_e4m3", "is_dynamic": False, "qscheme": "per_tensor", "ch_axis": None, "group_size": None,
-               "symmetric": True, "round_method": "half_even", "scale_type": "float",
-               "observer_cls": "PerTensorMinMaxObserver", "is_scale_quant": False}
+_FP8_STATIC = {
+    "dtype": "fp8_e4m3",
+    "is_dynamic": False,
+    "qscheme": "per_tensor",
+    "ch_axis": None,
+    "group_size": None,
+    "symmetric": True,
+    "round_method": "half_even",
+    "scale_type": "float",
+    "observer_cls": "PerTensorMinMaxObserver",
+    "is_scale_quant": False,
+}
 
 
 def _qc(inputs) -> dict:
-    return {"quant_method": "quark", "export": {"kv_cache_group": [], "pack_method": "reorder"},
-            "global_quant_config": {"weight": _mx(False), "input_tensors": inputs, "output_tensors": None,
-                                    "bias": None},
-            "layer_quant_config": {}, "layer_type_quant_config": {}, "exclude": []}
+    return {
+        "quant_method": "quark",
+        "export": {"kv_cache_group": [], "pack_method": "reorder"},
+        "global_quant_config": {"weight": _mx(False), "input_tensors": inputs, "output_tensors": None, "bias": None},
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+        "exclude": [],
+    }
 
 
 SCHEMES = {"w4a4": (_mx(True), kernels.W4A4), "w4a16": (None, kernels.W4A16), "w4a8": (_FP8_STATIC, kernels.W4A8)}
@@ -195,8 +286,11 @@ IMAGES = {"default": Image(), "no-amd-quark": Image(amd_quark=False), "aiter-off
 
 def test_routing_method_matches_vllms_function(vllm_ref):
     v = vllm_ref
-    by_hand = {"qwen3_moe": ("softmax", True, None, False), "kimi_k2": ("sigmoid", True, 1, True),
-               "minimax_m2": ("sigmoid", True, None, True)}
+    by_hand = {
+        "qwen3_moe": ("softmax", True, None, False),
+        "kimi_k2": ("sigmoid", True, 1, True),
+        "minimax_m2": ("sigmoid", True, None, True),
+    }
     for name, (config, expected) in ROUTERS.items():
         assert kernels.routing_method(config) == expected, name
         assert v.get_routing_method_type(by_hand[name][0], 2, *by_hand[name][1:]).name == expected, name
@@ -229,9 +323,14 @@ def test_moe_backend_equals_vllms_selection_on_every_platform(vllm_ref, image):
 
 def test_padding_equals_vllms_round_up(vllm_ref):
     v = vllm_ref
-    cases = [("AITER_MXFP4_MXFP4", "gfx950", 3072, 192), ("AITER_MXFP4_BF16", "gfx950", 7168, 320),
-             ("AITER_TRITON_MXFP4_BF16", "gfx942", 3072, 192), ("EMULATION", "gfx942", 3072, 200),
-             ("MARLIN", "cuda", 3000, 200), ("CPU", "cpu", 250, 100)]
+    cases = [
+        ("AITER_MXFP4_MXFP4", "gfx950", 3072, 192),
+        ("AITER_MXFP4_BF16", "gfx950", 7168, 320),
+        ("AITER_TRITON_MXFP4_BF16", "gfx942", 3072, 192),
+        ("EMULATION", "gfx942", 3072, 200),
+        ("MARLIN", "cuda", 3000, 200),
+        ("CPU", "cpu", 250, 100),
+    ]
     for backend, platform, h, i in cases:
         with pytest.MonkeyPatch.context() as mp:
             _stand_in(mp, v, platform, Image())
@@ -243,21 +342,47 @@ def test_padding_equals_vllms_round_up(vllm_ref):
     assert kernels.padding_waste("AITER_MXFP4_MXFP4", "gfx950", 7168, 2048, 8) == 0  # Kimi-K2.5: 256 per rank
 
 
-_PTPC = {"weight": {"dtype": "fp8_e4m3", "is_dynamic": False, "qscheme": "per_channel", "ch_axis": 0,
-                    "group_size": None, "symmetric": True, "round_method": "half_even", "scale_type": "float",
-                    "observer_cls": "PerChannelMinMaxObserver", "is_scale_quant": False},
-         "input_tensors": {"dtype": "fp8_e4m3", "is_dynamic": True, "qscheme": "per_channel", "ch_axis": 1,
-                           "group_size": None, "symmetric": True, "round_method": "half_even", "scale_type": "float",
-                           "observer_cls": "PerChannelMinMaxObserver", "is_scale_quant": False},
-         "output_tensors": None, "bias": None}
+_PTPC = {
+    "weight": {
+        "dtype": "fp8_e4m3",
+        "is_dynamic": False,
+        "qscheme": "per_channel",
+        "ch_axis": 0,
+        "group_size": None,
+        "symmetric": True,
+        "round_method": "half_even",
+        "scale_type": "float",
+        "observer_cls": "PerChannelMinMaxObserver",
+        "is_scale_quant": False,
+    },
+    "input_tensors": {
+        "dtype": "fp8_e4m3",
+        "is_dynamic": True,
+        "qscheme": "per_channel",
+        "ch_axis": 1,
+        "group_size": None,
+        "symmetric": True,
+        "round_method": "half_even",
+        "scale_type": "float",
+        "observer_cls": "PerChannelMinMaxObserver",
+        "is_scale_quant": False,
+    },
+    "output_tensors": None,
+    "bias": None,
+}
 
 
 @pytest.mark.parametrize("tuned", [False, True])
 def test_fp8_linear_kernel_equals_vllms_choice(vllm_ref, tuned):
     qc = {**_qc(None), "global_quant_config": _PTPC}
-    per_tensor = {**_qc(None), "global_quant_config": {**_PTPC, "weight": {**_PTPC["weight"], "qscheme": "per_tensor",
-                                                                            "ch_axis": None},
-                                                       "input_tensors": _FP8_STATIC}}
+    per_tensor = {
+        **_qc(None),
+        "global_quant_config": {
+            **_PTPC,
+            "weight": {**_PTPC["weight"], "qscheme": "per_tensor", "ch_axis": None},
+            "input_tensors": _FP8_STATIC,
+        },
+    }
     img = Image(fp8_gemm_tuned=tuned)
     # cuda is not compared: the CPU build of vLLM has no cutlass_scaled_mm_supports_fp8 op to ask
     for platform in ("gfx950", "gfx942", "cpu"):
@@ -349,8 +474,9 @@ def test_padding_is_a_finding_with_the_extra_work(bundled):
     r = check(bundled["mxfp4-moe"], tp=2, platform="gfx950", vllm="off")
     pads = [f for f in r.findings if f.code == "moe-padding"]
     assert len(pads) == 1 and "64 -> 128" in pads[0].message and "100% extra" in pads[0].message
-    assert not [f for f in check(bundled["mxfp4-moe"], platform="gfx950", vllm="off").findings
-                if f.code == "moe-padding"]
+    assert not [
+        f for f in check(bundled["mxfp4-moe"], platform="gfx950", vllm="off").findings if f.code == "moe-padding"
+    ]
 
 
 @pytest.fixture

@@ -23,8 +23,11 @@ ST_DTYPE = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F
 
 
 def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
 
 
 def _assert_same(quark_f2f, w: torch.Tensor, scheme: str) -> None:
@@ -52,8 +55,11 @@ def _grid_ties(dtype: torch.dtype) -> torch.Tensor:
         vals = []
         for y in ys:
             t = torch.tensor(y * 2.0**e, dtype=dtype)
-            vals += [t, torch.nextafter(t, torch.tensor(0.0, dtype=dtype)),
-                     torch.nextafter(t, torch.tensor(float("inf"), dtype=dtype))]
+            vals += [
+                t,
+                torch.nextafter(t, torch.tensor(0.0, dtype=dtype)),
+                torch.nextafter(t, torch.tensor(float("inf"), dtype=dtype)),
+            ]
         row = torch.stack([anchor] + vals[:31]).to(dtype)
         rows.append(row)
         rows.append(-row)
@@ -188,12 +194,15 @@ def test_finite_only_refuses_inf_that_quark_would_quantize(dtype):
             fn(w, finite_only=True)
 
 
-@pytest.mark.parametrize("scheme,layer_config", [
-    ("mxfp4", None),
-    ("mxfp4", {"*self_attn*": "ptpc_fp8", "model.layers.0.mlp.experts.0.up_proj": "mxfp4"}),
-    ("ptpc_fp8", None),
-    ("ptpc_fp8", {"*.down_proj": "mxfp4"}),
-])
+@pytest.mark.parametrize(
+    "scheme,layer_config",
+    [
+        ("mxfp4", None),
+        ("mxfp4", {"*self_attn*": "ptpc_fp8", "model.layers.0.mlp.experts.0.up_proj": "mxfp4"}),
+        ("ptpc_fp8", None),
+        ("ptpc_fp8", {"*.down_proj": "mxfp4"}),
+    ],
+)
 def test_quantization_config_matches_quark(quark_f2f, scheme, layer_config):
     """Same dict, same key order, as `_export_quant_config` builds from LLMTemplate.get_config (whose exclude is
     then replaced by the sorted resolved names)."""
@@ -201,11 +210,17 @@ def test_quantization_config_matches_quark(quark_f2f, scheme, layer_config):
 
     exclude = ["lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
     for template in ("qwen3_moe", "deepseek_v3", "llama", "minimax_m2", "mixtral"):
-        cfg = LLMTemplate.get(template).get_config(scheme=scheme, exclude_layers=["*.mlp.gate", "lm_head"],
-                                                   layer_config=layer_config)
+        cfg = LLMTemplate.get(template).get_config(
+            scheme=scheme, exclude_layers=["*.mlp.gate", "lm_head"], layer_config=layer_config
+        )
         want = cfg.to_dict()
-        want["export"] = {"kv_cache_group": [], "min_kv_scale": 0.0, "pack_method": "reorder",
-                          "weight_format": "real_quantized", "weight_merge_groups": None}
+        want["export"] = {
+            "kv_cache_group": [],
+            "min_kv_scale": 0.0,
+            "pack_method": "reorder",
+            "weight_format": "real_quantized",
+            "weight_merge_groups": None,
+        }
         want["exclude"] = sorted(exclude)
         got = quark_quantization_config(scheme, list(reversed(exclude)), layer_config)
         assert json.dumps(got) == json.dumps(want), template

@@ -66,8 +66,7 @@ def vllm_pair(moe_fp8_draft, moe_mxfp4):
 @pytest.fixture(scope="module")
 def reference_pair(moe_fp8_draft, moe_mxfp4):
     """The same pair acceptance on the PyTorch reference engine (MXFP4 target through Quark's importer)."""
-    return run_acceptance(TARGET, DRAFT, moe_fp8_draft, candidate_target=moe_mxfp4, backend="reference",
-                          progress=QUIET)
+    return run_acceptance(TARGET, DRAFT, moe_fp8_draft, candidate_target=moe_mxfp4, backend="reference", progress=QUIET)
 
 
 # --- slow: the measurements ----------------------------------------------------------------------------------------
@@ -121,14 +120,18 @@ def test_pair_backends_agree(vllm_pair, reference_pair, moe_fp8_draft, moe_mxfp4
 
 
 @pytest.mark.vllm
-def test_damaged_target_lowers_the_pair_and_fails_the_gate(tmp_path, moe_fp8_draft, damaged_mxfp4, vllm_pair,
-                                                          reference_pair):
+def test_damaged_target_lowers_the_pair_and_fails_the_gate(
+    tmp_path, moe_fp8_draft, damaged_mxfp4, vllm_pair, reference_pair
+):
     """Measured: AL 1.160 (ratio 0.315, CI 0.299-0.333) against 3.646 for the undamaged pair; position 2 and 3
     never accepted. The static check passes (the scales are finite and positive): only acceptance catches it. And
     the cross-engine agreement rule that lets the good pair through (test_pair_backends_agree) rejects the damaged
     pair in vLLM against the good one in the reference engine: the bound does not stretch to a broken checkpoint."""
-    cfg = _gate_cfg(tmp_path, {"name": "pair", "path": str(moe_fp8_draft), "target": str(damaged_mxfp4)},
-                    acceptance={"min_ratio": 0.98, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": "vllm"})
+    cfg = _gate_cfg(
+        tmp_path,
+        {"name": "pair", "path": str(moe_fp8_draft), "target": str(damaged_mxfp4)},
+        acceptance={"min_ratio": 0.98, "per_domain_min_ratio": 0.85, "min_al": 2.0, "backend": "vllm"},
+    )
     result = CliRunner().invoke(main, ["gate", cfg, "--out", str(tmp_path / "r"), "--json"])
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
@@ -169,8 +172,13 @@ def test_damaged_pair_is_still_lossless(moe_fp8_draft, damaged_mxfp4):
             ids = tok(r.render(tok), add_special_tokens=False)["input_ids"]
             spec = engine.generate(ids, k=3, max_new_tokens=32, eos_token_ids={tok.eos_token_id})
             with torch.no_grad():
-                plain = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):]
+                plain = model.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=32,
+                    do_sample=False,
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                )[0, len(ids) :]
             assert spec.output_ids == plain.tolist(), r.id
     finally:
         engine.close()

@@ -59,8 +59,12 @@ def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     import huggingface_hub.constants as c
 
     home = tmp_path / "hf-home"
-    for key, value in {"HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0", "HF_HOME": str(home),
-                       "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+    for key, value in {
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_OFFLINE": "0",
+        "HF_HOME": str(home),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "QUANTKIT_REPO_ID"):
         monkeypatch.delenv(key, raising=False)
@@ -83,35 +87,68 @@ def hub(token: str):
 def manifest_for(out: Path, source: str = BASE, target: str | Path = TINY / "target") -> dict[str, Any]:
     """A quantkit.json as `quantkit apply --recipe fp8-draft --target TINY/target` writes it for the tiny draft
     (same keys and shapes; apply records the command line and the folders as given)."""
+
     def layer(name, role, kind, modules, action):
         keep = action == "keep"
-        return {"runtime_name": name, "role": role, "kind": kind, "checkpoint_modules": modules, "action": action,
-                "scheme": None if keep else "ptpc_fp8",
-                "reason": next(k["reason"] for k in RECIPE_KEEP if k["role"] == role) if keep
-                else "recipe fp8-draft: ptpc_fp8"}
+        return {
+            "runtime_name": name,
+            "role": role,
+            "kind": kind,
+            "checkpoint_modules": modules,
+            "action": action,
+            "scheme": None if keep else "ptpc_fp8",
+            "reason": next(k["reason"] for k in RECIPE_KEEP if k["role"] == role)
+            if keep
+            else "recipe fp8-draft: ptpc_fp8",
+        }
 
     return {
         "quantkit_manifest_version": 1,
-        "command": f"/opt/venv/bin/quantkit apply --recipe fp8-draft --model {source} --output {out} "
-                   f"--target {target}",
-        "output": str(out), "source": str(source), "target": str(target),
-        "recipe": {"name": "fp8-draft", "description": "EAGLE-3 draft: decoder linears in FP8 (ptpc), fc and lm_head "
-                   "kept BF16", "applies_to": "eagle3-draft", "scheme": "ptpc_fp8", "quantize": ["decoder_linears"],
-                   "keep": RECIPE_KEEP, "overrides": [], "path": "in-memory", "calibration": "none"},
-        "model_kind": "eagle3-draft", "architecture": "LlamaForCausalLMEagle3", "path": "in-memory", "device": "cpu",
-        "exclude": ["model.fc", "lm_head"], "quark_exclude": ["fc", "lm_head"],
+        "command": f"/opt/venv/bin/quantkit apply --recipe fp8-draft --model {source} --output {out} --target {target}",
+        "output": str(out),
+        "source": str(source),
+        "target": str(target),
+        "recipe": {
+            "name": "fp8-draft",
+            "description": "EAGLE-3 draft: decoder linears in FP8 (ptpc), fc and lm_head kept BF16",
+            "applies_to": "eagle3-draft",
+            "scheme": "ptpc_fp8",
+            "quantize": ["decoder_linears"],
+            "keep": RECIPE_KEEP,
+            "overrides": [],
+            "path": "in-memory",
+            "calibration": "none",
+        },
+        "model_kind": "eagle3-draft",
+        "architecture": "LlamaForCausalLMEagle3",
+        "path": "in-memory",
+        "device": "cpu",
+        "exclude": ["model.fc", "lm_head"],
+        "quark_exclude": ["fc", "lm_head"],
         "layers": [
             layer("model.fc", "fc", "linear", ["fc"], "keep"),
-            layer("model.layers.4.self_attn.qkv_proj", "attention", "fused_linear",
-                  ["midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj"], "quantize"),
+            layer(
+                "model.layers.4.self_attn.qkv_proj",
+                "attention",
+                "fused_linear",
+                ["midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj"],
+                "quantize",
+            ),
             layer("model.layers.4.self_attn.o_proj", "attention", "linear", ["midlayer.self_attn.o_proj"], "quantize"),
-            layer("model.layers.4.mlp.gate_up_proj", "dense_mlp", "fused_linear",
-                  ["midlayer.mlp.gate_proj", "midlayer.mlp.up_proj"], "quantize"),
+            layer(
+                "model.layers.4.mlp.gate_up_proj",
+                "dense_mlp",
+                "fused_linear",
+                ["midlayer.mlp.gate_proj", "midlayer.mlp.up_proj"],
+                "quantize",
+            ),
             layer("model.layers.4.mlp.down_proj", "dense_mlp", "linear", ["midlayer.mlp.down_proj"], "quantize"),
             layer("lm_head", "lm_head", "linear", ["lm_head"], "keep"),
         ],
-        "size_before_bytes": 2373000, "size_after_bytes": 1656928,
-        "timings_s": {"plan": 3.4, "quantize": 41.6, "verify": 0.01, "total": 45.0}, "peak_rss_mb": 841.8,
+        "size_before_bytes": 2373000,
+        "size_after_bytes": 1656928,
+        "timings_s": {"plan": 3.4, "quantize": 41.6, "verify": 0.01, "total": 45.0},
+        "peak_rss_mb": 841.8,
         "versions": {"quantkit": "0.1.0", "amd-quark": "0.13", "torch": "2.13.0+cpu", "transformers": "5.16.1"},
         "source_files": {"model.safetensors": "02ae305e59456b6d72c070acea97cb9cec4e9135b984864b3453dec3743a9c64"},
         "verified": {"kept_tensors_byte_identical": 8, "quantized_layers_checked": 7},
@@ -128,13 +165,16 @@ def draft_out(tmp_path: Path) -> Path:
     shutil.copytree(TINY / "eagle3-draft", out)
     config = json.loads((out / "config.json").read_text())
     config["quantization_config"] = {
-        "quant_method": "quark", "version": "0.13", "exclude": ["model.fc", "lm_head"],
+        "quant_method": "quark",
+        "version": "0.13",
+        "exclude": ["model.fc", "lm_head"],
         "export": {"kv_cache_group": [], "pack_method": "reorder", "weight_format": "real_quantized"},
-        "global_quant_config": {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0,
-                                           "is_dynamic": False},
-                                "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1,
-                                                  "is_dynamic": True}},
-        "layer_quant_config": {}, "layer_type_quant_config": {},
+        "global_quant_config": {
+            "weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0, "is_dynamic": False},
+            "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1, "is_dynamic": True},
+        },
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "quantkit.json").write_text(json.dumps(manifest_for(out), indent=2) + "\n")
@@ -145,18 +185,46 @@ REPORT = {
     "schema_version": 1,
     "model": "tiny-eagle3-draft-fp8",
     "acceptance": {
-        "backend": "vllm", "num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 42,
+        "backend": "vllm",
+        "num_speculative_tokens": 3,
+        "prompts": "builtin",
+        "num_prompts": 42,
         "candidate_kind": "draft",
-        "baseline": {"mean_acceptance_length": 2.612, "per_domain": {"code": 2.91, "french": 2.31},
-                     "acceptance_rate_per_pos": [0.81, 0.52, 0.282], "num_drafts": 400, "num_accepted": 645},
-        "candidate": {"mean_acceptance_length": 2.587, "per_domain": {"code": 2.88, "french": 2.30},
-                      "acceptance_rate_per_pos": [0.8, 0.51, 0.277], "num_drafts": 404, "num_accepted": 641},
-        "ratio": 0.9904, "ratio_ci": [0.975, 1.004], "per_domain_ratio": {"code": 0.9897, "french": 0.9957},
+        "baseline": {
+            "mean_acceptance_length": 2.612,
+            "per_domain": {"code": 2.91, "french": 2.31},
+            "acceptance_rate_per_pos": [0.81, 0.52, 0.282],
+            "num_drafts": 400,
+            "num_accepted": 645,
+        },
+        "candidate": {
+            "mean_acceptance_length": 2.587,
+            "per_domain": {"code": 2.88, "french": 2.30},
+            "acceptance_rate_per_pos": [0.8, 0.51, 0.277],
+            "num_drafts": 404,
+            "num_accepted": 641,
+        },
+        "ratio": 0.9904,
+        "ratio_ci": [0.975, 1.004],
+        "per_domain_ratio": {"code": 0.9897, "french": 0.9957},
     },
-    "eval": {"tasks": [{"task": "tiny_mc", "metric": "acc", "baseline": 0.8125, "candidate": 0.8047,
-                        "delta": -0.0078, "delta_ci95": [-0.031, 0.0154], "recovery": 0.9904}]},
-    "gate": {"passed": True, "checks": [{"name": "acceptance.ratio", "value": 0.9904, "threshold": 0.97, "op": ">=",
-                                         "passed": True}]},
+    "eval": {
+        "tasks": [
+            {
+                "task": "tiny_mc",
+                "metric": "acc",
+                "baseline": 0.8125,
+                "candidate": 0.8047,
+                "delta": -0.0078,
+                "delta_ci95": [-0.031, 0.0154],
+                "recovery": 0.9904,
+            }
+        ]
+    },
+    "gate": {
+        "passed": True,
+        "checks": [{"name": "acceptance.ratio", "value": 0.9904, "threshold": 0.97, "op": ">=", "passed": True}],
+    },
 }
 
 
@@ -204,7 +272,8 @@ def assert_no_token(token: str, *texts: str, under: Path | None = None) -> None:
 
 
 def test_publish_uploads_folder_and_card_in_one_commit_and_downloads_back_identical(
-        hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path) -> None:
+    hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path
+) -> None:
     result = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token)
 
     history = hub.history(REPO)
@@ -229,11 +298,13 @@ def test_publish_uploads_folder_and_card_in_one_commit_and_downloads_back_identi
     assert blobs["model.safetensors"].lfs and blobs["acceptance.png"].lfs and not blobs["config.json"].lfs
     assert hub.count("PUT", "/__lfs-upload/") == 2
     assert {f.path: (f.size, f.sha256) for f in result.files} == {
-        p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in remote.items() if p != ".gitattributes"}
+        p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in remote.items() if p != ".gitattributes"
+    }
 
 
-def test_card_metadata_parses_back_from_the_hub(hub: HubServer, token: str, draft_out: Path, report_file: Path,
-                                                tmp_path: Path) -> None:
+def test_card_metadata_parses_back_from_the_hub(
+    hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path
+) -> None:
     from huggingface_hub import HfApi, ModelCard, metadata_load
 
     publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, target=TARGET)
@@ -258,8 +329,12 @@ def test_card_metadata_parses_back_from_the_hub(hub: HubServer, token: str, draf
     assert serve.startswith(f"vllm serve {TARGET} --tensor-parallel-size 1 --max-model-len 4096 --speculative-config '")
     # the card's command is for the default platform (gfx950): the drafter's attention backend is named, as vLLM's
     # default ROCm drafter backend collapses EAGLE-3 acceptance (vllm PR #47854; quantkit.rules.serving)
-    assert json.loads(serve.split("'")[1]) == {"method": "eagle3", "model": REPO, "num_speculative_tokens": 3,
-                                               "attention_backend": "ROCM_AITER_UNIFIED_ATTN"}
+    assert json.loads(serve.split("'")[1]) == {
+        "method": "eagle3",
+        "model": REPO,
+        "num_speculative_tokens": 3,
+        "attention_backend": "ROCM_AITER_UNIFIED_ATTN",
+    }
     assert "| fc | keep | bf16 | `model.fc` | fc's input concatenates" in text
     assert "| lm_head | keep | bf16 | `lm_head` | vLLM cannot load a quantized EAGLE-3 draft lm_head |" in text
     assert "| attention | quantize | ptpc_fp8 |" in text
@@ -288,17 +363,42 @@ def test_card_without_report_or_hub_source(draft_out: Path, tmp_path: Path) -> N
 def test_card_for_an_mxfp4_moe_target(tmp_path: Path) -> None:
     out = tmp_path / "moe-mxfp4"
     out.mkdir()
-    (out / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"],
-                                                 "quantization_config": {"quant_method": "quark"}}))
-    manifest = {"model_kind": "moe-target", "architecture": "Qwen3MoeForCausalLM", "source": "Qwen/Qwen3-30B-A3B",
-                "recipe": {"name": "mxfp4-moe", "scheme": "mxfp4", "description": "experts in MXFP4"},
-                "exclude": ["re:.*self_attn.*", "lm_head"],
-                "layers": [{"runtime_name": "model.layers.0.mlp.experts", "role": "experts", "action": "quantize",
-                            "scheme": "mxfp4", "reason": "recipe mxfp4-moe: mxfp4", "checkpoint_modules": []},
-                           {"runtime_name": "model.layers.0.self_attn.qkv_proj", "role": "attention",
-                            "action": "quantize", "scheme": "ptpc_fp8", "reason": "override", "checkpoint_modules": []},
-                           {"runtime_name": "lm_head", "role": "lm_head", "action": "keep", "scheme": None,
-                            "reason": "output head stays BF16", "checkpoint_modules": ["lm_head"]}]}
+    (out / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "quantization_config": {"quant_method": "quark"}})
+    )
+    manifest = {
+        "model_kind": "moe-target",
+        "architecture": "Qwen3MoeForCausalLM",
+        "source": "Qwen/Qwen3-30B-A3B",
+        "recipe": {"name": "mxfp4-moe", "scheme": "mxfp4", "description": "experts in MXFP4"},
+        "exclude": ["re:.*self_attn.*", "lm_head"],
+        "layers": [
+            {
+                "runtime_name": "model.layers.0.mlp.experts",
+                "role": "experts",
+                "action": "quantize",
+                "scheme": "mxfp4",
+                "reason": "recipe mxfp4-moe: mxfp4",
+                "checkpoint_modules": [],
+            },
+            {
+                "runtime_name": "model.layers.0.self_attn.qkv_proj",
+                "role": "attention",
+                "action": "quantize",
+                "scheme": "ptpc_fp8",
+                "reason": "override",
+                "checkpoint_modules": [],
+            },
+            {
+                "runtime_name": "lm_head",
+                "role": "lm_head",
+                "action": "keep",
+                "scheme": None,
+                "reason": "output head stays BF16",
+                "checkpoint_modules": ["lm_head"],
+            },
+        ],
+    }
     (out / "quantkit.json").write_text(json.dumps(manifest))
     card = build_model_card(out, repo_id="amd-test/moe-mxfp4")
     assert card.data.base_model == "Qwen/Qwen3-30B-A3B"
@@ -310,8 +410,9 @@ def test_card_for_an_mxfp4_moe_target(tmp_path: Path) -> None:
 # --- idempotence, branches, PRs ----------------------------------------------------------------------------------
 
 
-def test_republish_of_identical_content_makes_no_commit(hub: HubServer, token: str, draft_out: Path,
-                                                        report_file: Path) -> None:
+def test_republish_of_identical_content_makes_no_commit(
+    hub: HubServer, token: str, draft_out: Path, report_file: Path
+) -> None:
     first = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token)
     again = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token)
     assert again.unchanged and again.commit_oid == first.commit_oid
@@ -324,8 +425,7 @@ def test_republish_of_identical_content_makes_no_commit(hub: HubServer, token: s
     assert hub.files(REPO)["tokenizer_config.json"] == b'{"changed": true}\n'
 
 
-def test_republish_deletes_weight_shards_the_folder_no_longer_has(hub: HubServer, token: str,
-                                                                  draft_out: Path) -> None:
+def test_republish_deletes_weight_shards_the_folder_no_longer_has(hub: HubServer, token: str, draft_out: Path) -> None:
     stale = draft_out / "model-00002-of-00002.safetensors"
     stale.write_bytes(b"\0" * 64)
     publish(draft_out, REPO, endpoint=hub.url, token=token)
@@ -340,8 +440,10 @@ def test_revision_branch_and_pull_request(hub: HubServer, token: str, draft_out:
     on_branch = publish(draft_out, REPO, revision="fp8", endpoint=hub.url, token=token)
     assert set(hub.files(REPO, "main")) == {".gitattributes"}
     assert hub.repos[REPO].branches["fp8"] == on_branch.commit_oid
-    assert download_all(hub, token, tmp_path / "cache", rev="fp8")["config.json"] == \
-        (draft_out / "config.json").read_bytes()
+    assert (
+        download_all(hub, token, tmp_path / "cache", rev="fp8")["config.json"]
+        == (draft_out / "config.json").read_bytes()
+    )
 
     (draft_out / "tokenizer_config.json").write_text("{}\n")
     pr = publish(draft_out, REPO, create_pr=True, endpoint=hub.url, token=token)
@@ -358,8 +460,9 @@ def test_the_test_server_answers_the_client_read_apis(hub: HubServer, token: str
     publish(draft_out, REPO, revision="fp8", endpoint=hub.url, token=token)
     api = HfApi(endpoint=hub.url, token=token)
     # publish uploads no sub-folder (only what apply writes): the client puts one there for the folder APIs.
-    oid = api.upload_file(path_or_fileobj=b"kept beside the weights\n", path_in_repo="extra/notes.txt",
-                          repo_id=REPO, revision="fp8").oid
+    oid = api.upload_file(
+        path_or_fileobj=b"kept beside the weights\n", path_in_repo="extra/notes.txt", repo_id=REPO, revision="fp8"
+    ).oid
     refs = api.list_repo_refs(REPO, include_pull_requests=True)
     assert {b.name: b.target_commit for b in refs.branches}["fp8"] == oid
     info = {p.path: p for p in api.get_paths_info(REPO, ["model.safetensors", "extra", "missing"], revision="fp8")}
@@ -378,8 +481,9 @@ def test_the_test_server_answers_the_client_read_apis(hub: HubServer, token: str
 # --- errors ----------------------------------------------------------------------------------------------------
 
 
-def test_wrong_token_is_a_one_line_error_without_the_token(hub: HubServer, token: str, draft_out: Path,
-                                                           capfd: pytest.CaptureFixture[str]) -> None:
+def test_wrong_token_is_a_one_line_error_without_the_token(
+    hub: HubServer, token: str, draft_out: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     wrong = "hf_wrong" + secrets.token_hex(12)
     result = cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, env={"HF_TOKEN": wrong})
     assert result.exit_code == 2, result.output
@@ -407,8 +511,7 @@ def test_no_token_at_all(draft_out: Path) -> None:
     assert result.stderr.startswith("error: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
 
 
-def test_commit_500_leaves_no_commit_and_the_cli_claims_no_success(hub: HubServer, token: str,
-                                                                  draft_out: Path) -> None:
+def test_commit_500_leaves_no_commit_and_the_cli_claims_no_success(hub: HubServer, token: str, draft_out: Path) -> None:
     hub.fail_next("commit", 500)
     result = cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, env={"HF_TOKEN": token})
     assert result.exit_code == 2, result.output
@@ -426,8 +529,9 @@ def test_commit_500_leaves_no_commit_and_the_cli_claims_no_success(hub: HubServe
     assert hub.count("PUT", "/__lfs-upload/") == 1  # the retry reused the blob uploaded before the failed commit
 
 
-def test_lfs_upload_5xx_fails_before_any_commit(hub: HubServer, token: str, draft_out: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lfs_upload_5xx_fails_before_any_commit(
+    hub: HubServer, token: str, draft_out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub.utils._http as http
 
     waits: list[float] = []
@@ -451,8 +555,10 @@ def test_refuses_a_folder_that_apply_did_not_write(tmp_path: Path, hub: HubServe
     shutil.copytree(TINY / "eagle3-draft", plain)
     result = cli(str(plain), "--repo-id", REPO, "--endpoint", hub.url, env={"HF_TOKEN": token})
     assert result.exit_code == 2
-    assert result.stderr == (f"error: {plain} has no quantkit.json: publish only folders written by `quantkit apply` "
-                             f"(run `quantkit apply --recipe RECIPE --model MODEL --output {plain}` first)\n")
+    assert result.stderr == (
+        f"error: {plain} has no quantkit.json: publish only folders written by `quantkit apply` "
+        f"(run `quantkit apply --recipe RECIPE --model MODEL --output {plain}` first)\n"
+    )
     (plain / "quantkit.json").write_text("{}")
     (plain / "config.json").unlink()
     with pytest.raises(PublishError, match="has no config.json"):
@@ -470,8 +576,19 @@ def test_dry_run_needs_no_server_and_no_token(draft_out: Path, report_file: Path
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     out = tmp_path / "preview"
-    result = cli(str(draft_out), "--repo-id", REPO, "--endpoint", dead, "--report", str(report_file), "--dry-run",
-                 "--dry-run-dir", str(out), "--json")
+    result = cli(
+        str(draft_out),
+        "--repo-id",
+        REPO,
+        "--endpoint",
+        dead,
+        "--report",
+        str(report_file),
+        "--dry-run",
+        "--dry-run-dir",
+        str(out),
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["dry_run"] is True and data["commit_url"] is None
@@ -482,7 +599,8 @@ def test_dry_run_needs_no_server_and_no_token(draft_out: Path, report_file: Path
     assert set(generated) == GENERATED and generated["acceptance.png"].startswith(PNG_SIGNATURE)
     local = {**folder_files(draft_out), **generated}
     assert {f["path"]: (f["size"], f["sha256"]) for f in plan["files"]} == {
-        p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in local.items()}
+        p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in local.items()
+    }
     assert plan["total_bytes"] == sum(len(d) for d in local.values())
 
     table = cli(str(draft_out), "--repo-id", REPO, "--dry-run")  # default preview folder beside the output
@@ -491,20 +609,25 @@ def test_dry_run_needs_no_server_and_no_token(draft_out: Path, report_file: Path
     assert (tmp_path / "tiny-eagle3-draft-fp8.publish-preview" / "README.md").is_file()
 
 
-def test_token_is_never_printed_or_written(hub: HubServer, token: str, draft_out: Path, report_file: Path,
-                                           tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_token_is_never_printed_or_written(
+    hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     env = {"HF_TOKEN": token}
-    runs = [cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--report", str(report_file), env=env),
-            cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--json", env=env),
-            cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--dry-run", env=env)]
+    runs = [
+        cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--report", str(report_file), env=env),
+        cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--json", env=env),
+        cli(str(draft_out), "--repo-id", REPO, "--endpoint", hub.url, "--dry-run", env=env),
+    ]
     assert [r.exit_code for r in runs] == [0, 0, 0], [r.output for r in runs]
     assert runs[0].stdout.startswith("published 10 files") and runs[0].stdout.rstrip().endswith(
-        hub.history(REPO)[1].oid)  # the second run made the newest commit
+        hub.history(REPO)[1].oid
+    )  # the second run made the newest commit
     assert runs[1].stdout and json.loads(runs[1].stdout)["unchanged"] is False  # no report: a new card
     download_all(hub, token, tmp_path / "cache")
     captured = capfd.readouterr()
-    assert_no_token(token, *(r.output for r in runs), *(r.stderr for r in runs), captured.out, captured.err,
-                    under=tmp_path)
+    assert_no_token(
+        token, *(r.output for r in runs), *(r.stderr for r in runs), captured.out, captured.err, under=tmp_path
+    )
     for data in hub.files(REPO).values():
         assert token.encode() not in data
 
@@ -512,8 +635,9 @@ def test_token_is_never_printed_or_written(hub: HubServer, token: str, draft_out
 # --- what ships with the weights: acceptance sidecar, chart, deploy manifest ----------------------------------------
 
 
-def test_acceptance_sidecar_round_trips_through_the_hub(hub: HubServer, token: str, draft_out: Path,
-                                                        report_file: Path, tmp_path: Path) -> None:
+def test_acceptance_sidecar_round_trips_through_the_hub(
+    hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path
+) -> None:
     from huggingface_hub import HfApi
 
     from quantkit.io.paths import builtin_prompts_file
@@ -524,8 +648,9 @@ def test_acceptance_sidecar_round_trips_through_the_hub(hub: HubServer, token: s
     local = HfApi(endpoint=hub.url, token=token).hf_hub_download(REPO, "acceptance.json", cache_dir=tmp_path / "c")
     sidecar = AcceptanceSidecar.parse(json.loads(Path(local).read_text()))
 
-    expected = AcceptanceSidecar.from_acceptance(load_report(report_file).acceptance, model=REPO, base_model=BASE,
-                                                 target=TARGET)
+    expected = AcceptanceSidecar.from_acceptance(
+        load_report(report_file).acceptance, model=REPO, base_model=BASE, target=TARGET
+    )
     assert sidecar == expected
     # The figures are the report's, beside each other, and the provenance is what the sidecar promises.
     acc = REPORT["acceptance"]
@@ -559,8 +684,9 @@ def test_sidecar_of_a_prompt_file_hashes_the_file(draft_out: Path, tmp_path: Pat
 
     prompts = tmp_path / "my-prompts.jsonl"
     prompts.write_text('{"prompt": "hello", "domain": "chat"}\n')
-    report = parse_report({**REPORT, "acceptance": {**REPORT["acceptance"], "prompts": str(prompts),
-                                                    "backend": "reference"}})
+    report = parse_report(
+        {**REPORT, "acceptance": {**REPORT["acceptance"], "prompts": str(prompts), "backend": "reference"}}
+    )
     sidecar = AcceptanceSidecar.from_acceptance(report.acceptance, model=REPO)
     assert sidecar.prompt_set.name == "my-prompts.jsonl"
     assert sidecar.prompt_set.sha256 == hashlib.sha256(prompts.read_bytes()).hexdigest()
@@ -570,12 +696,14 @@ def test_sidecar_of_a_prompt_file_hashes_the_file(draft_out: Path, tmp_path: Pat
     assert gone.prompt_set.name == "my-prompts.jsonl" and gone.prompt_set.sha256 is None
     card = build_model_card(draft_out, report, repo_id=REPO)
     assert str(tmp_path) not in card.text
-    assert {r.dataset_name for r in card.data.eval_results if r.metric_type == "mean_acceptance_length"} == \
-        {"my-prompts.jsonl"}
+    assert {r.dataset_name for r in card.data.eval_results if r.metric_type == "mean_acceptance_length"} == {
+        "my-prompts.jsonl"
+    }
 
 
-def test_chart_is_a_png_uploaded_and_linked_from_the_card(hub: HubServer, token: str, draft_out: Path,
-                                                          report_file: Path, tmp_path: Path) -> None:
+def test_chart_is_a_png_uploaded_and_linked_from_the_card(
+    hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path
+) -> None:
     from quantkit.publish.charts import render_acceptance_chart
 
     publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token)
@@ -584,8 +712,10 @@ def test_chart_is_a_png_uploaded_and_linked_from_the_card(hub: HubServer, token:
     assert png.startswith(PNG_SIGNATURE) and png[12:16] == b"IHDR"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert width >= 800 and height >= 600  # four panels: positions, domains, ratio with its CI, eval deltas
-    assert "![Acceptance rate per position and AL per domain, BF16 vs quantized](acceptance.png)" in \
-        remote["README.md"].decode()
+    assert (
+        "![Acceptance rate per position and AL per domain, BF16 vs quantized](acceptance.png)"
+        in remote["README.md"].decode()
+    )
 
     # The gate's entry point gives the same bytes from the same results; nothing to draw writes nothing.
     report = load_report(report_file)
@@ -604,11 +734,13 @@ def test_chart_is_a_png_uploaded_and_linked_from_the_card(hub: HubServer, token:
 
 
 def test_matplotlib_is_imported_only_to_draw(draft_out: Path, report_file: Path) -> None:
-    code = ("import sys\nfrom click.testing import CliRunner\nfrom quantkit.cli import main\n"
-            "from quantkit.publish import build_model_card\n"
-            "assert CliRunner().invoke(main, ['publish', '--help']).exit_code == 0\n"
-            f"build_model_card({str(draft_out)!r}, {str(report_file)!r}, repo_id={REPO!r})\n"
-            "print('matplotlib' in sys.modules)\n")
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom quantkit.cli import main\n"
+        "from quantkit.publish import build_model_card\n"
+        "assert CliRunner().invoke(main, ['publish', '--help']).exit_code == 0\n"
+        f"build_model_card({str(draft_out)!r}, {str(report_file)!r}, repo_id={REPO!r})\n"
+        "print('matplotlib' in sys.modules)\n"
+    )
     import subprocess
     import sys
 
@@ -617,8 +749,9 @@ def test_matplotlib_is_imported_only_to_draw(draft_out: Path, report_file: Path)
     assert out.stdout.strip() == "False"
 
 
-def test_card_serves_with_the_deploy_manifest_and_uploads_it(hub: HubServer, token: str, draft_out: Path,
-                                                             report_file: Path, tmp_path: Path) -> None:
+def test_card_serves_with_the_deploy_manifest_and_uploads_it(
+    hub: HubServer, token: str, draft_out: Path, report_file: Path, tmp_path: Path
+) -> None:
     from quantkit.deploy.run import run as deploy_manifest
 
     publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, target=TARGET)
@@ -652,10 +785,15 @@ def test_card_for_a_moe_target_uses_the_deploy_environment(tmp_path: Path) -> No
     config = json.loads((out / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "quark"}
     (out / "config.json").write_text(json.dumps(config))
-    manifest = {"model_kind": "moe-target", "architecture": config["architectures"][0],
-                "source": str(TINY / "moe-target"), "output": str(out), "recipe": {"name": "mxfp4-moe"},
-                "command": f"quantkit apply --recipe mxfp4-moe --model {TINY / 'moe-target'} --output {out}",
-                "layers": []}
+    manifest = {
+        "model_kind": "moe-target",
+        "architecture": config["architectures"][0],
+        "source": str(TINY / "moe-target"),
+        "output": str(out),
+        "recipe": {"name": "mxfp4-moe"},
+        "command": f"quantkit apply --recipe mxfp4-moe --model {TINY / 'moe-target'} --output {out}",
+        "layers": [],
+    }
     (out / "quantkit.json").write_text(json.dumps(manifest))
     card = build_model_card(out, repo_id="amd-test/moe-mxfp4", base_model="amd-test/tiny-moe")
     assert "export VLLM_ROCM_USE_AITER_MOE=1\n" in card.text
@@ -683,8 +821,9 @@ def _local_names() -> list[str]:
     return sorted({n for n in names if n})
 
 
-def test_nothing_published_names_a_local_path_the_user_or_the_host(hub: HubServer, token: str, tmp_path: Path,
-                                                                   draft_out: Path) -> None:
+def test_nothing_published_names_a_local_path_the_user_or_the_host(
+    hub: HubServer, token: str, tmp_path: Path, draft_out: Path
+) -> None:
     """apply ran with local folders under the user's home on this host: the card, quantkit.json, the sidecar,
     deploy.json and every other uploaded file name the Hub ids instead. Every file is scanned as downloaded back."""
     user, host = getpass_user(), socket.gethostname()
@@ -707,13 +846,25 @@ def test_nothing_published_names_a_local_path_the_user_or_the_host(hub: HubServe
     report_file = home / "gate-report.json"
     report_file.write_text(json.dumps(report))
 
-    result = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, base_model=BASE,
-                     target=TARGET)
+    result = publish(draft_out, REPO, report=report_file, endpoint=hub.url, token=token, base_model=BASE, target=TARGET)
     remote = download_all(hub, token, tmp_path / "cache")
     assert set(remote) >= GENERATED and "tokenizer_config.json" in result.generated
 
-    paths = {str(p) for p in (draft_out, draft_out.resolve(), source, prompts, report_file, TINY / "target",
-                              (TINY / "target").resolve(), tmp_path, ROOT, home)}
+    paths = {
+        str(p)
+        for p in (
+            draft_out,
+            draft_out.resolve(),
+            source,
+            prompts,
+            report_file,
+            TINY / "target",
+            (TINY / "target").resolve(),
+            tmp_path,
+            ROOT,
+            home,
+        )
+    }
     for path, data in remote.items():
         for p in paths:
             assert p.encode() not in data, f"{path} names the local path {p}"
@@ -728,21 +879,25 @@ def test_nothing_published_names_a_local_path_the_user_or_the_host(hub: HubServe
                 assert any(kind == b"IDAT" for kind, _ in chunks) and chunks[-1] == (b"IEND", b"")
                 data = b"\n".join(body for kind, body in chunks if kind in (b"tEXt", b"iTXt", b"zTXt"))
             for name in _local_names():
-                assert not re.search(rb"(?<![A-Za-z0-9])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9])", data), \
+                assert not re.search(rb"(?<![A-Za-z0-9])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9])", data), (
                     f"{path} names {name!r}"
+                )
         elif path != ".gitattributes":
             assert data == local[path], path
 
     published = json.loads(remote["quantkit.json"])
     assert published["source"] == BASE and published["output"] == draft_out.name and published["target"] == TARGET
-    assert published["command"] == (f"quantkit apply --recipe fp8-draft --model {BASE} --output {draft_out.name} "
-                                     f"--target {TARGET}")
+    assert published["command"] == (
+        f"quantkit apply --recipe fp8-draft --model {BASE} --output {draft_out.name} --target {TARGET}"
+    )
     assert published["path_reason"] == f"in-memory: {BASE} fits in memory"
     assert published["redacted"] == ["source", "output", "target", "command"]
     assert json.loads(remote["tokenizer_config.json"])["name_or_path"] == BASE
-    assert {k: v for k, v in published.items() if k not in ("source", "output", "target", "command", "path_reason",
-                                                            "redacted")} == \
-        {k: v for k, v in manifest.items() if k not in ("source", "output", "target", "command", "path_reason")}
+    assert {
+        k: v
+        for k, v in published.items()
+        if k not in ("source", "output", "target", "command", "path_reason", "redacted")
+    } == {k: v for k, v in manifest.items() if k not in ("source", "output", "target", "command", "path_reason")}
     card = remote["README.md"].decode()
     assert "Local paths of the machine that ran `apply` are not published" in card
     assert f"`source` names the base model (`{BASE}`)" in card
@@ -757,8 +912,8 @@ def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
     assert data.startswith(PNG_SIGNATURE)
     out, i = [], len(PNG_SIGNATURE)
     while i < len(data):
-        n = int.from_bytes(data[i:i + 4], "big")
-        out.append((data[i + 4:i + 8], data[i + 8:i + 8 + n]))
+        n = int.from_bytes(data[i : i + 4], "big")
+        out.append((data[i + 4 : i + 8], data[i + 8 : i + 8 + n]))
         i += 12 + n
     return out
 
@@ -792,8 +947,9 @@ def test_report_tolerates_missing_sections_and_refuses_unknown_versions(tmp_path
 # --- a real apply output ---------------------------------------------------------------------------------------
 
 
-def test_publish_a_real_apply_output(hub: HubServer, token: str, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_a_real_apply_output(
+    hub: HubServer, token: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from huggingface_hub import ModelCard
 
     from quantkit.apply.run import apply
@@ -839,8 +995,9 @@ def bench_report(**bench_update: Any) -> tuple[dict[str, Any], Any]:
     return report, bench
 
 
-def test_card_and_sidecar_carry_the_bench_speedup_and_its_hardware_label(hub: HubServer, token: str,
-                                                                           draft_out: Path, tmp_path: Path) -> None:
+def test_card_and_sidecar_carry_the_bench_speedup_and_its_hardware_label(
+    hub: HubServer, token: str, draft_out: Path, tmp_path: Path
+) -> None:
     from statistics import median
 
     from quantkit.publish.sidecar import AcceptanceSidecar
@@ -866,20 +1023,33 @@ def test_card_and_sidecar_carry_the_bench_speedup_and_its_hardware_label(hub: Hu
         tok = [median(r.output_throughput for r in a.cell(c).repeats) for a in (base, bf16, cand)]
         comp, ref = bench.comparison(cand.name, c), bench.comparison(bf16.name, c)
         assert comp.speedup == pytest.approx(tok[2] / tok[0]) and comp.vs_bf16_draft == pytest.approx(tok[2] / tok[1])
-        row = (f"| {c} | {tok[0]:.1f} | {tok[1]:.1f} | {tok[2]:.1f} | {comp.speedup:.2f} "
-               f"({comp.speedup_ci[0]:.2f}-{comp.speedup_ci[1]:.2f}) | {ref.speedup:.2f} "
-               f"({ref.speedup_ci[0]:.2f}-{ref.speedup_ci[1]:.2f}) | {comp.vs_bf16_draft:.2f} "
-               f"({comp.vs_bf16_draft_ci[0]:.2f}-{comp.vs_bf16_draft_ci[1]:.2f}) | {comp.c_step:.2f}, "
-               f"{ref.c_step:.2f} | {cell.acceptance_length:.3f}, {bf16.cell(c).acceptance_length:.3f} |")
+        row = (
+            f"| {c} | {tok[0]:.1f} | {tok[1]:.1f} | {tok[2]:.1f} | {comp.speedup:.2f} "
+            f"({comp.speedup_ci[0]:.2f}-{comp.speedup_ci[1]:.2f}) | {ref.speedup:.2f} "
+            f"({ref.speedup_ci[0]:.2f}-{ref.speedup_ci[1]:.2f}) | {comp.vs_bf16_draft:.2f} "
+            f"({comp.vs_bf16_draft_ci[0]:.2f}-{comp.vs_bf16_draft_ci[1]:.2f}) | {comp.c_step:.2f}, "
+            f"{ref.c_step:.2f} | {cell.acceptance_length:.3f}, {bf16.cell(c).acceptance_length:.3f} |"
+        )
         assert row in section, (row, section)
         r = rows[c]
-        assert (r.no_spec_output_throughput, r.bf16_draft_output_throughput, r.candidate_output_throughput) == \
-            pytest.approx(tok)
-        assert (r.speedup, r.speedup_ci, r.vs_bf16_draft, r.vs_bf16_draft_ci, r.c_step) == \
-            (comp.speedup, comp.speedup_ci, comp.vs_bf16_draft, comp.vs_bf16_draft_ci, comp.c_step)
+        assert (
+            r.no_spec_output_throughput,
+            r.bf16_draft_output_throughput,
+            r.candidate_output_throughput,
+        ) == pytest.approx(tok)
+        assert (r.speedup, r.speedup_ci, r.vs_bf16_draft, r.vs_bf16_draft_ci, r.c_step) == (
+            comp.speedup,
+            comp.speedup_ci,
+            comp.vs_bf16_draft,
+            comp.vs_bf16_draft_ci,
+            comp.c_step,
+        )
     cross = bench.crossover[cand.name]
-    assert (f"candidate stops paying at C={cross}" if cross is not None else
-            "candidate pays at every concurrency measured (up to C=2)") in section
+    assert (
+        f"candidate stops paying at C={cross}"
+        if cross is not None
+        else "candidate pays at every concurrency measured (up to C=2)"
+    ) in section
     ident = bench.identity
     # the identity line, and the label: the gate did not call this CPU host the deployment hardware (gfx950)
     assert f"Measured on {ident.hardware} (cpu), TP 1, {ident.vllm_version}; backends: " in section
@@ -928,7 +1098,10 @@ def test_card_serve_command_carries_the_bench_k_schedule_and_vllm_accepts_it(dra
     assert pub.deploy_json is not None and pub.deploy_json["speculative_config"] == spec
     # vLLM's own validation of the schedule (vllm/v1/spec_decode/dynamic/utils.py) and its SpeculativeConfig
     assert validate_and_normalize_dynamic_sd_schedule([list(r) for r in ranges]) == ranges
-    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=spec["num_speculative_tokens"],
-                            num_speculative_tokens_per_batch_size=ranges)
+    cfg = SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=spec["num_speculative_tokens"],
+        num_speculative_tokens_per_batch_size=ranges,
+    )
     assert cfg.uses_dynamic_speculative_decoding()
     assert "`num_speculative_tokens_per_batch_size`" in text.split("## Serve with vLLM on ROCm")[1]

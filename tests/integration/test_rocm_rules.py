@@ -95,10 +95,14 @@ def _qc(group, lqc):
 KV_CASES = {
     "no kv_cache_group": _qc([], {}),
     "group = keys": _qc(["*k_proj", "*v_proj"], {"*k_proj": {"output_tensors": KV}, "*v_proj": {"output_tensors": KV}}),
-    "runtime-name keys match the patterns": _qc(["*k_proj"], {"model.layers.0.self_attn.k_proj": {"output_tensors": KV}}),
+    "runtime-name keys match the patterns": _qc(
+        ["*k_proj"], {"model.layers.0.self_attn.k_proj": {"output_tensors": KV}}
+    ),
     "group matches no key": _qc(["*k_proj", "*v_proj"], {"*o_proj": {"output_tensors": KV}}),
-    "different output_tensors": _qc(["*k_proj", "*v_proj"], {"*k_proj": {"output_tensors": KV},
-                                                           "*v_proj": {"output_tensors": {**KV, "is_dynamic": True}}}),
+    "different output_tensors": _qc(
+        ["*k_proj", "*v_proj"],
+        {"*k_proj": {"output_tensors": KV}, "*v_proj": {"output_tensors": {**KV, "is_dynamic": True}}},
+    ),
     "empty KV spec": _qc(["*k_proj"], {"*k_proj": {"output_tensors": None}}),
     "fp8_e5m2 KV spec": _qc(["*k_proj"], {"*k_proj": {"output_tensors": {**KV, "dtype": "fp8_e5m2"}}}),
     "per_channel KV spec": _qc(["*k_proj"], {"*k_proj": {"output_tensors": {**KV, "qscheme": "per_channel"}}}),
@@ -141,8 +145,10 @@ def test_mla_attention_gets_no_quark_kv_method(vllm_quark):
     assert cfg.get_quant_method_target("model.layers.0.self_attn.attn", Attention)[2] is QuarkKVCacheMethod
     mapper = QuarkConfig.get_cache_scale_mapper()
     assert mapper._map_name("model.layers.0.self_attn.k_proj.output_scale") == "model.layers.0.self_attn.attn.k_scale"
-    for mla_name in ("model.layers.0.self_attn.kv_b_proj.output_scale",
-                     "model.layers.0.self_attn.kv_a_proj_with_mqa.output_scale"):
+    for mla_name in (
+        "model.layers.0.self_attn.kv_b_proj.output_scale",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.output_scale",
+    ):
         assert mapper._map_name(mla_name) == mla_name  # never becomes an attn.k_scale / v_scale
 
 
@@ -157,8 +163,9 @@ def test_kv_rules_fire_and_keep(pair):  # noqa: F811
     m = deploy_manifest(d, target=t, platform="gfx950", kv_cache_dtype="fp8")
     mla = [f for f in m.findings if f.code == "kv-scales-mla-quark"]
     assert len(mla) == 1 and mla[0].severity == "warning" and "scale 1.0" in mla[0].message
-    assert [f.severity for f in deploy_manifest(d, target=t, platform="gfx950").findings
-            if f.code == "kv-scales-mla-quark"] == ["info"]
+    assert [
+        f.severity for f in deploy_manifest(d, target=t, platform="gfx950").findings if f.code == "kv-scales-mla-quark"
+    ] == ["info"]
     # vLLM never validates an MLA model's Quark KV spec (no QuarkKVCacheMethod): e5m2 neither raises nor is reported
     qc = json.loads((t / "config.json").read_text())["quantization_config"]
     qc["layer_quant_config"]["*k_proj"]["output_tensors"]["dtype"] = "fp8_e5m2"

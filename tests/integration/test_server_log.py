@@ -38,7 +38,7 @@ def source_file(module: str) -> Path:
             require_vllm()
         pytest.fail(f"{top} is not installed")
     base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest.split(".")) if rest else None
-    for path in ((base.with_suffix(".py"), base / "__init__.py") if base else ()):
+    for path in (base.with_suffix(".py"), base / "__init__.py") if base else ():
         if path.is_file():
             return path
     if base is None:
@@ -97,8 +97,14 @@ def vllm_formatting() -> tuple[str, str, object]:
     return fmt, date, formatter
 
 
-def vllm_line(module: str, message: str, level: int = logging.INFO, process: str = "EngineCore_DP0",
-              colour: bool = False, debug_paths: bool = False) -> str:
+def vllm_line(
+    module: str,
+    message: str,
+    level: int = logging.INFO,
+    process: str = "EngineCore_DP0",
+    colour: bool = False,
+    debug_paths: bool = False,
+) -> str:
     """`message` as vLLM's configured handler writes it for a record from `module`."""
     fmt, date, formatter_module = vllm_formatting()
     fmt_cls = formatter_module.ColoredFormatter if colour else formatter_module.NewLineFormatter  # type: ignore[attr-defined]
@@ -111,70 +117,241 @@ def vllm_line(module: str, message: str, level: int = logging.INFO, process: str
 # (module, template text, args, kind, backend, fallback, emulated); `...` after the text: match it as a prefix
 CASES = [
     (ORACLE + "mxfp4", "Using '{}' Mxfp4 MoE backend.", ("EMULATION",), "moe", "EMULATION", False, True),
-    (ORACLE + "mxfp4", "Using '{}' Mxfp4 MoE backend.", ("AITER_MXFP4_MXFP4",), "moe", "AITER_MXFP4_MXFP4", False,
-     False),
-    (ORACLE + "mxfp4", "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. Falling back "
-     "to '%s' with BF16 activations.", ("QuantKey(u8,scale(u8,dynamic,GroupShape(row=1, col=32)),symmetric)",
-                                        "AITER_TRITON_MXFP4_BF16"), "moe", "AITER_TRITON_MXFP4_BF16", True, False),
-    ("vllm.model_executor.layers.quantization.quark.quark_moe", "Using {} backend for {}",
-     ("EMULATION", "OCP_MX_Scheme.w_mxfp4_a_mxfp4"), "moe", "EMULATION", False, True),
-    ("vllm.model_executor.layers.quantization.quark.quark_moe", "Using {} backend for {}",
-     ("AITER_MXFP4_MXFP4", "w_mxfp4_a_mxfp4"), "moe", "AITER_MXFP4_MXFP4", False, False),
-    ("vllm.model_executor.layers.fused_moe.experts.ocp_mx_emulation_moe",
-     "Using OCP_MXQuantizationEmulationTritonExperts MOE backend. This...", (), "moe", EMULATION, False, True),
-    (ORACLE + "fp8", "Using {} Fp8 MoE backend out of potential backends: {}.", ("AITER", "['AITER', 'TRITON']"),
-     "moe", "AITER", False, False),
-    (ORACLE + "int8", "Using {} Int8 MoE backend out of potential backends: {}.", ("TRITON", "['TRITON']"), "moe",
-     "TRITON", False, False),
-    (ORACLE + "unquantized", "Using {} Unquantized MoE backend out of potential backends: {}.",
-     ("AITER", "['AITER', 'TRITON']"), "moe", "AITER", False, False),
-    (ORACLE + "nvfp4", "Using '{}' NvFp4 MoE backend out of potential backends: {}.", ("EMULATION", "['EMULATION']"),
-     "moe", "EMULATION", False, True),
+    (
+        ORACLE + "mxfp4",
+        "Using '{}' Mxfp4 MoE backend.",
+        ("AITER_MXFP4_MXFP4",),
+        "moe",
+        "AITER_MXFP4_MXFP4",
+        False,
+        False,
+    ),
+    (
+        ORACLE + "mxfp4",
+        "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. Falling back "
+        "to '%s' with BF16 activations.",
+        ("QuantKey(u8,scale(u8,dynamic,GroupShape(row=1, col=32)),symmetric)", "AITER_TRITON_MXFP4_BF16"),
+        "moe",
+        "AITER_TRITON_MXFP4_BF16",
+        True,
+        False,
+    ),
+    (
+        "vllm.model_executor.layers.quantization.quark.quark_moe",
+        "Using {} backend for {}",
+        ("EMULATION", "OCP_MX_Scheme.w_mxfp4_a_mxfp4"),
+        "moe",
+        "EMULATION",
+        False,
+        True,
+    ),
+    (
+        "vllm.model_executor.layers.quantization.quark.quark_moe",
+        "Using {} backend for {}",
+        ("AITER_MXFP4_MXFP4", "w_mxfp4_a_mxfp4"),
+        "moe",
+        "AITER_MXFP4_MXFP4",
+        False,
+        False,
+    ),
+    (
+        "vllm.model_executor.layers.fused_moe.experts.ocp_mx_emulation_moe",
+        "Using OCP_MXQuantizationEmulationTritonExperts MOE backend. This...",
+        (),
+        "moe",
+        EMULATION,
+        False,
+        True,
+    ),
+    (
+        ORACLE + "fp8",
+        "Using {} Fp8 MoE backend out of potential backends: {}.",
+        ("AITER", "['AITER', 'TRITON']"),
+        "moe",
+        "AITER",
+        False,
+        False,
+    ),
+    (
+        ORACLE + "int8",
+        "Using {} Int8 MoE backend out of potential backends: {}.",
+        ("TRITON", "['TRITON']"),
+        "moe",
+        "TRITON",
+        False,
+        False,
+    ),
+    (
+        ORACLE + "unquantized",
+        "Using {} Unquantized MoE backend out of potential backends: {}.",
+        ("AITER", "['AITER', 'TRITON']"),
+        "moe",
+        "AITER",
+        False,
+        False,
+    ),
+    (
+        ORACLE + "nvfp4",
+        "Using '{}' NvFp4 MoE backend out of potential backends: {}.",
+        ("EMULATION", "['EMULATION']"),
+        "moe",
+        "EMULATION",
+        False,
+        True,
+    ),
     (ORACLE + "int_wna16", "Using '{}' WNA16 MoE backend.", ("MARLIN",), "moe", "MARLIN", False, False),
     (ORACLE + "mxfp8", "Using '%s' MxFp8 MoE backend.", ("TRITON",), "moe", "TRITON", False, False),
     (ORACLE + "mxfp8", "Using '%s' MxFp8 MoE backend (user-requested).", ("TRITON",), "moe", "TRITON", False, False),
     (ORACLE + "w4a8", "Using %s W4A8 MoE backend.", ("CUTLASS",), "moe", "CUTLASS", False, False),
-    ("quantkit.vllm_plugin.patches", "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).",
-     ("CpuOcpMxEmulationExperts",), "moe", EMULATION, False, True),
-    ("quantkit.vllm_plugin.patches", "vLLM's %s MXFP4 MoE backend would drop the checkpoint's MXFP4 activations (BF16 "
-     "fallback): using quantkit's %s (torch emulation).", ("CPU", "CpuOcpMxEmulationExperts"), "moe", EMULATION, False,
-     True),
-    ("vllm.platforms.rocm", "Using %s backend (selected via --attention-backend).", ("ROCM_AITER_UNIFIED_ATTN",),
-     "attention", "ROCM_AITER_UNIFIED_ATTN", False, False),
-    ("vllm.platforms.rocm", "Using %s backend out of potential backends: %s.",
-     ("ROCM_ATTN", "['ROCM_ATTN', 'TRITON_ATTN']"), "attention", "ROCM_ATTN", False, False),
-    ("vllm.platforms.rocm", "Found incompatible backend(s) [%s] with %s. Overriding with %s out of potential "
-     "backends: %s.", ("ROCM_AITER_FA", "AttentionType.DECODER", "TRITON_ATTN", "['TRITON_ATTN']"), "attention",
-     "TRITON_ATTN", True, False),
-    ("vllm.platforms.rocm", "Selected backend %s is incompatible with this layer (%s) of the %s run; using the "
-     "auto-selected per-layer backend. Reason: %s", ("ROCM_AITER_FA", "decoder", "turboquant", "kv dtype"),
-     "attention", "auto-selected", True, False),
-    ("vllm.platforms.cuda", "Using %s attention backend out of potential backends: %s.",
-     ("FLASH_ATTN", "['FLASH_ATTN', 'FLASHINFER']"), "attention", "FLASH_ATTN", False, False),
-    ("vllm.platforms.cuda", "--block-size %d precluded higher-priority backend(s) %s. Using %s instead...",
-     (1, "FLASH_ATTN", "TRITON_ATTN"), "attention", "TRITON_ATTN", True, False),
-    ("vllm.platforms.cuda", "Using %s backend.", ("AttentionBackendEnum.FLASH_ATTN",), "attention", "FLASH_ATTN",
-     False, False),
+    (
+        "quantkit.vllm_plugin.patches",
+        "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation).",
+        ("CpuOcpMxEmulationExperts",),
+        "moe",
+        EMULATION,
+        False,
+        True,
+    ),
+    (
+        "quantkit.vllm_plugin.patches",
+        "vLLM's %s MXFP4 MoE backend would drop the checkpoint's MXFP4 activations (BF16 "
+        "fallback): using quantkit's %s (torch emulation).",
+        ("CPU", "CpuOcpMxEmulationExperts"),
+        "moe",
+        EMULATION,
+        False,
+        True,
+    ),
+    (
+        "vllm.platforms.rocm",
+        "Using %s backend (selected via --attention-backend).",
+        ("ROCM_AITER_UNIFIED_ATTN",),
+        "attention",
+        "ROCM_AITER_UNIFIED_ATTN",
+        False,
+        False,
+    ),
+    (
+        "vllm.platforms.rocm",
+        "Using %s backend out of potential backends: %s.",
+        ("ROCM_ATTN", "['ROCM_ATTN', 'TRITON_ATTN']"),
+        "attention",
+        "ROCM_ATTN",
+        False,
+        False,
+    ),
+    (
+        "vllm.platforms.rocm",
+        "Found incompatible backend(s) [%s] with %s. Overriding with %s out of potential backends: %s.",
+        ("ROCM_AITER_FA", "AttentionType.DECODER", "TRITON_ATTN", "['TRITON_ATTN']"),
+        "attention",
+        "TRITON_ATTN",
+        True,
+        False,
+    ),
+    (
+        "vllm.platforms.rocm",
+        "Selected backend %s is incompatible with this layer (%s) of the %s run; using the "
+        "auto-selected per-layer backend. Reason: %s",
+        ("ROCM_AITER_FA", "decoder", "turboquant", "kv dtype"),
+        "attention",
+        "auto-selected",
+        True,
+        False,
+    ),
+    (
+        "vllm.platforms.cuda",
+        "Using %s attention backend out of potential backends: %s.",
+        ("FLASH_ATTN", "['FLASH_ATTN', 'FLASHINFER']"),
+        "attention",
+        "FLASH_ATTN",
+        False,
+        False,
+    ),
+    (
+        "vllm.platforms.cuda",
+        "--block-size %d precluded higher-priority backend(s) %s. Using %s instead...",
+        (1, "FLASH_ATTN", "TRITON_ATTN"),
+        "attention",
+        "TRITON_ATTN",
+        True,
+        False,
+    ),
+    (
+        "vllm.platforms.cuda",
+        "Using %s backend.",
+        ("AttentionBackendEnum.FLASH_ATTN",),
+        "attention",
+        "FLASH_ATTN",
+        False,
+        False,
+    ),
     ("vllm.platforms.cpu", "Using %s backend.", ("CPU_MLA",), "attention", "CPU_MLA", False, False),
-    (LINEAR, "Selected %s for %s", ("AiterPreshuffledPerTokenFp8ScaledMMLinearKernel",
-                                    "model.layers.0.self_attn.qkv_proj"),
-     "linear", "AiterPreshuffledPerTokenFp8ScaledMMLinearKernel", False, False),
-    (LINEAR, "Using %s for MXFP4 GEMM", ("AiterMxfp4LinearKernel",), "linear", "AiterMxfp4LinearKernel", False,
-     False),
-    (LINEAR, "Using %s for MXFP4 GEMM", ("EmulationMxfp4LinearKernel",), "linear", "EmulationMxfp4LinearKernel",
-     False, True),
-    (LINEAR, "Using %s for MXFP4 GEMM", ("CpuEmulationMxfp4LinearKernel",), "linear",
-     "CpuEmulationMxfp4LinearKernel", False, True),
-    (LINEAR, "Using %s for MXFP8 GEMM", ("AiterMxfp8LinearKernel",), "linear", "AiterMxfp8LinearKernel", False,
-     False),
-    (LINEAR, "Using %s for mixed-precision linear", ("MarlinLinearKernel",), "linear", "MarlinLinearKernel", False,
-     False),
-    (OCP_MX, "The current platform does not support native MXFP4/MXFP6 computation...", (), "linear", EMULATION,
-     False, True),
-    (OCP_MX, "The current platform supports native MXFP4/MXFP6 computation, but kernels for input_dtype=...",
-     ("None", "mxfp4"), "linear", EMULATION, True, True),
-    ("vllm.model_executor.layers.quantization.kv_cache", "Using KV cache scaling factor 1.0 for fp8_e4m3...", (),
-     "kv_cache", "scale-1.0", False, False),
+    (
+        LINEAR,
+        "Selected %s for %s",
+        ("AiterPreshuffledPerTokenFp8ScaledMMLinearKernel", "model.layers.0.self_attn.qkv_proj"),
+        "linear",
+        "AiterPreshuffledPerTokenFp8ScaledMMLinearKernel",
+        False,
+        False,
+    ),
+    (LINEAR, "Using %s for MXFP4 GEMM", ("AiterMxfp4LinearKernel",), "linear", "AiterMxfp4LinearKernel", False, False),
+    (
+        LINEAR,
+        "Using %s for MXFP4 GEMM",
+        ("EmulationMxfp4LinearKernel",),
+        "linear",
+        "EmulationMxfp4LinearKernel",
+        False,
+        True,
+    ),
+    (
+        LINEAR,
+        "Using %s for MXFP4 GEMM",
+        ("CpuEmulationMxfp4LinearKernel",),
+        "linear",
+        "CpuEmulationMxfp4LinearKernel",
+        False,
+        True,
+    ),
+    (LINEAR, "Using %s for MXFP8 GEMM", ("AiterMxfp8LinearKernel",), "linear", "AiterMxfp8LinearKernel", False, False),
+    (
+        LINEAR,
+        "Using %s for mixed-precision linear",
+        ("MarlinLinearKernel",),
+        "linear",
+        "MarlinLinearKernel",
+        False,
+        False,
+    ),
+    (
+        OCP_MX,
+        "The current platform does not support native MXFP4/MXFP6 computation...",
+        (),
+        "linear",
+        EMULATION,
+        False,
+        True,
+    ),
+    (
+        OCP_MX,
+        "The current platform supports native MXFP4/MXFP6 computation, but kernels for input_dtype=...",
+        ("None", "mxfp4"),
+        "linear",
+        EMULATION,
+        True,
+        True,
+    ),
+    (
+        "vllm.model_executor.layers.quantization.kv_cache",
+        "Using KV cache scaling factor 1.0 for fp8_e4m3...",
+        (),
+        "kv_cache",
+        "scale-1.0",
+        False,
+        False,
+    ),
 ]
 
 
@@ -184,8 +361,11 @@ def case_message(module: str, text: str, args: tuple) -> str:
     return render(template(module, text), args)
 
 
-@pytest.mark.parametrize(("module", "text", "args", "kind", "backend", "fallback", "emulated"), CASES,
-                         ids=[f"{c[0].rsplit('.', 1)[-1]}-{c[4]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    ("module", "text", "args", "kind", "backend", "fallback", "emulated"),
+    CASES,
+    ids=[f"{c[0].rsplit('.', 1)[-1]}-{c[4]}-{i}" for i, c in enumerate(CASES)],
+)
 def test_vllm_format_strings_parse(module, text, args, kind, backend, fallback, emulated):
     message = case_message(module, text, args)
     line = vllm_line(module, message, logging.WARNING if fallback or emulated else logging.INFO)
@@ -201,17 +381,29 @@ def test_vllm_format_strings_parse(module, text, args, kind, backend, fallback, 
 
 
 def test_quark_moe_names_the_scheme_and_linear_lines_the_layer():
-    got = parse_line(vllm_line("vllm.model_executor.layers.quantization.quark.quark_moe", render(
-        template("vllm.model_executor.layers.quantization.quark.quark_moe", "Using {} backend for {}"),
-        ("EMULATION", "OCP_MX_Scheme.w_mxfp4_a_mxfp4"))))
+    got = parse_line(
+        vllm_line(
+            "vllm.model_executor.layers.quantization.quark.quark_moe",
+            render(
+                template("vllm.model_executor.layers.quantization.quark.quark_moe", "Using {} backend for {}"),
+                ("EMULATION", "OCP_MX_Scheme.w_mxfp4_a_mxfp4"),
+            ),
+        )
+    )
     assert got is not None and got.detail == "w_mxfp4_a_mxfp4"
-    got = parse_line(vllm_line(LINEAR, render(template(LINEAR, "Selected %s for %s"),
-                                              ("TritonFp8BlockScaledMMKernel", "model.layers.3.mlp.down_proj"))))
+    got = parse_line(
+        vllm_line(
+            LINEAR,
+            render(
+                template(LINEAR, "Selected %s for %s"), ("TritonFp8BlockScaledMMKernel", "model.layers.3.mlp.down_proj")
+            ),
+        )
+    )
     assert got is not None and got.layer == "model.layers.3.mlp.down_proj"
 
 
 def test_plain_line_from_another_file_is_not_a_backend():
-    """"Using %s backend." means an attention backend only from the platform files that log it that way."""
+    """ "Using %s backend." means an attention backend only from the platform files that log it that way."""
     msg = render(template("vllm.platforms.cpu", "Using %s backend."), ("CPU_MLA",))
     assert parse_line(vllm_line("vllm.config.speculative", msg)) is None
     assert parse_line(msg) is None  # without vLLM's prefix, the emitting file is unknown
@@ -222,8 +414,10 @@ def test_plain_line_from_another_file_is_not_a_backend():
 
 def test_mxfp4_unsupported_debug_line_is_not_a_choice():
     """The oracle's "does not support the deployment configuration" lines name backends it did NOT choose."""
-    msg = render(template(ORACLE + "mxfp4", "Mxfp4 MoE backend '{}' does not support the deployment configuration"),
-                 ("AITER_MXFP4_MXFP4",))
+    msg = render(
+        template(ORACLE + "mxfp4", "Mxfp4 MoE backend '{}' does not support the deployment configuration"),
+        ("AITER_MXFP4_MXFP4",),
+    )
     assert parse_line(vllm_line(ORACLE + "mxfp4", msg + " since not on gfx950.", logging.DEBUG)) is None
 
 
@@ -233,8 +427,12 @@ def test_a_server_log_deduplicated_in_log_order(tmp_path):
     quark_moe = "vllm.model_executor.layers.quantization.quark.quark_moe"
     enabled = "quantkit CPU MXFP4 plugin: Quark OCP-MX emulation enabled on CPU (%s)."
     assert enabled in literals("quantkit.vllm_plugin")
-    plugin_moe = render(template("quantkit.vllm_plugin.patches", "No native MXFP4 MoE backend on CPU: using "
-                                 "quantkit's %s (torch emulation)."), ("CpuOcpMxEmulationExperts",))
+    plugin_moe = render(
+        template(
+            "quantkit.vllm_plugin.patches", "No native MXFP4 MoE backend on CPU: using quantkit's %s (torch emulation)."
+        ),
+        ("CpuOcpMxEmulationExperts",),
+    )
     mxfp4_gemm = render(template(LINEAR, "Using %s for MXFP4 GEMM"), ("CpuEmulationMxfp4LinearKernel",))
     lines = [
         vllm_line("quantkit.vllm_plugin", enabled % "register_linear_kernel(...)", process="APIServer"),
@@ -242,19 +440,31 @@ def test_a_server_log_deduplicated_in_log_order(tmp_path):
         vllm_line("quantkit.vllm_plugin", enabled % "register_linear_kernel(...)"),
         vllm_line(LINEAR, mxfp4_gemm),
         vllm_line("quantkit.vllm_plugin.patches", plugin_moe),
-        vllm_line(quark_moe, render(template(quark_moe, "Using {} backend for {}"),
-                                    ("EMULATION", "OCP_MX_Scheme.w_mxfp4_a_mxfp4"))),
+        vllm_line(
+            quark_moe,
+            render(template(quark_moe, "Using {} backend for {}"), ("EMULATION", "OCP_MX_Scheme.w_mxfp4_a_mxfp4")),
+        ),
         vllm_line(LINEAR, mxfp4_gemm, process="Worker_TP1"),
-        vllm_line("vllm.model_executor.layers.quantization.kv_cache", case_message(
-            "vllm.model_executor.layers.quantization.kv_cache", "Using KV cache scaling factor 1.0 for fp8_e4m3...",
-            ()), logging.WARNING),
+        vllm_line(
+            "vllm.model_executor.layers.quantization.kv_cache",
+            case_message(
+                "vllm.model_executor.layers.quantization.kv_cache",
+                "Using KV cache scaling factor 1.0 for fp8_e4m3...",
+                (),
+            ),
+            logging.WARNING,
+        ),
     ]
     path = tmp_path / "server.log"
     path.write_bytes(("\r\n".join(lines) + "\n").encode() + b"\xff garbage\n")
     got = read_server_log(path)
     assert got.cpu_plugin
     assert (got.moe, got.attention, got.linear, got.kv_cache) == (
-        [EMULATION], [], ["CpuEmulationMxfp4LinearKernel"], ["scale-1.0"])
+        [EMULATION],
+        [],
+        ["CpuEmulationMxfp4LinearKernel"],
+        ["scale-1.0"],
+    )
     assert [ln.chosen_by for ln in got.of("moe")] == ["quantkit-cpu-plugin"]  # Quark's line repeats the choice
     assert got.of("moe")[0].line == lines[4]
     assert [ln.backend for ln in got.emulated] == ["CpuEmulationMxfp4LinearKernel", EMULATION]
@@ -270,14 +480,32 @@ def test_the_plugins_override_supersedes_vllms_cpu_pick_in_its_process():
     pick from another process counts as the same choice, already superseded (lines are kept once)."""
     mxfp4 = ORACLE + "mxfp4"
     vllm_pick = render(template(mxfp4, "Using '{}' Mxfp4 MoE backend."), ("CPU",))
-    bf16 = render(template(mxfp4, "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. "
-                                  "Falling back to '%s' with BF16 activations."), ("QuantKey(u8)", "CPU"))
-    plugin = render(template("quantkit.vllm_plugin.patches", "vLLM's %s MXFP4 MoE backend would drop the checkpoint's "
-                             "MXFP4 activations (BF16 fallback): using quantkit's %s (torch emulation)."),
-                    ("CPU", "CpuOcpMxEmulationExperts"))
-    got = parse_server_log("\n".join([vllm_line(mxfp4, bf16, logging.WARNING), vllm_line(mxfp4, vllm_pick),
-                                      vllm_line("quantkit.vllm_plugin.patches", plugin),
-                                      vllm_line(mxfp4, vllm_pick, process="Worker_TP1")]))
+    bf16 = render(
+        template(
+            mxfp4,
+            "No Mxfp4 MoE backend supports activation=%s for the deployment configuration. "
+            "Falling back to '%s' with BF16 activations.",
+        ),
+        ("QuantKey(u8)", "CPU"),
+    )
+    plugin = render(
+        template(
+            "quantkit.vllm_plugin.patches",
+            "vLLM's %s MXFP4 MoE backend would drop the checkpoint's "
+            "MXFP4 activations (BF16 fallback): using quantkit's %s (torch emulation).",
+        ),
+        ("CPU", "CpuOcpMxEmulationExperts"),
+    )
+    got = parse_server_log(
+        "\n".join(
+            [
+                vllm_line(mxfp4, bf16, logging.WARNING),
+                vllm_line(mxfp4, vllm_pick),
+                vllm_line("quantkit.vllm_plugin.patches", plugin),
+                vllm_line(mxfp4, vllm_pick, process="Worker_TP1"),
+            ]
+        )
+    )
     assert got.moe == [EMULATION]
     assert [(ln.chosen_by, ln.backend) for ln in got.of("moe")] == [("quantkit-cpu-plugin", EMULATION)]
     assert got.fallbacks == [] and [ln.detail for ln in got.emulated] == ["CpuOcpMxEmulationExperts"]

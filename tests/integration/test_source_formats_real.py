@@ -79,7 +79,7 @@ def test_int4_kimi_checkpoint_decodes_like_compressed_tensors(source_checkpoints
     plan = F.decoded_tensor_names(fmt, infos)
     _family, text, prefix = archs.text_family(config)
     assert prefix == "language_model."
-    archs.runtime_layers(text, [n[len(prefix):] for n in plan if n.startswith(prefix)])
+    archs.runtime_layers(text, [n[len(prefix) :] for n in plan if n.startswith(prefix)])
     reference = CompressedTensorsDequantizer(folder)  # reads text_config.quantization_config itself
     experts = 0
     for shard in _shards(folder).values():

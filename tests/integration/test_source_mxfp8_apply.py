@@ -31,8 +31,11 @@ def _to_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fp8_stored(name: str, t: torch.Tensor) -> bool:
-    return name.startswith("language_model.model.layers.") and name.endswith("_proj.weight") or \
-        name.endswith((".w1.weight", ".w2.weight", ".w3.weight"))
+    return (
+        name.startswith("language_model.model.layers.")
+        and name.endswith("_proj.weight")
+        or name.endswith((".w1.weight", ".w2.weight", ".w3.weight"))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +52,16 @@ def run(tmp_path_factory):
     dst = base / "out"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    applied = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"])
+    applied = runner.invoke(
+        main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"]
+    )
     assert applied.exit_code == 0, applied.output
-    return {"src": tensors, "out": _tensors(dst), "inspect": json.loads(shown.stdout), "apply": json.loads(applied.stdout)}
+    return {
+        "src": tensors,
+        "out": _tensors(dst),
+        "inspect": json.loads(shown.stdout),
+        "apply": json.loads(applied.stdout),
+    }
 
 
 def test_mxfp8_source_is_detected(run):
@@ -77,7 +87,8 @@ def test_decoded_exactly_then_quantized(run):
             assert torch.equal(out[name], q) and torch.equal(out[name.replace(".weight", ".weight_scale")], s), name
             checked["experts"] += 1
         else:  # attention (and the indexer's projections), shared experts, dense MLP: BF16, the exact decode
-            assert out[name].dtype == torch.bfloat16 and torch.equal(out[name].view(torch.int16),
-                                                                     decoded.view(torch.int16)), name
+            assert out[name].dtype == torch.bfloat16 and torch.equal(
+                out[name].view(torch.int16), decoded.view(torch.int16)
+            ), name
             checked["kept"] += 1
     assert checked["experts"] == 2 * 4 * 3 and checked["kept"] > 10

@@ -16,7 +16,7 @@ def _greedy(model, tok, messages, n=40):
     ids = tok(text, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=n, do_sample=False)
-    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def test_bundle_is_small(tiny):
@@ -31,7 +31,9 @@ def test_target_writes_text_through_transformers(tiny):
     model = AutoModelForCausalLM.from_pretrained(tiny / "target", dtype=torch.float32).eval()
     assert tok.chat_template and "<|assistant|>" in tok.chat_template
     # Facts the synthetic corpus states by rule; a model that did not learn writes something else.
-    assert "The capital of Italy is Rome." in _greedy(model, tok, [{"role": "user", "content": "What is the capital of Italy?"}])
+    assert "The capital of Italy is Rome." in _greedy(
+        model, tok, [{"role": "user", "content": "What is the capital of Italy?"}]
+    )
     answer = _greedy(model, tok, [{"role": "user", "content": "Write a Python function that reverses a string."}])
     assert "def reverse_text(text):" in answer and "return text[::-1]" in answer
     french = _greedy(model, tok, [{"role": "user", "content": "Translate to French: the small cat is in the garden."}])

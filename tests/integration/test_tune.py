@@ -25,9 +25,19 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_tune_recommends_an_option_that_keeps_the_floor(tiny: Path, prompts: Path, tmp_path: Path) -> None:
     corpus = builtin_prompts_file().with_name("vocab-corpus.jsonl")
-    result = tune(tiny / "target", tiny / "eagle3-draft", tmp_path / "work", vocab_corpus=corpus,
-                  vocabs=[1024, 512], ks=[3], bodies=["bf16"], prompts=str(prompts), max_new_tokens=16,
-                  floor=0.9, apply_to=tmp_path / "tuned")
+    result = tune(
+        tiny / "target",
+        tiny / "eagle3-draft",
+        tmp_path / "work",
+        vocab_corpus=corpus,
+        vocabs=[1024, 512],
+        ks=[3],
+        bodies=["bf16"],
+        prompts=str(prompts),
+        max_new_tokens=16,
+        floor=0.9,
+        apply_to=tmp_path / "tuned",
+    )
     assert {(o.body, o.draft_vocab, o.k) for o in result.options} == {("bf16", 1024, 3), ("bf16", 512, 3)}
     assert all(o.error is None and o.al_ratio is not None and o.us_per_token for o in result.options)
     full = next(o for o in result.options if o.draft_vocab == 1024)
@@ -40,8 +50,15 @@ def test_tune_recommends_an_option_that_keeps_the_floor(tiny: Path, prompts: Pat
     assert Path(result.chart).is_file()
     written = tmp_path / "tuned"
     assert json.loads((written / "tune.json").read_text())["k"] == best.k
-    again = run_acceptance(tiny / "target", tiny / "eagle3-draft", written, num_speculative_tokens=best.k,
-                           prompts=str(prompts), max_new_tokens=16, backend="reference")
+    again = run_acceptance(
+        tiny / "target",
+        tiny / "eagle3-draft",
+        written,
+        num_speculative_tokens=best.k,
+        prompts=str(prompts),
+        max_new_tokens=16,
+        backend="reference",
+    )
     assert again.ratio is not None and again.ratio >= 0.9
 
 

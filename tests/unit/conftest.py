@@ -46,8 +46,10 @@ class _HeavyImportGuard:
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None:
-                spec.loader = _Refused(f"{self.nodeid} imports {name}: a unit test imports neither Quark nor vLLM; "
-                                       f"move it to tests/integration/ (tests/e2e/ if it starts a process or a server)")
+                spec.loader = _Refused(
+                    f"{self.nodeid} imports {name}: a unit test imports neither Quark nor vLLM; "
+                    f"move it to tests/integration/ (tests/e2e/ if it starts a process or a server)"
+                )
                 return spec
         return None
 

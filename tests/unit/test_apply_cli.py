@@ -16,8 +16,11 @@ from tests.fixtures.families import tensors
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)) \
-        if a.dtype != torch.bool else torch.equal(a, b)
+    return (
+        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        if a.dtype != torch.bool
+        else torch.equal(a, b)
+    )
 
 
 def test_fp8_draft_output_files(tiny, fp8_draft):
@@ -35,14 +38,31 @@ def test_fp8_draft_output_files(tiny, fp8_draft):
     # every source config field kept; aux ids at the top level and in eagle_config
     for key, value in src_cfg.items():
         assert cfg[key] == value, key
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert (
+        cfg["eagle_aux_hidden_state_layer_ids"] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    )
 
     src, got = tensors(tiny / "eagle3-draft"), tensors(out)
-    for name in ("fc.weight", "lm_head.weight", "d2t", "t2d", "norm.weight", "midlayer.hidden_norm.weight",
-                 "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"):
+    for name in (
+        "fc.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "norm.weight",
+        "midlayer.hidden_norm.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight",
+    ):
         assert _same_bytes(src[name], got[name]), name
-    for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                 "mlp.up_proj", "mlp.down_proj"):
+    for proj in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ):
         w, s = got[f"midlayer.{proj}.weight"], got[f"midlayer.{proj}.weight_scale"]
         assert w.dtype == torch.float8_e4m3fn and w.shape == src[f"midlayer.{proj}.weight"].shape
         assert s.numel() == w.shape[0] and torch.isfinite(s.float()).all() and (s.float() > 0).all()
@@ -50,7 +70,10 @@ def test_fp8_draft_output_files(tiny, fp8_draft):
         assert (out / f).read_bytes() == (tiny / "eagle3-draft" / f).read_bytes()
     manifest = json.loads((out / "quantkit.json").read_text())
     assert manifest["recipe"]["name"] == "fp8-draft" and manifest["target_num_layers"] == 4
-    assert set(manifest["source_files"]) == {"model.safetensors"} and len(manifest["source_files"]["model.safetensors"]) == 64
+    assert (
+        set(manifest["source_files"]) == {"model.safetensors"}
+        and len(manifest["source_files"]["model.safetensors"]) == 64
+    )
     decisions = {d["runtime_name"]: d for d in manifest["layers"]}
     assert decisions["model.fc"]["action"] == "keep" and "three target hidden states" in decisions["model.fc"]["reason"]
     assert decisions["model.layers.4.self_attn.qkv_proj"]["action"] == "quantize"
@@ -107,8 +130,9 @@ def test_output_exists_without_overwrite(tiny, tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = CliRunner().invoke(main, ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"),
-                                       "--output", str(out)])
+    result = CliRunner().invoke(
+        main, ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"), "--output", str(out)]
+    )
     assert result.exit_code == 2 and "--overwrite" in result.stderr and "Traceback" not in result.output
     assert (out / "keep.txt").read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
@@ -129,8 +153,9 @@ def test_source_unreadable(tiny, tmp_path):
 
 def test_per_shard_refused_for_static_activation_scales(tiny, tmp_path):
     recipe = tmp_path / "static.yaml"
-    recipe.write_text("name: static\ndescription: static fp8\napplies_to: dense-target\nscheme: fp8\n"
-                      "keep: [{role: lm_head, reason: logits}]\ncalibration: {samples: 4, seq_len: 32}\n")
-    line = _run_bad(["--recipe", str(recipe), "--model", str(tiny / "target"), "--path", "per-shard"],
-                    tmp_path / "o")
+    recipe.write_text(
+        "name: static\ndescription: static fp8\napplies_to: dense-target\nscheme: fp8\n"
+        "keep: [{role: lm_head, reason: logits}]\ncalibration: {samples: 4, seq_len: 32}\n"
+    )
+    line = _run_bad(["--recipe", str(recipe), "--model", str(tiny / "target"), "--path", "per-shard"], tmp_path / "o")
     assert "per-shard" in line and "input_scale" in line

@@ -58,14 +58,20 @@ def _counted_alike(seed: int) -> bool:
     for layer in range(6):
         experts = ckpt.experts_under(f"m.l.{layer}.e")
         if experts:
-            decisions.append(LayerDecision(runtime_name=f"e{layer}", checkpoint_modules=list(experts),
-                                           action=rng.choice(["quantize", "quantize", "keep"]),
-                                           scheme=rng.choice(["mxfp4", "ptpc_fp8"])))
+            decisions.append(
+                LayerDecision(
+                    runtime_name=f"e{layer}",
+                    checkpoint_modules=list(experts),
+                    action=rng.choice(["quantize", "quantize", "keep"]),
+                    scheme=rng.choice(["mxfp4", "ptpc_fp8"]),
+                )
+            )
     others = [m.removesuffix(".weight") for m in tensors if ".e." not in m]
     for _ in range(rng.randrange(3)):
         picked = rng.sample(others + [f"m.l.{rng.randrange(5)}.e.1.u", "m.missing"], 2)
-        decisions.append(LayerDecision(runtime_name="x", checkpoint_modules=picked, action="quantize",
-                                       scheme="ptpc_fp8"))
+        decisions.append(
+            LayerDecision(runtime_name="x", checkpoint_modules=picked, action="quantize", scheme="ptpc_fp8")
+        )
     quantized: dict[str, str | None] = {}
     for d in decisions:
         if d.action == "quantize":

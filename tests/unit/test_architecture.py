@@ -19,9 +19,9 @@ MODULE = re.compile(r"(?<![\w/.])(\w+\.py)\b")
 
 def tree_block() -> list[str]:
     text = DOC.read_text(encoding="utf-8")
-    section = text[text.index("## The tree"):]
+    section = text[text.index("## The tree") :]
     start = section.index("```\nquantkit/\n") + len("```\nquantkit/\n")
-    return section[start:section.index("```", start)].splitlines()
+    return section[start : section.index("```", start)].splitlines()
 
 
 def named_in_tree() -> dict[str, set[str]]:
@@ -68,16 +68,24 @@ def test_every_module_under_quantkit_is_named_in_architecture_md():
             continue
         label = f"{folder}/" if folder else "the top-level line (`__main__.py vocab.py ...`)"
         for name in sorted(files - {"__init__.py"} - named.get(folder, set())):
-            where = (f"add `{name}` to the `  {folder}/` line" if folder in named
-                     else f"add a line `  {folder}/   <what it is>: {name} ...` in package order")
-            missing.append(f"quantkit/{folder + '/' if folder else ''}{name}: {where} of the tree in ARCHITECTURE.md "
-                           f"(## The tree; {label}) and say what it holds in its package's section")
+            where = (
+                f"add `{name}` to the `  {folder}/` line"
+                if folder in named
+                else f"add a line `  {folder}/   <what it is>: {name} ...` in package order"
+            )
+            missing.append(
+                f"quantkit/{folder + '/' if folder else ''}{name}: {where} of the tree in ARCHITECTURE.md "
+                f"(## The tree; {label}) and say what it holds in its package's section"
+            )
     assert not missing, "modules ARCHITECTURE.md does not name:\n" + "\n".join(missing)
 
 
 def test_architecture_md_names_no_module_that_does_not_exist():
     named, on_disk = named_in_tree(), modules_on_disk()
-    stale = [f"quantkit/{folder + '/' if folder else ''}{name}: remove it from the `{folder or 'top-level'}` entry of "
-             f"the tree in ARCHITECTURE.md (## The tree), and from its package's section"
-             for folder, files in sorted(named.items()) for name in sorted(files - on_disk.get(folder, set()))]
+    stale = [
+        f"quantkit/{folder + '/' if folder else ''}{name}: remove it from the `{folder or 'top-level'}` entry of "
+        f"the tree in ARCHITECTURE.md (## The tree), and from its package's section"
+        for folder, files in sorted(named.items())
+        for name in sorted(files - on_disk.get(folder, set()))
+    ]
     assert not stale, "ARCHITECTURE.md names modules that do not exist:\n" + "\n".join(stale)

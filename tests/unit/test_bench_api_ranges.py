@@ -13,21 +13,24 @@ from quantkit.bench import MAX_CONCURRENCY, MAX_K, MAX_LIST
 from quantkit.specs import BenchSpec, SpecError
 
 
-@pytest.mark.parametrize("field,value", [
-    ("concurrency", [0]),
-    ("concurrency", [MAX_CONCURRENCY + 1]),
-    ("concurrency", [1_000_000_000]),
-    ("concurrency", []),
-    ("concurrency", list(range(1, MAX_LIST + 2))),
-    ("ks", [-1]),
-    ("ks", [MAX_K + 1]),
-    ("request_timeout_s", 0),
-    ("request_timeout_s", math.nan),
-    ("request_timeout_s", math.inf),
-    ("request_timeout_s", 1e12),
-    ("repeats", 0),
-    ("output_len", 10**9),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("concurrency", [0]),
+        ("concurrency", [MAX_CONCURRENCY + 1]),
+        ("concurrency", [1_000_000_000]),
+        ("concurrency", []),
+        ("concurrency", list(range(1, MAX_LIST + 2))),
+        ("ks", [-1]),
+        ("ks", [MAX_K + 1]),
+        ("request_timeout_s", 0),
+        ("request_timeout_s", math.nan),
+        ("request_timeout_s", math.inf),
+        ("request_timeout_s", 1e12),
+        ("repeats", 0),
+        ("output_len", 10**9),
+    ],
+)
 def test_out_of_range_settings_are_a_spec_error(field, value):
     with pytest.raises(SpecError) as e:
         BenchSpec.build(None, out_dir="o", **{field: value})

@@ -12,11 +12,20 @@ def _cell(conc, tputs, tpot, al=None, k=3):
     from quantkit.results.bench import BenchCell, BenchRun
 
     # E2EL as a streamed request's: TTFT 1 ms + 3 more tokens at the TPOT (a TPOT of 0: one chunk, E2EL 10 ms)
-    runs = [BenchRun(completed=1, output_throughput=t, p50_tpot_ms=tpot, p50_e2el_ms=1.0 + 3 * tpot if tpot else 10.0,
-                     output_lens=[4],
-                     spec_decode_num_drafts=100 if al else None, spec_decode_draft_tokens=100 * k if al else None,
-                     spec_decode_accepted_tokens=round((al - 1) * 100) if al else None,
-                     spec_decode_per_position_acceptance_rates=[0.5] * k if al else []) for t in tputs]
+    runs = [
+        BenchRun(
+            completed=1,
+            output_throughput=t,
+            p50_tpot_ms=tpot,
+            p50_e2el_ms=1.0 + 3 * tpot if tpot else 10.0,
+            output_lens=[4],
+            spec_decode_num_drafts=100 if al else None,
+            spec_decode_draft_tokens=100 * k if al else None,
+            spec_decode_accepted_tokens=round((al - 1) * 100) if al else None,
+            spec_decode_per_position_acceptance_rates=[0.5] * k if al else [],
+        )
+        for t in tputs
+    ]
     from quantkit.bench.figures import fill_cell
 
     return fill_cell(BenchCell(concurrency=conc, num_prompts=1, output_len=4, repeats=runs))
@@ -27,10 +36,22 @@ def test_c_step_and_speedup_by_hand():
     from quantkit.results.bench import BenchArm
 
     base = BenchArm(name="t", kind="no-spec", target="T", cells=[_cell(1, [100, 110, 90], 10.0)])
-    spec = BenchArm(name="t+d", kind="bf16-draft", target="T", draft="D", num_speculative_tokens=3,
-                    cells=[_cell(1, [200, 190, 210], 6.0, al=2.5)])
-    cand = BenchArm(name="t+q", kind="candidate", target="T", draft="Q", num_speculative_tokens=3,
-                    cells=[_cell(1, [180, 170, 190], 7.0, al=2.5)])
+    spec = BenchArm(
+        name="t+d",
+        kind="bf16-draft",
+        target="T",
+        draft="D",
+        num_speculative_tokens=3,
+        cells=[_cell(1, [200, 190, 210], 6.0, al=2.5)],
+    )
+    cand = BenchArm(
+        name="t+q",
+        kind="candidate",
+        target="T",
+        draft="Q",
+        num_speculative_tokens=3,
+        cells=[_cell(1, [180, 170, 190], 7.0, al=2.5)],
+    )
     comps = {c.arm: c for c in compare([base, spec, cand], samples=500)}
     assert comps["t+d"].speedup == pytest.approx(200 / 100)
     assert comps["t+d"].c_step == pytest.approx(6.0 * 2.5 / 10.0)
@@ -47,8 +68,14 @@ def test_c_step_without_a_measured_tpot_comes_from_throughput():
     from quantkit.results.bench import BenchArm
 
     base = BenchArm(name="t", kind="no-spec", target="T", cells=[_cell(1, [100, 100, 100], 0.0)])
-    spec = BenchArm(name="t+d", kind="bf16-draft", target="T", draft="D", num_speculative_tokens=3,
-                    cells=[_cell(1, [150, 150, 150], 6.0, al=3.0)])
+    spec = BenchArm(
+        name="t+d",
+        kind="bf16-draft",
+        target="T",
+        draft="D",
+        num_speculative_tokens=3,
+        cells=[_cell(1, [150, 150, 150], 6.0, al=3.0)],
+    )
     (comp,) = compare([base, spec], samples=200)
     assert comp.c_step_from == "throughput"
     assert comp.c_step == pytest.approx(3.0 * 100 / 150)
@@ -75,12 +102,15 @@ def test_cli_rejects_bad_lists_and_endpoints(tiny, tmp_path):
 
     from quantkit.cli import main
 
-    r = CliRunner().invoke(main, ["bench", "--target", str(tiny / "target"), "--concurrency", "1,x",
-                                  "--out", str(tmp_path)])
+    r = CliRunner().invoke(
+        main, ["bench", "--target", str(tiny / "target"), "--concurrency", "1,x", "--out", str(tmp_path)]
+    )
     assert r.exit_code == 2 and "comma-separated" in r.output
-    r = CliRunner().invoke(main, ["bench", "--target", str(tiny / "target"), "--endpoint", "nope",
-                                  "--out", str(tmp_path)])
+    r = CliRunner().invoke(
+        main, ["bench", "--target", str(tiny / "target"), "--endpoint", "nope", "--out", str(tmp_path)]
+    )
     assert r.exit_code == 2 and "ARM=URL" in r.output and "Traceback" not in r.output
-    r = CliRunner().invoke(main, ["bench", "--target", str(tiny / "target"), "--candidate", "x",
-                                  "--out", str(tmp_path)])
+    r = CliRunner().invoke(
+        main, ["bench", "--target", str(tiny / "target"), "--candidate", "x", "--out", str(tmp_path)]
+    )
     assert r.exit_code == 2 and "--candidate needs --draft" in r.output

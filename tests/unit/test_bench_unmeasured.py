@@ -13,8 +13,10 @@ def _cell(tpot_ms: float, e2el_ms: float, tputs: list[float], output_len: int = 
     from quantkit.bench.figures import fill_cell
     from quantkit.results.bench import BenchCell, BenchRun
 
-    runs = [BenchRun(completed=1, output_throughput=t, p50_tpot_ms=tpot_ms, p50_e2el_ms=e2el_ms,
-                     output_lens=[output_len]) for t in tputs]
+    runs = [
+        BenchRun(completed=1, output_throughput=t, p50_tpot_ms=tpot_ms, p50_e2el_ms=e2el_ms, output_lens=[output_len])
+        for t in tputs
+    ]
     return fill_cell(BenchCell(concurrency=1, num_prompts=1, output_len=output_len, repeats=runs))
 
 
@@ -33,14 +35,31 @@ def test_unmeasured_figures_are_warnings_and_left_out_of_table_and_chart(tmp_pat
     from quantkit.cli.bench import render
     from quantkit.results.bench import BenchArm, BenchIdentity, BenchResult, BenchSettings
 
-    arm = BenchArm(name="target+tiny-eagle3-draft-fp8-with-a-long-name", kind="no-spec", target="T",
-                   cells=[_cell(0.0039, 40.0, [100.0])])
+    arm = BenchArm(
+        name="target+tiny-eagle3-draft-fp8-with-a-long-name",
+        kind="no-spec",
+        target="T",
+        cells=[_cell(0.0039, 40.0, [100.0])],
+    )
     warnings = unmeasured_warnings([arm], repeats=1)
     assert any("one repeat" in w and "no confidence interval" in w for w in warnings)
     assert any("interactivity not measured" in w and "C=1" in w for w in warnings)
-    result = BenchResult(identity=BenchIdentity(hardware="cpu"), arms=[arm], warnings=warnings, out_dir=str(tmp_path),
-                         settings=BenchSettings(concurrency=[1], output_len=4, repeats=1, num_warmups="2 x C", ks=[3],
-                                                prompts="builtin", num_prompt_texts=1, bootstrap_samples=10))
+    result = BenchResult(
+        identity=BenchIdentity(hardware="cpu"),
+        arms=[arm],
+        warnings=warnings,
+        out_dir=str(tmp_path),
+        settings=BenchSettings(
+            concurrency=[1],
+            output_len=4,
+            repeats=1,
+            num_warmups="2 x C",
+            ks=[3],
+            prompts="builtin",
+            num_prompt_texts=1,
+            bootstrap_samples=10,
+        ),
+    )
     draw(result, tmp_path)  # the pareto chart takes only measured points: it must not fail on an empty line
     render(result)
     out = capsys.readouterr().out
@@ -54,7 +73,13 @@ def test_one_repeat_gives_no_confidence_interval():
     from quantkit.results.bench import BenchArm
 
     base = BenchArm(name="t", kind="no-spec", target="T", cells=[_cell(9.0, 28.0, [100.0])])
-    spec = BenchArm(name="t+d", kind="bf16-draft", target="T", draft="D", num_speculative_tokens=3,
-                    cells=[_cell(5.0, 16.0, [150.0])])
+    spec = BenchArm(
+        name="t+d",
+        kind="bf16-draft",
+        target="T",
+        draft="D",
+        num_speculative_tokens=3,
+        cells=[_cell(5.0, 16.0, [150.0])],
+    )
     (comp,) = compare([base, spec], samples=100)
     assert comp.speedup == pytest.approx(1.5) and comp.speedup_ci is None

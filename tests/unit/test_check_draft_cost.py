@@ -31,8 +31,9 @@ def test_check_prints_the_draft_step_line_and_the_table_with_verbose() -> None:
     draft = TINY / "eagle3-draft"
     line = CliRunner().invoke(main, ["check", str(draft), "--target", str(TINY / "target"), "--vllm", "off"])
     assert "draft step (estimate from bytes" in line.output and "lm_head" in line.output
-    table = CliRunner().invoke(main, ["check", str(draft), "--target", str(TINY / "target"), "--vllm", "off",
-                                      "--verbose"])
+    table = CliRunner().invoke(
+        main, ["check", str(draft), "--target", str(TINY / "target"), "--vllm", "off", "--verbose"]
+    )
     assert "Draft step by role" in table.output and "once per round" in table.output
     target = CliRunner().invoke(main, ["check", str(TINY / "target"), "--vllm", "off", "--json"])
     assert json.loads(target.stdout)["draft_cost"] is None  # a target has no draft step

@@ -95,7 +95,8 @@ def test_1_quark_style_exclude_on_draft(tiny, tiny_outputs, tmp_path):
     assert res.exit_code == 1, res.output
     out = json.loads(res.stdout)
     assert out["ok"] is False and [(f["code"], f["layer_or_tensor"]) for f in out["findings"]] == [
-        ("exclude-not-applied", "model.fc")]
+        ("exclude-not-applied", "model.fc")
+    ]
 
 
 @pytest.mark.parametrize("recipe", ["fp8-target", "mxfp4-moe-attn-fp8"])
@@ -163,8 +164,10 @@ def test_5_e8m0_0xff_scale_is_nan(tiny_outputs, tmp_path):
 def test_6_mxfp4_input_dim_per_shard_not_divisible_by_32(tiny_outputs):
     """moe_intermediate_size 128: down_proj input per shard is 128/8 = 16 at --tp 8 (fine at --tp 4: 32)."""
     r = check(tiny_outputs["mxfp4-moe"], tp=8)
-    assert errors(r) == {("tp-mxfp4-group", "model.layers.0.mlp.experts"),
-                         ("tp-mxfp4-group", "model.layers.1.mlp.experts")}
+    assert errors(r) == {
+        ("tp-mxfp4-group", "model.layers.0.mlp.experts"),
+        ("tp-mxfp4-group", "model.layers.1.mlp.experts"),
+    }
     assert "use --tp 4" in r.errors[0].fix
     assert check(tiny_outputs["mxfp4-moe"], tp=4).ok
 
@@ -227,7 +230,10 @@ def test_9_router_left_quantized_in_vllm(tiny_outputs, tmp_path):
     bad = copy(tiny_outputs["mxfp4-moe"], tmp_path / "m")
     edit_config(bad, lambda c: c["quantization_config"]["exclude"].remove("re:model\\.layers\\.\\d+\\.mlp\\.gate$"))
     r = check(bad)
-    assert errors(r) == {("router-quantized", "model.layers.0.mlp.gate"), ("router-quantized", "model.layers.1.mlp.gate")}
+    assert errors(r) == {
+        ("router-quantized", "model.layers.0.mlp.gate"),
+        ("router-quantized", "model.layers.1.mlp.gate"),
+    }
     assert "MXFP4" in r.errors[0].message and "re:model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.gate$" in r.errors[0].fix
 
 
@@ -295,13 +301,23 @@ def test_hidden_size_and_vocab_against_target(tiny, tiny_outputs, tmp_path):
 def test_not_quark_and_unmatched_entries(tiny_outputs, tmp_path):
     bad = copy(tiny_outputs["fp8-target"], tmp_path / "t")
     edit_config(bad, lambda c: c["quantization_config"]["exclude"].append("model.layers.7.mlp.down_proj"))
-    edit_config(bad, lambda c: c["quantization_config"]["layer_quant_config"].update(
-        {"layers.0.self_attn.o_proj": c["quantization_config"]["global_quant_config"]}))
+    edit_config(
+        bad,
+        lambda c: c["quantization_config"]["layer_quant_config"].update(
+            {"layers.0.self_attn.o_proj": c["quantization_config"]["global_quant_config"]}
+        ),
+    )
     r = check(bad)
-    assert r.ok and r.codes("warning") == {("exclude-unmatched", "model.layers.7.mlp.down_proj"),
-                                           ("layer-config-unmatched", "layer_quant_config.layers.0.self_attn.o_proj")}
-    edit_config(bad, lambda c: c["quantization_config"].update(
-        layer_type_quant_config={"QuarkLinear": c["quantization_config"]["global_quant_config"]}))
+    assert r.ok and r.codes("warning") == {
+        ("exclude-unmatched", "model.layers.7.mlp.down_proj"),
+        ("layer-config-unmatched", "layer_quant_config.layers.0.self_attn.o_proj"),
+    }
+    edit_config(
+        bad,
+        lambda c: c["quantization_config"].update(
+            layer_type_quant_config={"QuarkLinear": c["quantization_config"]["global_quant_config"]}
+        ),
+    )
     assert ("layer-type-config-ignored", "quantization_config.layer_type_quant_config") in check(bad).codes("warning")
     edit_config(bad, lambda c: c["quantization_config"].update(quant_method="fp8"))
     assert ("not-quark", "quantization_config.quant_method") in errors(check(bad))

@@ -100,4 +100,7 @@ def test_demo_without_tiny_models_says_how_to_make_them(
     result = _run("demo")
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == f"error: no tiny models in {folder}; run `python examples/make_tiny_models.py` to create them\n"
+    assert (
+        result.stderr
+        == f"error: no tiny models in {folder}; run `python examples/make_tiny_models.py` to create them\n"
+    )

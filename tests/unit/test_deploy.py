@@ -24,10 +24,13 @@ DTYPE_BYTES = {"BOOL": 1, "BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1, 
 def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items() if k != "__metadata__"}
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    return {
+        k: (v["dtype"], v["shape"], data[v["data_offsets"][0] : v["data_offsets"][1]])
+        for k, v in header.items()
+        if k != "__metadata__"
+    }
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes | None]]) -> None:
@@ -93,8 +96,12 @@ def test_pair_manifest_serves_target_with_draft_as_eagle3(tiny, tmp_path):
     assert shlex.split(m.command) == m.argv
     spec = json.loads(m.argv[m.argv.index("--speculative-config") + 1])
     # on ROCm the drafter gets AITER unified attention (vllm PR #47854's workaround, quantkit.rules.serving)
-    assert spec == {"method": "eagle3", "model": str(tiny / "eagle3-draft"), "num_speculative_tokens": 3,
-                    "attention_backend": "ROCM_AITER_UNIFIED_ATTN"}
+    assert spec == {
+        "method": "eagle3",
+        "model": str(tiny / "eagle3-draft"),
+        "num_speculative_tokens": 3,
+        "attention_backend": "ROCM_AITER_UNIFIED_ATTN",
+    }
     assert m.argv[m.argv.index("--max-model-len") + 1] == "4096"  # the target's max_position_embeddings
     assert "--kv-cache-dtype" not in m.argv  # auto is vLLM's default
     env = {e.name: e for e in m.env}
@@ -109,8 +116,15 @@ def test_pair_manifest_serves_target_with_draft_as_eagle3(tiny, tmp_path):
 
 
 def test_published_names_replace_local_paths(tiny):
-    m = deploy_manifest(tiny / "eagle3-draft", target=tiny / "target", model_ref="org/target",
-                        draft_ref="org/draft-fp8", num_speculative_tokens=5, max_model_len=8192, kv_cache_dtype="fp8")
+    m = deploy_manifest(
+        tiny / "eagle3-draft",
+        target=tiny / "target",
+        model_ref="org/target",
+        draft_ref="org/draft-fp8",
+        num_speculative_tokens=5,
+        max_model_len=8192,
+        kv_cache_dtype="fp8",
+    )
     assert m.argv[:3] == ["vllm", "serve", "org/target"]
     assert json.loads(m.argv[m.argv.index("--speculative-config") + 1])["model"] == "org/draft-fp8"
     assert m.argv[m.argv.index("--max-model-len") + 1] == "8192"
@@ -162,8 +176,14 @@ def _aux_default_repeats(pair):
 
 
 def _quark_config(**export):
-    return {"quant_method": "quark", "export": {"kv_cache_group": [], **export}, "exclude": ["model.fc", "lm_head"],
-            "global_quant_config": {}, "layer_quant_config": {}, "layer_type_quant_config": {}}
+    return {
+        "quant_method": "quark",
+        "export": {"kv_cache_group": [], **export},
+        "exclude": ["model.fc", "lm_head"],
+        "global_quant_config": {},
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+    }
 
 
 def _e5m2_with_quark_draft(pair):
@@ -204,10 +224,18 @@ def _fp8_down_proj(draft, scale_shape):
     tensors["midlayer.mlp.down_proj.weight"] = ("F8_E4M3", [out, cols], None)
     tensors["midlayer.mlp.down_proj.weight_scale"] = ("F32", [out if d == "out" else d for d in scale_shape], None)
     write_safetensors(draft / "model.safetensors", tensors)
-    ptpc = {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0, "is_dynamic": False,
-                       "symmetric": True},
-            "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1, "is_dynamic": True,
-                              "symmetric": True}, "output_tensors": None, "bias": None}
+    ptpc = {
+        "weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0, "is_dynamic": False, "symmetric": True},
+        "input_tensors": {
+            "dtype": "fp8_e4m3",
+            "qscheme": "per_channel",
+            "ch_axis": 1,
+            "is_dynamic": True,
+            "symmetric": True,
+        },
+        "output_tensors": None,
+        "bias": None,
+    }
     qc = _quark_config()
     qc["exclude"] += ["re:.*(q|k|v|o|gate|up)_proj"]  # every other linear stays BF16
     qc["layer_quant_config"] = {"*down_proj": ptpc}
@@ -295,8 +323,10 @@ def test_known_bad_pair_combination_is_caught(pair, case):
 def test_tp_heads_reports_kv_heads_too(pair):
     m = deploy_manifest(pair[1], target=pair[0], tp=3)
     assert {("error", "tp-attention-heads"), ("error", "tp-kv-heads")} <= codes(m)
-    assert {f.layer_or_tensor for f in m.findings if f.code == "tp-attention-heads"} == \
-        {"target num_attention_heads", "draft num_attention_heads"}
+    assert {f.layer_or_tensor for f in m.findings if f.code == "tp-attention-heads"} == {
+        "target num_attention_heads",
+        "draft num_attention_heads",
+    }
     # 4 heads, 2 KV heads at TP 4: heads split 1 a rank, each KV head replicated on 2 ranks: fine
     assert not codes(deploy_manifest(pair[1], target=pair[0], tp=4))
 
@@ -333,8 +363,10 @@ def test_rules_on_real_quark_outputs_agree_with_quantkit_check(tiny, tiny_output
     moe = tiny_outputs["mxfp4-moe"]
     for tp in (1, 2, 4, 8):
         mine = any(f.code == "tp-mxfp4-group" for f in deploy_manifest(moe, tp=tp).findings)
-        theirs = any(f.code == "tp-mxfp4-group" for f in
-                     check_checkpoint(moe, tp=tp, platform="gfx950", vllm="off", progress=lambda _m: None).findings)
+        theirs = any(
+            f.code == "tp-mxfp4-group"
+            for f in check_checkpoint(moe, tp=tp, platform="gfx950", vllm="off", progress=lambda _m: None).findings
+        )
         assert mine == theirs, tp
     assert any(f.code == "tp-mxfp4-group" for f in deploy_manifest(moe, tp=8).findings)
     draft = tiny_outputs["fp8-draft"]
@@ -353,10 +385,12 @@ def test_tokenizer_drift_names_the_one_changed_token(tiny, tmp_path):
     raw = (out / "tokenizer.json").read_text(encoding="utf-8")
     entry = re.findall(rf'"{token}":\s*{tid}\b', raw)
     assert len(entry) == 1  # change this one vocabulary entry, byte for byte, and nothing else
-    (out / "tokenizer.json").write_text(raw.replace(entry[0], entry[0].replace(token, "\u0120gardxn")),
-                                        encoding="utf-8")
+    (out / "tokenizer.json").write_text(
+        raw.replace(entry[0], entry[0].replace(token, "\u0120gardxn")), encoding="utf-8"
+    )
     assert tokenizer_drift(tiny / "target", out) == [
-        f"tokenizer.json: model.vocab: id {tid} is '\u0120garden' in source, '\u0120gardxn' in output"]
+        f"tokenizer.json: model.vocab: id {tid} is '\u0120garden' in source, '\u0120gardxn' in output"
+    ]
     # independent confirmation that this one token matters: the tokenizers library loads the source and refuses
     # the copy, whose merge rules still produce the old token
     from tokenizers import Tokenizer

@@ -35,8 +35,10 @@ def test_the_tuned_k_is_the_default(tuned: Path) -> None:
     m2 = run(tuned, target=TINY / "target", platform="gfx950", num_speculative_tokens=2)
     assert m2.num_speculative_tokens == 2 and m2.num_speculative_tokens_source == "--num-speculative-tokens"
     # through the CLI as a user runs it
-    r = CliRunner().invoke(main, ["deploy", str(tuned), "--target", str(TINY / "target"), "--json",
-                                  "--out", str(tuned.parent / "deploy.json")])
+    r = CliRunner().invoke(
+        main,
+        ["deploy", str(tuned), "--target", str(TINY / "target"), "--json", "--out", str(tuned.parent / "deploy.json")],
+    )
     assert r.exit_code == 0, r.output
     assert '"num_speculative_tokens": 5' in r.stdout or '"num_speculative_tokens":5' in r.stdout
 

@@ -59,10 +59,21 @@ def kimi_draft(folder: Path, intermediate: int, draft_vocab: int, vocab: int = 1
         "norm.weight": ("BF16", [HIDDEN]),
         "lm_head.weight": ("BF16", [draft_vocab, HIDDEN]),
     }
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": HIDDEN,
-              "intermediate_size": intermediate, "num_hidden_layers": 1, "num_attention_heads": HEADS,
-              "num_key_value_heads": HEADS, "head_dim": HEAD_DIM, "vocab_size": vocab, "torch_dtype": "bfloat16",
-              "max_position_embeddings": 262144, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": 1,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": vocab,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
     if draft_vocab != vocab:
         tensors["d2t"] = ("I64", [draft_vocab])
         tensors["t2d"] = ("BOOL", [vocab])
@@ -75,18 +86,24 @@ def kimi_draft(folder: Path, intermediate: int, draft_vocab: int, vocab: int = 1
 def by_hand(intermediate: int, draft_vocab: int) -> dict[str, int]:
     """Bytes per draft token by role, BF16: q, k, v read 2 x hidden; o; gate, up, down; the lm_head's rows."""
     q = kv = HEADS * HEAD_DIM
-    return {"attention": 2 * (2 * HIDDEN * (q + 2 * kv) + q * HIDDEN),
-            "dense_mlp": 2 * 3 * intermediate * HIDDEN,
-            "lm_head": 2 * draft_vocab * HIDDEN,
-            "fc": 2 * 3 * HIDDEN * HIDDEN}
+    return {
+        "attention": 2 * (2 * HIDDEN * (q + 2 * kv) + q * HIDDEN),
+        "dense_mlp": 2 * 3 * intermediate * HIDDEN,
+        "lm_head": 2 * draft_vocab * HIDDEN,
+        "fc": 2 * 3 * HIDDEN * HIDDEN,
+    }
 
 
-@pytest.mark.parametrize("name,intermediate,draft_vocab,share", [
-    ("specforge-kimi-k25-eagle3", 18432, 32000, 0.22),
-    ("torchspec-kimi_k25_eagle3", 12288, 163840, 0.635),
-])
-def test_lm_head_share_of_the_kimi_drafts(tmp_path: Path, name: str, intermediate: int, draft_vocab: int,
-                                          share: float) -> None:
+@pytest.mark.parametrize(
+    "name,intermediate,draft_vocab,share",
+    [
+        ("specforge-kimi-k25-eagle3", 18432, 32000, 0.22),
+        ("torchspec-kimi_k25_eagle3", 12288, 163840, 0.635),
+    ],
+)
+def test_lm_head_share_of_the_kimi_drafts(
+    tmp_path: Path, name: str, intermediate: int, draft_vocab: int, share: float
+) -> None:
     result = inspect_checkpoint(kimi_draft(tmp_path / name, intermediate, draft_vocab))
     cost = result.draft_cost
     assert cost is not None

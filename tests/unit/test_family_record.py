@@ -75,15 +75,26 @@ def _looks_up_family(node: ast.AST, tables: set[str]) -> bool:
 
 def _compares_family(node: ast.Compare, tables: set[str]) -> bool:
     sides = [node.left, *node.comparators]
-    return any(_mentions_family_key(a) and any(_is_table(b, tables) for b in sides if b is not a) for a in sides) or \
-        any(_mentions_family_key(a) and isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and
-            a.func.attr in ("startswith", "endswith") for a in sides)
+    return any(
+        _mentions_family_key(a) and any(_is_table(b, tables) for b in sides if b is not a) for a in sides
+    ) or any(
+        _mentions_family_key(a)
+        and isinstance(a, ast.Call)
+        and isinstance(a.func, ast.Attribute)
+        and a.func.attr in ("startswith", "endswith")
+        for a in sides
+    )
 
 
 def _family_compares(path: Path) -> list[tuple[str, int, str]]:
     tree = ast.parse(path.read_text(), str(path))
-    tables = {t.id for stmt in tree.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
-              for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]) if isinstance(t, ast.Name)}
+    tables = {
+        t.id
+        for stmt in tree.body
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+        for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+        if isinstance(t, ast.Name)
+    }
     found = []
     for func in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
         body = func.body if isinstance(func, ast.Module) else [func]
@@ -91,10 +102,17 @@ def _family_compares(path: Path) -> list[tuple[str, int, str]]:
             if isinstance(func, ast.Module) and isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(stmt):
-                startswith = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("startswith", "endswith") and _mentions_family_key(node.func.value)
-                if startswith or _looks_up_family(node, tables) or \
-                        (isinstance(node, ast.Compare) and _compares_family(node, tables)):
+                startswith = (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("startswith", "endswith")
+                    and _mentions_family_key(node.func.value)
+                )
+                if (
+                    startswith
+                    or _looks_up_family(node, tables)
+                    or (isinstance(node, ast.Compare) and _compares_family(node, tables))
+                ):
                     name = func.name if not isinstance(func, ast.Module) else "<module>"
                     found.append((name, node.lineno, ast.unparse(node)))
     return found
@@ -110,13 +128,15 @@ def test_no_model_type_or_architecture_compare_outside_the_records():
 def test_the_compare_detector_finds_what_the_old_code_did(tmp_path):
     """The detector can fail: the compares issue 37 names (rules/kernels.py, io/formats.py) are found."""
     old = tmp_path / "old.py"
-    old.write_text('T = {"gpt_oss": 1}\n\ndef routing(text):\n    mt = str(text.get("model_type", ""))\n'
-                   '    return mt.startswith("deepseek")\n\ndef kimi(text):\n    return "kimi" in text["model_type"]\n\n'
-                   'def fused(config):\n    return str(config.get("model_type")) not in T\n\n'
-                   'def view(config, K):\n    return config.get("model_type") != "kimi_k25"\n\n'
-                   'def table(config):\n    return T.get(str(config.get("model_type")))\n\n'
-                   'def wrap(self):\n    return self.model_type in T.values()\n\n'
-                   'def fine(config, k, M):\n    return k not in ("architectures", "x") and config.get("model_type") in M\n')
+    old.write_text(
+        'T = {"gpt_oss": 1}\n\ndef routing(text):\n    mt = str(text.get("model_type", ""))\n'
+        '    return mt.startswith("deepseek")\n\ndef kimi(text):\n    return "kimi" in text["model_type"]\n\n'
+        'def fused(config):\n    return str(config.get("model_type")) not in T\n\n'
+        'def view(config, K):\n    return config.get("model_type") != "kimi_k25"\n\n'
+        'def table(config):\n    return T.get(str(config.get("model_type")))\n\n'
+        "def wrap(self):\n    return self.model_type in T.values()\n\n"
+        'def fine(config, k, M):\n    return k not in ("architectures", "x") and config.get("model_type") in M\n'
+    )
     assert [f for f, _l, _s in _family_compares(old)] == ["routing", "kimi", "fused", "view", "table", "wrap"]
 
 
@@ -134,8 +154,11 @@ def test_every_record_field_is_read_by_production_code(record):
     family_py = ast.parse((PKG / "naming" / "family.py").read_text())
     cls = next(n for n in family_py.body if isinstance(n, ast.ClassDef) and n.name == record.__name__)
     for method in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in reads):
-        reads |= {n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                  and n.value.id == "self"}
+        reads |= {
+            n.attr
+            for n in ast.walk(method)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+        }
     unread = [f.name for f in dataclasses.fields(record) if f.name not in reads]
     assert not unread, f"{record.__name__} fields no production code reads: {unread}; use them or delete them"
 
@@ -143,8 +166,13 @@ def test_every_record_field_is_read_by_production_code(record):
 def test_io_is_handed_the_records_facts_and_imports_no_naming():
     for path in sorted((PKG / "io").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not [n for n in names if n.startswith("quantkit.naming")], f"{path}: imports {names}"
 
 
@@ -155,11 +183,20 @@ def test_every_record_key_is_in_the_schema_and_valid_configs_pass():
         for key in family.config_keys:
             with pytest.raises(CheckpointError, match=key):
                 validate_model_config({key: {"not": "a value of any declared type"}}, "config.json")
-    valid = [{"moe_layer_freq": [0, 1, 1]}, {"moe_layer_freq": 1}, {"index_topk_pattern": "FSSF"},
-             {"index_topk_pattern": None}, {"index_topk_freq": 2}, {"full_attention_interval": 4},
-             {"layer_types": ["linear_attention", "full_attention"]}, {"interleave_moe_layer_step": 0},
-             {"text_config": {"interleave_moe_layer_step": 1}}, {"topk_method": "noaux_tc"}, {"topk_method": None},
-             {"scoring_func": "sigmoid", "use_routing_bias": True, "norm_topk_prob": False, "n_group": 8}]
+    valid = [
+        {"moe_layer_freq": [0, 1, 1]},
+        {"moe_layer_freq": 1},
+        {"index_topk_pattern": "FSSF"},
+        {"index_topk_pattern": None},
+        {"index_topk_freq": 2},
+        {"full_attention_interval": 4},
+        {"layer_types": ["linear_attention", "full_attention"]},
+        {"interleave_moe_layer_step": 0},
+        {"text_config": {"interleave_moe_layer_step": 1}},
+        {"topk_method": "noaux_tc"},
+        {"topk_method": None},
+        {"scoring_func": "sigmoid", "use_routing_bias": True, "norm_topk_prob": False, "n_group": 8},
+    ]
     for config in valid:
         assert validate_model_config(config, "config.json") is config
 
@@ -175,12 +212,18 @@ def test_every_config_key_the_records_read_is_typed():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             key = None
             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-                is_get = isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
-                    ast.unparse(node.func.value) in ("config", "text", "c", "cfg", "layer_cfg")
+                is_get = (
+                    isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "get"
+                    and ast.unparse(node.func.value) in ("config", "text", "c", "cfg", "layer_cfg")
+                )
                 if is_get or (isinstance(node.func, ast.Name) and node.func.id == "Key"):
                     key = node.args[0].value
-            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
-                    ast.unparse(node.value) in ("config", "text", "c", "cfg"):
+            elif (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.slice, ast.Constant)
+                and ast.unparse(node.value) in ("config", "text", "c", "cfg")
+            ):
                 key = node.slice.value
             if isinstance(key, str):
                 read.setdefault(key, f"{path.name}:{node.lineno}")
@@ -193,8 +236,12 @@ def test_replica_configs_of_every_family_pass_the_schema():
     """The configs the suite builds after the releases (tests/replicas.py, tests/moe_replicas.py) are valid."""
     from tests.fixtures import moe_replicas, replicas
 
-    configs = {f"{m.__name__}.{k}": v for m in (replicas, moe_replicas) for k, v in vars(m).items()
-               if k.endswith("_CONFIG") and isinstance(v, dict)}
+    configs = {
+        f"{m.__name__}.{k}": v
+        for m in (replicas, moe_replicas)
+        for k, v in vars(m).items()
+        if k.endswith("_CONFIG") and isinstance(v, dict)
+    }
     assert len(configs) >= 8
     for name, config in configs.items():
         validate_model_config(config, name)

@@ -57,27 +57,37 @@ def test_gate_fails_closed_on_a_missing_step_result(tiny, fp8_draft, tmp_path):
     assert json.loads((tmp_path / "r" / "report.json").read_text())["gate"]["verdict"] == "infeasible"
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda c: c.update(thresholds={"x": 1}), "thresholds: unknown key"),
-    (lambda c: c["acceptance"].update(min_ratoi=0.9), "acceptance.min_ratoi: unknown key"),
-    (lambda c: c.update(steps=["check", "benchmark"]), "steps.1"),
-    (lambda c: c["candidates"][0].update(path="/nowhere/x"), "candidates[0].path: /nowhere/x does not exist"),
-    (lambda c: c.pop("target"), "target: field required"),
-    (lambda c: c.update(serve={"al_tolerence": 0.1}), "serve.al_tolerence: unknown key"),
-    (lambda c: c.update(serve={"batch_sizes": [1, 8], "require_batch_sizes": [16]}),
-     "serve.require_batch_sizes: [16] not in serve.batch_sizes [1, 8]"),
-    (lambda c: c.update(serve={"batch_sizes": [0]}), "serve.batch_sizes: distinct sizes of at least 1"),
-    (lambda c: c.update(steps=["check", "serve", "serve"]), "steps: each step at most once"),
-    (lambda c: c.update(check={"max_size_ratio": 0}), "check.max_size_ratio: input should be greater than 0"),
-    (lambda c: (c.pop("draft"), c.update(steps=["bench"])), "draft: the bench step needs the BF16 draft"),
-    (lambda c: c.update(bench={"concurrency": [1, 1]}), "bench.concurrency: distinct values of at least 1"),
-    (lambda c: c.update(bench={"min_speedup": 0}), "bench.min_speedup: input should be greater than 0"),
-    (lambda c: c.update(bench={"ks": [1, 1]}), "bench.ks: distinct values of at least 0"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda c: c.update(thresholds={"x": 1}), "thresholds: unknown key"),
+        (lambda c: c["acceptance"].update(min_ratoi=0.9), "acceptance.min_ratoi: unknown key"),
+        (lambda c: c.update(steps=["check", "benchmark"]), "steps.1"),
+        (lambda c: c["candidates"][0].update(path="/nowhere/x"), "candidates[0].path: /nowhere/x does not exist"),
+        (lambda c: c.pop("target"), "target: field required"),
+        (lambda c: c.update(serve={"al_tolerence": 0.1}), "serve.al_tolerence: unknown key"),
+        (
+            lambda c: c.update(serve={"batch_sizes": [1, 8], "require_batch_sizes": [16]}),
+            "serve.require_batch_sizes: [16] not in serve.batch_sizes [1, 8]",
+        ),
+        (lambda c: c.update(serve={"batch_sizes": [0]}), "serve.batch_sizes: distinct sizes of at least 1"),
+        (lambda c: c.update(steps=["check", "serve", "serve"]), "steps: each step at most once"),
+        (lambda c: c.update(check={"max_size_ratio": 0}), "check.max_size_ratio: input should be greater than 0"),
+        (lambda c: (c.pop("draft"), c.update(steps=["bench"])), "draft: the bench step needs the BF16 draft"),
+        (lambda c: c.update(bench={"concurrency": [1, 1]}), "bench.concurrency: distinct values of at least 1"),
+        (lambda c: c.update(bench={"min_speedup": 0}), "bench.min_speedup: input should be greater than 0"),
+        (lambda c: c.update(bench={"ks": [1, 1]}), "bench.ks: distinct values of at least 0"),
+    ],
+)
 def test_bad_gate_config(tiny, tmp_path, mutate, needle):
-    cfg = {"name": "t", "target": str(tiny / "target"), "draft": str(tiny / "eagle3-draft"),
-           "candidates": [{"name": "c", "path": str(tiny / "eagle3-draft")}], "steps": ["check"],
-           "acceptance": {}}
+    cfg = {
+        "name": "t",
+        "target": str(tiny / "target"),
+        "draft": str(tiny / "eagle3-draft"),
+        "candidates": [{"name": "c", "path": str(tiny / "eagle3-draft")}],
+        "steps": ["check"],
+        "acceptance": {},
+    }
     mutate(cfg)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -21,9 +21,15 @@ K, MAX_TOKENS = 3, 64
 
 
 def _config(tmp_path: Path, candidates: list[dict], steps: list[str], **over) -> str:
-    cfg = {"name": "release", "target": str(TARGET), "draft": str(DRAFT), "candidates": candidates, "steps": steps,
-           "check": {"vllm": "off"},
-           "acceptance": {"min_al": 2.0, "num_speculative_tokens": K, "max_new_tokens": MAX_TOKENS}}
+    cfg = {
+        "name": "release",
+        "target": str(TARGET),
+        "draft": str(DRAFT),
+        "candidates": candidates,
+        "steps": steps,
+        "check": {"vllm": "off"},
+        "acceptance": {"min_al": 2.0, "num_speculative_tokens": K, "max_new_tokens": MAX_TOKENS},
+    }
     for key, value in over.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     path = tmp_path / "gate.yaml"
@@ -62,8 +68,15 @@ def test_tokenizer_drift_size_and_unquantized_are_caught(moe_pair, tmp_path):
     index["weight_map"]["model.extra_tensor"] = "model.safetensors"
     index_path.write_text(json.dumps(index))
 
-    cfg = _config(tmp_path, [{"name": "intact", "path": str(draft_q)}, {"name": "drifted", "path": str(bad)},
-                             {"name": "bf16", "path": str(DRAFT)}], ["check"])
+    cfg = _config(
+        tmp_path,
+        [
+            {"name": "intact", "path": str(draft_q)},
+            {"name": "drifted", "path": str(bad)},
+            {"name": "bf16", "path": str(DRAFT)},
+        ],
+        ["check"],
+    )
     result = _gate(cfg, tmp_path / "r", "--json")
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
@@ -76,8 +89,10 @@ def test_tokenizer_drift_size_and_unquantized_are_caught(moe_pair, tmp_path):
     drift = cands["drifted"]["release"]["tokenizer_drift"]
     assert drift == [f"tokenizer.json: model.vocab: id 100 is {token!r} in source, {token + 'x'!r} in output"]
     lines = _failures(result)
-    assert any(x.startswith("gate failed: drifted: check: tokenizer.drifted_files = 1 (threshold <= 0)") and
-               "id 100" in x for x in lines), lines
+    assert any(
+        x.startswith("gate failed: drifted: check: tokenizer.drifted_files = 1 (threshold <= 0)") and "id 100" in x
+        for x in lines
+    ), lines
     assert any("drifted: check: size.prediction_error = " in x and "apply --dry-run predicts" in x for x in lines)
     # the BF16 source as a candidate: as large as its source, no layer quantized, and no quantkit.json to predict from
     bf16 = {c["name"]: c for c in cands["bf16"]["gate"]["checks"]}
@@ -97,14 +112,17 @@ def test_served_and_in_process_disagreeing_is_anomalous():
     from quantkit.results import PromptAcceptance
 
     def run(accepted):
-        return [PromptAcceptance(id=f"p{i}", domain="d", num_drafts=5, num_accepted=a, generated_tokens=0)
-                for i, a in enumerate(accepted)]
+        return [
+            PromptAcceptance(id=f"p{i}", domain="d", num_drafts=5, num_accepted=a, generated_tokens=0)
+            for i, a in enumerate(accepted)
+        ]
 
     def check(served, name):
         a = al_agreement(run(served), in_process)
         al = 1 + sum(served) / (5 * 42)
-        return a, agreement("pair", "serve", name, al, ref_al, None, p_value=a.p_value, level=a.level,
-                            shown_threshold=a.bound)
+        return a, agreement(
+            "pair", "serve", name, al, ref_al, None, p_value=a.p_value, level=a.level, shown_threshold=a.bound
+        )
 
     in_process = run([12] * 42)
     ref_al = 1 + 12 / 5

@@ -247,8 +247,9 @@ def _index_result(folder: Path) -> dict[str, str] | str:
 
 
 @pytest.mark.parametrize("text", INDEXES)
-def test_the_plain_index_reader_agrees_with_the_hook(tmp_path: Path, text: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_plain_index_reader_agrees_with_the_hook(
+    tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An index read without a hook (quantkit.io.headers._plain_weight_map) gives what the hook path gives: the
     same weight map, or the same error."""
     import quantkit.io.headers as headers

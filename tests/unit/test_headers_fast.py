@@ -73,14 +73,21 @@ HEADERS = [
     ("{" + ",".join(f'"t{i}":' + _entry("BF16", [3, 5], 30 * i, 30 * i + 30) for i in range(500)) + "}", 15000),
     # What the fast path infers instead of checking: strings from the quote count, lengths from sums, ranges from the
     # tiling; each case below is a header that inference must not let through.
-    ('{"a":{"dtype":1,"shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[4],"data_offsets":[1,5],'
-     '"x":null}}', 5),  # a string missing from one entry, an extra field in another: the quote count still holds
+    (
+        '{"a":{"dtype":1,"shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[4],"data_offsets":[1,5],'
+        '"x":null}}',
+        5,
+    ),  # a string missing from one entry, an extra field in another: the quote count still holds
     ('{"a":{"dtype":["U8"],"shape":[4],"data_offsets":[0,4]}}', 4),  # an unhashable dtype
-    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,4,8]}}',
-     8),  # offsets of lengths 1 and 3: four bounds, as two pairs would give
+    (
+        '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,4,8]}}',
+        8,
+    ),  # offsets of lengths 1 and 3: four bounds, as two pairs would give
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8,8]}}', 8),  # 2 and 3
-    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}}',
-     8),  # an entry nested in an entry
+    (
+        '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}}',
+        8,
+    ),  # an entry nested in an entry
     ('{"a":{"dtype":"U8","shape":{},"data_offsets":[0,1]}}', 1),  # an empty object as shape, like a scalar's []
     ('{"a":{"dtype":"U8","shape":[4],"data_offsets":{}}}', 0),
     ('{"a":{"dtype":"U8","shape":[{}],"data_offsets":[0,1]}}', 1),
@@ -98,25 +105,47 @@ HEADERS = [
     ('{"a":' + _entry("U8", [2**31, 2**31], 0, 2**62) + "}", 2**62),  # 2**65 bits, in a file that could hold them
     ('{"a":' + _entry("U8", [2**64], 0, 2**64) + "}", 2**64),  # a dimension beyond 64 bits
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":' + _entry("U8", [4], 0, 4) + "}", 4),  # the same bytes twice
-    ('{"b":' + _entry("U8", [4], 4, 8) + ',"a":' + _entry("U8", [4], 0, 4) + ',"c":' + _entry("U8", [4], 4, 8) + "}",
-     8),  # out of file order, with an overlap
+    (
+        '{"b":' + _entry("U8", [4], 4, 8) + ',"a":' + _entry("U8", [4], 0, 4) + ',"c":' + _entry("U8", [4], 4, 8) + "}",
+        8,
+    ),  # out of file order, with an overlap
     ('{"b":' + _entry("U8", [4], 4, 8) + ',"a":' + _entry("U8", [4], 0, 4) + "}", 9),  # out of order, a byte after
     ('{"b":' + _entry("U8", [4], 5, 9) + ',"a":' + _entry("U8", [4], 0, 4) + "}", 9),  # out of order, a hole
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"__metadata__":{"k":"v"},"b":' + _entry("U8", [4], 4, 8) + "}", 8),
     ('{"__metadata__":{"k":["v"]},"a":' + _entry("U8", [4], 0, 4) + "}", 4),
     ('{"__metadata__":[],"a":' + _entry("U8", [4], 0, 4) + "}", 4),
     ('{"a":' + _entry("U8", [1], 0, 1) + ',"b":{"dtype":"U8","shape":[1],"data_offsets":[true,2]}}', 2),
-    ('{"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"U8","shape":[1],"data_offsets":[false,1]}}',
-     2),  # out of file order, a boolean begin
+    (
+        '{"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"U8","shape":[1],"data_offsets":[false,1]}}',
+        2,
+    ),  # out of file order, a boolean begin
     ('{"a":' + _entry("U8", [1, 4], 0, 4) + ',"b":{"dtype":"U8","shape":[true,4],"data_offsets":[4,8]}}', 8),
     ('{"a":{"dtype":"U8","shape":[true,4],"data_offsets":[0,4]},"b":' + _entry("U8", [1, 4], 4, 8) + "}", 8),
-    ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":{},"data_offsets":[4,5]},"c":'
-     + _entry("U8", [], 5, 6) + "}", 6),  # an empty object as a shape, beside a real scalar
-    ('{"a":' + _entry("F32", [2, 2], 0, 16) + ',"b":' + _entry("F32", [2, 2], 16, 32) + ',"c":'
-     + _entry("F32", [2, 2], 32, 47) + "}", 47),  # the same kind spanning other bytes
+    (
+        '{"a":'
+        + _entry("U8", [4], 0, 4)
+        + ',"b":{"dtype":"U8","shape":{},"data_offsets":[4,5]},"c":'
+        + _entry("U8", [], 5, 6)
+        + "}",
+        6,
+    ),  # an empty object as a shape, beside a real scalar
+    (
+        '{"a":'
+        + _entry("F32", [2, 2], 0, 16)
+        + ',"b":'
+        + _entry("F32", [2, 2], 16, 32)
+        + ',"c":'
+        + _entry("F32", [2, 2], 32, 47)
+        + "}",
+        47,
+    ),  # the same kind spanning other bytes
     ('{"__metadata__":{"k":1.5},"a":' + _entry("U8", [4], 0, 4) + "}", 4),
-    ("{" + ",".join(f'"t{i}":' + _entry("U8", [2**61 - 1], i * (2**61 - 1), (i + 1) * (2**61 - 1)) for i in range(9))
-     + "}", 9 * (2**61 - 1)),  # offsets beyond 64 bits, in a file that could hold them
+    (
+        "{"
+        + ",".join(f'"t{i}":' + _entry("U8", [2**61 - 1], i * (2**61 - 1), (i + 1) * (2**61 - 1)) for i in range(9))
+        + "}",
+        9 * (2**61 - 1),
+    ),  # offsets beyond 64 bits, in a file that could hold them
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[4.0],"data_offsets":[4,8]}}', 8),  # 4.0 == 4
     ('{"a":' + _entry("U8", [4], 0, 4) + ',"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8.0]}}', 8),
     ('{"a":' + _entry("F4", [3], 0, 1) + "}", 1),  # 12 bits, in 1 byte
@@ -166,25 +195,27 @@ HEADERS = [
     ('{"a":' + W + ',"b":' + W2.replace("4,8", "3,7") + "}", 7),  # an overlap
     ('{"a":' + W + ',"b":' + W2.replace("4,8", "4,9") + "}", 9),  # a span larger than the tensor
     ('{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}', 2),  # 12 bits
-    ('{"a":{"dtype":"U8","shape":[18446744073709551616],"data_offsets":[0,18446744073709551616]}}',
-     18446744073709551616),  # a dimension beyond 64 bits
+    (
+        '{"a":{"dtype":"U8","shape":[18446744073709551616],"data_offsets":[0,18446744073709551616]}}',
+        18446744073709551616,
+    ),  # a dimension beyond 64 bits
     ('{"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}}', 0),  # overflows 64 bits
     ('{"a":{"dtype":"U8","data_offsets":[0,4],"shape":[4]}}', 4),  # another field order
     ('{"a":{"dtype":"U8","shape":[' + "9" * 5000 + '],"data_offsets":[0,4]}}', 4),  # past int()'s digit limit
-    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,' + "9" * 5000 + ']}}', 4),
+    ('{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,' + "9" * 5000 + "]}}", 4),
     ('{"a":{"dtype":"U8","shape":[1' + "0" * 20 + '],"data_offsets":[0,4]}}', 4),  # 21 digits
-    ('{"a":{"dtype":"U8","shape":[1' + "0" * 19 + '],"data_offsets":[0,1' + "0" * 19 + ']}}', 10**19),  # 20 digits
+    ('{"a":{"dtype":"U8","shape":[1' + "0" * 19 + '],"data_offsets":[0,1' + "0" * 19 + "]}}", 10**19),  # 20 digits
 ]
 
 
-FAST_PATHS = pytest.mark.parametrize("fast_path", [st._validate_plain, st._validate_compact],
-                                     ids=["plain", "compact"])
+FAST_PATHS = pytest.mark.parametrize("fast_path", [st._validate_plain, st._validate_compact], ids=["plain", "compact"])
 
 
 @FAST_PATHS
 @pytest.mark.parametrize(("text", "data_len"), HEADERS)
-def test_the_fast_path_agrees_with_the_full_rules(text: str, data_len: int,
-                                                  fast_path: Callable[..., st.HeaderColumns | None]) -> None:
+def test_the_fast_path_agrees_with_the_full_rules(
+    text: str, data_len: int, fast_path: Callable[..., st.HeaderColumns | None]
+) -> None:
     raw = text.encode()
     full = _full(raw, data_len)
     fast = fast_path(raw, data_len, len(raw))
@@ -205,8 +236,15 @@ def test_the_fast_path_agrees_with_the_full_rules(text: str, data_len: int,
 def test_the_fast_path_takes_the_form_writers_use() -> None:
     """Not a fallback for everything: the common form (and metadata, and a header out of file order) is taken."""
     taken = ('{"a-b":', '{"__metadata__":{"k":"v"}}', '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"__me')
-    for text, data_len in (HEADERS[0], HEADERS[2], HEADERS[3], HEADERS[4], HEADERS[8], HEADERS[39],
-                           *(h for h in HEADERS if h[0].startswith(taken))):
+    for text, data_len in (
+        HEADERS[0],
+        HEADERS[2],
+        HEADERS[3],
+        HEADERS[4],
+        HEADERS[8],
+        HEADERS[39],
+        *(h for h in HEADERS if h[0].startswith(taken)),
+    ):
         assert st._validate_plain(text.encode(), data_len, len(text)) is not None, text[:60]
 
 
@@ -225,14 +263,32 @@ def _writer_header(rng: random.Random, least: int = 0) -> tuple[dict[str, object
     return header, offset
 
 
-MUTATIONS = [b"true", b"false", b"null", b"0", b"1", b"-1", b"1.0", b"[]", b"{}", b'"x"', b"[1,2]", b"2", b"-0",
-             b"1e0", b",", b'"shape"', b'"dtype":"U8"']
+MUTATIONS = [
+    b"true",
+    b"false",
+    b"null",
+    b"0",
+    b"1",
+    b"-1",
+    b"1.0",
+    b"[]",
+    b"{}",
+    b'"x"',
+    b"[1,2]",
+    b"2",
+    b"-0",
+    b"1e0",
+    b",",
+    b'"shape"',
+    b'"dtype":"U8"',
+]
 NAME_CHARS = [c.encode() for c in '{}[],: \t\x01"\\\u00e9\u4e2d'] + [b'":{', b'},"', b"\xff"]
 
 
 @FAST_PATHS
 def test_random_mutations_of_written_headers_are_judged_as_the_full_rules_judge_them(
-        fast_path: Callable[..., st.HeaderColumns | None]) -> None:
+    fast_path: Callable[..., st.HeaderColumns | None],
+) -> None:
     # 3,000 headers of the writers' form with one random edit each (a token replaced, a key repeated, the data one
     # byte longer or shorter): whatever the fast path accepts, the full rules accept with the same columns.
     rng = random.Random(20261203)
@@ -246,10 +302,13 @@ def test_random_mutations_of_written_headers_are_judged_as_the_full_rules_judge_
             spots = [i for i, c in enumerate(raw) if chr(c) in '0123456789[]{}",']
             if spots:
                 i = rng.choice(spots)
-                raw = raw[:i] + rng.choice(MUTATIONS) + raw[min(len(raw), i + rng.randint(1, 4)):]
+                raw = raw[:i] + rng.choice(MUTATIONS) + raw[min(len(raw), i + rng.randint(1, 4)) :]
         elif edit < 0.75:
-            raw = raw.replace(b'"shape"', b'"shape":[1],"shape"', 1) if rng.random() < 0.5 else \
-                raw.replace(b'{"dtype"', b'{"dtype":"U8","dtype"', 1)
+            raw = (
+                raw.replace(b'"shape"', b'"shape":[1],"shape"', 1)
+                if rng.random() < 0.5
+                else raw.replace(b'{"dtype"', b'{"dtype":"U8","dtype"', 1)
+            )
         elif edit < 0.9:  # a character put into a tensor's name (most keep the header valid)
             spots = [i + 2 for i in range(len(raw)) if raw.startswith(b'"t', i)]
             if spots:
@@ -273,17 +332,22 @@ def test_the_compact_path_takes_what_safetensors_writes(tmp_path: Path, metadata
     import torch
     from safetensors.torch import save_file
 
-    tensors = {"w": torch.zeros(3, 5, dtype=torch.bfloat16), "s": torch.zeros((), dtype=torch.float32),
-               "b": torch.zeros(7, dtype=torch.bool), "q": torch.zeros(2, 16, dtype=torch.float8_e4m3fn),
-               "i": torch.zeros(4, dtype=torch.int64), "\u00e9.\u4e2d": torch.zeros(1, dtype=torch.uint8)}
+    tensors = {
+        "w": torch.zeros(3, 5, dtype=torch.bfloat16),
+        "s": torch.zeros((), dtype=torch.float32),
+        "b": torch.zeros(7, dtype=torch.bool),
+        "q": torch.zeros(2, 16, dtype=torch.float8_e4m3fn),
+        "i": torch.zeros(4, dtype=torch.int64),
+        "\u00e9.\u4e2d": torch.zeros(1, dtype=torch.uint8),
+    }
     written = [tmp_path / "save_file.safetensors", tmp_path / "quantkit.safetensors"]
     save_file(tensors, str(written[0]), metadata=metadata)
     if metadata is None:  # quantkit's writer writes no metadata
         st.serialize_safetensors(tensors, written[1])
-    for path in written[:1 if metadata is not None else 2]:
+    for path in written[: 1 if metadata is not None else 2]:
         data = path.read_bytes()
         n = int.from_bytes(data[:8], "little")
-        raw, data_len = data[8:8 + n], len(data) - 8 - n
+        raw, data_len = data[8 : 8 + n], len(data) - 8 - n
         full = _full(raw, data_len)
         assert not isinstance(full, str), full
         assert st._validate_compact(raw, data_len, n) == st._columns(full), path.name

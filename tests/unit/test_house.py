@@ -114,7 +114,8 @@ def _package_edges(pkg_a: str, pkg_b: str) -> list[str]:
 def test_the_graph_reader_sees_a_known_import():
     # the test can fail: the reader must see what a module visibly imports, or an empty graph would pass the rest
     assert "quantkit.errors" in _imports(MODULES["quantkit.cli.app"], False) | {
-        t for m, p in MODULES.items() if m.startswith("quantkit.cli") for t in _imports(p, False)}
+        t for m, p in MODULES.items() if m.startswith("quantkit.cli") for t in _imports(p, False)
+    }
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
@@ -123,16 +124,23 @@ def test_no_import_circle_at_module_level():
     assert _cycles(graph) == []
 
 
-@pytest.mark.parametrize(("a", "b"), [("quantkit.check", "quantkit.acceptance"),
-                                      ("quantkit.acceptance", "quantkit.check")])
+@pytest.mark.parametrize(
+    ("a", "b"), [("quantkit.check", "quantkit.acceptance"), ("quantkit.acceptance", "quantkit.check")]
+)
 def test_check_and_acceptance_do_not_import_each_other(a, b):
     assert _package_edges(a, b) == []
 
 
 def test_engines_stand_below_the_stages():
     # engines/ runs models for check, acceptance, eval and the gate; it imports none of them
-    for stage in ("quantkit.check", "quantkit.acceptance", "quantkit.evaluate", "quantkit.gate", "quantkit.apply",
-                  "quantkit.bench"):
+    for stage in (
+        "quantkit.check",
+        "quantkit.acceptance",
+        "quantkit.evaluate",
+        "quantkit.gate",
+        "quantkit.apply",
+        "quantkit.bench",
+    ):
         assert _package_edges("quantkit.engines", stage) == []
 
 

@@ -38,8 +38,10 @@ def test_synthetic_deepseek_groups(synthetic):
     r = inspect_checkpoint(synthetic)
     assert r.architecture == "DeepseekV3ForCausalLM" and r.model_kind == "moe-target"
     rows = [(g.pattern, g.count, g.precision, g.source) for g in r.groups]
-    attn = [(f"model.layers.{{0-7}}.self_attn.{p}", 8, "BF16", "exclude")
-            for p in ("fused_qkv_a_proj", "q_b_proj", "kv_b_proj", "o_proj")]
+    attn = [
+        (f"model.layers.{{0-7}}.self_attn.{p}", 8, "BF16", "exclude")
+        for p in ("fused_qkv_a_proj", "q_b_proj", "kv_b_proj", "o_proj")
+    ]
     assert rows == [
         ("model.embed_tokens", 1, "BF16", "never_quantized"),
         *attn,
@@ -116,7 +118,9 @@ def test_real_attention_override(tiny_outputs):
     qkv = by["model.layers.{0-1}.self_attn.qkv_proj"]
     assert qkv.precision == "FP8 per-channel (ptpc)" and qkv.source == "layer_quant_config"
     assert by["model.layers.{0-1}.mlp.gate"].source == "exclude"
-    assert by["model.layers.{0-1}.mlp.experts"].precision == "MXFP4" and by["model.layers.{0-1}.mlp.experts"].experts == 8
+    assert (
+        by["model.layers.{0-1}.mlp.experts"].precision == "MXFP4" and by["model.layers.{0-1}.mlp.experts"].experts == 8
+    )
     assert set(r.bytes_by_precision) == {"BF16", "MXFP4", "FP8 per-channel (ptpc)"}
 
 

@@ -15,8 +15,14 @@ def test_name_search_answers_as_name_by_name() -> None:
     rng = random.Random(1)
     for _ in range(5000):
         names = ["".join(rng.choice(PARTS) for _ in range(rng.randrange(0, 5))) for _ in range(rng.randrange(0, 5))]
-        for suffixes in ((".weight_scale_inv", ".weight_packed"), (".gate_up_proj", ".down_proj"), ("x",),
-                         (".weight_",), ("a", "a."), ("x", "")):
+        for suffixes in (
+            (".weight_scale_inv", ".weight_packed"),
+            (".gate_up_proj", ".down_proj"),
+            ("x",),
+            (".weight_",),
+            ("a", "a."),
+            ("x", ""),
+        ):
             assert names_ending(names, suffixes) == [n for n in names if n.endswith(suffixes)], (names, suffixes)
         for prefixes in (("mtp.",), ("mtp.", "a"), ("\nmtp",), ("x", "")):
             assert names_starting(names, prefixes) == [n for n in names if n.startswith(prefixes)], (names, prefixes)

@@ -52,7 +52,7 @@ def _plain_numbered(params: dict[str, set[str]], container: str) -> list[tuple[i
     out = []
     for module in params:
         if module.startswith(container + "."):
-            head = module[len(container) + 1:].partition(".")[0]
+            head = module[len(container) + 1 :].partition(".")[0]
             if head.isascii() and head.isdigit():
                 out.append((int(head), module))
     return out
@@ -86,10 +86,30 @@ def test_checkpoint_modules_answer_as_a_dict_of_sets(seed: int) -> None:
 
 
 ENTRIES = [
-    "m.l.1.a", "m.l.1.e", "m.l.10.e.2", "m.l", "m.l.1.qkv", "m.l.1.q", "m.l.2.k", "lm",
-    r"re:m\.l\.\d+\.a$", r"re:m\.l\.\d\.q", r"re:m\.l\.\d+\.(?:q|k)$", r"re:.*\.v$", r"re:m\.l\.1\.", r"re:m\.l\.1\d\.",
-    r"re:m\.l\.(\d)\1\.", r"re:m\.l\.(?P<n>\d)(?P=n)", r"re:m\.l\.[0-4]\.", r"re:m\.l\.\d{2}\.", r"re:m\.\w+\.\d+\.e",
-    r"re:m\.l\.\d+\.e\.\d+$", r"re:(?i)M\.L\.2", r"re:m\.l\.\d+\.qkv", r"re:m\.l\.\D", r"re:m\.l\.٣",
+    "m.l.1.a",
+    "m.l.1.e",
+    "m.l.10.e.2",
+    "m.l",
+    "m.l.1.qkv",
+    "m.l.1.q",
+    "m.l.2.k",
+    "lm",
+    r"re:m\.l\.\d+\.a$",
+    r"re:m\.l\.\d\.q",
+    r"re:m\.l\.\d+\.(?:q|k)$",
+    r"re:.*\.v$",
+    r"re:m\.l\.1\.",
+    r"re:m\.l\.1\d\.",
+    r"re:m\.l\.(\d)\1\.",
+    r"re:m\.l\.(?P<n>\d)(?P=n)",
+    r"re:m\.l\.[0-4]\.",
+    r"re:m\.l\.\d{2}\.",
+    r"re:m\.\w+\.\d+\.e",
+    r"re:m\.l\.\d+\.e\.\d+$",
+    r"re:(?i)M\.L\.2",
+    r"re:m\.l\.\d+\.qkv",
+    r"re:m\.l\.\D",
+    r"re:m\.l\.٣",
 ]
 BAD = [r"re:m\.l\.(", r"re:[z-a]"]
 
@@ -99,8 +119,15 @@ def _random_layers(rng: random.Random) -> list[RuntimeLayer]:
     for i in rng.sample(range(14), rng.randrange(1, 8)) + ["٣", "01"]:
         renames = rng.choice([(), (("m.l.1", "m.l.2"),), (("x", "y"),)])
         layers.append(RuntimeLayer(f"m.l.{i}.a", "linear", "attention", exclude_renames=renames))
-        layers.append(RuntimeLayer(f"m.l.{i}.qkv", "fused_linear", "attention",
-                                   shards=(f"m.l.{i}.q", f"m.l.{i}.k", f"m.l.{i}.v"), exclude_renames=renames))
+        layers.append(
+            RuntimeLayer(
+                f"m.l.{i}.qkv",
+                "fused_linear",
+                "attention",
+                shards=(f"m.l.{i}.q", f"m.l.{i}.k", f"m.l.{i}.v"),
+                exclude_renames=renames,
+            )
+        )
         layers.append(RuntimeLayer(f"m.l.{i}.e", "moe", "experts", exclude_renames=renames))
     layers.append(RuntimeLayer("lm", "lm_head", "lm_head", quantizable=False))
     rng.shuffle(layers)
@@ -167,15 +194,47 @@ def test_experts_of_alike_layers_answer_as_a_dict_of_sets(seed: int) -> None:
 
 def test_a_layout_with_a_newline_is_not_reused() -> None:
     """Layer 0's names joined with newlines read like layer 1's run, split elsewhere: answered name by name."""
-    modules = ["m.l.0.e.0.g", "m.l.0.e.0.u\nzz", "m.l.0.e.2.g", "m.l.1.e.0.g", "m.l.1.e.0.u", "zz\nm.l.1.e.2.g",
-               "m.l.1.e.9.z"]
+    modules = [
+        "m.l.0.e.0.g",
+        "m.l.0.e.0.u\nzz",
+        "m.l.0.e.2.g",
+        "m.l.1.e.0.g",
+        "m.l.1.e.0.u",
+        "zz\nm.l.1.e.2.g",
+        "m.l.1.e.9.z",
+    ]
     ckpt = CheckpointModules(f"{m}.weight" for m in modules)
     assert ckpt.experts_under("m.l.0.e") == ("m.l.0.e.0.g", "m.l.0.e.0.u\nzz", "m.l.0.e.2.g")
     assert ckpt.experts_under("m.l.1.e") == ("m.l.1.e.0.g", "m.l.1.e.0.u", "m.l.1.e.9.z")
 
 
-PLAIN_TOKENS = ["a", "b", ".", r"\.", r"\d", "+", "*", "?", "|", "(?:", ")", "^", "$", "1", r"\-", "-", " ", r"\(",
-                "[", r"\w", "(", "{2}", "é", r"\\", "\\"]
+PLAIN_TOKENS = [
+    "a",
+    "b",
+    ".",
+    r"\.",
+    r"\d",
+    "+",
+    "*",
+    "?",
+    "|",
+    "(?:",
+    ")",
+    "^",
+    "$",
+    "1",
+    r"\-",
+    "-",
+    " ",
+    r"\(",
+    "[",
+    r"\w",
+    "(",
+    "{2}",
+    "é",
+    r"\\",
+    "\\",
+]
 
 
 @pytest.mark.parametrize("seed", range(300))

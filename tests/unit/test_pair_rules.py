@@ -18,14 +18,30 @@ TARGET, DRAFT = TINY / "moe-target", TINY / "moe-eagle3-draft"
 
 
 def _acc(*extra: str) -> list[str]:
-    return ["acceptance", "--target", str(TARGET), "--draft", str(DRAFT), "--backend", "reference",
-            "--max-new-tokens", "2", *extra]
+    return [
+        "acceptance",
+        "--target",
+        str(TARGET),
+        "--draft",
+        str(DRAFT),
+        "--backend",
+        "reference",
+        "--max-new-tokens",
+        "2",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--candidate", str(TARGET), "--candidate-target", str(TARGET)], "--candidate"),  # a target as the pair's draft
-    (["--candidate", str(DRAFT), "--candidate-target", str(DRAFT)], "--candidate-target"),  # a draft as its target
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--candidate", str(TARGET), "--candidate-target", str(TARGET)],
+            "--candidate",
+        ),  # a target as the pair's draft
+        (["--candidate", str(DRAFT), "--candidate-target", str(DRAFT)], "--candidate-target"),  # a draft as its target
+    ],
+)
 def test_pair_roles_are_checked(args, needle):
     result = CliRunner().invoke(main, _acc(*args))
     assert result.exit_code == 2, result.output
@@ -36,28 +52,38 @@ def test_pair_roles_are_checked(args, needle):
 def test_pair_misfit_is_refused_before_loading():
     """The Llama target's draft (aux ids 1,2,3) on the 2-layer MoE target: the static fit check covers the pair."""
     with pytest.raises(AcceptanceError, match="aux-layer-out-of-range") as e:
-        run_acceptance(TARGET, DRAFT, TINY / "eagle3-draft", candidate_target=TARGET, backend="reference",
-                       progress=QUIET)
+        run_acceptance(
+            TARGET, DRAFT, TINY / "eagle3-draft", candidate_target=TARGET, backend="reference", progress=QUIET
+        )
     assert str(TINY / "eagle3-draft") in str(e.value) and str(TARGET) in str(e.value)
 
 
 def _gate_cfg(tmp_path, candidate: dict, **over) -> str:
-    cfg = {"name": "pair", "target": str(TARGET), "draft": str(DRAFT), "candidates": [candidate],
-           "steps": ["check", "acceptance"], "check": {"vllm": "off"},
-           "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": "reference"}}
+    cfg = {
+        "name": "pair",
+        "target": str(TARGET),
+        "draft": str(DRAFT),
+        "candidates": [candidate],
+        "steps": ["check", "acceptance"],
+        "check": {"vllm": "off"},
+        "acceptance": {"min_ratio": 0.98, "per_domain_min_ratio": 0.95, "min_al": 2.0, "backend": "reference"},
+    }
     cfg.update(over)
     path = tmp_path / "gate.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
 
 
-@pytest.mark.parametrize("candidate, needle", [
-    ({"name": "p", "path": str(DRAFT), "target": "/nowhere/t"}, "candidates[0].target: /nowhere/t does not exist"),
-    ({"name": "p", "path": str(DRAFT), "target": str(TARGET), "baseline": str(TARGET)}, "drop its baseline"),
-    ({"name": "p", "path": str(TARGET), "target": str(TARGET)}, "candidates[0].path"),
-    ({"name": "p", "path": str(DRAFT), "target": str(DRAFT)}, "candidates[0].target"),
-    ({"name": "p", "path": str(DRAFT), "target": 3}, "candidates.0.target"),
-])
+@pytest.mark.parametrize(
+    "candidate, needle",
+    [
+        ({"name": "p", "path": str(DRAFT), "target": "/nowhere/t"}, "candidates[0].target: /nowhere/t does not exist"),
+        ({"name": "p", "path": str(DRAFT), "target": str(TARGET), "baseline": str(TARGET)}, "drop its baseline"),
+        ({"name": "p", "path": str(TARGET), "target": str(TARGET)}, "candidates[0].path"),
+        ({"name": "p", "path": str(DRAFT), "target": str(DRAFT)}, "candidates[0].target"),
+        ({"name": "p", "path": str(DRAFT), "target": 3}, "candidates.0.target"),
+    ],
+)
 def test_gate_rejects_bad_pairs(tmp_path, candidate, needle):
     result = CliRunner().invoke(main, ["gate", _gate_cfg(tmp_path, candidate), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2, result.output
@@ -73,8 +99,13 @@ def test_gate_pair_paths_are_relative_to_the_config(tmp_path):
     sub.mkdir()
     (tmp_path / "qd").mkdir()
     cfg_file = sub / "gate.yaml"
-    data = {"name": "rel", "target": str(TARGET), "draft": str(DRAFT), "steps": ["acceptance"],
-            "candidates": [{"name": "p", "path": "../qd", "target": "../qt"}]}
+    data = {
+        "name": "rel",
+        "target": str(TARGET),
+        "draft": str(DRAFT),
+        "steps": ["acceptance"],
+        "candidates": [{"name": "p", "path": "../qd", "target": "../qt"}],
+    }
     cfg_file.write_text(yaml.safe_dump(data))
     with pytest.raises(GateConfigError, match=r"candidates\[0\]\.target: \.\./qt does not exist"):
         load_gate_config(cfg_file)
@@ -92,8 +123,17 @@ def test_agreement_rule_on_hand_made_counters():
     from quantkit.results import PromptAcceptance
 
     def run(accepted: list[int], digests: list[str] | None = None) -> list[PromptAcceptance]:
-        return [PromptAcceptance(id=f"p{i}", domain="d", num_drafts=5, num_accepted=a, generated_tokens=5 + a + 1,
-                                 output_digest=None if digests is None else digests[i]) for i, a in enumerate(accepted)]
+        return [
+            PromptAcceptance(
+                id=f"p{i}",
+                domain="d",
+                num_drafts=5,
+                num_accepted=a,
+                generated_tokens=5 + a + 1,
+                output_digest=None if digests is None else digests[i],
+            )
+            for i, a in enumerate(accepted)
+        ]
 
     same = run([10] * 42)
     r = al_agreement(same, same)
@@ -101,7 +141,7 @@ def test_agreement_rule_on_hand_made_counters():
     for k, agree in ((7, True), (8, False)):
         shifted = run([11] * k + [10] * (42 - k))
         r = al_agreement(shifted, same)
-        assert r.differing_prompts == k and r.p_value == pytest.approx(2 / 2 ** k) and r.agree is agree, r
+        assert r.differing_prompts == k and r.p_value == pytest.approx(2 / 2**k) and r.agree is agree, r
         assert r.delta == pytest.approx(k / (5 * 42), abs=1e-6) and (abs(r.delta) <= r.bound) is agree
     mixed = run([11] * 6 + [9] * 6 + [10] * 30)
     assert al_agreement(mixed, same).agree

@@ -74,19 +74,32 @@ def test_check_and_deploy_share_one_implementation(pair):
     _edit_config(pair[1], eagle_aux_hidden_state_layer_ids=[1, 2, 7])
     aux = table.RULES[[r.id for r in table.RULES].index("draft-aux-layers")]
     assert {"check", "deploy"} <= aux.commands
-    by = {c: {(f.code, f.layer_or_tensor, f.source) for f in _findings(pair, c) if f.code in aux.codes}
-          for c in ("check", "deploy")}
+    by = {
+        c: {(f.code, f.layer_or_tensor, f.source) for f in _findings(pair, c) if f.code in aux.codes}
+        for c in ("check", "deploy")
+    }
     where = "eagle_aux_hidden_state_layer_ids"  # out of range, and differing from eagle_config's ids (a warning)
-    assert by["check"] == by["deploy"] == {("aux-layer-out-of-range", where, aux.source),
-                                           ("aux-layer-ids", where, aux.source)}
+    assert (
+        by["check"]
+        == by["deploy"]
+        == {("aux-layer-out-of-range", where, aux.source), ("aux-layer-ids", where, aux.source)}
+    )
 
 
 def test_a_rule_added_to_the_table_appears_in_check_and_deploy(pair, monkeypatch):
     def toy(ctx: RuleContext) -> None:
         ctx.findings.add("warning", "toy-finding", str(ctx.subject.path), "a toy rule's finding", "none")
 
-    rule = Rule("toy-rule", "a rule defined in a test", "warning", ("toy-finding",), "tests/unit/test_rules.py toy",
-                frozenset({"check", "deploy"}), check=toy, needs="pair")
+    rule = Rule(
+        "toy-rule",
+        "a rule defined in a test",
+        "warning",
+        ("toy-finding",),
+        "tests/unit/test_rules.py toy",
+        frozenset({"check", "deploy"}),
+        check=toy,
+        needs="pair",
+    )
     monkeypatch.setattr(table, "RULES", table.RULES + (rule,))
     monkeypatch.setattr(table, "_BY_ID", {**table._BY_ID, rule.id: rule})
     for command in ("check", "deploy"):
@@ -103,17 +116,39 @@ def test_rule_schema_platforms_versions_and_decided_at():
     a version gate holds on its range only, and malformed records fail when the table is built."""
     from quantkit.rules.rule import ServingOptions
 
-    gated = Rule("toy-gated", "a gated rule", "warning", ("toy",), "tests", frozenset({"check"}),
-                 platforms=frozenset({"gfx942"}), vllm_min="0.20", vllm_max="0.26")
+    gated = Rule(
+        "toy-gated",
+        "a gated rule",
+        "warning",
+        ("toy",),
+        "tests",
+        frozenset({"check"}),
+        platforms=frozenset({"gfx942"}),
+        vllm_min="0.20",
+        vllm_max="0.26",
+    )
     assert gated.vllm_spec == ">=0.20,<0.26" and gated.decided_at == "checkpoint"
-    on = {v: gated.holds_for(ServingOptions(platform="gfx942", vllm_version=v))
-          for v in ("0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.26.0rc1", "0.32.0+cpu")}
-    assert on == {"0.19.1": False, "0.20.0": True, "0.25.1": True, "0.26.0": False, "0.26.0rc1": False,
-                  "0.32.0+cpu": False}
+    on = {
+        v: gated.holds_for(ServingOptions(platform="gfx942", vllm_version=v))
+        for v in ("0.19.1", "0.20.0", "0.25.1", "0.26.0", "0.26.0rc1", "0.32.0+cpu")
+    }
+    assert on == {
+        "0.19.1": False,
+        "0.20.0": True,
+        "0.25.1": True,
+        "0.26.0": False,
+        "0.26.0rc1": False,
+        "0.32.0+cpu": False,
+    }
     assert not gated.holds_for(ServingOptions(platform="gfx950", vllm_version="0.21"))
     assert gated.holds_for(ServingOptions(platform="gfx942"))  # no version given: every version
-    for bad in ({"vllm_min": "0.26", "vllm_max": "0.20"}, {"vllm_min": "not-a-version"},
-                {"platforms": frozenset({"gfx999"})}, {"decided_at": "serve"}, {"when": "serve"}):
+    for bad in (
+        {"vllm_min": "0.26", "vllm_max": "0.20"},
+        {"vllm_min": "not-a-version"},
+        {"platforms": frozenset({"gfx999"})},
+        {"decided_at": "serve"},
+        {"when": "serve"},
+    ):
         with pytest.raises(ValueError):
             replace(gated, **bad)
     assert replace(gated, decided_at="serve", when="serve").decided_at == "serve"

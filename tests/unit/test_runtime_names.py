@@ -246,7 +246,10 @@ def test_qwen3_moe_sparse_and_dense_layers():
     assert len(named["model.layers.1.mlp.experts"].checkpoint_modules) == 12
 
     stepped = runtime_layers(qwen3_moe_config(n=4, decoder_sparse_step=2), qwen3_moe_tensors(4, dense={0, 2}))
-    assert [lay.name for lay in stepped if lay.kind == "moe"] == ["model.layers.1.mlp.experts", "model.layers.3.mlp.experts"]
+    assert [lay.name for lay in stepped if lay.kind == "moe"] == [
+        "model.layers.1.mlp.experts",
+        "model.layers.3.mlp.experts",
+    ]
 
 
 def test_qwen3_moe_fused_expert_tensors_feed_the_experts_layer():
@@ -506,7 +509,9 @@ def test_exclude_entries_compress_whole_groups_into_anchored_patterns():
 
 def test_exclude_entries_use_exact_names_for_part_of_a_group():
     layers = runtime_layers(qwen3_moe_config(n=4), qwen3_moe_tensors(4, dense=set()))
-    kept = [lay for lay in layers if lay.name in ("model.layers.0.mlp.experts", "model.layers.3.mlp.experts", "lm_head")]
+    kept = [
+        lay for lay in layers if lay.name in ("model.layers.0.mlp.experts", "model.layers.3.mlp.experts", "lm_head")
+    ]
     entries = exclude_entries_for(kept, layers)
     assert entries == ["model.layers.0.mlp.experts", "model.layers.3.mlp.experts", "lm_head"]
     assert excluded_names(layers, entries) == {lay.name for lay in kept}

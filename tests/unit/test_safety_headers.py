@@ -52,8 +52,16 @@ def _real_file() -> bytes:
     import torch
     from safetensors.torch import save
 
-    return save({"w": torch.ones(3, 5, dtype=torch.bfloat16), "b": torch.zeros(4), "s": torch.tensor(2.0),
-                 "e": torch.zeros(0, 3), "m": torch.zeros(2, dtype=torch.bool)}, metadata={"format": "pt"})
+    return save(
+        {
+            "w": torch.ones(3, 5, dtype=torch.bfloat16),
+            "b": torch.zeros(4),
+            "s": torch.tensor(2.0),
+            "e": torch.zeros(0, 3),
+            "m": torch.zeros(2, dtype=torch.bool),
+        },
+        metadata={"format": "pt"},
+    )
 
 
 # (id, file bytes): each damaged the way a bad disk, a buggy writer or an attacker would, plus valid oddities.
@@ -62,23 +70,30 @@ HEADER_CASES: list[tuple[str, Callable[[], bytes]]] = [
     ("real-file-from-safetensors", _real_file),
     ("real-file-truncated", lambda: _real_file()[:-3]),
     ("real-file-one-byte-appended", lambda: _real_file() + b"\0"),
-    ("two-tensors-share-one-byte-range", lambda: _st({"a": _t("F32", [2], 0, 8), "b": _t("F32", [2], 0, 8)},
-                                                     b"\0" * 8)),
+    (
+        "two-tensors-share-one-byte-range",
+        lambda: _st({"a": _t("F32", [2], 0, 8), "b": _t("F32", [2], 0, 8)}, b"\0" * 8),
+    ),
     ("partial-overlap", lambda: _st({"a": _t("F32", [2], 0, 8), "b": _t("F32", [2], 4, 12)}, b"\0" * 12)),
-    ("tensor-inside-another", lambda: _st({"a": _t("F32", [4], 0, 16), "b": _t("F32", [2], 4, 12)},
-                                          b"\0" * 16)),
+    ("tensor-inside-another", lambda: _st({"a": _t("F32", [4], 0, 16), "b": _t("F32", [2], 4, 12)}, b"\0" * 16)),
     ("gap-between-tensors", lambda: _st({"a": _t("F32", [2], 0, 8), "b": _t("F32", [2], 12, 20)}, b"\0" * 20)),
     ("first-tensor-not-at-0", lambda: _st({"a": _t("F32", [2], 4, 12)}, b"\0" * 12)),
     ("tensor-end-runs-past-the-file", lambda: _st({"a": _t("F32", [2], 0, 8)}, b"\0" * 4)),
     ("trailing-bytes-after-the-last-tensor", lambda: _st({"a": _t("F32", [2], 0, 8)}, b"\0" * 9)),
     ("size-not-numel-times-dtype", lambda: _st({"a": _t("F32", [3], 0, 8)}, b"\0" * 8)),
     ("end-before-begin", lambda: _st({"a": _t("F32", [0], 8, 0)}, b"\0" * 8)),
-    ("offsets-out-of-order-in-the-header", lambda: _st({"b": _t("F32", [2], 8, 16), "a": _t("F32", [2], 0, 8)},
-                                                       b"\0" * 16)),
-    ("empty-tensors-at-one-offset", lambda: _st({"a": _t("F32", [0], 0, 0), "b": _t("F32", [0, 4], 0, 0),
-                                                 "c": _t("F32", [2], 0, 8)}, b"\0" * 8)),
-    ("empty-tensor-between-two", lambda: _st({"a": _t("F32", [2], 0, 8), "e": _t("F32", [0], 8, 8),
-                                              "c": _t("F32", [2], 8, 16)}, b"\0" * 16)),
+    (
+        "offsets-out-of-order-in-the-header",
+        lambda: _st({"b": _t("F32", [2], 8, 16), "a": _t("F32", [2], 0, 8)}, b"\0" * 16),
+    ),
+    (
+        "empty-tensors-at-one-offset",
+        lambda: _st({"a": _t("F32", [0], 0, 0), "b": _t("F32", [0, 4], 0, 0), "c": _t("F32", [2], 0, 8)}, b"\0" * 8),
+    ),
+    (
+        "empty-tensor-between-two",
+        lambda: _st({"a": _t("F32", [2], 0, 8), "e": _t("F32", [0], 8, 8), "c": _t("F32", [2], 8, 16)}, b"\0" * 16),
+    ),
     ("scalar", lambda: _st({"a": _t("F32", [], 0, 4)}, b"\0" * 4)),
     ("no-tensors", lambda: _st({})),
     ("metadata-only", lambda: _raw(b'{"__metadata__":{"a":"b"}}', b"")),
@@ -100,12 +115,31 @@ HEADER_CASES: list[tuple[str, Callable[[], bytes]]] = [
     ("unknown-dtype", lambda: _st({"a": _t("F99", [2], 0, 8)}, b"\0" * 8)),
     ("lowercase-dtype", lambda: _st({"a": _t("f32", [2], 0, 8)}, b"\0" * 8)),
     ("dtype-a-number", lambda: _st({"a": {"dtype": 5, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)),
-    ("every-dtype-safetensors-0.8-knows", lambda: _st({
-        f"t{i}": _t(d, [8], 8 * i, 8 * i + 8)
-        for i, d in enumerate(["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"])},
-        b"\0" * 64)),
-    ("wide-dtypes", lambda: _st({"c": _t("C64", [1], 0, 8), "d": _t("F64", [1], 8, 16), "u": _t("U64", [1], 16, 24),
-                                 "i": _t("I16", [2], 24, 28), "h": _t("U16", [2], 28, 32)}, b"\0" * 32)),
+    (
+        "every-dtype-safetensors-0.8-knows",
+        lambda: _st(
+            {
+                f"t{i}": _t(d, [8], 8 * i, 8 * i + 8)
+                for i, d in enumerate(
+                    ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"]
+                )
+            },
+            b"\0" * 64,
+        ),
+    ),
+    (
+        "wide-dtypes",
+        lambda: _st(
+            {
+                "c": _t("C64", [1], 0, 8),
+                "d": _t("F64", [1], 8, 16),
+                "u": _t("U64", [1], 16, 24),
+                "i": _t("I16", [2], 24, 28),
+                "h": _t("U16", [2], 28, 32),
+            },
+            b"\0" * 32,
+        ),
+    ),
     ("F4-whole-bytes", lambda: _st({"a": _t("F4", [2, 3], 0, 3)}, b"\0" * 3)),
     ("F4-odd-number-of-values", lambda: _st({"a": _t("F4", [3], 0, 2)}, b"\0" * 2)),
     ("F6-whole-bytes", lambda: _st({"a": _t("F6_E2M3", [4], 0, 3)}, b"\0" * 3)),
@@ -136,12 +170,18 @@ HEADER_CASES: list[tuple[str, Callable[[], bytes]]] = [
     ("entry-with-an-extra-field", lambda: _st({"a": {**_t("F32", [2], 0, 8), "x": [1, {"y": 2}]}}, b"\0" * 8)),
     ("entry-gives-dtype-twice", lambda: _raw(b'{"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}}')),
     ("tensor-named-twice-identically", lambda: _raw(b"{" + A8 + b"}," + A8 + b"}}")),
-    ("tensor-named-twice-other-range", lambda: _raw(b"{" + A8 + b'},"a":{"dtype":"F32","shape":[2],'
-                                                    b'"data_offsets":[8,16]}}', b"\0" * 16)),
-    ("tensor-named-twice-first-malformed", lambda: _raw(b'{"a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]},'
-                                                        + A8 + b"}}")),
-    ("tensor-named-twice-last-wins", lambda: _raw(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},'
-                                                  + A8 + b"}}")),
+    (
+        "tensor-named-twice-other-range",
+        lambda: _raw(b"{" + A8 + b'},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', b"\0" * 16),
+    ),
+    (
+        "tensor-named-twice-first-malformed",
+        lambda: _raw(b'{"a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]},' + A8 + b"}}"),
+    ),
+    (
+        "tensor-named-twice-last-wins",
+        lambda: _raw(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},' + A8 + b"}}"),
+    ),
     ("empty-tensor-name", lambda: _st({"": _t("F32", [2], 0, 8)}, b"\0" * 8)),
     ("name-like-metadata", lambda: _st({"__metadata": _t("F32", [2], 0, 8)}, b"\0" * 8)),
     ("metadata-null", lambda: _st({"__metadata__": None, "a": _t("F32", [2], 0, 8)}, b"\0" * 8)),
@@ -248,48 +288,83 @@ def test_executor_follows_the_index_and_refuses_overlapping_unindexed_shards(tmp
     assert sorted(find_shards(src)) == [SHARD1, SHARD2]
     (src / INDEX).unlink()
     with pytest.raises(CheckpointError, match="is in both"):
-        quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=["lm_head"], layer_config=None,
-                            devices=["cpu"])
+        quantize_checkpoint(
+            src, tmp_path / "out", scheme="mxfp4", exclude=["lm_head"], layer_config=None, devices=["cpu"]
+        )
     assert not (tmp_path / "out").exists()
 
 
 def _journal_key(src: Path) -> dict[str, Any]:
     from quantkit import __version__
 
-    return {"source": str(src.resolve()), "scheme": "mxfp4", "exclude": [], "layer_config": {}, "drop": [],
-            "source_format": None, "model_dtype": "bfloat16", "quantkit_version": __version__}
+    return {
+        "source": str(src.resolve()),
+        "scheme": "mxfp4",
+        "exclude": [],
+        "layer_config": {},
+        "drop": [],
+        "source_format": None,
+        "model_dtype": "bfloat16",
+        "quantkit_version": __version__,
+    }
 
 
-_ENTRY = {"name": SHARD1, "bytes_in": 10, "bytes_out": 5, "sha256_in": "0" * 64, "sha256_out": "0" * 64,
-          "tensors": 1, "quantized": 1, "seconds": 0.1, "device": "cpu", "resumed": False, "weight_map": ["w"]}
+_ENTRY = {
+    "name": SHARD1,
+    "bytes_in": 10,
+    "bytes_out": 5,
+    "sha256_in": "0" * 64,
+    "sha256_out": "0" * 64,
+    "tensors": 1,
+    "quantized": 1,
+    "seconds": 0.1,
+    "device": "cpu",
+    "resumed": False,
+    "weight_map": ["w"],
+}
 
 
 BAD_JOURNALS: dict[str, Callable[[Path], bytes]] = {
     "a-json-list": lambda src: b"[]",
     "shards-a-list": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": []}).encode(),
-    "entry-without-bytes_out": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": {
-        SHARD1: {k: v for k, v in _ENTRY.items() if k != "bytes_out"}}}).encode(),
-    "entry-a-string": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src),
-                                              "shards": {SHARD1: "done"}}).encode(),
-    "bytes_out-a-string": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": {
-        SHARD1: {**_ENTRY, "bytes_out": "5"}}}).encode(),
-    "sha256-not-hex": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": {
-        SHARD1: {**_ENTRY, "sha256_in": "z" * 64}}}).encode(),
-    "entry-under-another-name": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": {
-        SHARD2: _ENTRY}}).encode(),
-    "5000-digit-integer": lambda src: (b'{"quantkit_journal": 2, "shards": {}, "x": 1' + b"0" * 4999 + b"}"),
-    "5000-digit-bytes_out": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": {
-        SHARD1: {**_ENTRY, "bytes_out": 0}}}).encode().replace(b'"bytes_out": 0', b'"bytes_out": 1' + b"0" * 4999),
+    "entry-without-bytes_out": lambda src: json.dumps(
+        {
+            "quantkit_journal": 2,
+            **_journal_key(src),
+            "shards": {SHARD1: {k: v for k, v in _ENTRY.items() if k != "bytes_out"}},
+        }
+    ).encode(),
+    "entry-a-string": lambda src: json.dumps(
+        {"quantkit_journal": 2, **_journal_key(src), "shards": {SHARD1: "done"}}
+    ).encode(),
+    "bytes_out-a-string": lambda src: json.dumps(
+        {"quantkit_journal": 2, **_journal_key(src), "shards": {SHARD1: {**_ENTRY, "bytes_out": "5"}}}
+    ).encode(),
+    "sha256-not-hex": lambda src: json.dumps(
+        {"quantkit_journal": 2, **_journal_key(src), "shards": {SHARD1: {**_ENTRY, "sha256_in": "z" * 64}}}
+    ).encode(),
+    "entry-under-another-name": lambda src: json.dumps(
+        {"quantkit_journal": 2, **_journal_key(src), "shards": {SHARD2: _ENTRY}}
+    ).encode(),
+    "5000-digit-integer": lambda src: b'{"quantkit_journal": 2, "shards": {}, "x": 1' + b"0" * 4999 + b"}",
+    "5000-digit-bytes_out": lambda src: (
+        json.dumps({"quantkit_journal": 2, **_journal_key(src), "shards": {SHARD1: {**_ENTRY, "bytes_out": 0}}})
+        .encode()
+        .replace(b'"bytes_out": 0', b'"bytes_out": 1' + b"0" * 4999)
+    ),
     "not-json": lambda src: b"{not json",
     "not-utf8": lambda src: b'{"quantkit_journal": "\xff"}',
     "nested-100000-deep": lambda src: hostile.nested_json().encode(),
     "empty-file": lambda src: b"",
-    "from-a-different-source": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src),
-                                                       "source": "/models/another-model", "shards": {}}).encode(),
-    "from-a-different-scheme": lambda src: json.dumps({"quantkit_journal": 2, **_journal_key(src),
-                                                       "scheme": "ptpc_fp8", "shards": {}}).encode(),
-    "from-an-older-quantkit": lambda src: json.dumps({"quantkit_journal": 1, "source": str(src.resolve()),
-                                                      "shards": {}}).encode(),
+    "from-a-different-source": lambda src: json.dumps(
+        {"quantkit_journal": 2, **_journal_key(src), "source": "/models/another-model", "shards": {}}
+    ).encode(),
+    "from-a-different-scheme": lambda src: json.dumps(
+        {"quantkit_journal": 2, **_journal_key(src), "scheme": "ptpc_fp8", "shards": {}}
+    ).encode(),
+    "from-an-older-quantkit": lambda src: json.dumps(
+        {"quantkit_journal": 1, "source": str(src.resolve()), "shards": {}}
+    ).encode(),
 }
 
 

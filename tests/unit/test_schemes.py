@@ -22,8 +22,12 @@ HAND = {
     ("ptpc_fp8", (64, 96)): {"": ("F8_E4M3", (64, 96)), "_scale": ("F32", (64,))},
     ("ptpc_fp8", (3, 8, 40)): {"": ("F8_E4M3", (3, 8, 40)), "_scale": ("F32", (3,))},
 }
-HAND_BYTES = {("mxfp4", (64, 96)): 64 * 48 + 64 * 3, ("mxfp4", (4, 8, 40)): 4 * 8 * 20 + 32 * 2,
-              ("ptpc_fp8", (64, 96)): 64 * 96 + 64 * 4, ("ptpc_fp8", (3, 8, 40)): 3 * 8 * 40 + 3 * 4}
+HAND_BYTES = {
+    ("mxfp4", (64, 96)): 64 * 48 + 64 * 3,
+    ("mxfp4", (4, 8, 40)): 4 * 8 * 20 + 32 * 2,
+    ("ptpc_fp8", (64, 96)): 64 * 96 + 64 * 4,
+    ("ptpc_fp8", (3, 8, 40)): 3 * 8 * 40 + 3 * 4,
+}
 
 
 def test_registry_lookup_and_native_set():
@@ -50,15 +54,19 @@ def test_output_bytes_sum_to_the_written_tensor_bytes(tmp_path):
     fam = ec.FAMILIES["qwen3_moe"]()
     src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=60_000, aux=False)
     exclude = ec.exclude_modules(fam)
-    quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=exclude, layer_config=None,
-                        devices=["cpu"])
+    quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"])
     out = checkpoint_tensors(tmp_path / "out")
     quantized = {n.removesuffix("_scale") for n in out if n.endswith(".weight_scale")}
     predicted = 0
     for name, t in checkpoint_tensors(src).items():
         predicted += SCHEMES["mxfp4"].output_bytes(t.shape) if name in quantized else tensor_nbytes(t.dtype, t.shape)
-    written = sum(end - begin for f in (tmp_path / "out").glob("*.safetensors")
-                  for k, v in read_header(f).items() if k != "__metadata__" for begin, end in [v["data_offsets"]])
+    written = sum(
+        end - begin
+        for f in (tmp_path / "out").glob("*.safetensors")
+        for k, v in read_header(f).items()
+        if k != "__metadata__"
+        for begin, end in [v["data_offsets"]]
+    )
     assert quantized and predicted == written
 
 
@@ -72,8 +80,7 @@ def test_adding_a_scheme_is_one_record(tmp_path):
     try:
         assert "mxfp4_copy" in native_schemes()
         for name in ("mxfp4", "mxfp4_copy"):
-            quantize_checkpoint(src, tmp_path / name, scheme=name, exclude=exclude, layer_config=None,
-                                devices=["cpu"])
+            quantize_checkpoint(src, tmp_path / name, scheme=name, exclude=exclude, layer_config=None, devices=["cpu"])
     finally:
         del SCHEMES["mxfp4_copy"]
     shards = sorted(p.name for p in (tmp_path / "mxfp4").glob("*.safetensors"))
@@ -97,8 +104,9 @@ def test_a_copied_scheme_batches_as_the_original(tmp_path):
 
         plan = f2f.plan_shards(src, name, exclude, None)
         settings = process.Settings(src, src, name, exclude, None, plan)
-        layouts = units.shard_layouts(src, plan, scheme=name, exclude=exclude, layer_config=None, drop=frozenset(),
-                                      decode=None)
+        layouts = units.shard_layouts(
+            src, plan, scheme=name, exclude=exclude, layer_config=None, drop=frozenset(), decode=None
+        )
         files = process.SourceFiles(src, plan.sizes)
         outs = []
         try:
@@ -109,8 +117,9 @@ def test_a_copied_scheme_batches_as_the_original(tmp_path):
                     host = torch.empty(batch.read_bytes * 3 + (1 << 20), dtype=torch.uint8)
                     loaded = process.read_batch(files, batch, host, layout.data_start, layout.entries)
                     out = process.process_device(loaded, settings, "cpu")
-                    outs.append({k: t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                                 for k, t in out.tensors})
+                    outs.append(
+                        {k: t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() for k, t in out.tensors}
+                    )
         finally:
             files.close()
         return outs

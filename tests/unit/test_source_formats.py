@@ -103,8 +103,9 @@ def test_detects_plain_fp8_block_and_int4():
     assert "128x128 block scales" in fp8.description
 
     odd_scale = {"model.layers.0.self_attn.o_proj.weight_scale_inv": ("F32", (4, 2))}
-    odd_block = F.detect_format({"quantization_config": _with(FP8_CFG, weight_block_size=[64, 100])},
-                                _with(FP8_HEADERS, **odd_scale))
+    odd_block = F.detect_format(
+        {"quantization_config": _with(FP8_CFG, weight_block_size=[64, 100])}, _with(FP8_HEADERS, **odd_scale)
+    )
     assert odd_block.block_size == (64, 100)
 
     top = F.detect_format({"quantization_config": INT4_CFG}, INT4_HEADERS)
@@ -132,18 +133,26 @@ def test_any_mxfp4_release_is_already_mxfp4():
         (_ct(num_bits=2), "INT2 pack-quantized weights"),
         (_ct(strategy="channel", group_size=None), "INT4 with strategy 'channel' (only 'group' is supported)"),
         (_ct(actorder="group"), "INT4 with actorder 'group' (weight_g_idx)"),
-        (_ct("nvfp4-pack-quantized", type="float", group_size=16),
-         "compressed-tensors format 'nvfp4-pack-quantized' (NVFP4)"),
+        (
+            _ct("nvfp4-pack-quantized", type="float", group_size=16),
+            "compressed-tensors format 'nvfp4-pack-quantized' (NVFP4)",
+        ),
         (_ct("mxfp4-pack-quantized", type="float"), "compressed-tensors format 'mxfp4-pack-quantized' (MXFP4)"),
-        (_ct("float-quantized", num_bits=8, type="float"),
-         "compressed-tensors format 'float-quantized' (FP8 (float-quantized))"),
+        (
+            _ct("float-quantized", num_bits=8, type="float"),
+            "compressed-tensors format 'float-quantized' (FP8 (float-quantized))",
+        ),
         (_ct("int-quantized", num_bits=8), "compressed-tensors format 'int-quantized' (INT8 (int-quantized))"),
         (_ct("naive-quantized"), "compressed-tensors format 'naive-quantized'"),
         (_ct("marlin-24"), "compressed-tensors format 'marlin-24' (2:4-sparse Marlin (marlin-24))"),
-        (_with(INT4_CFG, transform_config={"config_groups": {"u": {}}}),
-         "compressed-tensors with transform_config (rotated weights)"),
-        (_with(INT4_CFG, sparsity_config={"format": "sparse-24-bitmask"}),
-         "sparse compressed-tensors (sparsity_config)"),
+        (
+            _with(INT4_CFG, transform_config={"config_groups": {"u": {}}}),
+            "compressed-tensors with transform_config (rotated weights)",
+        ),
+        (
+            _with(INT4_CFG, sparsity_config={"format": "sparse-24-bitmask"}),
+            "sparse compressed-tensors (sparsity_config)",
+        ),
         ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
         ({"quant_method": "awq", "bits": 4}, "quant_method 'awq'"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
@@ -163,8 +172,10 @@ def test_unsupported_formats_are_refused_before_reading_tensors(qcfg, what):
 
 
 def test_quark_checkpoint_is_refused_as_already_quantized():
-    message = (r"^config.json text_config.quantization_config: quant_method 'quark': the checkpoint is already "
-               r"quantized by Quark; quantize from")
+    message = (
+        r"^config.json text_config.quantization_config: quant_method 'quark': the checkpoint is already "
+        r"quantized by Quark; quantize from"
+    )
     with pytest.raises(F.UnsupportedSourceFormatError, match=message):
         F.detect_format({"text_config": {"quantization_config": {"quant_method": "quark", "export": {}}}}, {})
 
@@ -172,37 +183,65 @@ def test_quark_checkpoint_is_refused_as_already_quantized():
 @pytest.mark.parametrize(
     ("config", "headers", "message"),
     [
-        ({"quantization_config": FP8_CFG},
-         _with(FP8_HEADERS, **{"model.layers.0.self_attn.o_proj.weight_scale_inv": None}),
-         ("model.layers.0.self_attn.o_proj.weight is F8_E4M3 but model.layers.0.self_attn.o_proj.weight_scale_inv is "
-          "missing")),
-        ({"quantization_config": FP8_CFG},
-         _with(FP8_HEADERS, **{"model.layers.0.self_attn.o_proj.weight_scale_inv": ("F32", (2, 1))}),
-         ("o_proj.weight_scale_inv is F32 [2, 1], expected F32 [2, 2] for model.layers.0.self_attn.o_proj.weight "
-          "[256, 200] with weight_block_size [128, 128]")),
-        ({"quantization_config": FP8_CFG},
-         {"model.embed_tokens.weight": ("BF16", (64, 256)), "lm_head.weight": ("BF16", (64, 256))},
-         "says fp8, but no F8_E4M3 weight with weight_scale_inv is in the checkpoint"),
-        ({"quantization_config": FP8_CFG},
-         _with(FP8_HEADERS, **{"model.layers.0.mlp.up_proj.weight_scale_inv": ("F32", (1, 2))}),
-         "model.layers.0.mlp.up_proj.weight_scale_inv has no F8_E4M3 weight model.layers.0.mlp.up_proj.weight"),
-        ({"quantization_config": FP8_CFG},
-         _with(FP8_HEADERS, **{"model.layers.0.self_attn.o_proj.input_scale": ("F32", ())}),
-         "tensor model.layers.0.self_attn.o_proj.input_scale is a static activation scale"),
-        ({}, FP8_HEADERS,
-         "config.json has no quantization_config, but tensor model.layers.0.self_attn.o_proj.weight is F8_E4M3"),
-        ({"quantization_config": INT4_CFG},
-         _with(INT4_HEADERS, **{"model.layers.1.mlp.experts.0.down_proj.weight_scale": None}),
-         ("model.layers.1.mlp.experts.0.down_proj.weight_packed has no "
-          "model.layers.1.mlp.experts.0.down_proj.weight_scale")),
-        ({"quantization_config": INT4_CFG},
-         _with(INT4_HEADERS, **{"model.layers.1.mlp.experts.0.down_proj.weight_zero_point": ("I32", (32, 6))}),
-         "down_proj.weight_zero_point (weight_zero_point) is not part of symmetric"),
-        ({"quantization_config": INT4_CFG},
-         _with(INT4_HEADERS, **{"model.layers.1.mlp.experts.0.down_proj.weight_scale": ("BF16", (256, 3))}),
-         "down_proj.weight_scale is BF16 [256, 3], expected [256, 6]"),
-        ({"quantization_config": INT4_CFG}, {"model.layers.1.self_attn.o_proj.weight": ("BF16", (256, 64))},
-         "says pack-quantized, but no .weight_packed tensor is in the checkpoint"),
+        (
+            {"quantization_config": FP8_CFG},
+            _with(FP8_HEADERS, **{"model.layers.0.self_attn.o_proj.weight_scale_inv": None}),
+            (
+                "model.layers.0.self_attn.o_proj.weight is F8_E4M3 but model.layers.0.self_attn.o_proj.weight_scale_inv is "
+                "missing"
+            ),
+        ),
+        (
+            {"quantization_config": FP8_CFG},
+            _with(FP8_HEADERS, **{"model.layers.0.self_attn.o_proj.weight_scale_inv": ("F32", (2, 1))}),
+            (
+                "o_proj.weight_scale_inv is F32 [2, 1], expected F32 [2, 2] for model.layers.0.self_attn.o_proj.weight "
+                "[256, 200] with weight_block_size [128, 128]"
+            ),
+        ),
+        (
+            {"quantization_config": FP8_CFG},
+            {"model.embed_tokens.weight": ("BF16", (64, 256)), "lm_head.weight": ("BF16", (64, 256))},
+            "says fp8, but no F8_E4M3 weight with weight_scale_inv is in the checkpoint",
+        ),
+        (
+            {"quantization_config": FP8_CFG},
+            _with(FP8_HEADERS, **{"model.layers.0.mlp.up_proj.weight_scale_inv": ("F32", (1, 2))}),
+            "model.layers.0.mlp.up_proj.weight_scale_inv has no F8_E4M3 weight model.layers.0.mlp.up_proj.weight",
+        ),
+        (
+            {"quantization_config": FP8_CFG},
+            _with(FP8_HEADERS, **{"model.layers.0.self_attn.o_proj.input_scale": ("F32", ())}),
+            "tensor model.layers.0.self_attn.o_proj.input_scale is a static activation scale",
+        ),
+        (
+            {},
+            FP8_HEADERS,
+            "config.json has no quantization_config, but tensor model.layers.0.self_attn.o_proj.weight is F8_E4M3",
+        ),
+        (
+            {"quantization_config": INT4_CFG},
+            _with(INT4_HEADERS, **{"model.layers.1.mlp.experts.0.down_proj.weight_scale": None}),
+            (
+                "model.layers.1.mlp.experts.0.down_proj.weight_packed has no "
+                "model.layers.1.mlp.experts.0.down_proj.weight_scale"
+            ),
+        ),
+        (
+            {"quantization_config": INT4_CFG},
+            _with(INT4_HEADERS, **{"model.layers.1.mlp.experts.0.down_proj.weight_zero_point": ("I32", (32, 6))}),
+            "down_proj.weight_zero_point (weight_zero_point) is not part of symmetric",
+        ),
+        (
+            {"quantization_config": INT4_CFG},
+            _with(INT4_HEADERS, **{"model.layers.1.mlp.experts.0.down_proj.weight_scale": ("BF16", (256, 3))}),
+            "down_proj.weight_scale is BF16 [256, 3], expected [256, 6]",
+        ),
+        (
+            {"quantization_config": INT4_CFG},
+            {"model.layers.1.self_attn.o_proj.weight": ("BF16", (256, 64))},
+            "says pack-quantized, but no .weight_packed tensor is in the checkpoint",
+        ),
     ],
 )
 def test_config_and_tensors_that_disagree_name_the_first_offending_tensor(config, headers, message):
@@ -257,24 +296,36 @@ KIMI_CONFIG = {
 def test_text_model_view_and_mtp_names():
     """MTP names where the records put them: a wrapper's text family under its prefix (Kimi-K2.5 -> DeepSeek-V3 under
     language_model.), the family's count keys (num_nextn_predict_layers, MiniMax-M2's num_mtp_modules)."""
-    names = ["language_model.model.layers.0.mlp.down_proj.weight", "language_model.model.layers.2.eh_proj.weight",
-             "language_model.lm_head.weight", "vision_tower.patch_embed.proj.weight", "mm_projector.proj.0.weight"]
+    names = [
+        "language_model.model.layers.0.mlp.down_proj.weight",
+        "language_model.model.layers.2.eh_proj.weight",
+        "language_model.lm_head.weight",
+        "vision_tower.patch_embed.proj.weight",
+        "mm_projector.proj.0.weight",
+    ]
     family, text, prefix = archs.text_family(KIMI_CONFIG)
     assert family is not None and family.name == "deepseek_v3"
     assert prefix == "language_model." and text["architectures"] == ["DeepseekV3ForCausalLM"]
     assert archs.mtp_tensor_names(KIMI_CONFIG, names) == ["language_model.model.layers.2.eh_proj.weight"]
 
     ds = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "num_nextn_predict_layers": 1}
-    ds_names = ["model.layers.60.mlp.gate.weight", "model.layers.61.enorm.weight", "model.layers.610.x.weight",
-                "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv"]
+    ds_names = [
+        "model.layers.60.mlp.gate.weight",
+        "model.layers.61.enorm.weight",
+        "model.layers.610.x.weight",
+        "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv",
+    ]
     assert archs.text_family(ds)[1:] == (ds, "")
-    assert archs.mtp_tensor_names(ds, ds_names) == ["model.layers.61.enorm.weight",
-                                                    "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv"]
+    assert archs.mtp_tensor_names(ds, ds_names) == [
+        "model.layers.61.enorm.weight",
+        "model.layers.61.mlp.experts.0.up_proj.weight_scale_inv",
+    ]
     minimax = {"architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 2, "num_mtp_modules": 1}
     assert archs.mtp_tensor_names(minimax, ["model.layers.1.a", "model.layers.2.a"]) == ["model.layers.2.a"]
     # num_mtp_modules is not a DeepSeek-V3 key: its record counts by num_nextn_predict_layers only
-    assert archs.mtp_tensor_names({**ds, "num_nextn_predict_layers": 0, "num_mtp_modules": 1},
-                                  ["model.layers.61.a"]) == []
+    assert (
+        archs.mtp_tensor_names({**ds, "num_nextn_predict_layers": 0, "num_mtp_modules": 1}, ["model.layers.61.a"]) == []
+    )
     assert archs.mtp_tensor_names({"num_hidden_layers": 2}, ["model.layers.2.a"]) == []
 
 

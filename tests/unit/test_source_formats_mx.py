@@ -35,8 +35,9 @@ def _headers(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[str, tuple[int
 
 def _by_hand(codes: list[list[int]], scales: list[list[int]], block: tuple[int, int]) -> list[list[float]]:
     bn, bk = block
-    return [[E4M3[c] * 2.0 ** (scales[i // bn][j // bk] - 127) for j, c in enumerate(row)] for i, row in
-            enumerate(codes)]
+    return [
+        [E4M3[c] * 2.0 ** (scales[i // bn][j // bk] - 127) for j, c in enumerate(row)] for i, row in enumerate(codes)
+    ]
 
 
 # --- MXFP8 ---------------------------------------------------------------------------------------------------------
@@ -51,8 +52,10 @@ def test_mxfp8_is_detected_from_config_and_headers():
     assert fmt.description.startswith("MXFP8: FP8 E4M3 weights with 1x32 E8M0 block scales")
     # a float scale where MXFP8 stores E8M0 bytes, and a block that is not OCP MX, are refused in one line
     with pytest.raises(F.SourceFormatError, match=r"weight_scale_inv is F32 \[8, 2\], expected E8M0"):
-        F.detect_format({"quantization_config": MXFP8_CFG},
-                        {**headers, "model.layers.0.self_attn.q_proj.weight_scale_inv": ("F32", (8, 2))})
+        F.detect_format(
+            {"quantization_config": MXFP8_CFG},
+            {**headers, "model.layers.0.self_attn.q_proj.weight_scale_inv": ("F32", (8, 2))},
+        )
     with pytest.raises(F.UnsupportedSourceFormatError, match=r"MXFP8 with weight_block_size \[1, 16\]"):
         F.detect_format({"quantization_config": {**MXFP8_CFG, "weight_block_size": [1, 16]}}, headers)
 
@@ -104,7 +107,9 @@ def test_deepseek_v4_scales_are_scales_not_weights():
     with pytest.raises(F.SourceFormatError) as e:
         F.detect_format(config, {**DSV4_HEADERS, "layers.0.attn.stray": ("F8_E8M0", (2, 2))})
     assert "neither an F8_E4M3 weight nor a block scale named *.scale" in str(e.value)
-    with pytest.raises(F.SourceFormatError, match=r"layers.0.attn.wo.scale has no F8_E4M3 weight .*layers.0.attn.wo.weight"):
+    with pytest.raises(
+        F.SourceFormatError, match=r"layers.0.attn.wo.scale has no F8_E4M3 weight .*layers.0.attn.wo.weight"
+    ):
         F.detect_format(config, {**DSV4_HEADERS, "layers.0.attn.wo.scale": ("F8_E8M0", (1, 1))})
 
 
@@ -112,8 +117,10 @@ def test_deepseek_v4_fp8_with_e8m0_scales_decodes_exactly():
     # a partial edge block: 130 rows = one full 128-row block and a 2-row one, each with its own scale
     codes = [[0x38, 0xB8, 0x3C] for _ in range(130)]
     scales = [[124], [129]]  # 2**-3 for rows 0..127, 2**2 for rows 128..129
-    tensors = {"layers.0.attn.wkv.weight": _e4m3(codes),
-               "layers.0.attn.wkv.scale": torch.tensor(scales, dtype=torch.uint8).view(torch.float8_e8m0fnu)}
+    tensors = {
+        "layers.0.attn.wkv.weight": _e4m3(codes),
+        "layers.0.attn.wkv.scale": torch.tensor(scales, dtype=torch.uint8).view(torch.float8_e8m0fnu),
+    }
     fmt = F.detect_format({"quantization_config": DSV4_CFG}, _headers(tensors))
     out = F.decode_tensors(fmt, tensors)
     assert list(out) == ["layers.0.attn.wkv.weight"]
@@ -137,8 +144,16 @@ def test_deepseek_v4_fp4_experts_are_relaid_out_bit_identical():
     scale = torch.tensor(scale_bytes, dtype=torch.uint8).view(torch.float8_e8m0fnu)
     tensors = {"layers.0.ffn.experts.0.w2.weight": weight, "layers.0.ffn.experts.0.w2.scale": scale}
     config = {"expert_dtype": "fp4", "quantization_config": DSV4_CFG}
-    fmt = F.detect_format(config, _headers({**tensors, "layers.0.attn.wo.weight": _e4m3([[0x38]]),
-                                            "layers.0.attn.wo.scale": torch.tensor([[127]], dtype=torch.uint8)}))
+    fmt = F.detect_format(
+        config,
+        _headers(
+            {
+                **tensors,
+                "layers.0.attn.wo.weight": _e4m3([[0x38]]),
+                "layers.0.attn.wo.scale": torch.tensor([[127]], dtype=torch.uint8),
+            }
+        ),
+    )
     out = F.decode_tensors(fmt, tensors)
     # Quark 0.13's MXFP4 names and dtypes, the very bytes of the source: no arithmetic, no second rounding
     assert list(out) == ["layers.0.ffn.experts.0.w2.weight", "layers.0.ffn.experts.0.w2.weight_scale"]

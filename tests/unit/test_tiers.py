@@ -33,8 +33,10 @@ def test_a_declared_tier_matches_the_folder():
         for path in sorted((TESTS / tier).rglob("test_*.py")):
             declared = declared_tier(path)
             if declared is not None and declared != tier:
-                wrong.append(f"{path.relative_to(TESTS.parent)} says `# tier: {declared}`: move it to tests/{declared}/"
-                             f" or correct its first line")
+                wrong.append(
+                    f"{path.relative_to(TESTS.parent)} says `# tier: {declared}`: move it to tests/{declared}/"
+                    f" or correct its first line"
+                )
     assert not wrong, "\n".join(wrong)
 
 

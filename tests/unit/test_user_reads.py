@@ -32,13 +32,26 @@ def run(*args: str, columns: int = 100, cwd: Path | None = None) -> Result:
 
 
 def _pair_args(tiny: Path, out: Path, *more: str) -> list[str]:
-    return ["deploy", str(tiny / "eagle3-draft"), "--target", str(tiny / "target"), "--platform", "gfx950",
-            "--num-speculative-tokens", "3", "--out", str(out), "--overwrite", *more]
+    return [
+        "deploy",
+        str(tiny / "eagle3-draft"),
+        "--target",
+        str(tiny / "target"),
+        "--platform",
+        "gfx950",
+        "--num-speculative-tokens",
+        "3",
+        "--out",
+        str(out),
+        "--overwrite",
+        *more,
+    ]
 
 
 @pytest.mark.parametrize("columns", [60, 80, 200])
-def test_the_printed_deploy_command_gives_the_manifests_argv_at_any_width(tiny: Path, tmp_path: Path,
-                                                                        columns: int) -> None:
+def test_the_printed_deploy_command_gives_the_manifests_argv_at_any_width(
+    tiny: Path, tmp_path: Path, columns: int
+) -> None:
     res = run(*_pair_args(tiny, tmp_path), columns=columns)
     assert res.exit_code == 0, res.output
     argv = json.loads((tmp_path / "deploy.json").read_text())["argv"]
@@ -78,8 +91,9 @@ def test_a_refused_deployment_says_so_in_one_line_and_prints_no_command(tiny: Pa
     assert only.stderr.startswith("deploy refused: 4 errors, 0 warnings, 0 info; ") and only.stderr.count("\n") == 1
 
 
-def test_deploy_writes_into_a_folder_named_after_the_model_and_never_replaces_silently(tiny: Path,
-                                                                                        tmp_path: Path) -> None:
+def test_deploy_writes_into_a_folder_named_after_the_model_and_never_replaces_silently(
+    tiny: Path, tmp_path: Path
+) -> None:
     args = ["deploy", str(tiny / "target"), "--platform", "cpu"]
     first = run(*args, cwd=tmp_path)
     assert first.exit_code == 0, first.output
@@ -134,13 +148,17 @@ def _damaged_draft(tiny: Path, tmp_path: Path) -> Path:
     shutil.copytree(tiny / "eagle3-draft", out)
     config = json.loads((out / "config.json").read_text())
     config["quantization_config"] = {
-        "quant_method": "quark", "version": "0.13", "exclude": ["fc", "lm_head"],
+        "quant_method": "quark",
+        "version": "0.13",
+        "exclude": ["fc", "lm_head"],
         "export": {"kv_cache_group": [], "pack_method": "reorder", "weight_format": "real_quantized"},
-        "global_quant_config": {"weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0,
-                                           "is_dynamic": False},
-                                "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1,
-                                                  "is_dynamic": True}},
-        "layer_quant_config": {}, "layer_type_quant_config": {}}
+        "global_quant_config": {
+            "weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0, "is_dynamic": False},
+            "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 1, "is_dynamic": True},
+        },
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+    }
     (out / "config.json").write_text(json.dumps(config))
     return out
 
@@ -169,8 +187,16 @@ def test_check_puts_its_verdict_first_and_fits_100_columns(tiny: Path, tmp_path:
 
 
 def test_the_dry_run_shows_sizes_in_a_unit_that_shows_the_difference(tiny: Path, tmp_path: Path) -> None:
-    args = ["apply", "--recipe", "mxfp4-moe", "--model", str(tiny / "moe-target"), "--output", str(tmp_path / "o"),
-            "--dry-run"]
+    args = [
+        "apply",
+        "--recipe",
+        "mxfp4-moe",
+        "--model",
+        str(tiny / "moe-target"),
+        "--output",
+        str(tmp_path / "o"),
+        "--dry-run",
+    ]
     res = run(*args, columns=200)
     data = json.loads(run(*args, "--json").stdout)
     before, after = data["size_before_bytes"], data["size_after_bytes"]
@@ -192,15 +218,24 @@ def test_human_bytes_keeps_the_digits_that_tell_sizes_apart() -> None:
 def test_a_finding_reads_as_a_sentence_with_its_fix_apart() -> None:
     from quantkit.results.check import Finding
 
-    f = Finding(severity="warning", code="moe-padding", layer_or_tensor="model.layers.*.mlp.experts",
-                message="vLLM's AITER_MXFP4_MXFP4 MoE backend pads each rank's expert sizes at TP 8",
-                fix="pick a TP size whose per-rank intermediate size is already aligned", source="vllm/x.py f")
-    assert f.sentence() == ("warning moe-padding at model.layers.*.mlp.experts: vLLM's AITER_MXFP4_MXFP4 MoE backend "
-                            "pads each rank's expert sizes at TP 8. Fix: Pick a TP size whose per-rank intermediate "
-                            "size is already aligned. [vllm/x.py f]")
+    f = Finding(
+        severity="warning",
+        code="moe-padding",
+        layer_or_tensor="model.layers.*.mlp.experts",
+        message="vLLM's AITER_MXFP4_MXFP4 MoE backend pads each rank's expert sizes at TP 8",
+        fix="pick a TP size whose per-rank intermediate size is already aligned",
+        source="vllm/x.py f",
+    )
+    assert f.sentence() == (
+        "warning moe-padding at model.layers.*.mlp.experts: vLLM's AITER_MXFP4_MXFP4 MoE backend "
+        "pads each rank's expert sizes at TP 8. Fix: Pick a TP size whose per-rank intermediate "
+        "size is already aligned. [vllm/x.py f]"
+    )
     # a name at the start of a message stays as written
-    assert Finding(severity="error", code="c", layer_or_tensor="x", message="model.fc is quantized.").sentence() \
+    assert (
+        Finding(severity="error", code="c", layer_or_tensor="x", message="model.fc is quantized.").sentence()
         == "error c at x: model.fc is quantized."
+    )
 
 
 def test_deploy_says_what_the_vllm_version_line_means(tiny: Path, tmp_path: Path) -> None:
@@ -222,7 +257,8 @@ def test_inspect_of_a_bf16_model_names_the_recipes_for_its_kind(tiny: Path) -> N
         assert fits and all(name in res.stderr for name in fits), res.stderr
         argv = shlex.split(res.stderr.strip().splitlines()[-1])
         assert argv[:4] == ["quantkit", "apply", "--recipe", fits[0]] and argv[argv.index("--model") + 1] == str(
-            tiny / model)
+            tiny / model
+        )
         assert "quantkit apply" not in res.stdout
 
 
@@ -234,8 +270,11 @@ def test_gate_ships_its_example_config_and_help_points_to_it(tmp_path: Path) -> 
     config = tmp_path / "gate.yaml"
     config.write_text(res.stdout)
     # the comment's apply commands make the candidates; here empty folders stand in for them (paths are checked)
-    commands = [shlex.split(line.lstrip("# ").strip()) for line in res.stdout.splitlines()
-                if line.lstrip("# ").startswith("quantkit apply")]
+    commands = [
+        shlex.split(line.lstrip("# ").strip())
+        for line in res.stdout.splitlines()
+        if line.lstrip("# ").startswith("quantkit apply")
+    ]
     assert len(commands) == 2
     for argv in commands:
         (tmp_path / argv[argv.index("--output") + 1]).mkdir(parents=True)
@@ -254,24 +293,44 @@ def _gate_report(passed: bool) -> object:
 
     def chk(cand: str, name: str, value: float, op: str, thr: float) -> dict:
         ok = value >= thr if op == ">=" else value <= thr
-        return {"candidate": cand, "step": name.split(".")[0], "name": name, "value": value, "op": op,
-                "threshold": thr, "passed": ok}
+        return {
+            "candidate": cand,
+            "step": name.split(".")[0],
+            "name": name,
+            "value": value,
+            "op": op,
+            "threshold": thr,
+            "passed": ok,
+        }
 
     ratio = 0.988 if passed else 0.61
-    checks = [chk("draft-fp8", "acceptance.ratio", ratio, ">=", 0.95),
-              chk("draft-fp8", "check.precision_mismatches", 0.0, "<=", 0.0),
-              chk("moe-mxfp4", "check.precision_mismatches", 0.0, "<=", 0.0),
-              chk("moe-mxfp4", "eval.tiny_french_mc.acc.recovery", 1.0, ">=", 0.95),
-              chk("moe-mxfp4", "eval.tiny_french_gen.exact_match.recovery", 0.976, ">=", 0.95)]
+    checks = [
+        chk("draft-fp8", "acceptance.ratio", ratio, ">=", 0.95),
+        chk("draft-fp8", "check.precision_mismatches", 0.0, "<=", 0.0),
+        chk("moe-mxfp4", "check.precision_mismatches", 0.0, "<=", 0.0),
+        chk("moe-mxfp4", "eval.tiny_french_mc.acc.recovery", 1.0, ">=", 0.95),
+        chk("moe-mxfp4", "eval.tiny_french_gen.exact_match.recovery", 0.976, ">=", 0.95),
+    ]
     loaded = {"errors": 0, "warnings": 0, "vllm_load": {"status": "loaded"}}
-    return GateReport.model_validate({
-        "gate": {"name": "demo", "passed": passed, "verdict": "pass" if passed else "regression", "checks": checks},
-        "candidates": {
-            "draft-fp8": {"check": loaded, "acceptance": {"ratio": ratio, "ratio_ci": [0.954, 1.02]},
-                          "serve": {"in_process_al": 3.6455, "batches": [
-                              {"batch_size": 1, "mean_acceptance_length": 3.6455},
-                              {"batch_size": 8, "mean_acceptance_length": 3.6455}]}},
-            "moe-mxfp4": {"check": loaded}}})
+    return GateReport.model_validate(
+        {
+            "gate": {"name": "demo", "passed": passed, "verdict": "pass" if passed else "regression", "checks": checks},
+            "candidates": {
+                "draft-fp8": {
+                    "check": loaded,
+                    "acceptance": {"ratio": ratio, "ratio_ci": [0.954, 1.02]},
+                    "serve": {
+                        "in_process_al": 3.6455,
+                        "batches": [
+                            {"batch_size": 1, "mean_acceptance_length": 3.6455},
+                            {"batch_size": 8, "mean_acceptance_length": 3.6455},
+                        ],
+                    },
+                },
+                "moe-mxfp4": {"check": loaded},
+            },
+        }
+    )
 
 
 def test_the_demo_ends_with_what_was_proven_against_which_thresholds() -> None:
@@ -279,20 +338,23 @@ def test_the_demo_ends_with_what_was_proven_against_which_thresholds() -> None:
 
     outputs = {"model_card": "W/publish-preview/README.md", "gate_report": "W/gate-report"}
     text = conclusion(_gate_report(True), outputs)  # type: ignore[arg-type]
-    assert text.startswith("The FP8 draft on the MXFP4 target keeps 98.8% of the BF16 pair's acceptance length "
-                           "(the gate needs 95%")
+    assert text.startswith(
+        "The FP8 draft on the MXFP4 target keeps 98.8% of the BF16 pair's acceptance length (the gate needs 95%"
+    )
     assert "vLLM loaded both checkpoints at the intended precision" in text
     assert "`vllm serve` at batch 1 and 8 gave the in-process AL (3.646)" in text
     assert "at least 97.6% of the BF16 target on every task (the gate needs 95%)" in text
-    assert text.endswith("Next: see the model card W/publish-preview/README.md and the gate report "
-                         "W/gate-report/report.md.")
+    assert text.endswith(
+        "Next: see the model card W/publish-preview/README.md and the gate report W/gate-report/report.md."
+    )
     assert 2 <= text.count(". ") + 1 <= 4  # two or three sentences and where to look
     failed = conclusion(_gate_report(False), outputs)  # type: ignore[arg-type]
     assert failed.startswith("Not proven: the gate's verdict is regression (draft-fp8: acceptance: acceptance.ratio")
 
 
-def test_third_party_output_goes_to_one_log_and_quantkit_lines_to_the_terminal(tmp_path: Path,
-                                                                             capfd: pytest.CaptureFixture[str]) -> None:
+def test_third_party_output_goes_to_one_log_and_quantkit_lines_to_the_terminal(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     import sys
 
     from quantkit.cli.options import third_party_output

@@ -41,12 +41,18 @@ def test_verdict_reaches_every_outcome():
 
 
 def test_verdict_precedence_and_reasons():
-    j = judge([acceptance_ratio_check(0.5, (0.4, 0.6)), infeasible("c", "eval", "eval", "lm-eval crashed"),
-               served_al_check(3.0, 3.5, tolerance=0.02)])
+    j = judge(
+        [
+            acceptance_ratio_check(0.5, (0.4, 0.6)),
+            infeasible("c", "eval", "eval", "lm-eval crashed"),
+            served_al_check(3.0, 3.5, tolerance=0.02),
+        ]
+    )
     assert j.verdict == "regression"
     assert [r.split(":")[0] for r in j.reasons] == ["regression", "infeasible", "anomalous"]
-    assert judge([infeasible("c", "eval", "eval", "x"),
-                  served_al_check(3.0, 3.5, tolerance=0.02)]).verdict == "infeasible"
+    assert (
+        judge([infeasible("c", "eval", "eval", "x"), served_al_check(3.0, 3.5, tolerance=0.02)]).verdict == "infeasible"
+    )
     # a check that is not required and could not run is left out
     optional = threshold("c", "eval", "optional", None, ">=", None, required=False)
     assert verdict([acceptance_ratio_check(1.0, (0.99, 1.01)), optional]) == "pass"

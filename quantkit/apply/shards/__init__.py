@@ -14,5 +14,16 @@ from quantkit.apply.shards.pipeline import Finish, ShardEvent, quantize_checkpoi
 from quantkit.errors import NonFiniteWeightError
 from quantkit.results.apply import ExecutorReport, ShardSummary
 
-__all__ = ["JOURNAL_NAME", "CorruptShardError", "ExecutorError", "ExecutorReport", "Finish", "JournalError",
-           "NonFiniteWeightError", "ShardEvent", "ShardSummary", "ShardVerificationError", "quantize_checkpoint"]
+__all__ = [
+    "JOURNAL_NAME",
+    "CorruptShardError",
+    "ExecutorError",
+    "ExecutorReport",
+    "Finish",
+    "JournalError",
+    "NonFiniteWeightError",
+    "ShardEvent",
+    "ShardSummary",
+    "ShardVerificationError",
+    "quantize_checkpoint",
+]

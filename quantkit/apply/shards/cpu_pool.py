@@ -82,12 +82,17 @@ class _Child:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # one core each: the parent runs one child per core
             env[var] = "1"
-        serve = (f"from quantkit.apply.shards.cpu_pool import serve; serve({arena.fd}, {arena.nbytes}, {task_r}, "
-                 f"{res_w})")
+        serve = (
+            f"from quantkit.apply.shards.cpu_pool import serve; serve({arena.fd}, {arena.nbytes}, {task_r}, {res_w})"
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-c", serve],
-            pass_fds=(arena.fd, task_r, res_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
-            start_new_session=True)  # a Ctrl-C reaches the parent alone; a child ends when its task pipe closes
+            pass_fds=(arena.fd, task_r, res_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )  # a Ctrl-C reaches the parent alone; a child ends when its task pipe closes
         os.close(task_r)
         os.close(res_w)
         self.tasks = os.fdopen(task_w, "wb")
@@ -105,16 +110,20 @@ class _Child:
         try:
             return pickle.load(self.results)
         except (EOFError, OSError) as e:
-            raise ExecutorError(f"a CPU quantizer process exited (code {self.proc.poll()}): {e or 'no result'}; "
-                                "rerun with --resume, or set QUANTKIT_CPU_PROCESSES=0 to quantize in threads") from None
+            raise ExecutorError(
+                f"a CPU quantizer process exited (code {self.proc.poll()}): {e or 'no result'}; "
+                "rerun with --resume, or set QUANTKIT_CPU_PROCESSES=0 to quantize in threads"
+            ) from None
 
     def run(self, task: Task) -> Any:
         try:
             pickle.dump(task, self.tasks)
             self.tasks.flush()
         except OSError as e:
-            raise ExecutorError(f"a CPU quantizer process exited (code {self.proc.poll()}): {e}; rerun with --resume, "
-                                "or set QUANTKIT_CPU_PROCESSES=0 to quantize in threads") from None
+            raise ExecutorError(
+                f"a CPU quantizer process exited (code {self.proc.poll()}): {e}; rerun with --resume, "
+                "or set QUANTKIT_CPU_PROCESSES=0 to quantize in threads"
+            ) from None
         return self._read()
 
     def close(self) -> None:
@@ -154,16 +163,29 @@ class CpuQuantizers:
     def holds(self, w: torch.Tensor) -> bool:
         """`w` is a contiguous CPU view of the arena (a misaligned tensor was copied out of its slot)."""
         off = w.data_ptr() - self.arena.tensor.data_ptr()
-        return w.device.type == "cpu" and w.is_contiguous() and off >= 0 and \
-            off + w.numel() * w.element_size() <= self.arena.nbytes
+        return (
+            w.device.type == "cpu"
+            and w.is_contiguous()
+            and off >= 0
+            and off + w.numel() * w.element_size() <= self.arena.nbytes
+        )
 
     def quantize(self, w: torch.Tensor, scheme: str, q_out: torch.Tensor, s_out: torch.Tensor) -> Quantized | None:
         """Quantize `w` (a view of the arena) with `scheme` into the arena views `q_out` and `s_out` (uint8, the
         planned sizes). Raises NonFiniteWeightError or ValueError as quantize_weight(finite_only=True) would. None while
         the child it got is still starting (importing torch takes seconds): the caller quantizes that one itself."""
         off = self.arena.offset_of(w)
-        task: Task = (off, w.numel() * w.element_size(), str(w.dtype).removeprefix("torch."), tuple(w.shape), scheme,
-                      self.arena.offset_of(q_out), q_out.numel(), self.arena.offset_of(s_out), s_out.numel())
+        task: Task = (
+            off,
+            w.numel() * w.element_size(),
+            str(w.dtype).removeprefix("torch."),
+            tuple(w.shape),
+            scheme,
+            self.arena.offset_of(q_out),
+            q_out.numel(),
+            self.arena.offset_of(s_out),
+            s_out.numel(),
+        )
         child = self.idle.get()
         try:
             if not child.poll_ready(self.wait):
@@ -217,22 +239,29 @@ def _serve(buf: torch.Tensor, tasks: Any, results: Any) -> None:
         in_off, in_len, dtype_name, shape, scheme, q_off, q_room, s_off, s_room = task
         dtype = getattr(torch, dtype_name)
         try:
-            raw = buf[in_off:in_off + in_len]
+            raw = buf[in_off : in_off + in_len]
             if in_off % torch.empty((), dtype=dtype).element_size():
                 raw = raw.clone()
             w = raw.view(dtype).reshape(shape)
             q, scale = quantize_weight(w, scheme, finite_only=True)
             qb, sb = q.contiguous().reshape(-1).view(torch.uint8), scale.contiguous().reshape(-1).view(torch.uint8)
             if qb.numel() != q_room or sb.numel() != s_room:
-                result: Any = ("error", f"{scheme} gave {qb.numel()} + {sb.numel()} bytes for {tuple(shape)}, the "
-                                        f"plan {q_room} + {s_room} (internal error)")
+                result: Any = (
+                    "error",
+                    f"{scheme} gave {qb.numel()} + {sb.numel()} bytes for {tuple(shape)}, the "
+                    f"plan {q_room} + {s_room} (internal error)",
+                )
             else:
-                buf[q_off:q_off + q_room].copy_(qb)
-                buf[s_off:s_off + s_room].copy_(sb)
+                buf[q_off : q_off + q_room].copy_(qb)
+                buf[s_off : s_off + s_room].copy_(sb)
                 bad_scale = SCHEMES[scheme].bad_scale
                 bad = bool(bad_scale(scale)) if bad_scale is not None else False
-                result = ("ok", (str(q.dtype).removeprefix("torch."), tuple(q.shape)),
-                          (str(scale.dtype).removeprefix("torch."), tuple(scale.shape)), bad)
+                result = (
+                    "ok",
+                    (str(q.dtype).removeprefix("torch."), tuple(q.shape)),
+                    (str(scale.dtype).removeprefix("torch."), tuple(scale.shape)),
+                    bad,
+                )
         except NonFiniteWeightError as e:
             result = ("non-finite", str(e))
         except ValueError as e:

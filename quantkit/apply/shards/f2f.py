@@ -60,8 +60,10 @@ _FLOAT_ST = {"F16", "BF16", "F32"}  # file2file_quantization.py _FLOATING_POINT_
 def _native_dtypes(entries: list[HeaderEntry], where: str) -> list[HeaderEntry]:
     for e in entries:
         if DTYPES[e.dtype].torch is None:
-            raise ExecutorError(f"{where}: tensor {e.name} has dtype {e.dtype}, which the native executor does not "
-                                "handle; use --engine quark")
+            raise ExecutorError(
+                f"{where}: tensor {e.name} has dtype {e.dtype}, which the native executor does not "
+                "handle; use --engine quark"
+            )
     return entries
 
 
@@ -106,8 +108,9 @@ def matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
     return lambda name: name in literal or (regex is not None and regex.match(name) is not None)
 
 
-def scheme_for(name: str, shape: tuple[int, ...], scheme: str, exclude: list[str],
-               layer_config: dict[str, str] | None) -> str | None:
+def scheme_for(
+    name: str, shape: tuple[int, ...], scheme: str, exclude: list[str], layer_config: dict[str, str] | None
+) -> str | None:
     """The scheme Quark's file-to-file path quantizes tensor `name` with, or None if it passes the tensor through."""
     if not is_linear_weight_name(name) or len(shape) < 2:
         return None
@@ -138,8 +141,10 @@ def find_shards(src: Path) -> list[str]:
         return [f for f in found if f in named]
     nested = [f for f in found if os.sep in f]
     if nested:
-        raise ExecutorError(f"{src}: safetensors files in sub-folders ({nested[0]}); Quark's file-to-file path would "
-                            "flatten them into one folder: move them or quantize that folder on its own")
+        raise ExecutorError(
+            f"{src}: safetensors files in sub-folders ({nested[0]}); Quark's file-to-file path would "
+            "flatten them into one folder: move them or quantize that folder on its own"
+        )
     if not found:
         raise ExecutorError(f"{src}: no *.safetensors files; point to a Hugging Face checkpoint folder")
     return found
@@ -156,8 +161,9 @@ class ShardPlan:
     headers: dict[str, tuple[int, list[HeaderEntry]]] = field(default_factory=dict)  # data start, entries
 
 
-def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
-                decode: Any = None) -> ShardPlan:
+def plan_shards(
+    src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None, decode: Any = None
+) -> ShardPlan:
     native = native_schemes()
     for s in [scheme, *(layer_config or {}).values()]:
         if s not in native:
@@ -168,8 +174,10 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
         raise ExecutorError(f"{src}: no config.json; point to a Hugging Face checkpoint folder")
     config = read_config(src)
     if decode is None and has_quantization_config(config):
-        raise ExecutorError(f"{src}: config.json has a quantization_config (already quantized); quantize the "
-                            "unquantized checkpoint, or use Quark's path, which dequantizes first")
+        raise ExecutorError(
+            f"{src}: config.json has a quantization_config (already quantized); quantize the "
+            "unquantized checkpoint, or use Quark's path, which dequantizes first"
+        )
     shards = find_shards(src)
     weight_map = read_index(src)
     placed: dict[str, str] = {}
@@ -185,8 +193,10 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
         for e in headers[shard][1]:
             place_tensor(src, weight_map, placed, e.name, shard)
             if decode is None and e.name.endswith((".weight_packed", ".weight_shape", ".weight_scale", "_scale_inv")):
-                raise ExecutorError(f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
-                                    "checkpoint, or use Quark's path, which dequantizes first")
+                raise ExecutorError(
+                    f"{path}: tensor {e.name} is a quantized checkpoint's; quantize the unquantized "
+                    "checkpoint, or use Quark's path, which dequantizes first"
+                )
             if is_linear_weight_name(e.name) and len(e.shape) >= 2 and exclude_match(module_of(e.name)):
                 excluded.add(module_of(e.name))
                 if e.dtype in _FLOAT_ST:
@@ -196,8 +206,9 @@ def plan_shards(src: Path, scheme: str, exclude: list[str], layer_config: dict[s
     import torch
 
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ExecutorError(f"{cfg_path}: dtype {dtype!r} is not a torch dtype; set torch_dtype to bfloat16, "
-                            "float16 or float32")
+        raise ExecutorError(
+            f"{cfg_path}: dtype {dtype!r} is not a torch dtype; set torch_dtype to bfloat16, float16 or float32"
+        )
     return ShardPlan(shards, sorted(excluded), floating, dtype, sizes, unindexed_weight_files(src), headers)
 
 
@@ -241,8 +252,9 @@ def _remove_quantization_config(config: dict[str, Any]) -> None:
             _remove_quantization_config(value)
 
 
-def write_quark_config(src: Path, dst: Path, scheme: str, exclude_modules: list[str],
-                       layer_config: dict[str, str] | None) -> None:
+def write_quark_config(
+    src: Path, dst: Path, scheme: str, exclude_modules: list[str], layer_config: dict[str, str] | None
+) -> None:
     """file2file_quantization.py `_export_quant_config`."""
     config = read_config(src)
     _remove_quantization_config(config)

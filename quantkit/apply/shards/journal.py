@@ -19,16 +19,30 @@ JOURNAL_NAME = ".quantkit-journal.json"
 JOURNAL_VERSION = 2  # 2: the run key holds drop, source format, model dtype and quantkit version
 
 
-def run_key(src: Path, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
-            drop: frozenset[str], decode: Any, model_dtype: str, max_shard_size: int | None = None) -> dict[str, Any]:
+def run_key(
+    src: Path,
+    scheme: str,
+    exclude: list[str],
+    layer_config: dict[str, str] | None,
+    drop: frozenset[str],
+    decode: Any,
+    model_dtype: str,
+    max_shard_size: int | None = None,
+) -> dict[str, Any]:
     """Everything besides the source shards' bytes that decides the output's bytes: a journal with another key is
     another run's, and resuming it would mix two runs' shards."""
     from quantkit import __version__
 
-    key = {"source": str(src.resolve()), "scheme": scheme, "exclude": list(exclude),
-            "layer_config": dict(layer_config or {}), "drop": sorted(drop),
-            "source_format": getattr(decode, "name", None) if decode is not None else None,
-            "model_dtype": model_dtype, "quantkit_version": __version__}
+    key = {
+        "source": str(src.resolve()),
+        "scheme": scheme,
+        "exclude": list(exclude),
+        "layer_config": dict(layer_config or {}),
+        "drop": sorted(drop),
+        "source_format": getattr(decode, "name", None) if decode is not None else None,
+        "model_dtype": model_dtype,
+        "quantkit_version": __version__,
+    }
     if max_shard_size is not None:  # absent in a default run's key, so that its journals read as before
         key["max_shard_size"] = max_shard_size
     return key
@@ -46,7 +60,9 @@ class _JournalShard(BaseModel):
     name: str
     bytes_in: _Size
     bytes_out: _Size
-    sha256_in: _Sha256OrNone  # of the source bytes this shard was quantized from: resume re-hashes the source against it
+    sha256_in: (
+        _Sha256OrNone  # of the source bytes this shard was quantized from: resume re-hashes the source against it
+    )
     sha256_out: _Sha256
     tensors: _Size
     quantized: _Size
@@ -87,8 +103,10 @@ def read_journal(path: Path, key: dict[str, Any]) -> tuple[dict[str, dict[str, A
         raise JournalError(f"{path}: not a quantkit journal (a JSON {type(raw).__name__}, not an object); {fix}")
     version = raw.get("quantkit_journal")
     if version != JOURNAL_VERSION:
-        raise JournalError(f"{path}: journal of a different run (journal format {str(version)[:20]}, this quantkit "
-                           f"writes {JOURNAL_VERSION}); {fix}")
+        raise JournalError(
+            f"{path}: journal of a different run (journal format {str(version)[:20]}, this quantkit "
+            f"writes {JOURNAL_VERSION}); {fix}"
+        )
     try:
         journal = _Journal.model_validate(raw)
     except ValidationError as e:
@@ -97,15 +115,20 @@ def read_journal(path: Path, key: dict[str, Any]) -> tuple[dict[str, dict[str, A
         raise JournalError(f"{path}: malformed journal ({where}: {first['msg']}); {fix}") from None
     for name, shard in journal.shards.items():
         if shard.name != name:
-            raise JournalError(f"{path}: malformed journal (shard {name[:80]!r} records name {shard.name[:80]!r}); "
-                               f"{fix}")
+            raise JournalError(
+                f"{path}: malformed journal (shard {name[:80]!r} records name {shard.name[:80]!r}); {fix}"
+            )
     differ = [k for k in {**key, "max_shard_size": None} if raw.get(k) != key.get(k)]
     if differ:
-        raise JournalError(f"{path}: journal of a different run ({', '.join(differ)} differ"
-                           f"{'s' if len(differ) == 1 else ''}: {differ[0]} {_short_json(raw.get(differ[0]))} there, "
-                           f"{_short_json(key[differ[0]])} now); {fix}")
-    return ({name: shard.model_dump() for name, shard in journal.shards.items()},
-            {name: source.model_dump() for name, source in journal.sources.items()})
+        raise JournalError(
+            f"{path}: journal of a different run ({', '.join(differ)} differ"
+            f"{'s' if len(differ) == 1 else ''}: {differ[0]} {_short_json(raw.get(differ[0]))} there, "
+            f"{_short_json(key[differ[0]])} now); {fix}"
+        )
+    return (
+        {name: shard.model_dump() for name, shard in journal.shards.items()},
+        {name: source.model_dump() for name, source in journal.sources.items()},
+    )
 
 
 def _short_json(value: Any) -> str:
@@ -114,7 +137,7 @@ def _short_json(value: Any) -> str:
 
 
 def finished_shard_verdict(src: Path, dst: Path, name: str, entry: dict[str, Any]) -> str:
-    """"kept" when the output shard and the source shard both still hash as the journal recorded; else what changed.
+    """ "kept" when the output shard and the source shard both still hash as the journal recorded; else what changed.
 
     The source is re-hashed in full, at disk speed: size and mtime prove nothing (a file rewritten with the same
     size and its mtime set back, os.utime, is another file), and a stale shard would make the folder differ from an
@@ -151,9 +174,15 @@ class Journal:
     def shards(self) -> dict[str, dict[str, Any]]:
         return self.data["shards"]
 
-    def kept_shards(self, src: Path, dst: Path, shards: list[str], *, streams: int,
-                    depends_on: dict[str, list[str]] | None = None,
-                    ) -> tuple[dict[str, ShardSummary], dict[str, list[str]], list[tuple[int, str]], list[str]]:
+    def kept_shards(
+        self,
+        src: Path,
+        dst: Path,
+        shards: list[str],
+        *,
+        streams: int,
+        depends_on: dict[str, list[str]] | None = None,
+    ) -> tuple[dict[str, ShardSummary], dict[str, list[str]], list[tuple[int, str]], list[str]]:
         """Which finished shards a resume keeps: (their summaries, their weight maps, the (index, name) of the shards
         still to do, the finished shards whose source changed since). A shard is kept only if its output and its
         source still hash as recorded (both re-hashed in full, `streams` files at a time: see
@@ -162,11 +191,16 @@ class Journal:
         The journal is saved."""
         self.data["shards"] = {k: v for k, v in self.shards.items() if k in shards}
         finished = [(name, self.shards[name]) for name in shards if name in self.shards]
-        with ThreadPoolExecutor(max_workers=max(1, min(streams, len(finished))),
-                                thread_name_prefix="quantkit-rehash") as hashers:
-            verdicts = dict(zip((name for name, _ in finished),
-                                hashers.map(lambda f: finished_shard_verdict(src, dst, f[0], f[1]), finished),
-                                strict=True))
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(streams, len(finished))), thread_name_prefix="quantkit-rehash"
+        ) as hashers:
+            verdicts = dict(
+                zip(
+                    (name for name, _ in finished),
+                    hashers.map(lambda f: finished_shard_verdict(src, dst, f[0], f[1]), finished),
+                    strict=True,
+                )
+            )
         deps = depends_on or {}
         kept = {name for name, v in verdicts.items() if v == "kept"}
         while True:  # a shard whose parts came from a shard that is redone is redone too
@@ -182,10 +216,18 @@ class Journal:
             entry = self.shards.get(name)
             verdict = verdicts.get(name)
             if entry is not None and verdict == "kept" and name in kept:
-                records[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
-                                             sha256_in=entry["sha256_in"], sha256_out=entry["sha256_out"],
-                                             tensors=entry["tensors"], quantized=entry["quantized"], seconds=0.0,
-                                             device=entry["device"], resumed=True)
+                records[name] = ShardSummary(
+                    name=name,
+                    bytes_in=entry["bytes_in"],
+                    bytes_out=entry["bytes_out"],
+                    sha256_in=entry["sha256_in"],
+                    sha256_out=entry["sha256_out"],
+                    tensors=entry["tensors"],
+                    quantized=entry["quantized"],
+                    seconds=0.0,
+                    device=entry["device"],
+                    resumed=True,
+                )
                 weight_maps[name] = entry["weight_map"]
             else:
                 if verdict == "source":
@@ -196,15 +238,22 @@ class Journal:
         self.save()
         return records, weight_maps, todo, changed
 
-    def kept_outputs(self, src: Path, dst: Path, outputs: dict[str, tuple[list[str], list[str]]], *, streams: int,
-                     ) -> tuple[dict[str, ShardSummary], dict[str, str], list[str]]:
+    def kept_outputs(
+        self,
+        src: Path,
+        dst: Path,
+        outputs: dict[str, tuple[list[str], list[str]]],
+        *,
+        streams: int,
+    ) -> tuple[dict[str, ShardSummary], dict[str, str], list[str]]:
         """A re-sharded run's resume: which finished output shards it keeps, (their summaries, the SHA-256 of every
         source shard they take tensors from, the sources that changed since). `outputs` maps each planned output
         shard to (its tensors, its sources). An output shard is kept only if it is planned with the same tensors and
         sources as journaled, its file re-hashes as recorded, and every one of its sources re-hashes as recorded
         (finished_shard_verdict's reasons); every other one is forgotten and its file removed. The journal is saved."""
-        recorded = {n: e for n, e in self.shards.items() if n in outputs and outputs[n] == (e["weight_map"],
-                                                                                           e["depends_on"])}
+        recorded = {
+            n: e for n, e in self.shards.items() if n in outputs and outputs[n] == (e["weight_map"], e["depends_on"])
+        }
         sources_seen = self.data.get("sources", {})
         wanted = sorted({s for n in recorded for s in outputs[n][1] if s in sources_seen})
 
@@ -215,23 +264,34 @@ class Journal:
 
         def output_ok(name: str) -> bool:
             entry, path = recorded[name], dst / name
-            return path.is_file() and path.stat().st_size == entry["bytes_out"] and sha256_file(path) == \
-                entry["sha256_out"]
+            return (
+                path.is_file()
+                and path.stat().st_size == entry["bytes_out"]
+                and sha256_file(path) == entry["sha256_out"]
+            )
 
         jobs = [("source", n) for n in wanted] + [("output", n) for n in recorded]
         with ThreadPoolExecutor(max_workers=max(1, min(streams, len(jobs))), thread_name_prefix="quantkit-rehash") as h:
-            verdicts = dict(zip(jobs, h.map(lambda j: source_ok(j[1]) if j[0] == "source" else output_ok(j[1]), jobs),
-                                strict=True))
+            verdicts = dict(
+                zip(jobs, h.map(lambda j: source_ok(j[1]) if j[0] == "source" else output_ok(j[1]), jobs), strict=True)
+            )
         good_sources = {n for n in wanted if verdicts[("source", n)]}
         changed = [n for n in wanted if not verdicts[("source", n)]]
         kept: dict[str, ShardSummary] = {}
         for name in outputs:
             entry = recorded.get(name)
             if entry is not None and verdicts[("output", name)] and all(s in good_sources for s in entry["depends_on"]):
-                kept[name] = ShardSummary(name=name, bytes_in=entry["bytes_in"], bytes_out=entry["bytes_out"],
-                                          sha256_out=entry["sha256_out"], tensors=entry["tensors"],
-                                          quantized=entry["quantized"], seconds=0.0, device=entry["device"],
-                                          resumed=True)
+                kept[name] = ShardSummary(
+                    name=name,
+                    bytes_in=entry["bytes_in"],
+                    bytes_out=entry["bytes_out"],
+                    sha256_out=entry["sha256_out"],
+                    tensors=entry["tensors"],
+                    quantized=entry["quantized"],
+                    seconds=0.0,
+                    device=entry["device"],
+                    resumed=True,
+                )
             else:
                 self.shards.pop(name, None)
                 (dst / name).unlink(missing_ok=True)
@@ -247,8 +307,11 @@ class Journal:
 
     def record(self, summary: ShardSummary, weight_map: list[str], depends_on: list[str] | None = None) -> None:
         """One more finished shard, saved at once (a crash after this keeps it for a resume)."""
-        self.shards[summary.name] = {**summary.model_dump(), "weight_map": weight_map,
-                                     "depends_on": list(depends_on or [])}
+        self.shards[summary.name] = {
+            **summary.model_dump(),
+            "weight_map": weight_map,
+            "depends_on": list(depends_on or []),
+        }
         self.save()
 
     def save(self) -> None:
@@ -266,11 +329,14 @@ def open_journal(dst: Path, key: dict[str, Any], *, resume: bool) -> Journal:
     data: dict[str, Any] = {"quantkit_journal": JOURNAL_VERSION, **key, "shards": {}}
     if dst.exists() and any(dst.iterdir()):
         if not resume:
-            raise ExecutorError(f"output {dst} exists and is not empty; remove it, or pass resume=True to continue "
-                                "an interrupted run")
+            raise ExecutorError(
+                f"output {dst} exists and is not empty; remove it, or pass resume=True to continue an interrupted run"
+            )
         if not path.is_file():
-            raise ExecutorError(f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
-                                "remove it or choose another output folder")
+            raise ExecutorError(
+                f"output {dst} holds no {JOURNAL_NAME}, so it is not an interrupted run to resume; "
+                "remove it or choose another output folder"
+            )
         data["shards"], sources = read_journal(path, key)
         if sources:
             data["sources"] = sources

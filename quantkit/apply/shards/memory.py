@@ -29,8 +29,9 @@ def _cuda_host_register(t: torch.Tensor, register: bool) -> bool:
 
     try:
         cudart = torch.cuda.cudart()
-        rc = cudart.cudaHostRegister(t.data_ptr(), t.numel(), 1) if register else \
-            cudart.cudaHostUnregister(t.data_ptr())
+        rc = (
+            cudart.cudaHostRegister(t.data_ptr(), t.numel(), 1) if register else cudart.cudaHostUnregister(t.data_ptr())
+        )
     except Exception:  # noqa: BLE001 - no CUDA runtime binding (ROCm builds, old torch): stay pageable
         return False
     return int(getattr(rc, "value", rc)) == 0
@@ -46,7 +47,7 @@ class HostBuffers:
         self.free: queue.Queue[torch.Tensor | None] = queue.Queue()
         self.capacity = max(capacity, 1)
         for k in range(slots):
-            self.free.put(None if shared is None else shared[k * self.capacity:(k + 1) * self.capacity])
+            self.free.put(None if shared is None else shared[k * self.capacity : (k + 1) * self.capacity])
         # Below 1 MiB, buffers may share pages, which CUDA refuses to lock twice; such shards copy in no time.
         self.pin = pin and self.capacity >= MB
         self.pinned: list[torch.Tensor] = []
@@ -158,8 +159,9 @@ class MemoryPlan:
     pin: bool
 
 
-def plan_memory(budget: int, readers: int, devices: int, largest_read: int, out_ratio: float, uses_gpu: bool,
-                reserve: int = 0) -> MemoryPlan | None:
+def plan_memory(
+    budget: int, readers: int, devices: int, largest_read: int, out_ratio: float, uses_gpu: bool, reserve: int = 0
+) -> MemoryPlan | None:
     """Slots for `readers` streams and `devices` workers within `budget` bytes (less `reserve`, what quantizing
     temporaries take), each slot one batch of at most `batch_bytes` read plus `out_ratio` times that for its
     outputs. None when not even one slot for the largest unit (`largest_read` bytes) fits. Fewer readers (down to

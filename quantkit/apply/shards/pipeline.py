@@ -101,8 +101,8 @@ def interleave(per_shard: list[list[Batch]], width: int) -> list[Batch]:
     `width` hashes run at once whatever the shard size."""
     out: list[Batch] = []
     queue_ = [list(b) for b in per_shard if b]
-    window = queue_[:max(1, width)]
-    rest = queue_[len(window):]
+    window = queue_[: max(1, width)]
+    rest = queue_[len(window) :]
     while window:
         for batches in list(window):
             out.append(batches.pop(0))
@@ -149,13 +149,24 @@ class _SourceHash:
             item[1].set()
 
 
-def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str],
-                        layer_config: dict[str, str] | None, devices: list[str], resume: bool = False,
-                        progress: Callable[[ShardEvent], None] | None = None,
-                        readers: int | None = None, decode: Any = None,
-                        drop: set[str] | None = None, finish: Finish | None = None,
-                        max_memory: int | None = None, max_shard_size: int | None = None,
-                        cpu_processes: bool | None = None) -> ExecutorReport:
+def quantize_checkpoint(
+    src: Path,
+    dst: Path,
+    *,
+    scheme: str,
+    exclude: list[str],
+    layer_config: dict[str, str] | None,
+    devices: list[str],
+    resume: bool = False,
+    progress: Callable[[ShardEvent], None] | None = None,
+    readers: int | None = None,
+    decode: Any = None,
+    drop: set[str] | None = None,
+    finish: Finish | None = None,
+    max_memory: int | None = None,
+    max_shard_size: int | None = None,
+    cpu_processes: bool | None = None,
+) -> ExecutorReport:
     """Quantize the safetensors checkpoint `src` into `dst`, shard by shard, byte-identical to Quark 0.13's
     `ModelQuantizer(LLMTemplate.get(t).get_config(scheme=scheme, exclude_layers=exclude,
     layer_config=layer_config)).direct_quantize_checkpoint(src, dst, device=...)`.
@@ -190,15 +201,29 @@ def quantize_checkpoint(src: Path, dst: Path, *, scheme: str, exclude: list[str]
     """
     t_start = time.perf_counter()
     _check_arguments(Path(src), Path(dst), devices, readers, max_shard_size, max_memory)
-    pipeline = _Pipeline(Path(src), Path(dst), scheme=scheme, exclude=exclude, layer_config=layer_config,
-                         devices=devices, resume=resume, readers=readers, decode=decode, drop=drop, finish=finish,
-                         max_memory=max_memory, max_shard_size=max_shard_size, cpu_processes=cpu_processes)
+    pipeline = _Pipeline(
+        Path(src),
+        Path(dst),
+        scheme=scheme,
+        exclude=exclude,
+        layer_config=layer_config,
+        devices=devices,
+        resume=resume,
+        readers=readers,
+        decode=decode,
+        drop=drop,
+        finish=finish,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        cpu_processes=cpu_processes,
+    )
     pipeline.run(progress)
     return pipeline.complete(t_start)
 
 
-def _check_arguments(src: Path, dst: Path, devices: list[str], readers: int | None, max_shard_size: int | None,
-                     max_memory: int | None) -> None:
+def _check_arguments(
+    src: Path, dst: Path, devices: list[str], readers: int | None, max_shard_size: int | None, max_memory: int | None
+) -> None:
     """quantize_checkpoint's arguments, each refused in one line (ExecutorError) before anything is read."""
     import torch
 
@@ -237,35 +262,66 @@ class _Pipeline:
     the threads run); `stop` and `errors` (any thread, through `fail`); `buffers` (the slots: acquired by a reader,
     released by whoever drops the batch)."""
 
-    def __init__(self, src: Path, dst: Path, *, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
-                 devices: list[str], resume: bool, readers: int | None, decode: Any, drop: set[str] | None,
-                 finish: Finish | None, max_memory: int | None, max_shard_size: int | None,
-                 cpu_processes: bool | None) -> None:
+    def __init__(
+        self,
+        src: Path,
+        dst: Path,
+        *,
+        scheme: str,
+        exclude: list[str],
+        layer_config: dict[str, str] | None,
+        devices: list[str],
+        resume: bool,
+        readers: int | None,
+        decode: Any,
+        drop: set[str] | None,
+        finish: Finish | None,
+        max_memory: int | None,
+        max_shard_size: int | None,
+        cpu_processes: bool | None,
+    ) -> None:
         if finish is None:
             check_aux_quark(src)
         self.src, self.dst, self.scheme, self.layer_config, self.finish = src, dst, scheme, layer_config, finish
         self.plan = plan_shards(src, scheme, exclude, layer_config, decode)
-        self.settings = Settings(src, dst, scheme, list(exclude), layer_config, self.plan, frozenset(drop or ()),
-                                 decode)
-        self.layouts = shard_layouts(src, self.plan, scheme=scheme, exclude=list(exclude), layer_config=layer_config,
-                                     drop=self.settings.drop, decode=decode)
+        self.settings = Settings(
+            src, dst, scheme, list(exclude), layer_config, self.plan, frozenset(drop or ()), decode
+        )
+        self.layouts = shard_layouts(
+            src,
+            self.plan,
+            scheme=scheme,
+            exclude=list(exclude),
+            layer_config=layer_config,
+            drop=self.settings.drop,
+            decode=decode,
+        )
         self._plan_machine(devices, readers, decode, max_memory, cpu_processes)
 
-        key = run_key(src, scheme, exclude, layer_config, self.settings.drop, decode, self.plan.model_dtype,
-                      max_shard_size)
-        self.outs = output_layouts(self.layouts, self.plan.shards, max_shard_size) if max_shard_size is not None \
-            else None
+        key = run_key(
+            src, scheme, exclude, layer_config, self.settings.drop, decode, self.plan.model_dtype, max_shard_size
+        )
+        self.outs = (
+            output_layouts(self.layouts, self.plan.shards, max_shard_size) if max_shard_size is not None else None
+        )
         self.out_names = [o.name for o in self.outs] if self.outs is not None else self.plan.shards
         self.out_by_name: dict[str, OutputLayout] = {o.name: o for o in self.outs or []}
         self.out_of = {t: o.name for o in self.outs or [] for t in o.names}
         self.journal = open_journal(dst, key, resume=resume)
         self._remove_stale()
         self.events: queue.Queue[ShardEvent] = queue.Queue()
-        self.report = ExecutorReport(source=str(src), output=str(dst), scheme=scheme, devices=list(devices),
-                                     exclude=self.plan.exclude_modules, ignored_files=self.plan.ignored)
+        self.report = ExecutorReport(
+            source=str(src),
+            output=str(dst),
+            scheme=scheme,
+            devices=list(devices),
+            exclude=self.plan.exclude_modules,
+            ignored_files=self.plan.ignored,
+        )
         self._keep_finished()
-        self.quantized_names = {u.outputs[0].name for lay in self.layouts.values() for u in lay.units
-                                if u.kind == "quantize"}
+        self.quantized_names = {
+            u.outputs[0].name for lay in self.layouts.values() for u in lay.units if u.kind == "quantize"
+        }
 
         for _, name in self.todo:
             cut_batches(self.layouts[name], self.mem.batch_bytes, self.decode_on_host)
@@ -291,8 +347,9 @@ class _Pipeline:
         self.n_procs = 0
         self.page_locked = False
 
-    def _plan_machine(self, devices: list[str], readers: int | None, decode: Any, max_memory: int | None,
-                      cpu_processes: bool | None) -> None:
+    def _plan_machine(
+        self, devices: list[str], readers: int | None, decode: Any, max_memory: int | None, cpu_processes: bool | None
+    ) -> None:
         """Where the work runs: the worker threads, CPU processes or not, the read streams and the memory plan."""
         import torch
 
@@ -305,8 +362,17 @@ class _Pipeline:
         # out while the last tensors of one are still being quantized.
         self.workers = list(devices) + (["cpu"] if self.procs and len(devices) == 1 else [])
         default_readers = _GPU_READERS if self.uses_gpu or (self.procs and self.cpu_threads >= 8) else 1
-        self.mem = _memory_plan(self.layouts, max_memory, readers or default_readers, devices, len(self.workers),
-                                self.uses_cpu, self.uses_gpu, self.decode_on_host, self.cpu_threads)
+        self.mem = _memory_plan(
+            self.layouts,
+            max_memory,
+            readers or default_readers,
+            devices,
+            len(self.workers),
+            self.uses_cpu,
+            self.uses_gpu,
+            self.decode_on_host,
+            self.cpu_threads,
+        )
         # a bad QUANTKIT_CPU_CHILDREN: before any work
         self.n_children = _cpu_children(self.cpu_threads, self.mem.readers) if self.procs else 0
 
@@ -327,13 +393,16 @@ class _Pipeline:
         if self.outs is None:
             depends = {name: self.layouts[name].depends_on for name in plan.shards}
             self.records, self.weight_maps, self.todo, changed = self.journal.kept_shards(
-                self.src, self.dst, plan.shards, streams=_GPU_READERS, depends_on=depends)
+                self.src, self.dst, plan.shards, streams=_GPU_READERS, depends_on=depends
+            )
         else:
             self.records, self.source_sha, changed = self.journal.kept_outputs(
-                self.src, self.dst, {o.name: (o.names, o.sources) for o in self.outs}, streams=_GPU_READERS)
+                self.src, self.dst, {o.name: (o.names, o.sources) for o in self.outs}, streams=_GPU_READERS
+            )
             self.weight_maps = {o.name: o.names for o in self.outs}
-            need = {s for o in self.outs if o.name not in self.records for s in o.sources} | \
-                (set(plan.shards) - set(self.source_sha))
+            need = {s for o in self.outs if o.name not in self.records for s in o.sources} | (
+                set(plan.shards) - set(self.source_sha)
+            )
             self.todo = [(i, name) for i, name in enumerate(plan.shards) if name in need]
         self.report.source_changed = changed
         for i, name in enumerate(self.out_names):  # in shard order, as a resume found them
@@ -353,21 +422,29 @@ class _Pipeline:
 
         self.files = SourceFiles(self.src, self.plan.sizes)
         saved_threads = torch.get_num_threads()
-        self.pool = ThreadPoolExecutor(max_workers=self.cpu_threads, thread_name_prefix="quantkit-cpu") \
-            if self.uses_cpu else None
+        self.pool = (
+            ThreadPoolExecutor(max_workers=self.cpu_threads, thread_name_prefix="quantkit-cpu")
+            if self.uses_cpu
+            else None
+        )
         self.arena: SharedArena | None = None
         self.quantizers: CpuQuantizers | None = None
         if self.procs and self.pending:
             self.arena = SharedArena(self.mem.slots * self.mem.slot_bytes)
             self.quantizers = CpuQuantizers(self.n_children, self.arena, wait=self.procs == "always")
-        self.buffers = HostBuffers(self.mem.slots, self.mem.slot_bytes, self.mem.pin,
-                                   self.arena.tensor if self.arena is not None else None)
+        self.buffers = HostBuffers(
+            self.mem.slots, self.mem.slot_bytes, self.mem.pin, self.arena.tensor if self.arena is not None else None
+        )
 
-        threads = [threading.Thread(target=self.read_batches, name=f"quantkit-reader-{k}", daemon=True)
-                   for k in range(self.n_readers)]
+        threads = [
+            threading.Thread(target=self.read_batches, name=f"quantkit-reader-{k}", daemon=True)
+            for k in range(self.n_readers)
+        ]
         threads.append(threading.Thread(target=self.write_outputs, name="quantkit-writer", daemon=True))
-        threads += [threading.Thread(target=self.quantize_batches, args=(d,), name=f"quantkit-{d}-{k}", daemon=True)
-                    for k, d in enumerate(self.workers)]
+        threads += [
+            threading.Thread(target=self.quantize_batches, args=(d,), name=f"quantkit-{d}-{k}", daemon=True)
+            for k, d in enumerate(self.workers)
+        ]
         try:
             # CPU: parallel across tensors instead, cheaper than intra-op threads per step. GPU only: the CPU does no
             # tensor math but rare casts; many idle intra-op threads only spin after each small CPU op.
@@ -478,8 +555,11 @@ class _Pipeline:
                     first = shard not in self.started
                     self.started.add(shard)
                 if first:
-                    self.events.put(ShardEvent("start", shard, self.index_of[shard], len(self.out_names), device,
-                                               self.layouts[shard].size))
+                    self.events.put(
+                        ShardEvent(
+                            "start", shard, self.index_of[shard], len(self.out_names), device, self.layouts[shard].size
+                        )
+                    )
                 try:
                     if torch.device(device).type == "cpu":
                         out = process_cpu(loaded, self.settings, device, self.pool, self.quantizers)
@@ -550,15 +630,32 @@ class _Pipeline:
         nbytes, sha_out = shard.close()
         os.replace(self.dst / (name + _PARTIAL_SUFFIX), self.dst / name)
         del self.open_outputs[name]
-        rec = ShardSummary(name=name, bytes_in=layout.size, bytes_out=nbytes,
-                           sha256_in=self.hashes[name].hasher.hexdigest(), sha256_out=sha_out,
-                           tensors=len(layout.names), quantized=info["quantized"],
-                           seconds=round(info["seconds"], 3), device=info["device"])
+        rec = ShardSummary(
+            name=name,
+            bytes_in=layout.size,
+            bytes_out=nbytes,
+            sha256_in=self.hashes[name].hasher.hexdigest(),
+            sha256_out=sha_out,
+            tensors=len(layout.names),
+            quantized=info["quantized"],
+            seconds=round(info["seconds"], 3),
+            device=info["device"],
+        )
         self.journal.record(rec, layout.names, layout.depends_on)
         self.records[name] = rec
         self.weight_maps[name] = layout.names
-        self.events.put(ShardEvent("done", name, self.index_of[name], len(self.out_names), rec.device, rec.bytes_in,
-                                   rec.bytes_out, rec.seconds))
+        self.events.put(
+            ShardEvent(
+                "done",
+                name,
+                self.index_of[name],
+                len(self.out_names),
+                rec.device,
+                rec.bytes_in,
+                rec.bytes_out,
+                rec.seconds,
+            )
+        )
 
     def _write_resharded(self, box: list[Output], hashed: threading.Event) -> None:
         """One batch's tensors into the output shards the plan puts them in (those a resume kept are skipped); each
@@ -572,8 +669,9 @@ class _Pipeline:
                 continue
             shard = self.open_outputs.get(name)
             if shard is None:
-                shard = self.open_outputs[name] = OutputShard(self.out_by_name[name],
-                                                              self.dst / (name + _PARTIAL_SUFFIX))
+                shard = self.open_outputs[name] = OutputShard(
+                    self.out_by_name[name], self.dst / (name + _PARTIAL_SUFFIX)
+                )
                 self.progress_of[name] = {"seconds": 0.0, "device": out.device}
             shard.write(tensor_name, t)
             if name not in touched:
@@ -598,13 +696,30 @@ class _Pipeline:
         shard, layout, info = self.open_outputs.pop(name), self.out_by_name[name], self.progress_of[name]
         nbytes, sha_out = shard.close()
         os.replace(self.dst / (name + _PARTIAL_SUFFIX), self.dst / name)
-        rec = ShardSummary(name=name, bytes_in=layout.bytes_in, bytes_out=nbytes, sha256_out=sha_out,
-                           tensors=len(layout.names), quantized=sum(n in self.quantized_names for n in layout.names),
-                           seconds=round(info["seconds"], 3), device=info["device"])
+        rec = ShardSummary(
+            name=name,
+            bytes_in=layout.bytes_in,
+            bytes_out=nbytes,
+            sha256_out=sha_out,
+            tensors=len(layout.names),
+            quantized=sum(n in self.quantized_names for n in layout.names),
+            seconds=round(info["seconds"], 3),
+            device=info["device"],
+        )
         self.journal.record(rec, layout.names, layout.sources)
         self.records[name] = rec
-        self.events.put(ShardEvent("done", name, self.index_of[name], len(self.out_names), rec.device, rec.bytes_in,
-                                   rec.bytes_out, rec.seconds))
+        self.events.put(
+            ShardEvent(
+                "done",
+                name,
+                self.index_of[name],
+                len(self.out_names),
+                rec.device,
+                rec.bytes_in,
+                rec.bytes_out,
+                rec.seconds,
+            )
+        )
 
     # --- after the shards ------------------------------------------------------------------------------------------
 
@@ -623,12 +738,14 @@ class _Pipeline:
             source_sha = {name: self.records[name].sha256_in for name in plan.shards}
         else:  # transformers' index (modeling_utils save_pretrained): the tensors' bytes
             source_sha = self.source_sha
-            source_sha.update({name: h.hasher.hexdigest() for name, h in self.hashes.items()
-                               if name in self.unrecorded})
+            source_sha.update(
+                {name: h.hasher.hexdigest() for name, h in self.hashes.items() if name in self.unrecorded}
+            )
             total_size = sum(o.nbytes for layout in self.outs for o in layout.outputs)
         with open(dst / "model.safetensors.index.json", "w") as f:
-            json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False,
-                      indent=4)
+            json.dump(
+                {"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, ensure_ascii=False, indent=4
+            )
         report.quantization_config = quark_quantization_config(self.scheme, plan.exclude_modules, self.layer_config)
         if self.finish is None:
             write_quark_config(src, dst, self.scheme, plan.exclude_modules, self.layer_config)
@@ -657,8 +774,9 @@ _CPU_PROCESSES_MIN_CORES = 4
 _CPU_PROCESSES_MIN_BYTES = 1024 * MB
 
 
-def _use_cpu_processes(asked: bool | None, layouts: dict[str, ShardLayout], uses_gpu: bool,
-                       cpu_threads: int) -> Literal["always", "auto", ""]:
+def _use_cpu_processes(
+    asked: bool | None, layouts: dict[str, ShardLayout], uses_gpu: bool, cpu_threads: int
+) -> Literal["always", "auto", ""]:
     """Whether this run quantizes in CPU child processes (quantize_checkpoint's `cpu_processes`): "always" (asked
     for: every weight read as stored goes to a child), "auto" (chosen: the threads quantize while the children
     start) or "" (threads only)."""
@@ -669,12 +787,12 @@ def _use_cpu_processes(asked: bool | None, layouts: dict[str, ShardLayout], uses
         if env in ("0", "1"):
             asked = env == "1"
         elif env and env != "auto":
-            raise ExecutorError(f"QUANTKIT_CPU_PROCESSES={env!r}: give 1 (processes), 0 (threads) or auto, or unset "
-                                "it")
+            raise ExecutorError(f"QUANTKIT_CPU_PROCESSES={env!r}: give 1 (processes), 0 (threads) or auto, or unset it")
     if asked is not None:
         return "always" if asked else ""
-    weights = sum(u.source_bytes for layout in layouts.values() for u in layout.units
-                  if u.kind == "quantize" and not u.decoded)
+    weights = sum(
+        u.source_bytes for layout in layouts.values() for u in layout.units if u.kind == "quantize" and not u.decoded
+    )
     return "auto" if cpu_threads >= _CPU_PROCESSES_MIN_CORES and weights >= _CPU_PROCESSES_MIN_BYTES else ""
 
 
@@ -691,8 +809,17 @@ def _cpu_children(cores: int, readers: int) -> int:
     return cores if cores < 8 else max(4, cores - readers - 2)
 
 
-def _memory_plan(layouts: dict[str, ShardLayout], max_memory: int | None, readers: int, devices: list[str],
-                 workers: int, uses_cpu: bool, uses_gpu: bool, decode_on_host: bool, cpu_threads: int) -> MemoryPlan:
+def _memory_plan(
+    layouts: dict[str, ShardLayout],
+    max_memory: int | None,
+    readers: int,
+    devices: list[str],
+    workers: int,
+    uses_cpu: bool,
+    uses_gpu: bool,
+    decode_on_host: bool,
+    cpu_threads: int,
+) -> MemoryPlan:
     """The budget cut into slots; a `max_memory` below the largest tensor's work is refused (ExecutorError, one
     line) before any work. Quantizing on CPU keeps up to one float32 temporary per core beside the slots."""
     units = [u for layout in layouts.values() for u in layout.units]
@@ -712,8 +839,10 @@ def _memory_plan(layouts: dict[str, ShardLayout], max_memory: int | None, reader
         assert largest is not None
         work = largest.source_bytes + largest.host_bytes(decode_on_host)
         need = int(max(largest_read, 1) * (1 + ratio) * 1.01) + MB + reserve
-        raise ExecutorError(f"--max-memory {_mib(budget)} is smaller than the work on one tensor: {largest.name} "
-                            f"takes {_mib(work)} ({_mib(largest.source_bytes)} read"
-                            f"{', decoded and quantized' if largest.decoded else ''}); give --max-memory "
-                            f"{-(-need // MB)}MiB or more")
+        raise ExecutorError(
+            f"--max-memory {_mib(budget)} is smaller than the work on one tensor: {largest.name} "
+            f"takes {_mib(work)} ({_mib(largest.source_bytes)} read"
+            f"{', decoded and quantized' if largest.decoded else ''}); give --max-memory "
+            f"{-(-need // MB)}MiB or more"
+        )
     return mem

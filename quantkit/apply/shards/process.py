@@ -89,8 +89,10 @@ class SourceFiles:
                 size = os.fstat(fd).st_size
                 if size != self.sizes[shard]:
                     os.close(fd)
-                    raise CorruptShardError(f"{path}: {size} bytes now, {self.sizes[shard]} when the run was planned: "
-                                            f"the file changed or is truncated; {REFETCH}, then rerun")
+                    raise CorruptShardError(
+                        f"{path}: {size} bytes now, {self.sizes[shard]} when the run was planned: "
+                        f"the file changed or is truncated; {REFETCH}, then rerun"
+                    )
                 self.fds[shard] = fd
             return fd
 
@@ -98,10 +100,12 @@ class SourceFiles:
         fd = self.fd(shard)
         got = 0
         while got < len(view):
-            n = os.preadv(fd, [view[got:got + _READ_CHUNK]], offset + got)
+            n = os.preadv(fd, [view[got : got + _READ_CHUNK]], offset + got)
             if n <= 0:
-                raise CorruptShardError(f"{self.src / shard}: read {offset + got} of {self.sizes[shard]} bytes; the "
-                                        f"file changed while reading; {REFETCH}, then rerun")
+                raise CorruptShardError(
+                    f"{self.src / shard}: read {offset + got} of {self.sizes[shard]} bytes; the "
+                    f"file changed while reading; {REFETCH}, then rerun"
+                )
             got += n
 
     def close(self) -> None:
@@ -125,12 +129,11 @@ def _as_tensor(host: torch.Tensor, offset: int, entry: Any) -> torch.Tensor:
     if n == 0:
         return torch.empty(entry.shape, dtype=dtype)
     if offset % max(1, info.bits // 8):  # misaligned: copy rather than view
-        return host[offset:offset + n].clone().view(dtype).reshape(entry.shape)
-    return host[offset:offset + n].view(dtype).reshape(entry.shape)
+        return host[offset : offset + n].clone().view(dtype).reshape(entry.shape)
+    return host[offset : offset + n].view(dtype).reshape(entry.shape)
 
 
-def read_batch(files: SourceFiles, batch: Batch, host: torch.Tensor, data_start: int,
-               entries: list[Any]) -> Loaded:
+def read_batch(files: SourceFiles, batch: Batch, host: torch.Tensor, data_start: int, entries: list[Any]) -> Loaded:
     """Read `batch` into `host`: its range, then each side part at a 64-byte aligned place after it. The first batch
     of a shard re-reads the header and must find the planned one (the file was not rewritten since)."""
     t0 = time.perf_counter()
@@ -148,7 +151,7 @@ def read_batch(files: SourceFiles, batch: Batch, host: torch.Tensor, data_start:
     pos = _align(n)
     side_at: dict[str, int] = {}
     for p in batch.side:
-        files.read_into(p.shard, mv[pos:pos + p.nbytes], p.offset)
+        files.read_into(p.shard, mv[pos : pos + p.nbytes], p.offset)
         side_at[p.entry.name] = pos
         pos = _align(pos + p.nbytes)
     for u in batch.units:
@@ -173,8 +176,9 @@ def _first_non_finite(t: torch.Tensor) -> tuple[list[int], str]:
 
 def _non_finite_error(name: str, w: torch.Tensor, shard: str) -> NonFiniteWeightError:
     idx, kind = _first_non_finite(w)
-    return NonFiniteWeightError(f"{name}[{', '.join(map(str, idx))}] is {kind} (shard {shard}); fix or re-download "
-                                "the source weights")
+    return NonFiniteWeightError(
+        f"{name}[{', '.join(map(str, idx))}] is {kind} (shard {shard}); fix or re-download the source weights"
+    )
 
 
 def _check_layout(name: str, shape: tuple[int, ...], scheme: str, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -182,8 +186,9 @@ def _check_layout(name: str, shape: tuple[int, ...], scheme: str, q: torch.Tenso
     for suffix, t in (("", q), ("_scale", scale)):
         dtype = st_dtype(t, ExecutorError)
         if (dtype, tuple(t.shape)) != layout[suffix]:
-            raise ShardVerificationError(f"{name}{suffix}: {scheme} gave {dtype} {tuple(t.shape)}, "
-                                         f"expected {layout[suffix]} (internal error)")
+            raise ShardVerificationError(
+                f"{name}{suffix}: {scheme} gave {dtype} {tuple(t.shape)}, expected {layout[suffix]} (internal error)"
+            )
 
 
 def _bad_scale(scale: torch.Tensor, scheme: str) -> torch.Tensor:
@@ -216,8 +221,9 @@ def _decode(s: Settings, u: Unit, loaded: Loaded, device: Any = None, check_fini
     return decode_module(s.decode, u.name, parts, check_finite=check_finite)
 
 
-def process_cpu(loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecutor | None,
-                quantizers: CpuQuantizers | None = None) -> Output:
+def process_cpu(
+    loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecutor | None, quantizers: CpuQuantizers | None = None
+) -> Output:
     """Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) on one batch, one tensor at a time (the CPU
     path: `pool` runs one tensor per core; a quantized source is decoded tensor by tensor there too).
 
@@ -239,7 +245,10 @@ def process_cpu(loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecut
             end = _align(_align(pos + q_len) + s_len)
             if end > loaded.host.numel():
                 break  # no room left in the slot: the rest are quantized in the thread
-            room[u.name] = (loaded.host[pos:pos + q_len], loaded.host[_align(pos + q_len):_align(pos + q_len) + s_len])
+            room[u.name] = (
+                loaded.host[pos : pos + q_len],
+                loaded.host[_align(pos + q_len) : _align(pos + q_len) + s_len],
+            )
             pos = end
 
     def in_child(u: Unit, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -299,7 +308,7 @@ class _Stage:
             self.buf, self.pos = host_empty(need, pinned and need > 0), 0
 
     def take(self, nbytes: int) -> torch.Tensor:
-        t = self.buf[self.pos:self.pos + nbytes]
+        t = self.buf[self.pos : self.pos + nbytes]
         self.pos = _align(self.pos + nbytes)
         return t
 
@@ -351,8 +360,9 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
         return tensor_nbytes(dtype, shape)
 
     need = sum(_align(sum(out_bytes(i, sfx) for i in b)) for _, b in batches for sfx in ("", "_scale"))
-    need += sum(_align(o.nbytes) for u in units if u.kind != "quantize" and (u.decoded or u.kind == "cast")
-                for o in u.outputs)
+    need += sum(
+        _align(o.nbytes) for u in units if u.kind != "quantize" and (u.decoded or u.kind == "cast") for o in u.outputs
+    )
     stage = _Stage(loaded, need, dev.type == "cuda")
     results: list[Any] = [None] * len(units)
     flags: list[torch.Tensor] = []
@@ -374,11 +384,12 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
             cols = first.shape[-1]
             if rowwise:
                 rows = [math.prod(units[i].shape) // max(cols, 1) for i in batch]
-                x = torch.empty((sum(rows), cols), dtype=getattr(torch, DTYPES[first.dtype].torch or "bfloat16"),
-                                device=dev)
+                x = torch.empty(
+                    (sum(rows), cols), dtype=getattr(torch, DTYPES[first.dtype].torch or "bfloat16"), device=dev
+                )
                 r = 0
                 for i, n in zip(batch, rows, strict=True):
-                    x[r:r + n].copy_(source(i).reshape(n, cols), non_blocking=True)
+                    x[r : r + n].copy_(source(i).reshape(n, cols), non_blocking=True)
                     r += n
             else:
                 rows = [first.shape[0]]
@@ -405,7 +416,7 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
             for i, n in zip(batch, rows, strict=True):
                 shape = units[i].shape
                 if rowwise:
-                    qi, si = q_host[r:r + n].reshape(*shape[:-1], q.shape[-1]), s_host[r:r + n]
+                    qi, si = q_host[r : r + n].reshape(*shape[:-1], q.shape[-1]), s_host[r : r + n]
                 else:
                     qi, si = q_host, s_host
                 _check_layout(units[i].name, shape, scheme, qi, si)
@@ -433,10 +444,10 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
         raise
     if bad_decoded:  # the CPU decode names the tensor and its first NaN/Inf
         _decode(s, units[bad_decoded[0]], loaded)
-        raise ShardVerificationError(f"{units[bad_decoded[0]].name}: the GPU decode gave NaN/Inf, the CPU decode "
-                                     "did not (internal error)")
+        raise ShardVerificationError(
+            f"{units[bad_decoded[0]].name}: the GPU decode gave NaN/Inf, the CPU decode did not (internal error)"
+        )
     if bad:
         raise ShardVerificationError(f"{shard}: a scale is not finite and positive (internal error)")
     tensors = [t for r in results for t in r]
     return Output(loaded, tensors, sum(u.kind == "quantize" for u in units), device, time.perf_counter() - t0)
-

@@ -143,8 +143,8 @@ def _read_small(src: Path, parts: list[Part]) -> dict[str, bytes]:
                     j += 1
                 start, stop = ps[i].offset, ps[j].offset + ps[j].nbytes
                 raw = os.pread(fd, stop - start, start)
-                for p in ps[i:j + 1]:
-                    out[p.entry.name] = raw[p.offset - start:p.offset - start + p.nbytes]
+                for p in ps[i : j + 1]:
+                    out[p.entry.name] = raw[p.offset - start : p.offset - start + p.nbytes]
                 i = j + 1
         finally:
             os.close(fd)
@@ -156,13 +156,23 @@ def _int4_cols(raw: bytes, entry: HeaderEntry, name: str) -> int:
 
     fmt = "<2i" if entry.dtype == "I32" else "<2q"
     if len(raw) != struct.calcsize(fmt):
-        raise ExecutorError(f"{name}: weight_shape is {entry.dtype} {list(entry.shape)}, expected I32 or I64 [2]; "
-                            "re-download the checkpoint")
+        raise ExecutorError(
+            f"{name}: weight_shape is {entry.dtype} {list(entry.shape)}, expected I32 or I64 [2]; "
+            "re-download the checkpoint"
+        )
     return int(struct.unpack(fmt, raw)[1])
 
 
-def shard_layouts(src: Path, plan: ShardPlan, *, scheme: str, exclude: list[str],
-                  layer_config: dict[str, str] | None, drop: frozenset[str], decode: Any) -> dict[str, ShardLayout]:
+def shard_layouts(
+    src: Path,
+    plan: ShardPlan,
+    *,
+    scheme: str,
+    exclude: list[str],
+    layer_config: dict[str, str] | None,
+    drop: frozenset[str],
+    decode: Any,
+) -> dict[str, ShardLayout]:
     """Every shard's units and output header, from the headers (and, for INT4, the tiny weight_shape tensors)."""
     where: dict[str, Part] = {}
     for shard in plan.shards:
@@ -172,8 +182,11 @@ def shard_layouts(src: Path, plan: ShardPlan, *, scheme: str, exclude: list[str]
     fmt = getattr(decode, "name", None) if decode is not None else None
     shapes: dict[str, int] = {}
     if fmt == "int4-pack-quantized":
-        wanted = [p for n, p in where.items() if n.endswith(".weight_shape")
-                  and n[:-len(".weight_shape")] + ".weight_packed" in where]
+        wanted = [
+            p
+            for n, p in where.items()
+            if n.endswith(".weight_shape") and n[: -len(".weight_shape")] + ".weight_packed" in where
+        ]
         for n, raw in _read_small(src, wanted).items():
             shapes[n] = _int4_cols(raw, where[n].entry, n)
 
@@ -189,26 +202,37 @@ def shard_layouts(src: Path, plan: ShardPlan, *, scheme: str, exclude: list[str]
         units: list[Unit] = []
         for e in entries:
             anchor = Part(shard, e, start + e.begin)
-            if fmt == "fp8-block" and e.name.endswith(".weight") and (e.dtype in FP8_DTYPES
-                                                                       or fp8_scale_name(decode, e.name) in where):
+            if (
+                fmt == "fp8-block"
+                and e.name.endswith(".weight")
+                and (e.dtype in FP8_DTYPES or fp8_scale_name(decode, e.name) in where)
+            ):
                 parts = [anchor, part(fp8_scale_name(decode, e.name), e.name)]
                 units.append(Unit(e.name, "BF16", e.shape, "keep", None, parts, True, []))
-            elif fmt == "fp8-block" and e.name.endswith(decode.scale_suffix) and \
-                    scaled_weight_of(decode, e.name) in where:
+            elif (
+                fmt == "fp8-block"
+                and e.name.endswith(decode.scale_suffix)
+                and scaled_weight_of(decode, e.name) in where
+            ):
                 continue  # decoded with its weight, wherever that is
             elif fmt == "int4-pack-quantized" and e.name.endswith(".weight_packed"):
-                module = e.name[:-len(".weight_packed")]
-                parts = [anchor, part(module + ".weight_scale", module + ".weight"),
-                         part(module + ".weight_shape", module + ".weight")]
+                module = e.name[: -len(".weight_packed")]
+                parts = [
+                    anchor,
+                    part(module + ".weight_scale", module + ".weight"),
+                    part(module + ".weight_shape", module + ".weight"),
+                ]
                 cols = shapes.get(module + ".weight_shape", e.shape[-1] * 8)
                 units.append(Unit(module + ".weight", "BF16", (e.shape[0], cols), "keep", None, parts, True, []))
-            elif fmt == "int4-pack-quantized" and e.name.endswith((".weight_scale", ".weight_shape")) and \
-                    e.name.rpartition(".")[0] + ".weight_packed" in where:
+            elif (
+                fmt == "int4-pack-quantized"
+                and e.name.endswith((".weight_scale", ".weight_shape"))
+                and e.name.rpartition(".")[0] + ".weight_packed" in where
+            ):
                 continue
             elif fmt == "fused-experts" and (fused := fused_expert_parts(decode, e.name, e.shape)):
                 for decoded, expert, fpart, shape in fused:  # one fused [E, ...] tensor: a unit per expert tensor
-                    units.append(Unit(decoded, e.dtype, shape, "keep", None, [anchor], True, [],
-                                      fused=(expert, fpart)))
+                    units.append(Unit(decoded, e.dtype, shape, "keep", None, [anchor], True, [], fused=(expert, fpart)))
             else:
                 units.append(Unit(e.name, e.dtype, e.shape, "keep", None, [anchor], False, []))
         for u in units:
@@ -220,8 +244,9 @@ def shard_layouts(src: Path, plan: ShardPlan, *, scheme: str, exclude: list[str]
     return layouts
 
 
-def _decide(u: Unit, plan: ShardPlan, scheme: str, exclude: list[str], layer_config: dict[str, str] | None,
-            drop: frozenset[str]) -> None:
+def _decide(
+    u: Unit, plan: ShardPlan, scheme: str, exclude: list[str], layer_config: dict[str, str] | None, drop: frozenset[str]
+) -> None:
     """What Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) does with the tensor, and its outputs."""
     if u.name in drop:
         u.kind = "drop"
@@ -233,8 +258,13 @@ def _decide(u: Unit, plan: ShardPlan, scheme: str, exclude: list[str], layer_con
         u.outputs = [OutTensor(u.name + suffix, *layout[suffix]) for suffix in ("", "_scale")]
         return
     model = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(plan.model_dtype)
-    if is_linear_weight_name(u.name) and u.name not in plan.source_floating_excluded and \
-            u.dtype in _TORCH_FLOAT and model is not None and u.dtype != model:
+    if (
+        is_linear_weight_name(u.name)
+        and u.name not in plan.source_floating_excluded
+        and u.dtype in _TORCH_FLOAT
+        and model is not None
+        and u.dtype != model
+    ):
         u.kind = "cast"
         u.outputs = [OutTensor(u.name, model, u.shape)]
         return
@@ -248,8 +278,10 @@ def _output_header(layout: ShardLayout) -> None:
     layout.names = [o.name for o in outs]
     if len(set(layout.names)) != len(layout.names):
         dup = next(n for n in layout.names if layout.names.count(n) > 1)
-        raise ExecutorError(f"{layout.name}: the output would hold {dup} twice (a source tensor and a quantized "
-                            "weight's scale share the name); rename the source tensor")
+        raise ExecutorError(
+            f"{layout.name}: the output would hold {dup} twice (a source tensor and a quantized "
+            "weight's scale share the name); rename the source tensor"
+        )
     order = sorted(outs, key=lambda o: (ST_ORDER.index(o.dtype), o.name))
     head, rel = header_bytes([(o.name, o.dtype, o.shape, o.nbytes) for o in order])
     layout.head = head
@@ -286,8 +318,9 @@ def cut_batches(layout: ShardLayout, max_read: int, decode_on_host: bool) -> Non
     batches.append(cur)
     batches[-1].end = layout.size
     for b in batches:  # a part inside the batch's own range is read with it, not fetched again
-        b.side = [p for p in b.side if not (p.shard == b.shard and b.begin <= p.offset and
-                                              p.offset + p.nbytes <= b.end)]
+        b.side = [
+            p for p in b.side if not (p.shard == b.shard and b.begin <= p.offset and p.offset + p.nbytes <= b.end)
+        ]
         b.cost = b.read_bytes + sum(u.host_bytes(decode_on_host) for u in b.units)
     layout.batches = batches
 
@@ -300,7 +333,6 @@ def ratio_out(layouts: dict[str, ShardLayout], decode_on_host: bool) -> float:
             if u.source_bytes:
                 r = max(r, u.host_bytes(decode_on_host) / u.source_bytes)
     return r
-
 
 
 @dataclass
@@ -320,8 +352,13 @@ class OutputLayout:
 
 def _entry_bound(o: OutTensor) -> int:
     """An upper bound on the header bytes `header_bytes` spends on `o` (offsets written with 20 digits each)."""
-    return len(json.dumps({o.name: {"dtype": o.dtype, "shape": list(o.shape), "data_offsets": [10**19, 10**19]}},
-                          separators=(",", ":"), ensure_ascii=False).encode())
+    return len(
+        json.dumps(
+            {o.name: {"dtype": o.dtype, "shape": list(o.shape), "data_offsets": [10**19, 10**19]}},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+    )
 
 
 def output_layouts(layouts: dict[str, ShardLayout], shards: list[str], max_shard_size: int) -> list[OutputLayout]:
@@ -358,7 +395,16 @@ def output_layouts(layouts: dict[str, ShardLayout], shards: list[str], max_shard
         sources = sorted({s for _, u, s in group} | {p.shard for _, u, _ in group for p in u.parts})
         first = {id(u) for o, u, _ in group if o is u.outputs[0]}
         bytes_in = sum(u.source_bytes for u in {id(u): u for _, u, _ in group}.values() if id(u) in first)
-        out.append(OutputLayout(f"model-{i + 1:05d}-of-{n:05d}.safetensors", [o.name for o in outs], head,
-                                {o.name: len(head) + r for o, r in zip(order, rel, strict=True)},
-                                len(head) + sum(o.nbytes for o in outs), outs, sources, bytes_in))
+        out.append(
+            OutputLayout(
+                f"model-{i + 1:05d}-of-{n:05d}.safetensors",
+                [o.name for o in outs],
+                head,
+                {o.name: len(head) + r for o, r in zip(order, rel, strict=True)},
+                len(head) + sum(o.nbytes for o in outs),
+                outs,
+                sources,
+                bytes_in,
+            )
+        )
     return out

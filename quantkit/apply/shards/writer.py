@@ -39,7 +39,7 @@ class OutputShard:
         n = len(mv)
         done = 0
         while done < n:
-            done += os.pwrite(self.fd, mv[done:done + _CHUNK], offset + done)
+            done += os.pwrite(self.fd, mv[done : done + _CHUNK], offset + done)
         if offset == self.frontier:
             self.hasher.update(mv)
             self.frontier += n
@@ -58,11 +58,14 @@ class OutputShard:
         """Tensor `name` of this shard, checked against the planned header (a mismatch is a bug)."""
         o = self.expected.get(name)
         if o is None or name not in self.left:
-            raise ShardVerificationError(f"{self.layout.name}: tensor {name} is not in the planned output, or was "
-                                         "written twice (internal error)")
+            raise ShardVerificationError(
+                f"{self.layout.name}: tensor {name} is not in the planned output, or was written twice (internal error)"
+            )
         if (st_dtype(t, ShardVerificationError), tuple(t.shape)) != (o.dtype, o.shape):
-            raise ShardVerificationError(f"{self.layout.name}: tensor {name} is {st_dtype(t)} {tuple(t.shape)}, the "
-                                         f"plan says {o.dtype} {o.shape} (internal error)")
+            raise ShardVerificationError(
+                f"{self.layout.name}: tensor {name} is {st_dtype(t)} {tuple(t.shape)}, the "
+                f"plan says {o.dtype} {o.shape} (internal error)"
+            )
         self.left.discard(name)
         self._write(self.layout.offsets[name], tensor_bytes(t.contiguous()))
 
@@ -75,8 +78,9 @@ class OutputShard:
         os.close(self.fd)
         self.fd = -1
         if self.frontier != self.layout.out_size or self.later:
-            raise ShardVerificationError(f"{self.layout.name}: wrote {self.frontier} of {self.layout.out_size} bytes "
-                                         "in order (internal error)")
+            raise ShardVerificationError(
+                f"{self.layout.name}: wrote {self.frontier} of {self.layout.out_size} bytes in order (internal error)"
+            )
         return self.frontier, self.hasher.hexdigest()
 
     def abandon(self) -> None:

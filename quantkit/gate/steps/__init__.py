@@ -9,7 +9,12 @@ from quantkit.gate.steps.eval import Eval
 from quantkit.gate.steps.serve import Serve
 from quantkit.vocab import StepName
 
-STEPS: dict[StepName, Step] = {"check": Check(), "acceptance": Acceptance(), "eval": Eval(), "serve": Serve(),
-                             "bench": Bench()}
+STEPS: dict[StepName, Step] = {
+    "check": Check(),
+    "acceptance": Acceptance(),
+    "eval": Eval(),
+    "serve": Serve(),
+    "bench": Bench(),
+}
 
 __all__ = ["STEPS", "GateCandidate", "GateContext", "Step", "resolve_candidates"]

@@ -33,19 +33,38 @@ class Acceptance:
         if speed_bench is not None and (base / speed_bench).exists():  # a folder next to the config, else a Hub id
             speed_bench = str((base / speed_bench).resolve())
         settings = a.spec().model_copy(update={"prompts": ctx.prompts, "speed_bench": speed_bench})
-        acc = run_acceptance(ctx.target, ctx.draft, cand.path, candidate_target=cand.pair_target, progress=None,
-                             **settings.model_dump())
+        acc = run_acceptance(
+            ctx.target, ctx.draft, cand.path, candidate_target=cand.pair_target, progress=None, **settings.model_dump()
+        )
         report.acceptance = acc
         figures = [acceptance_ratio_check(acc.ratio, ci_pair(acc.ratio_ci), a.min_ratio, candidate=cand.name)]
         if a.use_ci_lower_bound:
-            figures.append(threshold(cand.name, "acceptance", "acceptance.ratio_ci_low",
-                                     acc.ratio_ci[0] if acc.ratio_ci else None, ">=", a.min_ratio))
+            figures.append(
+                threshold(
+                    cand.name,
+                    "acceptance",
+                    "acceptance.ratio_ci_low",
+                    acc.ratio_ci[0] if acc.ratio_ci else None,
+                    ">=",
+                    a.min_ratio,
+                )
+            )
         if a.per_domain_min_ratio is not None:
-            figures += [threshold(cand.name, "acceptance", f"acceptance.per_domain_ratio.{d}", r, ">=",
-                                  a.per_domain_min_ratio) for d, r in acc.per_domain_ratio.items()]
+            figures += [
+                threshold(cand.name, "acceptance", f"acceptance.per_domain_ratio.{d}", r, ">=", a.per_domain_min_ratio)
+                for d, r in acc.per_domain_ratio.items()
+            ]
         if a.min_al is not None:
-            figures.append(threshold(cand.name, "acceptance", "acceptance.candidate_al",
-                                     acc.candidate.mean_acceptance_length if acc.candidate else None, ">=", a.min_al))
+            figures.append(
+                threshold(
+                    cand.name,
+                    "acceptance",
+                    "acceptance.candidate_al",
+                    acc.candidate.mean_acceptance_length if acc.candidate else None,
+                    ">=",
+                    a.min_al,
+                )
+            )
         if a.golden is not None:
             from quantkit.gate.golden import golden_checks, load_golden
 

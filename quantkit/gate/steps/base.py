@@ -63,15 +63,27 @@ def resolve_candidates(cfg: GateConfig, base: Path, config_path: str | Path) -> 
     for i, cand in enumerate(cfg.candidates):
         kind = model_kind(resolve_source(rel(cand.path)).config)
         if cand.target is not None and kind != EAGLE3_DRAFT:
-            raise GateConfigError(f"gate config {config_path}: candidates[{i}].path: {cand.path} is a {kind}; a pair's "
-                                  "path is the quantized EAGLE-3 draft and its target the quantized target")
+            raise GateConfigError(
+                f"gate config {config_path}: candidates[{i}].path: {cand.path} is a {kind}; a pair's "
+                "path is the quantized EAGLE-3 draft and its target the quantized target"
+            )
         if cand.target is not None:
             tkind = model_kind(resolve_source(rel(cand.target)).config)
             if tkind == EAGLE3_DRAFT:
-                raise GateConfigError(f"gate config {config_path}: candidates[{i}].target: {cand.target} is an "
-                                      "EAGLE-3 draft; a pair's target is the quantized target model")
-        baseline = (rel(cand.baseline) if cand.baseline is not None else None) or \
-            (draft if kind == EAGLE3_DRAFT else target)
-        out.append(GateCandidate(name=cand.name, path=rel(cand.path), kind=kind, baseline=baseline,
-                                 pair_target=rel(cand.target) if cand.target is not None else None))
+                raise GateConfigError(
+                    f"gate config {config_path}: candidates[{i}].target: {cand.target} is an "
+                    "EAGLE-3 draft; a pair's target is the quantized target model"
+                )
+        baseline = (rel(cand.baseline) if cand.baseline is not None else None) or (
+            draft if kind == EAGLE3_DRAFT else target
+        )
+        out.append(
+            GateCandidate(
+                name=cand.name,
+                path=rel(cand.path),
+                kind=kind,
+                baseline=baseline,
+                pair_target=rel(cand.target) if cand.target is not None else None,
+            )
+        )
     return out

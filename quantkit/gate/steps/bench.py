@@ -44,13 +44,23 @@ class Bench:
         assert ctx.draft is not None
         try:
             with tempfile.TemporaryDirectory(prefix="quantkit-gate-bench-") as tmp:
-                res = run_bench(served_target, ctx.draft, [cand.path], concurrency=b.concurrency,
-                                output_len=b.output_len, repeats=b.repeats,
-                                ks=sorted({k, *b.ks}),
-                                prompts=b.prompts or ctx.prompts, max_prompt_texts=b.max_prompt_texts, endpoints=b.endpoints, out_dir=tmp,
-                                fast_start=b.fast_start, startup_timeout_s=b.startup_timeout_s,
-                                candidate_names={cand.path: cand.name},
-                                progress=lambda m: ctx.progress(f"{cand.name}: bench: {m}"))
+                res = run_bench(
+                    served_target,
+                    ctx.draft,
+                    [cand.path],
+                    concurrency=b.concurrency,
+                    output_len=b.output_len,
+                    repeats=b.repeats,
+                    ks=sorted({k, *b.ks}),
+                    prompts=b.prompts or ctx.prompts,
+                    max_prompt_texts=b.max_prompt_texts,
+                    endpoints=b.endpoints,
+                    out_dir=tmp,
+                    fast_start=b.fast_start,
+                    startup_timeout_s=b.startup_timeout_s,
+                    candidate_names={cand.path: cand.name},
+                    progress=lambda m: ctx.progress(f"{cand.name}: bench: {m}"),
+                )
                 res.out_dir = None  # the per-cell files went with the temporary folder
                 res.deployment_hardware = b.runner_is_deployment_hardware
         except Exception as e:
@@ -67,14 +77,23 @@ def bench_figures(name: str, res: BenchResult, b: BenchStep, k: int | None = Non
     errors = [x for x in res.arms if x.error]
     if arm is None or errors:
         first = errors[0] if errors else None
-        return [infeasible(name, "bench", "bench.error",
-                           f"arm {first.name}: {first.error}" if first else "no candidate arm was measured")]
+        return [
+            infeasible(
+                name,
+                "bench",
+                "bench.error",
+                f"arm {first.name}: {first.error}" if first else "no candidate arm was measured",
+            )
+        ]
     gated = b.runner_is_deployment_hardware
-    why = (f"hardware_dependent: measured on {res.identity.hardware}, which the gate config does not call the "
-           "deployment hardware (bench.runner_is_deployment_hardware)")
+    why = (
+        f"hardware_dependent: measured on {res.identity.hardware}, which the gate config does not call the "
+        "deployment hardware (bench.runner_is_deployment_hardware)"
+    )
 
-    def speed(fig: str, value: float | None, op: str, limit: float | None,
-              ci: tuple[float, float] | None = None) -> GateCheck:
+    def speed(
+        fig: str, value: float | None, op: str, limit: float | None, ci: tuple[float, float] | None = None
+    ) -> GateCheck:
         if res.identity.synthetic_acceptance and gated:
             return infeasible(name, "bench", fig, SYNTHETIC)
         if not gated:
@@ -85,18 +104,40 @@ def bench_figures(name: str, res: BenchResult, b: BenchStep, k: int | None = Non
     for arm_x in res.arms:
         for cell in arm_x.cells:
             failed = float(sum(r.failed for r in cell.repeats))
-            figures.append(threshold(name, "bench", f"bench.c{cell.concurrency}.{arm_x.name}.failed_requests",
-                                     failed if cell.repeats else None, "<=", 0.0,
-                                     message=cell.problems[0] if cell.problems else ""))
+            figures.append(
+                threshold(
+                    name,
+                    "bench",
+                    f"bench.c{cell.concurrency}.{arm_x.name}.failed_requests",
+                    failed if cell.repeats else None,
+                    "<=",
+                    0.0,
+                    message=cell.problems[0] if cell.problems else "",
+                )
+            )
     for cell in arm.cells:
         comp = res.comparison(arm.name, cell.concurrency)
         c = cell.concurrency
         if b.min_speedup is not None:
-            figures.append(speed(f"bench.c{c}.speedup", comp.speedup if comp else None, ">=", b.min_speedup,
-                                 ci_pair(comp.speedup_ci) if comp else None))
+            figures.append(
+                speed(
+                    f"bench.c{c}.speedup",
+                    comp.speedup if comp else None,
+                    ">=",
+                    b.min_speedup,
+                    ci_pair(comp.speedup_ci) if comp else None,
+                )
+            )
         if b.vs_bf16_draft_tolerance is not None:
-            figures.append(speed(f"bench.c{c}.vs_bf16_draft", comp.vs_bf16_draft if comp else None, ">=",
-                                 1 - b.vs_bf16_draft_tolerance, ci_pair(comp.vs_bf16_draft_ci) if comp else None))
+            figures.append(
+                speed(
+                    f"bench.c{c}.vs_bf16_draft",
+                    comp.vs_bf16_draft if comp else None,
+                    ">=",
+                    1 - b.vs_bf16_draft_tolerance,
+                    ci_pair(comp.vs_bf16_draft_ci) if comp else None,
+                )
+            )
     if b.min_crossover is not None:
         cross = res.crossover.get(arm.name)
         measured = max((c.concurrency for c in arm.cells), default=None)

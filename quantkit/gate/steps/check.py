@@ -42,21 +42,55 @@ class Check:
 
         c = ctx.config.check
         draft_target = cand.pair_target or ctx.target  # a pair's draft is checked against the target it runs on
-        chk = check_checkpoint(cand.path, target=draft_target if cand.kind == EAGLE3_DRAFT else None, tp=c.tp,
-                               platform=c.platform, vllm=c.vllm, progress=None)
+        chk = check_checkpoint(
+            cand.path,
+            target=draft_target if cand.kind == EAGLE3_DRAFT else None,
+            tp=c.tp,
+            platform=c.platform,
+            vllm=c.vllm,
+            progress=None,
+        )
         report.check = summary = chk.summary()
         first = chk.errors[0] if chk.errors else None
-        figures.append(threshold(cand.name, "check", "check.errors", float(len(chk.errors)), "<=", 0.0,
-                                 message=f"first: {first.code} on {first.layer_or_tensor}: {first.message}" if first
-                                 else ""))
+        figures.append(
+            threshold(
+                cand.name,
+                "check",
+                "check.errors",
+                float(len(chk.errors)),
+                "<=",
+                0.0,
+                message=f"first: {first.code} on {first.layer_or_tensor}: {first.message}" if first else "",
+            )
+        )
         # A candidate that vLLM would load with no quantized layer is not what the gate was asked to pass.
         quantized = summary.quantized_layers or 0
-        figures.append(threshold(cand.name, "check", "check.quantized_layers", float(quantized), ">=", 1.0,
-                                 message="" if quantized else
-                                 "vLLM would load no layer quantized: is this the unquantized source?"))
-        for name, codes in (("check.unexpected_unquantized", UNQUANTIZED_CODES),
-                            ("check.precision_mismatches", MISMATCH_CODES)):
+        figures.append(
+            threshold(
+                cand.name,
+                "check",
+                "check.quantized_layers",
+                float(quantized),
+                ">=",
+                1.0,
+                message="" if quantized else "vLLM would load no layer quantized: is this the unquantized source?",
+            )
+        )
+        for name, codes in (
+            ("check.unexpected_unquantized", UNQUANTIZED_CODES),
+            ("check.precision_mismatches", MISMATCH_CODES),
+        ):
             found = [f for f in summary.findings if f.code in codes]
-            figures.append(threshold(cand.name, "check", name, float(len(found)), "<=", 0.0,
-                                     message=f"first: {found[0].code} on {found[0].layer_or_tensor}: "
-                                             f"{found[0].message}" if found else ""))
+            figures.append(
+                threshold(
+                    cand.name,
+                    "check",
+                    name,
+                    float(len(found)),
+                    "<=",
+                    0.0,
+                    message=f"first: {found[0].code} on {found[0].layer_or_tensor}: {found[0].message}"
+                    if found
+                    else "",
+                )
+            )

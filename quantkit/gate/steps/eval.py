@@ -25,21 +25,42 @@ class Eval:
         e = ctx.config.eval
         assert e is not None  # load_gate_config requires `eval` settings when eval is a step
         assert cand.baseline is not None  # a target's baseline is its own `baseline` or `target`
-        ev = run_eval(cand.path, cand.baseline, e.tasks, backend=e.backend, limit=e.limit, num_fewshot=e.num_fewshot,
-                      progress=None)
+        ev = run_eval(
+            cand.path,
+            cand.baseline,
+            e.tasks,
+            backend=e.backend,
+            limit=e.limit,
+            num_fewshot=e.num_fewshot,
+            progress=None,
+        )
         report.eval = ev
         figures = []
         if not ev.tasks:
-            figures.append(threshold(cand.name, "eval", "eval.tasks", None, ">=", e.min_recovery,
-                                     message="no task result"))
+            figures.append(
+                threshold(cand.name, "eval", "eval.tasks", None, ">=", e.min_recovery, message="no task result")
+            )
         for t in ev.tasks:
             label = f"eval.{t.task}.{t.metric}"
             # recovery is candidate / baseline with "higher is better" for every metric (inverted for lower-is-better
             # ones), so a CI wholly above 1 is the quantized model beating its source
-            figures.append(threshold(cand.name, "eval", f"{label}.recovery", t.recovery, ">=", e.min_recovery,
-                                     ci=ci_pair(t.recovery_ci95), parity=1.0,
-                                     message="" if t.recovery is not None else "no recovery (baseline score 0?)"))
+            figures.append(
+                threshold(
+                    cand.name,
+                    "eval",
+                    f"{label}.recovery",
+                    t.recovery,
+                    ">=",
+                    e.min_recovery,
+                    ci=ci_pair(t.recovery_ci95),
+                    parity=1.0,
+                    message="" if t.recovery is not None else "no recovery (baseline score 0?)",
+                )
+            )
             if e.use_lower_bound:
-                figures.append(threshold(cand.name, "eval", f"{label}.recovery_lower_bound", t.recovery_lower_bound,
-                                         ">=", e.min_recovery))
+                figures.append(
+                    threshold(
+                        cand.name, "eval", f"{label}.recovery_lower_bound", t.recovery_lower_bound, ">=", e.min_recovery
+                    )
+                )
         return figures

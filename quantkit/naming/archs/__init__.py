@@ -34,7 +34,6 @@ __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", 
 FAMILY_MODULES_ENV = "QUANTKIT_FAMILY_MODULES"
 
 
-
 class FamilyModuleError(QuantkitError):
     """A module named in QUANTKIT_FAMILY_MODULES cannot be imported or defines no FAMILY."""
 
@@ -54,10 +53,14 @@ def register(family: Family) -> None:
         raise ValueError(f"family {family.name!r} is registered twice")
     taken = [a for a in family.architectures if a in _BY_ARCH]
     if taken:
-        raise ValueError(f"family {family.name!r} claims {', '.join(taken)}, already claimed by family "
-                         f"{_BY_ARCH[taken[0]].name!r}")
-    declare_keys(family.name, family.config_keys,
-                 {a: family.wrapper.text_config_key for a in family.architectures} if family.wrapper else None)
+        raise ValueError(
+            f"family {family.name!r} claims {', '.join(taken)}, already claimed by family {_BY_ARCH[taken[0]].name!r}"
+        )
+    declare_keys(
+        family.name,
+        family.config_keys,
+        {a: family.wrapper.text_config_key for a in family.architectures} if family.wrapper else None,
+    )
     _BY_NAME[family.name] = family
     for arch in family.architectures:
         _BY_ARCH[arch] = family
@@ -90,8 +93,10 @@ def _load() -> None:
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:  # only a module named in the variable can be missing
-            raise FamilyModuleError(f"{FAMILY_MODULES_ENV}: cannot import {module_name} ({e}); fix the variable or "
-                                    "put the module on PYTHONPATH") from None
+            raise FamilyModuleError(
+                f"{FAMILY_MODULES_ENV}: cannot import {module_name} ({e}); fix the variable or "
+                "put the module on PYTHONPATH"
+            ) from None
         family = getattr(module, "FAMILY", None)
         if not isinstance(family, Family):
             raise FamilyModuleError(f"{module_name} defines no FAMILY = Family(...); every family module must")
@@ -156,8 +161,9 @@ def architecture_of(config: Mapping[str, Any]) -> str:
     from quantkit.naming.catalog import nearest_family
 
     near = nearest_family(config)
-    hint = (f"the nearest supported is family {near.name} ({', '.join(near.architectures)}); " if near is not None
-            else "")
+    hint = (
+        f"the nearest supported is family {near.name} ({', '.join(near.architectures)}); " if near is not None else ""
+    )
     raise UnsupportedArchitectureError(
         f"config.json architecture {named} is not supported; {hint}`quantkit families` lists every supported family "
         "and draft layout with the vLLM classes it builds"
@@ -315,21 +321,36 @@ def _wrapped_layers(config: Mapping[str, Any], names: list[str], wrapper: Wrappe
     if not isinstance(config.get(wrapper.text_config_key), dict):
         raise CheckpointLayoutError(f"{source}: a {config.get('architectures')} config needs a text_config")
     text = _text_config_of(config, wrapper)
-    inner = [n[len(prefix):] for n in names if n.startswith(prefix)]
+    inner = [n[len(prefix) :] for n in names if n.startswith(prefix)]
     if not inner:
-        raise CheckpointLayoutError(f"{source}: no {prefix}* tensors; is this a {config.get('architectures')} "
-                                    "checkpoint as it ships (language_model.model.layers.*)?")
-    layers = [RuntimeLayer(prefix + lay.name, lay.kind, lay.role, tuple(prefix + s for s in lay.shards),
-                           tuple(prefix + m for m in lay.checkpoint_modules), lay.quantizable, lay.layer_index,
-                           lay.exclude_renames, lay.source)
-              for lay in runtime_layers(text, inner)]
+        raise CheckpointLayoutError(
+            f"{source}: no {prefix}* tensors; is this a {config.get('architectures')} "
+            "checkpoint as it ships (language_model.model.layers.*)?"
+        )
+    layers = [
+        RuntimeLayer(
+            prefix + lay.name,
+            lay.kind,
+            lay.role,
+            tuple(prefix + s for s in lay.shards),
+            tuple(prefix + m for m in lay.checkpoint_modules),
+            lay.quantizable,
+            lay.layer_index,
+            lay.exclude_renames,
+            lay.source,
+        )
+        for lay in runtime_layers(text, inner)
+    ]
     others = [n for n in names if not n.startswith(prefix)]
     unknown = [n for n in others if not n.startswith(encoders)]
     if unknown:
-        raise CheckpointLayoutError(f"{source}: tensor {unknown[0]} is neither {prefix}* nor an encoder "
-                                    f"({', '.join(encoders)}); quantkit does not know where vLLM loads it")
+        raise CheckpointLayoutError(
+            f"{source}: tensor {unknown[0]} is neither {prefix}* nor an encoder "
+            f"({', '.join(encoders)}); quantkit does not know where vLLM loads it"
+        )
     for module in dict.fromkeys(n.removesuffix(".weight") for n in others if n.endswith(".weight")):
         runtime = renamed(module, renames)
-        layers.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), wrapper.encoders_quantizable, None,
-                                   (), source))
+        layers.append(
+            RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), wrapper.encoders_quantizable, None, (), source)
+        )
     return layers

@@ -34,7 +34,8 @@ SOURCE = "vllm/model_executor/models/deepseek_v2.py"
 # Modelled without ROCm AITER fused shared experts; with them enabled (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS) the
 # shared experts are folded into mlp.experts and follow its exclusion.
 def decoder_slots(
-    config: Mapping[str, Any], attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
+    config: Mapping[str, Any],
+    attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
 ) -> Callable[[int], tuple[tuple[Slot, ...], dict[str, list[str]]]]:
     """Layer i -> (its slots, the packed_modules_mapping they fuse with); `attn_extra(i)`: more attention slots of
     layer i (DeepSeek-V3.2's indexer, quantkit.naming.archs.deepseek_v32)."""
@@ -78,7 +79,11 @@ def decoder_slots(
 
 
 def deepseek_v3_layers(
-    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str,
+    config: Mapping[str, Any],
+    ckpt: CheckpointModules,
+    _target: int | None,
+    *,
+    source: str,
     attn_extra: Callable[[int], tuple[Slot, ...]] | None = None,
 ) -> list[RuntimeLayer]:
     """`attn_extra(i)`: more attention slots of layer i (DeepSeek-V3.2's indexer, quantkit.naming.archs.deepseek_v32)."""
@@ -131,8 +136,12 @@ def mtp_exclude(config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, .
 # score-correction bias exists iff `topk_method == "noaux_tc"`; FusedMoE(renormalize=config.norm_topk_prob,
 # use_grouped_topk=True, num_expert_group=getattr(config, "n_group", 1), scoring_func=getattr(config,
 # "scoring_func", "softmax"), e_score_correction_bias=...). transformers' DeepseekV3Config defaults norm_topk_prob True.
-DEEPSEEK_ROUTER = Router(scoring_func=Key("scoring_func", "softmax"), renormalize=Key("norm_topk_prob", True),
-                         num_expert_group=Key("n_group", 1), score_bias=Key("topk_method", equals="noaux_tc"))
+DEEPSEEK_ROUTER = Router(
+    scoring_func=Key("scoring_func", "softmax"),
+    renormalize=Key("norm_topk_prob", True),
+    num_expert_group=Key("n_group", 1),
+    score_bias=Key("topk_method", equals="noaux_tc"),
+)
 # the keys this family's builder and router read beyond quantkit.io.config.ModelConfig's, with their types
 DEEPSEEK_KEYS = {"scoring_func": str, "norm_topk_prob": bool, "n_group": int, "topk_method": str | None}
 

@@ -20,7 +20,7 @@ def dspark_draft_layers(config: Mapping[str, Any], _ckpt: CheckpointModules, _t:
         raise CheckpointLayoutError(
             "config.json says DSparkDraftModel with model_type qwen3: SpecForge's Qwen3 DSpark draft, but vLLM's "
             "registry maps DSparkDraftModel to DeepSeek-V4's DSparkDeepseekV4ForCausalLM; set architectures to "
-            "[\"Qwen3DSparkModel\"] (vLLM then builds qwen3_dspark.py Qwen3DSparkForCausalLM, which quantkit names)"
+            '["Qwen3DSparkModel"] (vLLM then builds qwen3_dspark.py Qwen3DSparkForCausalLM, which quantkit names)'
         )
     raise CheckpointLayoutError(
         f"config.json says DSparkDraftModel with model_type {config.get('model_type')!r}: DeepSeek-V4's DSpark draft "

@@ -60,8 +60,11 @@ MOE_SLOTS = (
 def _slots(config: Mapping[str, Any], i: int):
     routed = config.get("n_routed_experts") is not None
     first_dense = config.get("first_k_dense_replace", 0) or 0
-    moe = MOE_SLOTS if config.get("n_shared_experts") is not None else \
-        tuple(s for s in MOE_SLOTS if s.role != "shared_experts")
+    moe = (
+        MOE_SLOTS
+        if config.get("n_shared_experts") is not None
+        else tuple(s for s in MOE_SLOTS if s.role != "shared_experts")
+    )
     return ATTN_SLOTS + (moe if routed and i >= first_dense else DENSE_MLP_SLOTS), DENSE_MAP
 
 
@@ -90,8 +93,9 @@ def glm4_moe_mtp_draft_layers(config: Mapping[str, Any], names: Iterable[str]) -
 # has e_score_correction_bias; FusedMoE(renormalize=config.norm_topk_prob, use_grouped_topk=True,
 # num_expert_group=config.n_group, scoring_func="sigmoid", e_score_correction_bias=...) -> DeepSeekV3 routing.
 # transformers' Glm4MoeConfig defaults norm_topk_prob True and n_group 1.
-GLM_ROUTER = Router(scoring_func="sigmoid", renormalize=Key("norm_topk_prob", True), num_expert_group=Key("n_group", 1),
-                    score_bias=True)
+GLM_ROUTER = Router(
+    scoring_func="sigmoid", renormalize=Key("norm_topk_prob", True), num_expert_group=Key("n_group", 1), score_bias=True
+)
 GLM_KEYS = {"norm_topk_prob": bool, "n_group": int}
 
 

@@ -50,8 +50,9 @@ def gpt_oss_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: 
     embed, head = embed_and_head(ckpt, config, SOURCE, GPT_OSS_RENAMES)
     out = [embed]
     for i in range(n):
-        out += decoder_layer(ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, _GPT_OSS_MAP, SOURCE,
-                             GPT_OSS_RENAMES)
+        out += decoder_layer(
+            ckpt, slots, f"model.layers.{i}", f"model.layers.{i}", i, _GPT_OSS_MAP, SOURCE, GPT_OSS_RENAMES
+        )
     check_layer_range(ckpt, "model.layers", n, SOURCE)
     return out + [head]
 

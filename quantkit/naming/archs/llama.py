@@ -26,7 +26,9 @@ SOURCE = "vllm/model_executor/models/llama.py"
 # qwen2.py). LlamaForCausalLM is SupportsQuant (mapping merged in SupportsQuant.__new__); Qwen3ForCausalLM is not
 # (configure_quant_config in model_loader/utils.py sets it). Both mappings: qkv_proj and gate_up_proj; the
 # hf_to_vllm_mapper of both has only stacked maps, which get_rename_mapper drops, so exclude entries are not renamed.
-def dense_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str) -> list[RuntimeLayer]:
+def dense_layers(
+    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str
+) -> list[RuntimeLayer]:
     n = num_layers(config, "model")
     embed, head = embed_and_head(ckpt, config, source)
     out = [embed]

@@ -24,6 +24,7 @@ from quantkit.naming.layers import RuntimeLayer
 
 SOURCE = "vllm/model_executor/models/llama4.py"
 
+
 # Llama-4 text: vllm/model_executor/models/llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4DecoderLayer,
 # Llama4MoE, Llama4Attention). Attention as Llama (`self_attn.qkv_proj`, `self_attn.o_proj`). Layer i is MoE iff
 # interleave_moe_layer_step > 0 and (i + 1) % interleave_moe_layer_step == 0 (Scout: every layer, Maverick: every

@@ -37,20 +37,28 @@ SOURCE = "vllm/models/minimax_m3/nvidia/model.py"
 #   `block_sparse_moe.experts.<e>.w1/w2/w3` (get_expert_mapping), sigmoid scoring, renormalize=True, the
 #   `e_score_correction_bias` when use_routing_bias, activation swigluoai_uninterleave. Else a dense MiniMaxM3MLP `mlp`.
 # - load_weights skips every name with "mtp." (the MTP module is loaded by MiniMaxM3MTP).
-_ATTN = (Slot("self_attn.qkv_proj", "fused_linear", "attention", QKV),
-         Slot("self_attn.o_proj", "linear", "attention", ("self_attn.o_proj",)))
+_ATTN = (
+    Slot("self_attn.qkv_proj", "fused_linear", "attention", QKV),
+    Slot("self_attn.o_proj", "linear", "attention", ("self_attn.o_proj",)),
+)
 _SPARSE_ATTN = (Slot("self_attn.qkv_proj", "fused_linear", "attention",
                      (*QKV, "self_attn.index_q_proj", "self_attn.index_k_proj")), _ATTN[1])  # fmt: skip
-_MOE = (Slot("block_sparse_moe.gate", "router", "router", ("block_sparse_moe.gate",), quantizable=False),
-        Slot("block_sparse_moe.experts", "moe", "experts", ("block_sparse_moe.experts",)))
+_MOE = (
+    Slot("block_sparse_moe.gate", "router", "router", ("block_sparse_moe.gate",), quantizable=False),
+    Slot("block_sparse_moe.experts", "moe", "experts", ("block_sparse_moe.experts",)),
+)
 _SHARED = (Slot("block_sparse_moe.shared_experts.gate_up_proj", "fused_linear", "shared_experts",
                 ("block_sparse_moe.shared_experts.gate_proj", "block_sparse_moe.shared_experts.up_proj")),
            Slot("block_sparse_moe.shared_experts.down_proj", "linear", "shared_experts",
                 ("block_sparse_moe.shared_experts.down_proj",)))  # fmt: skip
-_DENSE = (Slot("mlp.gate_up_proj", "fused_linear", "dense_mlp", ("mlp.gate_proj", "mlp.up_proj")),
-          Slot("mlp.down_proj", "linear", "dense_mlp", ("mlp.down_proj",)))
+_DENSE = (
+    Slot("mlp.gate_up_proj", "fused_linear", "dense_mlp", ("mlp.gate_proj", "mlp.up_proj")),
+    Slot("mlp.down_proj", "linear", "dense_mlp", ("mlp.down_proj",)),
+)
 _MAP = {**QKV_MAP, "gate_up_proj": ["gate_proj", "up_proj"]}
-_DEFAULT_FREQ = [0] * 3 + [1] * 57  # vllm/transformers_utils/configs/minimax_m3.py MiniMaxM3TextConfig default moe_layer_freq
+_DEFAULT_FREQ = [0] * 3 + [
+    1
+] * 57  # vllm/transformers_utils/configs/minimax_m3.py MiniMaxM3TextConfig default moe_layer_freq
 
 
 def _per_layer(value: Any, i: int) -> bool:

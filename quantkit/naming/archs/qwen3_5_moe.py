@@ -51,7 +51,12 @@ QWEN3_5_LINEAR_ATTN = (
     Slot("linear_attn.conv1d", "linear", "linear_attention", ("linear_attn.conv1d",), quantizable=False),
     Slot("linear_attn.out_proj", "linear", "linear_attention", ("linear_attn.out_proj",)),
 )  # fmt: skip
-TEXT_CKPT, TEXT_RUNTIME, VISION_CKPT, VISION_RUNTIME = "model.language_model", "language_model.model", "model.visual.", "visual."
+TEXT_CKPT, TEXT_RUNTIME, VISION_CKPT, VISION_RUNTIME = (
+    "model.language_model",
+    "language_model.model",
+    "model.visual.",
+    "visual.",
+)
 # the mapper's prefix renames that configure_quant_config applies to `exclude` entries (replayed as substrings: an
 # entry naming a checkpoint module starts with them)
 RENAMES = (("model.language_model.", "language_model.model."), ("model.visual.", "visual."))
@@ -61,14 +66,22 @@ def qwen3_5_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targ
     text = config.get("text_config")
     if not isinstance(text, dict):
         raise CheckpointLayoutError(f"{SOURCE}: a Qwen3_5MoeForConditionalGeneration config needs a text_config")
-    embed = RuntimeLayer(f"{TEXT_RUNTIME}.embed_tokens", "embedding", "embed_tokens",
-                         checkpoint_modules=ckpt.take([f"{TEXT_CKPT}.embed_tokens"]), quantizable=False, source=SOURCE)
+    embed = RuntimeLayer(
+        f"{TEXT_RUNTIME}.embed_tokens",
+        "embedding",
+        "embed_tokens",
+        checkpoint_modules=ckpt.take([f"{TEXT_CKPT}.embed_tokens"]),
+        quantizable=False,
+        source=SOURCE,
+    )
     layers = hybrid_layers(text, ckpt, runtime_prefix=f"{TEXT_RUNTIME}.layers", ckpt_prefix=f"{TEXT_CKPT}.layers",
                            linear_attn=QWEN3_5_LINEAR_ATTN, fused_mapping=QWEN3_5_MAP, source=SOURCE)  # fmt: skip
     tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
     if not ckpt.has("lm_head") and not tied:
-        raise CheckpointLayoutError(f"checkpoint has no tensors for lm_head ({SOURCE} loads it as "
-                                    "language_model.lm_head); check that config.json belongs to these weights")
+        raise CheckpointLayoutError(
+            f"checkpoint has no tensors for lm_head ({SOURCE} loads it as "
+            "language_model.lm_head); check that config.json belongs to these weights"
+        )
     head = RuntimeLayer("language_model.lm_head", "lm_head", "lm_head",
                         checkpoint_modules=ckpt.take(["lm_head"] if ckpt.has("lm_head") else []), quantizable=False,
                         source=SOURCE)  # fmt: skip
@@ -76,7 +89,7 @@ def qwen3_5_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _targ
     for module in sorted(m for m in ckpt.params if m.startswith(VISION_CKPT)):
         ckpt.used.add(module)
         if "weight" in ckpt.params[module] and "norm" not in module.rsplit(".", 1)[-1]:
-            runtime = VISION_RUNTIME + module[len(VISION_CKPT):]
+            runtime = VISION_RUNTIME + module[len(VISION_CKPT) :]
             vision.append(RuntimeLayer(runtime, "linear", VISION_ROLE, (), (module,), True, None, (), SOURCE))
     drop_prefix(ckpt, "mtp.")
     return [dataclasses.replace(layer, exclude_renames=RENAMES) for layer in (embed, *layers, head, *vision)]

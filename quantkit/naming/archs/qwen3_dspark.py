@@ -29,8 +29,18 @@ def qwen3_dspark_layers(config: Mapping[str, Any], ckpt: CheckpointModules, targ
              ("model.confidence_head.proj", "linear", "confidence_head.proj")]  # fmt: skip
     for name, kind, module in heads:
         if ckpt.has(module):
-            layers.insert(-1, RuntimeLayer(name, kind, "lm_head" if kind != "embedding" else "embed_tokens", (),
-                                           ckpt.take([module]), quantizable=False, source=SOURCE))
+            layers.insert(
+                -1,
+                RuntimeLayer(
+                    name,
+                    kind,
+                    "lm_head" if kind != "embedding" else "embed_tokens",
+                    (),
+                    ckpt.take([module]),
+                    quantizable=False,
+                    source=SOURCE,
+                ),
+            )
     return layers
 
 

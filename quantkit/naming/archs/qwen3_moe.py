@@ -29,7 +29,9 @@ SOURCE = "vllm/model_executor/models/qwen3_moe.py"
 _QWEN3_MOE_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
 
 
-def qwen3_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str) -> list[RuntimeLayer]:
+def qwen3_moe_layers(
+    config: Mapping[str, Any], ckpt: CheckpointModules, _target: int | None, *, source: str
+) -> list[RuntimeLayer]:
     n = num_layers(config, "model")
     mlp_only = set(config.get("mlp_only_layers") or [])
     step = config.get("decoder_sparse_step", 1) or 1

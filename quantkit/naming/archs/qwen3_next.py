@@ -92,6 +92,8 @@ def mtp_draft_layers(_config: Mapping[str, Any], names: Iterable[str]) -> list[R
         elif m["tail"] in _MTP_LINEAR and name.endswith(".weight"):
             add(module, "linear", module)
     return [layers[k] for k in sorted(layers)]
+
+
 NEXT_MAP = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
             "in_proj_qkvz": ["in_proj_qkvz"], "in_proj_ba": ["in_proj_ba"]}  # fmt: skip
 NEXT_LINEAR_ATTN = (
@@ -118,8 +120,10 @@ def layer_types(config: Mapping[str, Any], n: int, source: str) -> list[str]:
         types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
     if not isinstance(types, list) or len(types) < n or any(t not in ("linear_attention", "full_attention")
                                                             for t in types[:n]):  # fmt: skip
-        raise CheckpointLayoutError(f"config.json layer_types {types!r} is not one of linear_attention / "
-                                    f"full_attention per layer ({source} needs {n}); fix config.json")
+        raise CheckpointLayoutError(
+            f"config.json layer_types {types!r} is not one of linear_attention / "
+            f"full_attention per layer ({source} needs {n}); fix config.json"
+        )
     return list(types[:n])
 
 
