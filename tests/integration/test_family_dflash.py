@@ -19,7 +19,7 @@ from quantkit.naming.archs import family_of, runtime_layers, speculative_method
 from tests.fixtures.source_checkpoints import write_checkpoint
 
 H, LAYERS, HEADS, KV, HD, MLP, V = 256, 2, 4, 2, 64, 256, 2048
-TARGET = Path(__file__).parents[1] / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers
+TARGET = Path(__file__).parents[2] / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers
 CONFIG = {
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "num_hidden_layers": LAYERS,
     "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HD, "intermediate_size": MLP,
