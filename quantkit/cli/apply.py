@@ -162,27 +162,20 @@ def apply_command(
     to be byte-identical to the source before the folder is put in place.
     """
     from quantkit.apply.run import apply
-    from quantkit.errors import QuantkitError
     from quantkit.io.files import check_model_folders
     from quantkit.io.hf import remote_code_allowed
 
+    # the options' combinations are usage errors, as Click reports a missing required option
     if draft_vocab is None and vocab_corpus is not None:
-        raise QuantkitError(
-            input=f"--vocab-corpus {vocab_corpus}",
-            reason="given without --draft-vocab",
-            fix="add --draft-vocab N (the rows to keep)",
-        )
+        raise click.UsageError("--vocab-corpus is given without --draft-vocab: add --draft-vocab N (the rows to keep)")
     if draft_vocab is not None and (vocab_corpus is None or target is None):
-        raise QuantkitError(
-            input=f"--draft-vocab {draft_vocab}",
-            reason="needs --vocab-corpus FILE and --target (whose tokenizer counts the corpus)",
-            fix="add both",
+        raise click.UsageError(
+            "--draft-vocab needs --vocab-corpus FILE and --target (whose tokenizer counts the corpus)"
         )
     if recipe is None and draft_vocab is None:
-        raise QuantkitError(
-            input="--recipe",
-            reason="missing",
-            fix="give a recipe (quantkit recipes list), or --draft-vocab N to prune a draft's vocabulary alone",
+        raise click.UsageError(
+            "Missing option '--recipe': give a built-in recipe name (quantkit recipes list) or a "
+            "recipe YAML file, or --draft-vocab N to prune a draft's vocabulary alone"
         )
     kwargs: dict[str, Any] = dict(
         devices=device or devices,

@@ -114,10 +114,13 @@ def _about_target(path: str) -> str:
         made = read_manifest(folder)
     except QuantkitError:
         return ""
+    from quantkit.io.markdown import Markup, md_code, md_text
+
     source = hub_ref(made.source) or Path(made.source or "").name or "its source"
-    return (
-        f"quantized by quantkit recipe `{made.recipe.get('name')}` (Quark scheme `{made.recipe.get('scheme')}`) "
-        f"from {source}"
+    # Markdown built here, its input parts escaped: the card shows it as it is
+    return Markup(
+        f"quantized by quantkit recipe {md_code(made.recipe.get('name'))} (Quark scheme "
+        f"{md_code(made.recipe.get('scheme'))}) from {md_text(source)}"
     )
 
 

@@ -68,6 +68,16 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 NOT_MEASURED = "not measured"
 
 
+_OPS = ("<=", ">=", "<", ">", "==")
+
+
+def _threshold(op: str | None, shown: str) -> Markup | str:
+    """`<= 0.95` as written: a comparison from the closed set is quantkit's own text; anything else is escaped."""
+    if op in _OPS:
+        return Markup(f"{op} {md_text(shown)}".strip())
+    return f"{op or ''} {shown}".strip()
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
@@ -552,7 +562,7 @@ def render_card(pub: Publication) -> ModelCard:
                     [
                         ch.name,
                         ch.shown(ch.value) if ch.value is not None else f"not measured: {ch.message or 'no value'}",
-                        f"{ch.op or ''} {ch.shown(ch.threshold)}".strip(),
+                        _threshold(ch.op, ch.shown(ch.threshold)),
                         {True: "yes", False: "no", None: "-"}[ch.passed],
                     ]
                     for ch in rep.gate.checks
