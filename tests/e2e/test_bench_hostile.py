@@ -395,7 +395,7 @@ def test_default_out_and_no_silent_overwrite(models, tmp_path):
 
 def test_remote_code_target_refused_naming_a_flag_bench_takes(models, tmp_path):
     """Issue 35.11: the refusal names --trust-remote-code, and bench takes it (no folder code runs without it)."""
-    from tests.hostile import add_remote_code, copy_model
+    from tests.fixtures.hostile import add_remote_code, copy_model
 
     marker = tmp_path / "ran"
     target = copy_model(models["target"], tmp_path / "kimi")
