@@ -493,7 +493,7 @@ def _(t: Ctx) -> Bad:
     return Bad(
         _publish(out, "--dry-run-dir", str(out)),
         light=True,
-        mentions=("--dry-run-dir", "is the folder"),
+        mentions=("--dry-run-dir", "is the model folder"),  # the one check of every command (io.files)
         env=_hermetic(t),
     )
 
