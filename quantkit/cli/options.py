@@ -175,7 +175,11 @@ def third_party_output(log: Path) -> Iterator[TextIO]:
     saved = os.dup(2)
     terminal = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
     python_stderr = sys.stderr
-    with open(log, "ab") as sink:
+    # quantkit's own file: a link planted at its name is replaced, never appended through (as write_file_atomic does)
+    if log.is_symlink():
+        log.unlink()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with open(fd, "ab") as sink:
         os.dup2(sink.fileno(), 2)
         # Python-level writers too (warnings, a logging handler made now), wherever sys.stderr pointed
         sys.stderr = open(os.dup(sink.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
