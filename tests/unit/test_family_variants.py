@@ -49,3 +49,17 @@ def test_two_variants_of_one_architecture_are_refused_at_registration():
     with pytest.raises(ValueError, match="already taken by family 'eagle3_torchspec_moe'"), registered(toy):
         pass
     assert family_of({"architectures": ["Eagle3DeepseekV2ForCausalLM"], "use_moe": True}).name == "eagle3_torchspec_moe"
+
+
+def test_a_mistyped_switch_is_one_line_naming_the_key(tmp_path):
+    """use_moe is a declared config key (bool): a string there is blamed by name, not read as false."""
+    import torch
+
+    from tests.fixtures.families import cli, one_line_error
+    from tests.fixtures.source_checkpoints import write_checkpoint
+
+    config = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "use_moe": "yes",
+              "num_hidden_layers": 1, "hidden_size": 8, "vocab_size": 4}  # fmt: skip
+    src = write_checkpoint(tmp_path / "d", {"fc.weight": torch.zeros(8, 24)}, config)
+    line = one_line_error(cli("inspect", str(src)))
+    assert "use_moe" in line and str(src / "config.json") in line, line
