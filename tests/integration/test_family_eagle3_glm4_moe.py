@@ -180,11 +180,13 @@ def test_headers_quantized_where_intended_kept_where_intended_nothing_dropped(ru
     check_headers(run["src"], run["out"], "midlayer", CONFIG)
 
 
-def test_deploy_refuses_in_one_line(run):
+def test_deploy_and_a_vllm_check_refuse_in_one_line(run):
     line = one_line_error(run["deploy"])
     assert "vLLM 0.32 has no class for Glm4MoeForCausalLMEagle3 with an MoE midlayer" in line, line
     assert line.endswith(f"quantkit check {run['out']} --vllm off"), line
     assert not (run["base"] / "deploy").exists() or not any((run["base"] / "deploy").iterdir())
+    required = one_line_error(cli("check", str(run["out"]), "--target", str(TARGET), "--vllm", "required"))
+    assert "has no class for Glm4MoeForCausalLMEagle3" in required, required
 
 
 def test_card_and_families_give_the_reasons(run):
