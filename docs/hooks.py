@@ -28,6 +28,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def families() -> str:
     from quantkit.naming.archs import families as all_families
+    from quantkit.naming.catalog import variants
 
     rows = []
     for f in sorted(all_families(), key=lambda f: f.name):
@@ -35,7 +36,8 @@ def families() -> str:
         if f.wrapper is not None:
             kind += " (wrapper)"
         refusal = "no vLLM class" if f.draft is not None and f.draft.vllm_refusal else ""
-        rows.append([f"`{f.name}`", kind, ", ".join(f"`{a}`" for a in f.architectures), f"`{f.vllm_source}`",
+        rows.append([f"`{f.name}`", kind, ", ".join([*(f"`{a}`" for a in f.architectures), *(f"`{a}`" for a in variants(f))]),
+                     f"`{f.vllm_source}`",
                      refusal])
     return (f"{len(rows)} records under `quantkit/naming/archs/` (`quantkit families` lists them with what is kept).\n\n"
             + _table(["record", "kind", "config.json architectures", "vLLM model file", "note"], rows))

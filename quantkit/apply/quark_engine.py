@@ -12,18 +12,28 @@ from typing import Any
 from quantkit.apply.plan import ApplyError, LayerDecision, quark_exclusions
 from quantkit.io.headers import CONFIG_FILE, INDEX_FILE, checkpoint_tensors, safetensors_files
 from quantkit.io.quark import import_quark, quark_output_to_stderr
-from quantkit.naming.archs import quark_template
+from quantkit.naming.archs import quark_kv_layers, quark_template
 from quantkit.progress import Progress
 from quantkit.recipes import Recipe
 from quantkit.vocab import EAGLE3_DRAFT
 
 
-def quark_config(recipe: Recipe, template_name: str, decisions: list[LayerDecision]):
+def quark_config(
+    recipe: Recipe, template_name: str, decisions: list[LayerDecision], kv_layers: tuple[str, ...] | None = None
+):
     """Quark QConfig: global scheme, exclude = every kept module (checkpoint names), overrides per module.
-    `template_name` is the family's Quark template (quantkit.naming.archs.quark_template)."""
+    `template_name` is the family's Quark template (quantkit.naming.archs.quark_template); `kv_layers` the family's
+    KV-cache projection patterns where the template's would match other layers (quantkit.naming.archs
+    .quark_kv_layers): get_config writes them as the QConfig's kv_cache_group and, with a KV-cache scheme, as the
+    layer_quant_config entries that quantize those layers' outputs."""
+    import copy
+
     from quark.torch import LLMTemplate
 
     template = LLMTemplate.get(template_name)
+    if kv_layers is not None:  # a copy: Quark's registered template stays as Quark ships it
+        template = copy.copy(template)
+        template.kv_layers_name = list(kv_layers)
     exclude, layer_config = quark_exclusions(recipe, decisions)
     return template.get_config(scheme=recipe.scheme, exclude_layers=exclude, layer_config=layer_config or None), exclude
 
@@ -126,7 +136,7 @@ def run_in_memory(
     import_quark()
     from quark.torch import ModelQuantizer, export_safetensors
 
-    qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions)
+    qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions, quark_kv_layers(config))
     if kind == EAGLE3_DRAFT:
         if recipe.needs_calibration:
             raise ApplyError(
@@ -202,7 +212,7 @@ def run_per_shard(
     import_quark()
     from quark.torch import ModelQuantizer
 
-    qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions)
+    qconfig, quark_exclude = quark_config(recipe, quark_template(config), decisions, quark_kv_layers(config))
     progress(f"quantizing with Quark {recipe.scheme} on {device} (per shard)")
     with quark_output_to_stderr(), weights_only_view(src) as view:
         ModelQuantizer(qconfig).direct_quantize_checkpoint(str(view), str(tmp), device=device)

@@ -39,5 +39,5 @@ def _families_table(entries: list[FamilyEntry]) -> Any:
         kept = "; ".join(k.part for k in e.kept)
         short = e.vllm_source.replace("vllm/model_executor/models/", "")
         source = short if e.vllm_builds else f"{short} (no vLLM class)"
-        table.add_row(e.name, e.kind, ", ".join(e.architectures), source, kept)
+        table.add_row(e.name, e.kind, ", ".join([*e.architectures, *e.variants]), source, kept)
     return table

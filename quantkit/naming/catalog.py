@@ -4,6 +4,7 @@ the records of quantkit.naming.archs and nothing else, so a new record appears i
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,16 @@ def family_entry(family: Family) -> FamilyEntry:
     return FamilyEntry(name=family.name, architectures=list(family.architectures), vllm_source=family.vllm_source,
                        kind=kind, model_types=model_types(family),
                        vllm_builds=family.draft is None or family.draft.vllm_refusal is None,
-                       kept=kept_parts(family))  # fmt: skip
+                       variants=variants(family), kept=kept_parts(family))  # fmt: skip
+
+
+def variants(family: Family) -> list[str]:
+    """The architectures the record takes from another record's by a config key (Family.variant), with the key."""
+    if family.variant is None:
+        return []
+    when = family.variant.when
+    value = json.dumps(when.equals if when.equals is not None else True)
+    return [f"{arch} with {when.name}: {value}" for arch in family.variant.architectures]
 
 
 def model_types(family: Family) -> list[str]:
@@ -47,6 +57,14 @@ def kept_parts(family: Family) -> list[KeptPart]:
         kept.append(KeptPart(part="router and its bias (the score-correction bias where the family has one)",
                              reason="routing picks the experts: every MoE recipe keeps it BF16, excluded by name where "
                                     "vLLM would give it a Quark method"))  # fmt: skip
+    elif family.moe is not None:  # an MoE-layer draft: vLLM builds no router for it, the recipes keep it all the same
+        kept.append(KeptPart(part="router and its bias (the score-correction bias where the draft has one)",
+                             reason="routing picks the experts: a small logit error sends a token to other experts, "
+                                    "so fp8-draft keeps the router BF16 and its bias as stored"))  # fmt: skip
+    if family.draft is not None:
+        kept.append(KeptPart(part="norms (hidden_norm, input/post-attention layernorms, norm)",
+                             reason="vectors, not linear layers: no recipe quantizes them, they are written as "
+                                    "stored"))  # fmt: skip
     if family.mtp_layer_keys or family.mtp_prefix or family.mtp_exclude is not None:
         kept.append(
             KeptPart(

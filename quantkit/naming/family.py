@@ -122,6 +122,18 @@ class DraftLayout:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Architectures another record claims, taken by this record where config.json's `when` holds: one architecture
+    string, two layouts. TorchSpec writes `use_moe: true` into a LlamaForCausalLMEagle3 or Eagle3DeepseekV2ForCausalLM
+    draft whose midlayer MLP is then an MoE block, which the class vLLM maps the string to does not build
+    (quantkit.naming.archs.eagle3_torchspec_moe). The registry asks a config's variants before the record that claims
+    the architecture outright; two variants of one architecture are an error at load."""
+
+    architectures: tuple[str, ...]
+    when: Key
+
+
+@dataclass(frozen=True)
 class Family:
     """Everything quantkit knows about one model family or draft layout; one file under naming/archs/."""
 
@@ -132,6 +144,10 @@ class Family:
     # model_type -> LLMTemplate name in Quark 0.13 ("*" = any model_type of this family). EMPTY: the Quark engine
     # refuses in one line naming the family and `--engine native` (never a llama fallback)
     quark_templates: Mapping[str, str] = field(default_factory=dict)
+    # the KV-cache projection patterns handed to Quark in place of its template's `kv_layers_name`, where the
+    # template's own match layers that are no attention k/v projection (MiniMax-M3's indexer `index_k_proj` under
+    # minimax_m2's `*k_proj`). None: the template's
+    quark_kv_layers: tuple[str, ...] | None = None
     moe: MoeLayout | None = None  # None: dense
     mtp_layer_keys: tuple[str, ...] = ()  # config keys counting MTP layers after num_hidden_layers (vLLM skips them)
     mtp_prefix: str | None = None  # the MTP block stored apart under this prefix (Qwen3-Next's "mtp.")
@@ -150,6 +166,8 @@ class Family:
     # types (a pydantic annotation): the registry adds them to the config.json schema (io.config.declare_keys), so a
     # mistyped one is a one-line error naming the key and the file, never a crash in the builder
     config_keys: Mapping[str, Any] = field(default_factory=dict)
+    # architectures another record claims, which this one takes for the configs Variant.when picks out
+    variant: Variant | None = None
 
     def mtp_exclusions(self, config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
         """The `exclude` entries vLLM's MTP draft of this config needs for the MTP layers among the tensor `names`

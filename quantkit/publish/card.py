@@ -433,6 +433,22 @@ def _redaction_note(pub: Publication) -> list[str]:
     ]
 
 
+def _record_kept_lines(pub: Publication) -> list[str]:
+    """What every quantkit recipe keeps in this model's family or draft layout, with the reasons, from its record
+    (the `quantkit families` listing): the tensors that are no layer above (norms, d2t/t2d) included; [] for a
+    config no record names."""
+    from quantkit.errors import QuantkitError
+    from quantkit.naming.archs import family_of
+    from quantkit.naming.catalog import kept_parts
+
+    try:
+        family = family_of(json.loads((pub.folder / "config.json").read_text()))
+    except (OSError, ValueError, QuantkitError):
+        return []
+    out = ["", f"Kept in every quantkit output of {md_code(family.name)} (`quantkit families`):", ""]
+    return out + [f"- {md_text(k.part)}: {md_text(k.reason)}" for k in kept_parts(family)]
+
+
 def _draft_vocab_lines(pub: Publication) -> list[str]:
     """A pruned draft's lm_head (`apply --draft-vocab`: rows kept, from which corpus, why) and the option `quantkit
     tune --apply` chose (tune.json: AL ratio measured, saving estimated from bytes); [] when neither."""
@@ -517,6 +533,7 @@ def render_card(pub: Publication) -> ModelCard:
     ]
     body += _table(["role", "action", "scheme", "layers (vLLM names)", "why"], _layer_groups(layers))
     body += ["", f"`quantization_config.exclude`: {', '.join(md_code(e) for e in manifest.exclude) or 'none'}"]
+    body += _record_kept_lines(pub)
     body += _draft_vocab_lines(pub)
     if len(layers) > 3:
         body += ["", "<details><summary>Every layer</summary>", ""]

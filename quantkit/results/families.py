@@ -23,6 +23,9 @@ class FamilyEntry(Result):
     kind: str = ""  # "draft layout", "wrapper", "MoE family", "dense family"
     model_types: list[str] = []
     vllm_builds: bool = True  # False: vLLM has no class for it (apply and `check --vllm off` only)
+    # architectures another record claims that this one takes where a config key says so, each with the key
+    # ("Eagle3DeepseekV2ForCausalLM with use_moe: true"); vllm_builds speaks for these too
+    variants: list[str] = []
     kept: list[KeptPart] = []
 
 

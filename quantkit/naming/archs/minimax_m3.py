@@ -91,8 +91,15 @@ FAMILY = Family(
                   activation="swigluoai_uninterleave"),
     # Quark 0.13 has no template for the bare text model (only minimax_m3_vl, whose patterns start with
     # `*language_model.`); minimax_m2's (exclude lm_head, *block_sparse_moe.gate*, *self_attn*; gate_up w1/w3) fits its
-    # names. Its KV pattern `*k_proj` also matches the indexer's `index_k_proj`: a KV-cache recipe is not checked here.
+    # names. Not its KV patterns `*k_proj` / `*v_proj`: fnmatch (Quark's get_layer_quant_config and its export's
+    # find_patterns_groups) matches `*k_proj` against the MSA indexer's `self_attn.index_k_proj` too, so a KV-cache
+    # scheme would quantize the indexer's key output and merge its scale into the attention's k_scale. vLLM reads the
+    # KV scales of attention only (quark.py get_cache_scale_mapper: `.k_proj.output_scale` -> `.attn.k_scale`), and its
+    # QuarkConfig.from_config requires every kv_cache_group pattern among the layer_quant_config keys (which
+    # get_config writes from these same patterns). `*self_attn.k_proj` names attention's k/v only, and its literal
+    # text (`self_attn.k_proj` -> `self_attn.v_proj`) still pairs each layer's k with its v in find_patterns_groups.
     quark_templates={"minimax_m3": "minimax_m2"},
+    quark_kv_layers=("*self_attn.k_proj", "*self_attn.v_proj"),
     config_keys={"scoring_func": str, "use_routing_bias": bool},
     mtp_prefix="mtp.",
 )  # fmt: skip

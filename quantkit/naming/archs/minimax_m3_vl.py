@@ -16,6 +16,12 @@ SOURCE = "vllm/models/minimax_m3/nvidia/model.py"
 FAMILY = Family(
     "minimax_m3_vl", ("MiniMaxM3SparseForConditionalGeneration",), SOURCE, None,
     quark_templates={"minimax_m3_vl": "minimax_m3_vl"},
+    # Quark's minimax_m3_vl template's KV patterns `*language_model.*k_proj` / `*v_proj` also match the MSA indexer's
+    # `index_k_proj` (quantkit.naming.archs.minimax_m3 says what that does); these name attention's k/v only, and
+    # still not the vision tower's `self_attn.k_proj`. As with the template's own patterns, the middle wildcard
+    # defeats the k/v pairing of Quark's find_patterns_groups (it replaces the pattern's literal text in the name),
+    # which this record does not change.
+    quark_kv_layers=("*language_model.*self_attn.k_proj", "*language_model.*self_attn.v_proj"),
     wrapper=Wrapper(
         "language_model.", ("vision_tower.", "multi_modal_projector.", "patch_merge_mlp."),
         (("multi_modal_projector.", "vision_tower.multi_modal_projector."),
