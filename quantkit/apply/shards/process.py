@@ -221,6 +221,14 @@ def _decode(s: Settings, u: Unit, loaded: Loaded, device: Any = None, check_fini
     return decode_module(s.decode, u.name, parts, check_finite=check_finite)
 
 
+def _relayout(u: Unit, loaded: Loaded) -> list[tuple[str, torch.Tensor]]:
+    """An already-MXFP4 module (DeepSeek-V4's FP4 experts) in Quark's layout: byte views of its stored parts."""
+    from quantkit.io.formats import relayout_fp4_experts
+
+    weight, scale = (loaded.tensors[p.entry.name] for p in u.parts)
+    return list(relayout_fp4_experts(u.name, weight, scale).items())
+
+
 def process_cpu(
     loaded: Loaded, s: Settings, device: str, pool: ThreadPoolExecutor | None, quantizers: CpuQuantizers | None = None
 ) -> Output:
@@ -267,6 +275,8 @@ def process_cpu(
         return q, scale
 
     def run(u: Unit) -> list[tuple[str, torch.Tensor]]:
+        if u.kind == "relayout":
+            return _relayout(u, loaded)
         w = _decode(s, u, loaded)
         if u.kind == "quantize":
             assert u.scheme is not None
@@ -426,7 +436,9 @@ def process_device(loaded: Loaded, s: Settings, device: str) -> Output:
         for i, u in enumerate(units):
             if u.kind == "quantize":
                 continue
-            if u.decoded:
+            if u.kind == "relayout":
+                results[i] = _relayout(u, loaded)
+            elif u.decoded:
                 t = source(i)
                 t = t.to(model_dtype) if u.kind == "cast" else t
                 host = stage.take(t.numel() * t.element_size()).view(t.dtype).view(t.shape)

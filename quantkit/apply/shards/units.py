@@ -28,6 +28,8 @@ from quantkit.io.safetensors import ST_ORDER, HeaderEntry, header_bytes, tensor_
 from quantkit.schemes import expected_layout
 
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
+FP4_DTYPES = ("I8", "U8", "F4")  # packed E2M1, two codes a byte (DeepSeek-V4 stores I8)
+MXFP4 = "mxfp4"
 _TORCH_FLOAT = {"F16", "BF16", "F32", "F64"}
 
 
@@ -62,7 +64,9 @@ class Unit:
     name: str
     dtype: str  # as the quantizer sees it (BF16 for a decoded module)
     shape: tuple[int, ...]
-    kind: Literal["quantize", "cast", "keep", "drop"]
+    # relayout: a source module already in OCP MXFP4 (DeepSeek-V4's FP4 experts), written in Quark's MXFP4 layout as
+    # byte views of its parts (quantkit.io.formats.relayout_fp4_experts): no arithmetic, no second rounding
+    kind: Literal["quantize", "cast", "keep", "drop", "relayout"]
     scheme: str | None
     parts: list[Part]  # parts[0] is the anchor, in this unit's shard
     decoded: bool
@@ -204,6 +208,15 @@ def shard_layouts(
             anchor = Part(shard, e, start + e.begin)
             if (
                 fmt == "fp8-block"
+                and decode.fp4_experts
+                and e.dtype in FP4_DTYPES
+                and e.name.endswith(".weight")
+                and fp8_scale_name(decode, e.name) in where
+            ):
+                parts = [anchor, part(fp8_scale_name(decode, e.name), e.name)]
+                units.append(Unit(e.name, e.dtype, e.shape, "relayout", MXFP4, parts, False, []))
+            elif (
+                fmt == "fp8-block"
                 and e.name.endswith(".weight")
                 and (e.dtype in FP8_DTYPES or fp8_scale_name(decode, e.name) in where)
             ):
@@ -250,6 +263,16 @@ def _decide(
     """What Quark's per-shard loop (`_quantize_and_save_safetensor_shard`) does with the tensor, and its outputs."""
     if u.name in drop:
         u.kind = "drop"
+        return
+    if u.kind == "relayout":
+        # Already OCP MXFP4: written as Quark stores MXFP4 whether the plan quantizes it (target experts) or keeps
+        # it as stored (an MTP block's experts); plan_apply refuses any other scheme for it ("already FP4").
+        rows, packed = u.shape
+        target = scheme_for(u.name, (rows, packed * 2), scheme, exclude, layer_config)
+        if target not in (None, MXFP4):
+            raise ExecutorError(f"{u.name} is already OCP MXFP4 (FP4 experts); it cannot be quantized with {target}")
+        scale = u.parts[1].entry.shape
+        u.outputs = [OutTensor(u.name, "U8", u.shape), OutTensor(u.name + "_scale", "U8", scale)]
         return
     target = scheme_for(u.name, u.shape, scheme, exclude, layer_config)
     if target is not None:

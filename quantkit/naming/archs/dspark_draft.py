@@ -24,8 +24,8 @@ def dspark_draft_layers(config: Mapping[str, Any], _ckpt: CheckpointModules, _t:
         )
     raise CheckpointLayoutError(
         f"config.json says DSparkDraftModel with model_type {config.get('model_type')!r}: DeepSeek-V4's DSpark draft "
-        "(vLLM builds DSparkDeepseekV4ForCausalLM), whose target family DeepSeek-V4 quantkit does not name yet; "
-        "serve it as it is"
+        "(vLLM builds DSparkDeepseekV4ForCausalLM), a draft layout quantkit does not name yet (its target, "
+        "DeepSeek-V4, is family deepseek_v4); serve it as it is"
     )
 
 
