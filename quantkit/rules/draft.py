@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.io.config import config_int, text_config
+from quantkit.io.config import config_int, draft_config, text_config
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 from quantkit.results.check import Finding
@@ -48,7 +48,10 @@ def _draft(ck: LoadedCheckpoint) -> _Draft:
     eagle: dict[str, Any] = raw_eagle if isinstance(raw_eagle, dict) else {}
     use_aux = eagle.get("use_aux_hidden_state", True)
     top_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    # eagle_config's ids as vLLM reads them: a DFlash draft's dflash_config.target_layer_ids override them
     nested_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if isinstance(config.get("dflash_config"), dict):
+        nested_ids = draft_config(config).aux_layer_ids_eagle_config
     ids = top_ids or nested_ids  # gpu_model_runner: the top-level attribute first, then eagle_config's
     fc = tensors.get("fc.weight")
     n_aux = None

@@ -61,3 +61,18 @@ def test_a_peagle_draft_without_a_mask_token_is_an_error_naming_the_key(tiny, tm
         if found:
             assert found[0].severity == "error" and '"mask_token_id"' in found[0].fix
             assert "PEagleDraftModel" in found[0].message and "\n" not in found[0].message
+
+
+def test_a_dflash_source_fits_its_target_by_its_target_layer_ids(tiny, tmp_path):
+    """A DFlash draft names the target layers it reads in dflash_config.target_layer_ids (qwen3_dflash.py merges
+    dflash_config over eagle_config): the BF16 source fits the tiny target (acceptance's baseline was refused with
+    vLLM's default EAGLE-3 ids [2, 2, 1] before), and a repeated id is still an error."""
+    from quantkit.rules.table import draft_fit_findings
+    from tests.fixtures.source_checkpoints import write_checkpoint
+    from tests.integration.test_family_dflash import CONFIG, dflash_tensors
+
+    src = write_checkpoint(tmp_path / "dflash", dflash_tensors(), CONFIG)
+    assert draft_fit_findings(src, tiny / "target") == []
+    bad = {**CONFIG, "dflash_config": {**CONFIG["dflash_config"], "target_layer_ids": [1, 1]}}
+    (src / "config.json").write_text(json.dumps(bad))
+    assert [f.code for f in draft_fit_findings(src, tiny / "target")] == ["aux-layer-ids"]
