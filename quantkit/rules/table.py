@@ -127,6 +127,11 @@ RULES: tuple[Rule, ...] = (
          "0..L), get_eagle3_default_aux_hidden_state_layers; vllm/v1/worker/gpu_model_runner.py "
          "_get_eagle3_aux_layers_from_config (the top-level ids win over eagle_config's)", _BOTH,
          check=draft.aux_layers, needs="draft"),
+    Rule("draft-mask-token", "the mask token a parallel-drafting draft (P-EAGLE, DFlash) needs", "error",
+         ("draft-mask-token",),
+         "vllm/v1/spec_decode/llm_base_proposer.py _init_parallel_drafting_params (dflash_config.mask_token_id, "
+         "mask_token_id, dspark_noise_token_id, pard_token or ptd_token_id, else ValueError)", _BOTH,
+         check=draft.mask_token, needs="draft"),
     Rule("draft-target-fit", "the draft's hidden size and vocabulary against its target's", "error",
          ("hidden-size-mismatch", "vocab-size-mismatch"),
          "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM (fc takes the aux states of the target's "

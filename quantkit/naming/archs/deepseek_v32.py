@@ -74,4 +74,7 @@ FAMILY = Family(
     config_keys={**DEEPSEEK_KEYS, "index_topk": int, "index_topk_freq": PositiveInt, "index_skip_topk_offset": int,
                  "index_topk_pattern": str | list[str] | None},
     mtp_layer_keys=MTP_KEYS, mtp_exclude=mtp_exclude, mtp_draft_layers=deepseek_v32_mtp_draft_layers,
+    # the indexer makes every MLA layer sparse (deepseek_v2.py DeepseekV2MLAAttention: use_sparse with index_topk)
+    vllm_cpu_refusal=("its DeepSeek Sparse Attention (the indexer's top-k MLA) has no CPU backend: vllm/platforms/"
+                      "cpu.py get_attn_backend_cls raises 'Sparse Attention is not supported on CPU.'"),
 )  # fmt: skip

