@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 
 from quantkit.apply.vocab import prune_draft
-from tests.conftest import ROOT, require_vllm
+from tests.conftest import GREEDY_PROMPTS, GREEDY_TOKENS, ROOT, require_vllm
 from tests.integration.test_draft_vocab import _draft_logits, _tensors, raw
 
 VOCAB, ROWS = 2048, 512
@@ -72,7 +72,9 @@ def test_a_full_vocabulary_draft_is_cut_to_its_most_used_rows(full_draft: Path, 
     assert config["draft_vocab_size"] == ROWS and config["vocab_size"] == VOCAB
 
 
-def test_vllm_loads_it_maps_as_compute_logits_and_stays_lossless(tiny: Path, pruned: tuple[Path, list[int]]):
+def test_vllm_loads_it_maps_as_compute_logits_and_stays_lossless(
+    tiny: Path, pruned: tuple[Path, list[int]], tiny_target_greedy: dict[str, list[int]]
+):
     require_vllm()
     import torch
     from vllm import SamplingParams
@@ -91,9 +93,7 @@ def test_vllm_loads_it_maps_as_compute_logits_and_stays_lossless(tiny: Path, pru
     assert logits.shape == (2, VOCAB) and torch.equal(torch.isinf(logits), torch.isinf(expected))
     assert torch.allclose(logits[:, keep], expected[:, keep], atol=1e-2, rtol=1e-2)
 
-    prompts = ["The capital of France is", "def add(a, b):"]
-    params = SamplingParams(temperature=0.0, max_tokens=24)
-    spec = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-    del llm
-    plain = make_llm(tiny / "target", None, max_model_len=256)
-    assert spec == [list(o.outputs[0].token_ids) for o in plain.generate(prompts, params, use_tqdm=False)]
+    # the target's own greedy tokens (tests/conftest.py tiny_target_greedy: vLLM without a draft, once a session)
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
+    spec = [list(o.outputs[0].token_ids) for o in llm.generate(list(GREEDY_PROMPTS), params, use_tqdm=False)]
+    assert spec == [tiny_target_greedy[p] for p in GREEDY_PROMPTS]
