@@ -97,7 +97,31 @@ def benchmarks() -> str:
     return _table(["benchmark", "date", "machine", "commit", "what", "figure"], rows)
 
 
-GENERATORS = {"families": families, "recipes": recipes, "rules": rules, "gate": gate, "benchmarks": benchmarks}
+def tune() -> str:
+    """The latest `benchmarks/tune_bundled.py --record` run: every option with its measured AL ratio and its
+    estimated saving, the platform, machine and date named."""
+    path = ROOT / "benchmarks" / "results" / "tune_bundled.json"
+    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+    if not rows:
+        return "No `quantkit tune` run recorded yet (`python benchmarks/tune_bundled.py --record`).\n"
+    last = (rows[-1]["date"], rows[-1]["commit"], rows[-1]["machine"])
+    run = [r for r in rows if (r["date"], r["commit"], r["machine"]) == last]
+
+    def f(v: Any, digits: int) -> str:
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    table = [[r["body"], r["draft_vocab"], r["k"], f(r["al"], 3), f(r["al_ratio"], 3), f(r["cost_ratio"], 2),
+              "-" if r["estimated_saving"] is None else f"{r['estimated_saving']:.0%}",
+              f"recommended (floor {r['floor']})" if r["recommended"] else ""] for r in run]
+    head = (f"`quantkit tune` on the bundled pair, run {last[0]} on {last[2]} (commit {last[1]}; "
+            f"`benchmarks/results/tune_bundled.json`): AL measured ({run[0]['settings']}); cost per accepted token "
+            f"an estimate from bytes for **{run[0]['platform']}, TP {run[0]['tp']}**, never a measurement.\n\n")
+    return head + _table(["body", "lm_head rows", "K", "AL", "AL ratio (measured)",
+                          "cost per accepted token vs BF16 draft (estimate)", "estimated saving", ""], table)
+
+
+GENERATORS = {"families": families, "recipes": recipes, "rules": rules, "gate": gate, "benchmarks": benchmarks,
+              "tune": tune}
 MARKER = re.compile(r"<!-- quantkit:(\w+) -->")
 
 

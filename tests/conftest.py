@@ -55,6 +55,26 @@ def vllm_spec_engine(tiny):
     return make_llm(tiny / "target", tiny / "eagle3-draft", num_speculative_tokens=3, max_model_len=1024)
 
 
+GREEDY_PROMPTS = ("The capital of France is", "def add(a, b):", "Compute 7 * 5 + 24.")
+GREEDY_TOKENS = 24
+
+
+@pytest.fixture(scope="session")
+def tiny_target_greedy(tiny) -> dict[str, list[int]]:
+    """The bundled target's own greedy tokens (vLLM, no draft, temperature 0) for GREEDY_PROMPTS, GREEDY_TOKENS new
+    tokens each: the reference a lossless speculation test compares with, one LLM load per session."""
+    require_vllm()
+    from vllm import SamplingParams
+
+    from quantkit.engines.vllm_engine import make_llm
+
+    llm = make_llm(tiny / "target", None, max_model_len=256)
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
+    outputs = llm.generate(list(GREEDY_PROMPTS), params, use_tqdm=False)
+    del llm
+    return {p: list(o.outputs[0].token_ids) for p, o in zip(GREEDY_PROMPTS, outputs, strict=True)}
+
+
 @pytest.fixture(scope="session")
 def tiny_outputs(tiny, tmp_path_factory) -> dict[str, Path]:
     """Real `apply` outputs for the bundled models, made once per session (Quark is imported once: ~30 s):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from quantkit.results.bench import BenchIdentity
+from quantkit.results.cost import DraftStepEstimate
 
 RANDOM_LABEL = "random data: AL not representative"
 NOT_PARSED = "not parsed: no server log was read"
@@ -80,3 +83,28 @@ def identity(
         workload_label=RANDOM_LABEL if workload.startswith("random") else "",
         fast_start=fast_start,
     )
+
+
+def draft_costs(
+    drafts: Iterable[str | None], gpu_name: str | None, tp: int, ks: Iterable[int], warnings: list[str]
+) -> list[DraftStepEstimate]:
+    """The bench report's cost section: each local EAGLE-3 draft's step by role (quantkit.check.inspect, headers
+    only) and its time on the bench's GPU, or on the default platform named as such (quantkit.rules.cost). A folder
+    that cannot be inspected gets a warning, never a failed bench: the estimate is beside the measurement."""
+    from quantkit.check.inspect import inspect_checkpoint
+    from quantkit.errors import QuantkitError
+    from quantkit.rules.cost import platform_for, step_estimate
+
+    platform, reason = platform_for(gpu_name)
+    out: list[DraftStepEstimate] = []
+    for draft in dict.fromkeys(d for d in drafts if d):
+        if not Path(draft).is_dir():
+            continue  # a served model's name (an endpoint arm): no headers here to read
+        try:
+            cost: Any = inspect_checkpoint(draft).draft_cost
+        except QuantkitError as e:
+            warnings.append(f"{draft}: no draft-step estimate ({str(e).splitlines()[0] if str(e) else e})")
+            continue
+        if cost is not None:
+            out.append(step_estimate(draft, cost, platform, ks, tp, reason))
+    return out

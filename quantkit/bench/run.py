@@ -36,7 +36,7 @@ from quantkit.bench.endpoints import (
     validated,
 )
 from quantkit.bench.figures import compare, crossover, fill_cell, k_schedule, not_paying
-from quantkit.bench.identity import NOT_PARSED, RANDOM_LABEL, identity
+from quantkit.bench.identity import NOT_PARSED, RANDOM_LABEL, draft_costs, identity
 from quantkit.bench.load import bench_argv, bench_run, run_vllm_bench, write_prompts
 from quantkit.errors import QuantkitError
 from quantkit.progress import Progress, or_silent
@@ -221,6 +221,9 @@ def run_bench(
     )
     if overrides.get("rejection_sample_method") == "synthetic":
         result.identity.synthetic_acceptance = True
+    result.draft_costs = draft_costs(
+        [a.draft for a in arms if a.kind != "no-spec"], result.identity.gpu_name, tp, ks, result.warnings
+    )
     if random_shape is not None:
         result.warnings.append(f"{workload}: {RANDOM_LABEL}")
     for spec in arms:

@@ -5,6 +5,7 @@ speedup per concurrency (results.SpeedupSummary), with the identity line and the
 from __future__ import annotations
 
 from quantkit.results.bench import SpeedupSummary
+from quantkit.results.cost import DraftStepEstimate
 
 SYNTHETIC_LABEL = (
     "SYNTHETIC acceptance (rejection_sample_method: synthetic): the acceptance and the speedups are not "
@@ -92,4 +93,32 @@ def speedup_markdown(s: SpeedupSummary, deployment_platform: str | None = None) 
             f"`{[list(r) for r in s.num_speculative_tokens_per_batch_size]}`.",
         ]
     lines += ["", identity_line(s)]
+    if s.draft_costs:
+        lines += ["", *draft_cost_markdown(s.draft_costs)]
+    return lines
+
+
+def estimate_line(e: DraftStepEstimate) -> str:
+    """A draft's step time on its platform, labelled: an estimate from bytes, the platform and why it, never a
+    measurement."""
+    rounds = ", ".join(f"a round of K={k} {us:,.1f} us" for k, us in e.round_us.items())
+    return (
+        f"Estimated on {e.platform} ({e.bandwidth_tbs:g} TB/s, {e.bandwidth_source}; {e.platform_reason}), "
+        f"TP {e.tensor_parallel_size}: a draft token {e.token_us:,.1f} us, fc {e.fc_us:,.1f} us once per round"
+        + (f", {rounds}" if rounds else "")
+        + f". An {e.estimate}."
+    )
+
+
+def draft_cost_markdown(estimates: list[DraftStepEstimate]) -> list[str]:
+    """Per draft: the bytes a draft step reads by role and their shares of a draft token (as `quantkit inspect`
+    shows them), then its time on the named platform, every figure labelled an estimate from bytes."""
+    lines = ["**Draft step cost: an estimate from bytes (weights read over HBM bandwidth), not a measurement.**"]
+    for e in estimates:
+        lines += ["", f"`{e.draft}`:", "", "| role | runs | MB | share of a draft token |", "|---|---|---|---|"]
+        for r in e.cost.roles:
+            runs = "once per round" if r.role == "fc" else "per draft token"
+            share = "-" if r.share is None else f"{r.share:.2f}"
+            lines.append(f"| {r.role} | {runs} | {r.bytes / 1e6:,.2f} | {share} |")
+        lines += ["", estimate_line(e)]
     return lines

@@ -17,6 +17,7 @@ from quantkit.cli.options import (
     json_option,
     make_console,
     print_json,
+    render_draft_cost,
     third_party_output,
     trust_option,
 )
@@ -286,6 +287,7 @@ def _f(v: float | None, fmt: str = "{:.2f}") -> str:
 def render(result: BenchResult) -> None:
     from rich.table import Table
 
+    from quantkit.bench.tables import estimate_line
     from quantkit.results.bench import Spread
 
     console = make_console()
@@ -336,6 +338,10 @@ def render(result: BenchResult) -> None:
                 "" if comp is None else _f(comp.c_step) + ("*" if comp.c_step_from == "throughput" else ""),
             )
     console.print(table)
+    for estimate in result.draft_costs:
+        console.print(f"{estimate.draft}:")
+        render_draft_cost(console, estimate.cost)
+        console.print(estimate_line(estimate))
     if any(c.c_step_from == "throughput" for c in result.comparisons):
         console.print(
             "c_step*: AL x tok/s_base / tok/s_spec, where a TPOT p50 was 0 (the server sent a stream's "

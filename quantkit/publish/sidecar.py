@@ -36,7 +36,7 @@ Format (schema_version 2; readers ignore unknown keys and refuse a higher schema
            "crossover", "bf16_draft_crossover", "max_concurrency_measured", "num_speculative_tokens_per_batch_size",
            "identity": {hardware, platform, tensor_parallel_size, vllm_version, backends, kv_cache_dtype,
                         max_num_seqs, workload, workload_label, synthetic_acceptance, ...},
-           "output_len", "repeats",
+           "output_len", "repeats", "draft_costs": [DraftStepEstimate, ...],  # an estimate from bytes
            "deployment_hardware": true | false | null,  # the gate's bench.runner_is_deployment_hardware
            "hardware_dependent": true | false}           # not measured on the deployment's hardware (or not said)
 

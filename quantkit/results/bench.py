@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import computed_field, field_validator
 
 from quantkit.results.base import CommandResult, Result, _nan_to_none
+from quantkit.results.cost import DraftStepEstimate
 from quantkit.results.serve import SpecDecodeCounters
 
 BENCH_SCHEMA_VERSION = 1
@@ -284,6 +285,8 @@ class SpeedupSummary(Result):
     output_len: int = 0
     repeats: int = 0
     deployment_hardware: bool | None = None  # BenchResult.deployment_hardware
+    # the BF16 draft's and the candidate's step by role on a named platform: an estimate from bytes (BenchResult)
+    draft_costs: list[DraftStepEstimate] = []
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -304,6 +307,8 @@ class BenchResult(CommandResult):
     not_paying: dict[str, list[int]] = {}  # arm -> every measured C where its speedup < 1
     k_schedules: list[KSchedule] = []
     charts: dict[str, str] = {}
+    # each EAGLE-3 draft's step by role and its time on a named platform: an estimate from bytes, never a measurement
+    draft_costs: list[DraftStepEstimate] = []
     out_dir: str | None = None
     seconds: float = 0.0
     warnings: list[str] = []
@@ -385,6 +390,7 @@ class BenchResult(CommandResult):
             output_len=self.settings.output_len,
             repeats=self.settings.repeats,
             deployment_hardware=self.deployment_hardware,
+            draft_costs=[e for e in self.draft_costs if e.draft in {cand.draft, bf16.draft if bf16 else None}],
         )
 
 

@@ -38,4 +38,22 @@ class DraftCost(Result):
         return fc + k * sum(r.weighted_bytes for r in roles if r.role != "fc")
 
 
-__all__ = ["ESTIMATE", "DraftCost", "RoleCost"]
+class DraftStepEstimate(Result):
+    """A draft's step on a named platform (quantkit.rules.cost.step_estimate): its bytes by role and the time they
+    take to read there, an estimate from bytes, never a measurement. What `quantkit bench` reports beside the
+    served figures."""
+
+    estimate: str = ESTIMATE
+    draft: str
+    cost: DraftCost
+    platform: str  # a BANDWIDTH_TBS key: MI300X, MI325X, MI355X, H100, H200, B200
+    platform_reason: str  # why this platform: the bench's GPU, or no bandwidth on record for it
+    bandwidth_tbs: float
+    bandwidth_source: str
+    tensor_parallel_size: int = 1
+    token_us: float  # one draft token: attention, MLP, lm_head (+ router, experts)
+    fc_us: float  # once per round
+    round_us: dict[int, float] = Field(default_factory=dict)  # K -> fc + K draft tokens
+
+
+__all__ = ["ESTIMATE", "DraftCost", "DraftStepEstimate", "RoleCost"]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from quantkit.results.cost import ESTIMATE, DraftCost, RoleCost
+from quantkit.results.cost import ESTIMATE, DraftCost, DraftStepEstimate, RoleCost
 
 # HBM bandwidth (TB/s) of each platform, from its vendor's public data sheet.
 BANDWIDTH_TBS: dict[str, tuple[float, str]] = {
@@ -208,12 +208,47 @@ def speedup_bound(
     )
 
 
+# the platform an estimate is named for when the hardware has no bandwidth on record (a CPU): the mission's GPU
+DEFAULT_PLATFORM = "MI355X"
+
+
+def platform_for(gpu_name: str | None) -> tuple[str, str]:
+    """(BANDWIDTH_TBS key, why) for a GPU's name as torch reports it ("AMD Instinct MI355X", "NVIDIA H200")."""
+    for key in sorted(BANDWIDTH_TBS, key=len, reverse=True):
+        if gpu_name and key.lower() in gpu_name.lower():
+            return key, f"the bench's GPU ({gpu_name})"
+    where = gpu_name or "a CPU"
+    return DEFAULT_PLATFORM, f"no HBM bandwidth on record for {where}: named for {DEFAULT_PLATFORM}, not this hardware"
+
+
+def step_estimate(
+    draft: str, cost: DraftCost, platform: str, ks: Iterable[int] = (), tp: int = 1, reason: str = ""
+) -> DraftStepEstimate:
+    """`cost` (a draft's bytes by role, as stored) read on `platform` over `tp` GPUs: a draft token, fc, and a
+    round of each K in `ks`."""
+    tbs, source = BANDWIDTH_TBS[platform]
+    return DraftStepEstimate(
+        draft=draft,
+        cost=cost,
+        platform=platform,
+        platform_reason=reason,
+        bandwidth_tbs=tbs,
+        bandwidth_source=source,
+        tensor_parallel_size=tp,
+        token_us=microseconds(cost.per_token_bytes, platform, tp),
+        fc_us=microseconds(cost.fc_bytes, platform, tp),
+        round_us={k: microseconds(cost.round_bytes(k), platform, tp) for k in sorted(set(ks)) if k > 0},
+    )
+
+
 __all__ = [
     "ATTAINED",
     "BANDWIDTH_TBS",
+    "DEFAULT_PLATFORM",
     "ESTIMATE",
     "PATH_FACTOR",
     "DraftCost",
+    "DraftStepEstimate",
     "RoleCost",
     "SpeedupBound",
     "TargetShape",
@@ -221,6 +256,8 @@ __all__ = [
     "expected_distinct_experts",
     "kernel_paths_by_layer",
     "microseconds",
+    "platform_for",
     "quantized_roles",
     "speedup_bound",
+    "step_estimate",
 ]

@@ -262,10 +262,17 @@ def test_gate_speed_thresholds_hardware_dependent_and_synthetic(bench):
     assert judge(bench_figures("broken", failed, BenchStep())).verdict == "regression"
 
 
-def test_charts_and_table(bench, tmp_path):
+def test_charts_and_table(bench, tiny, damaged_draft, tmp_path):
     from quantkit.bench.charts import draw
 
     res, _ = bench
+    # the cost section: each draft's step by role (the damaged one has the same shapes), an estimate named for
+    # MI355X and said not to be this CPU's (quantkit.rules.cost.platform_for)
+    costs = {e.draft: e for e in res.draft_costs}
+    assert set(costs) == {str(tiny / "eagle3-draft"), str(damaged_draft)}
+    a, b = costs.values()
+    assert [(r.role, r.bytes) for r in a.cost.roles] == [(r.role, r.bytes) for r in b.cost.roles]
+    assert a.platform == "MI355X" and "not this hardware" in a.platform_reason and set(a.round_us) == {3}
     paths = draw(res, tmp_path)
     for p in paths.values():
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,7 +15,7 @@ import pytest
 from safetensors import safe_open
 
 from quantkit.apply.vocab import DraftVocabError, choose_rows, prune_draft
-from tests.conftest import ROOT, require_vllm
+from tests.conftest import GREEDY_PROMPTS, GREEDY_TOKENS, ROOT, require_vllm
 
 
 def test_rows_from_a_hand_computed_corpus() -> None:
@@ -96,7 +96,9 @@ def _draft_logits(worker):  # runs inside the vLLM worker (in-process)
     }
 
 
-def test_vllm_loads_the_pruned_draft_and_stays_lossless(tiny: Path, pruned: tuple[Path, list[int]]) -> None:
+def test_vllm_loads_the_pruned_draft_and_stays_lossless(
+    tiny: Path, pruned: tuple[Path, list[int]], tiny_target_greedy: dict[str, list[int]]
+) -> None:
     require_vllm()
     import torch
 
@@ -116,13 +118,10 @@ def test_vllm_loads_the_pruned_draft_and_stays_lossless(tiny: Path, pruned: tupl
 
     from vllm import SamplingParams
 
-    prompts = ["The capital of France is", "def add(a, b):", "Compute 7 * 5 + 24."]
-    params = SamplingParams(temperature=0.0, max_tokens=24)
-    spec = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    del llm
-    plain = make_llm(tiny / "target", None, max_model_len=512)
-    ref = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
-    assert [list(s) for s in spec] == [list(r) for r in ref]
+    # the target's own greedy tokens (tests/conftest.py tiny_target_greedy: vLLM without a draft)
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
+    spec = [list(o.outputs[0].token_ids) for o in llm.generate(list(GREEDY_PROMPTS), params, use_tqdm=False)]
+    assert spec == [tiny_target_greedy[p] for p in GREEDY_PROMPTS]
 
 
 def test_apply_prunes_then_quantizes_and_refuses_in_one_line(tiny: Path, corpus: Path, tmp_path: Path) -> None:
