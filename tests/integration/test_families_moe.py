@@ -99,11 +99,14 @@ def test_kimi_k2_config_is_read_as_vllm_reads_it_without_remote_code(kimi):
 
     from quantkit.io.hf import VLLM_CONFIG_ALIASES, load_tokenizer
 
+    # vLLM's own get_config sets `model_type` on transformers' class when it reads a deepseek_v32 folder (an earlier
+    # test in this process may have): what quantkit must not do is change it
+    class_model_type = DeepseekV3Config.model_type
     assert load_tokenizer(kimi["out"])("hello").input_ids  # check's worker calls this before vLLM
     cfg = AutoConfig.from_pretrained(str(kimi["src"]), trust_remote_code=False)
     assert isinstance(cfg, DeepseekV3Config) and cfg.model_type == "kimi_k2"
     assert cfg.max_position_embeddings == 131072 and cfg.n_routed_experts == 8
-    assert DeepseekV3Config.model_type == "deepseek_v3"  # transformers' own class is left as it is
+    assert DeepseekV3Config.model_type == class_model_type  # transformers' own class is left as it is
     require_vllm()
     # vLLM's own reading of the same folder (what `check --vllm auto` then loads: DeepseekV2ForCausalLM, the class
     # tests/e2e/test_check_mxfp4.py loads for DeepSeek-V3), in a subprocess: get_config registers kimi_k2 by setting
