@@ -117,10 +117,10 @@ def fp8_draft(tiny, tmp_path_factory):
 def big_moe(tmp_path_factory) -> Path:
     """A Qwen3-MoE checkpoint in ~24 shards, large enough that an interrupt or a second run lands between shards (a
     few seconds of work on 2 cores); once per session. Never modified: copy it first."""
-    from tests.fixtures import executor_checkpoints as ec
+    from tests.fixtures import checkpoints as ck
 
-    fam = ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024)
-    return ec.write_checkpoint(fam, tmp_path_factory.mktemp("big") / "moe", shard_bytes=1_500_000)
+    out = tmp_path_factory.mktemp("big") / "moe"
+    return ck.make("qwen3_moe", out, layers=6, experts=16, hidden=256, inter=256, vocab=1024, shard_bytes=1_500_000)
 
 
 @pytest.fixture(scope="session")
