@@ -185,10 +185,14 @@ def fp8_draft(tiny, tmp_path_factory):
 def big_moe(tmp_path_factory) -> Path:
     """A Qwen3-MoE checkpoint in ~24 shards, large enough that an interrupt or a second run lands between shards (a
     few seconds of work on 2 cores); once per session. Never modified: copy it first."""
-    from tests.fixtures import executor_checkpoints as ec
+    from tests.fixtures import checkpoints as ck
 
-    fam = ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024)
-    root, _ = built_once(tmp_path_factory, "big", lambda d: ec.write_checkpoint(fam, d / "moe", shard_bytes=1_500_000))
+    def build(root: Path) -> None:
+        ck.make(
+            "qwen3_moe", root / "moe", layers=6, experts=16, hidden=256, inter=256, vocab=1024, shard_bytes=1_500_000
+        )
+
+    root, _ = built_once(tmp_path_factory, "big", build)
     return root / "moe"
 
 

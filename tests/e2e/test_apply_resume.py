@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import checkpoints as ck
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTIAL_JOURNAL = ".quantkit-journal.json"
@@ -34,7 +34,7 @@ def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def _weights_and_config(folder: Path) -> dict[str, bytes]:
     """Everything but quantkit.json (which records timings and the command line)."""
-    return {k: v for k, v in ec.tree_bytes(folder).items() if k != "quantkit.json"}
+    return {k: v for k, v in ck.tree_bytes(folder).items() if k != "quantkit.json"}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -120,7 +120,7 @@ def test_a_damaged_shard_midway_is_one_line_and_stays_resumable(big_moe, tmp_pat
     name = next(n for n in tensors if ".experts." in n and n.endswith(".weight"))
     tensors[name][2, 5] = float("nan")
     save_file(tensors, str(last), metadata={"format": "pt"})
-    before = ec.tree_bytes(src)
+    before = ck.tree_bytes(src)
     out = tmp_path / "out"
     r = _cli("apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out), "--devices", "cpu")
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
@@ -128,7 +128,7 @@ def test_a_damaged_shard_midway_is_one_line_and_stays_resumable(big_moe, tmp_pat
     assert f"{name}[2, 5] is nan" in errors[0] and last.name in errors[0] and "resume with" in errors[0]
     assert not out.exists()
     assert (out.with_name(f".{out.name}.quantkit-partial") / PARTIAL_JOURNAL).is_file()
-    assert ec.tree_bytes(src) == before
+    assert ck.tree_bytes(src) == before
 
 
 def test_killed_right_after_the_rename_leaves_a_complete_valid_folder(tmp_path, tiny):
@@ -160,7 +160,7 @@ apply("mxfp4-moe", {str(tiny / "moe-target")!r}, {str(out)!r}, devices="cpu", pr
 def test_mixtral_layout_on_the_default_path(tmp_path):
     """Mixtral's block_sparse_moe.experts.N.w1/w2/w3 (as real releases ship): transformers renames them in memory,
     which broke the old in-memory default; per shard (the default now) keeps the checkpoint's names."""
-    src = ec.write_checkpoint(ec.mixtral(), tmp_path / "mixtral")
+    src = ck.make("mixtral", tmp_path / "mixtral")
     out = tmp_path / "out"
     r = _cli("apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out), "--json")
     assert r.returncode == 0, r.stderr

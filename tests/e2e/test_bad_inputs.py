@@ -1382,11 +1382,9 @@ def test_signal_during_apply(sig: int, phase: str, tmp_path: Path) -> None:
     if phase == "quantize":
         # Large enough (about 25 MB in 24 shards) that Quark is still working when the signal lands: the bundled
         # 6 MB model is done within a second of the "quantizing" line on a quiet machine.
-        from tests.fixtures import executor_checkpoints as ec
+        from tests.fixtures import checkpoints as ck
 
-        ec.write_checkpoint(
-            ec.qwen3_moe(layers=6, experts=16, hidden=256, inter=256, vocab=1024), src, shard_bytes=1_500_000
-        )
+        ck.make("qwen3_moe", src, layers=6, experts=16, hidden=256, inter=256, vocab=1024, shard_bytes=1_500_000)
     else:
         hostile.copy_model(TINY / "moe-target", src)
     before = tree_digest(src)

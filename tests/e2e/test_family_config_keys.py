@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.checkpoints import DEEPSEEK_V32_CONFIG, LLAMA4_CONFIG, QWEN3_NEXT_CONFIG
 from tests.fixtures.hostile import error_lines, run_cli, tree_digest, write_safetensors
-from tests.fixtures.moe_replicas import DEEPSEEK_V32_CONFIG, QWEN3_NEXT_CONFIG
-from tests.fixtures.replicas import LLAMA4_CONFIG
 
 
 def _llama4(value):

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import checkpoints as ck
 from tests.fixtures import hostile
 from tests.fixtures.hostile import FORBIDDEN_HEAVY_EXIT, Run, error_lines, run_cli, tree_digest
 from tests.unit.test_safety_headers import (
@@ -91,7 +91,7 @@ def _sha256(path: Path) -> str:
 
 def _weights_and_config(folder: Path) -> dict[str, bytes]:
     """Everything but quantkit.json (which records timings and the command line)."""
-    return {k: v for k, v in ec.tree_bytes(folder).items() if k != "quantkit.json"}
+    return {k: v for k, v in ck.tree_bytes(folder).items() if k != "quantkit.json"}
 
 
 # --- headers through the CLI --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import require_vllm
-from tests.fixtures.families import tensors
+from tests.fixtures.checkpoints import tensors
 
 
 def _draft_layers_loaded_by_vllm(target: Path, draft: Path) -> dict:
@@ -82,9 +82,9 @@ def test_speculators_format_draft(tiny, tmp_path):
     transformer_layer_config only, so the quantization config must be there for the FP8 layers to load as FP8."""
     require_vllm()
     from quantkit.apply.run import apply
-    from tests.fixtures import families
+    from tests.fixtures import checkpoints as ck
 
-    src = families.speculators_draft(tiny / "eagle3-draft", tmp_path / "spec", tiny / "target")
+    src = ck.make("eagle3_llama", tmp_path / "spec", format="speculators", target=tiny / "target")
     result = apply("fp8-draft", src, tmp_path / "spec-fp8", target=tiny / "target", progress=None)
     cfg = json.loads((tmp_path / "spec-fp8" / "config.json").read_text())
     assert cfg["speculators_model_type"] == "eagle3" and result.exclude == ["model.fc", "lm_head"]

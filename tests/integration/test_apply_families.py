@@ -13,14 +13,14 @@ from quantkit.apply.run import apply
 from quantkit.cli import main
 from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import is_excluded
-from tests.fixtures import families
+from tests.fixtures import checkpoints as ck
 
 
 @pytest.fixture(scope="module")
 def outputs(tiny, tmp_path_factory):
     base = tmp_path_factory.mktemp("families")
-    ds = families.deepseek_v3(base / "deepseek", tiny)
-    mm = families.minimax_m2(base / "minimax", tiny)
+    ds = ck.make("deepseek_v3", base / "deepseek")
+    mm = ck.make("minimax_m2", base / "minimax")
     runs = {
         "ds-mem": apply("mxfp4-moe", ds, base / "ds-mem", path="in-memory", progress=None),
         "ds-shard": apply("mxfp4-moe", ds, base / "ds-shard", path="per-shard", progress=None),
@@ -39,7 +39,7 @@ def _check_plan_against_vllm_rules(result, out):
         if (out / "model.safetensors.index.json").exists()
         else None
     )
-    layers = runtime_layers(cfg, names or families.tensors(out).keys())
+    layers = runtime_layers(cfg, names or ck.tensors(out).keys())
     keep = {d.runtime_name for d in result.layers if d.action == "keep"}
     for layer in layers:
         if layer.quantizable:
@@ -47,7 +47,7 @@ def _check_plan_against_vllm_rules(result, out):
 
 
 def test_deepseek_v3_experts_mxfp4_rest_identical(outputs):
-    src, out, res = families.tensors(outputs["ds_src"]), families.tensors(outputs["base"] / "ds-mem"), outputs["ds-mem"]
+    src, out, res = ck.tensors(outputs["ds_src"]), ck.tensors(outputs["base"] / "ds-mem"), outputs["ds-mem"]
     for name, t in src.items():
         if ".mlp.experts." in name:
             w, s = out[name], out[name.replace(".weight", ".weight_scale")]
@@ -66,7 +66,7 @@ def test_deepseek_v3_experts_mxfp4_rest_identical(outputs):
 
 
 def test_deepseek_v3_in_memory_equals_per_shard(outputs):
-    a, b = families.tensors(outputs["base"] / "ds-mem"), families.tensors(outputs["base"] / "ds-shard")
+    a, b = ck.tensors(outputs["base"] / "ds-mem"), ck.tensors(outputs["base"] / "ds-shard")
     assert set(a) == set(b)
     for name in a:
         assert a[name].dtype == b[name].dtype and torch.equal(a[name].view(torch.uint8), b[name].view(torch.uint8)), (
@@ -76,7 +76,7 @@ def test_deepseek_v3_in_memory_equals_per_shard(outputs):
 
 def test_deepseek_v3_attention_fp8_under_runtime_names(outputs):
     out, res = outputs["base"] / "ds-attn", outputs["ds-attn"]
-    t = families.tensors(out)
+    t = ck.tensors(out)
     lqc = json.loads((out / "config.json").read_text())["quantization_config"]["layer_quant_config"]
     for layer in range(3):
         for proj in ("q_a_proj", "kv_a_proj_with_mqa", "q_b_proj", "kv_b_proj", "o_proj"):
@@ -90,7 +90,7 @@ def test_deepseek_v3_attention_fp8_under_runtime_names(outputs):
 def test_minimax_m2_uses_per_shard_and_keeps_names(outputs):
     res, out = outputs["mm"], outputs["base"] / "mm"
     assert res.path == "per-shard"  # the default for every recipe without static activation scales (issue 12)
-    src, got = families.tensors(outputs["mm_src"]), families.tensors(out)
+    src, got = ck.tensors(outputs["mm_src"]), ck.tensors(out)
     assert got["model.layers.1.block_sparse_moe.experts.7.w2.weight"].dtype == torch.uint8
     assert torch.equal(
         got["model.layers.1.block_sparse_moe.gate.weight"], src["model.layers.1.block_sparse_moe.gate.weight"]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from quantkit.apply.run import apply, parse_shard_size
 from quantkit.cli import main
 from quantkit.errors import QuantkitError, ResumableInterrupt
-from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import checkpoints as ck
 
 INDEX = "model.safetensors.index.json"
 
@@ -41,12 +41,12 @@ def _header_names(path: Path) -> list[str]:
 
 
 def _weights_and_config(folder: Path) -> dict[str, bytes]:
-    return {k: v for k, v in ec.tree_bytes(folder).items() if k != "quantkit.json"}
+    return {k: v for k, v in ck.tree_bytes(folder).items() if k != "quantkit.json"}
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    return ec.write_checkpoint(ec.qwen3_moe(), tmp_path_factory.mktemp("src") / "moe", shard_bytes=200_000)
+    return ck.make("qwen3_moe", tmp_path_factory.mktemp("src") / "moe", shard_bytes=200_000)
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +201,8 @@ def test_the_quark_engine_refuses_resharding_naming_the_native_engine(source, tm
 @pytest.fixture(scope="module")
 def larger(tmp_path_factory) -> Path:
     """Enough source shards (~1.5 MB each) that an interrupt after the second output shard leaves work to do."""
-    fam = ec.qwen3_moe(layers=4, experts=16, hidden=256, inter=256, vocab=1024)
-    return ec.write_checkpoint(fam, tmp_path_factory.mktemp("larger") / "moe", shard_bytes=1_500_000)
+    out = tmp_path_factory.mktemp("larger") / "moe"
+    return ck.make("qwen3_moe", out, layers=4, experts=16, hidden=256, inter=256, vocab=1024, shard_bytes=1_500_000)
 
 
 def test_an_interrupted_resharded_run_resumes_to_the_same_bytes(larger, tmp_path):
@@ -248,7 +248,7 @@ def test_two_workers_finishing_out_of_order_write_the_same_resharded_tensors(lar
     several batches at once."""
     from quantkit.apply.shards import quantize_checkpoint
 
-    exclude = ec.exclude_modules(ec.qwen3_moe(layers=4, experts=16, hidden=256, inter=256, vocab=1024))
+    exclude = ck.exclude_modules(ck.spec("qwen3_moe", layers=4, experts=16, hidden=256, inter=256, vocab=1024))
     one = quantize_checkpoint(
         larger, tmp_path / "one", scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"]
     )

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.fixtures import source_checkpoints as sc
+from tests.fixtures import checkpoints as ck
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -81,8 +81,12 @@ def built(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("sources")
     out = {}
-    for name, make in (("deepseek", sc.deepseek_v3_fp8), ("minimax", sc.minimax_m2_fp8), ("kimi", sc.kimi_k25_int4)):
-        src = make(base / f"{name}-src")
+    for name, builder, fmt in (
+        ("deepseek", "deepseek_v3", "fp8"),
+        ("minimax", "minimax_m2", "fp8"),
+        ("kimi", "kimi_k25", "int4"),
+    ):
+        src = ck.make(builder, base / f"{name}-src", format=fmt)
         result = apply("mxfp4-moe", src, base / f"{name}-mxfp4", devices="cpu", progress=None)
         out[name] = (src, base / f"{name}-mxfp4", result)
     return base, out
@@ -165,7 +169,7 @@ def test_decoded_nan_is_refused_naming_the_tensor(tmp_path):
     from quantkit.apply import apply
     from quantkit.errors import QuantkitError
 
-    src = sc.deepseek_v3_fp8(tmp_path / "src")
+    src = ck.make("deepseek_v3", tmp_path / "src", format="fp8")
     shard = next(f for f in sorted(src.glob("*.safetensors")) if any(".experts." in k for k in load_file(str(f))))
     t = load_file(str(shard))
     name = next(k for k in t if k.endswith("_scale_inv") and ".experts." in k)

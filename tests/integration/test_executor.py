@@ -26,13 +26,14 @@ from quantkit.apply.shards import (
 from quantkit.errors import QuantkitError
 from quantkit.io.headers import checkpoint_tensors
 from quantkit.io.safetensors import serialize_safetensors
-from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import checkpoints as ck
+from tests.fixtures import memory
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _assert_same_tree(quark_out: Path, ours: Path) -> None:
-    a, b = ec.tree_bytes(quark_out), ec.tree_bytes(ours)
+    a, b = ck.tree_bytes(quark_out), ck.tree_bytes(ours)
     assert sorted(a) == sorted(b), set(a) ^ set(b)
     differ = [name for name in a if a[name] != b[name]]
     assert not differ, f"files differ from Quark's: {differ}"
@@ -45,7 +46,7 @@ CASES = [
     ("minimax_m2", "mxfp4", None),
     ("mixtral", "mxfp4", None),
     ("mixtral", "ptpc_fp8", None),
-    ("eagle3_draft", "ptpc_fp8", None),  # fp8-draft: fc and lm_head kept
+    ("eagle3_llama", "ptpc_fp8", None),  # fp8-draft: fc and lm_head kept
 ]
 
 
@@ -53,9 +54,9 @@ CASES = [
     "family,scheme,layer_config", CASES, ids=[f"{f}-{s}{'-attnfp8' if lc else ''}" for f, s, lc in CASES]
 )
 def test_byte_identical_to_quark(quark_f2f, tmp_path, family, scheme, layer_config):
-    fam = ec.FAMILIES[family]()
-    src = ec.write_checkpoint(fam, tmp_path / "src")
-    exclude = ec.exclude_modules(fam)
+    fam = ck.spec(family, via="tensors")
+    src = fam.save(tmp_path / "src")
+    exclude = ck.exclude_modules(fam)
     if layer_config:
         exclude = [m for m in exclude if "self_attn" not in m]
     quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", fam.template, scheme, exclude, layer_config)
@@ -84,7 +85,7 @@ def test_byte_identical_to_quark(quark_f2f, tmp_path, family, scheme, layer_conf
     assert not (tmp_path / "ours" / JOURNAL_NAME).exists()
 
 
-def _edge_family() -> ec.Family:
+def _edge_family() -> ck.Checkpoint:
     """Tensors that exercise each of Quark's pass-through rules: a 3-D `.weight` (quantized), a 1-D F32 linear-named
     weight (cast to the config dtype), an excluded F32 router (kept F32), F32 and F16 weights (quantized from their
     own dtype), a last dim that is not a multiple of 32, int64/bool buffers, a zero-size tensor."""
@@ -104,14 +105,14 @@ def _edge_family() -> ec.Family:
         "lm_head.weight": torch.randn(64, 64, generator=g).to(torch.bfloat16),
     }
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"}
-    return ec.Family("edge", "llama", config, t, ("*.mlp.gate", "lm_head"))
+    return ck.Checkpoint("edge", "llama", config, t, ("*.mlp.gate", "lm_head"))
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "ptpc_fp8"])
 def test_pass_through_rules_match_quark(quark_f2f, tmp_path, scheme):
     fam = _edge_family()
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=20_000)
-    exclude = ec.exclude_modules(fam)
+    src = fam.save(tmp_path / "src", shard_bytes=20_000)
+    exclude = ck.exclude_modules(fam)
     quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", "llama", scheme, exclude)
     quantize_checkpoint(src, tmp_path / "ours", scheme=scheme, exclude=exclude, layer_config=None, devices=["cpu"])
     _assert_same_tree(quark_out, tmp_path / "ours")
@@ -126,8 +127,8 @@ def test_pass_through_rules_match_quark(quark_f2f, tmp_path, scheme):
 def test_patterns_and_several_workers_match_quark(quark_f2f, tmp_path):
     """Exclusions given as Quark patterns (not module names), a per-module override, and two CPU workers finishing
     shards out of order: the index still lists shards in Quark's order."""
-    fam = ec.qwen3_moe(layers=3)
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=60_000)
+    fam = ck.spec("qwen3_moe", layers=3)
+    src = fam.save(tmp_path / "src", shard_bytes=60_000)
     exclude = ["*.mlp.gate", "lm_head"]
     layer_config = {"*self_attn.o_proj": "ptpc_fp8", "*experts.1.*": "ptpc_fp8"}
     quark_out = quark_f2f.checkpoint(src, tmp_path / "quark", "qwen3_moe", "mxfp4", exclude, layer_config)
@@ -220,7 +221,7 @@ def _shard_outputs(
     return outs
 
 
-def _mixed_family() -> ec.Family:
+def _mixed_family() -> ck.Checkpoint:
     """Same last dims in several shapes, 3-D weights, bf16/f16/f32 weights, a last dim not a multiple of 32, and
     PTPC-FP8 overrides for some experts: every way the batches can group and split."""
     fam = _edge_family()
@@ -251,9 +252,9 @@ def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, 
     digests must be the per-tensor path's (and so Quark's); a batch limit of 5000 bytes also splits the groups."""
     from quantkit.apply.shards import process
 
-    fam = _mixed_family() if family == "mixed" else ec.FAMILIES[family]()
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=30_000, aux=False)
-    exclude = [m for m in ec.exclude_modules(fam) if not (layer_config and "self_attn" in m)]
+    fam = _mixed_family() if family == "mixed" else ck.spec(family, via="tensors")
+    src = fam.save(tmp_path / "src", shard_bytes=30_000, aux=False)
+    exclude = [m for m in ck.exclude_modules(fam) if not (layer_config and "self_attn" in m)]
     monkeypatch.setattr(process, "_DEVICE_BATCH_BYTES", batch_bytes)
     per_tensor = _shard_outputs(src, scheme, exclude, layer_config, batched=False)
     batched = _shard_outputs(src, scheme, exclude, layer_config, batched=True, batch_bytes=batch_bytes * 2)
@@ -263,11 +264,11 @@ def test_batched_path_gives_the_per_tensor_bytes(tmp_path, monkeypatch, family, 
 
 def test_batched_path_names_the_non_finite_weight(tmp_path):
 
-    fam = ec.qwen3_moe(layers=1)
+    fam = ck.spec("qwen3_moe", layers=1)
     fam.tensors["model.layers.0.mlp.experts.5.up_proj.weight"][3, 7] = float("-inf")
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=10**7, aux=False)
+    src = fam.save(tmp_path / "src", shard_bytes=10**7, aux=False)
     with pytest.raises(NonFiniteWeightError, match=r"experts\.5\.up_proj\.weight\[3, 7\] is -inf"):
-        _shard_outputs(src, "mxfp4", ec.exclude_modules(fam), None, batched=True)
+        _shard_outputs(src, "mxfp4", ck.exclude_modules(fam), None, batched=True)
 
 
 def test_several_readers_write_the_same_folder(tmp_path):
@@ -276,7 +277,7 @@ def test_several_readers_write_the_same_folder(tmp_path):
     one = _run(src, tmp_path / "one", exclude, readers=1)
     four = _run(src, tmp_path / "four", exclude, readers=4)
     assert len(four.shards) >= 8
-    assert ec.tree_bytes(tmp_path / "one") == ec.tree_bytes(tmp_path / "four")
+    assert ck.tree_bytes(tmp_path / "one") == ck.tree_bytes(tmp_path / "four")
     assert [r.sha256_out for r in one.shards] == [r.sha256_out for r in four.shards]
     with pytest.raises(ExecutorError, match="readers=0"):
         _run(src, tmp_path / "zero", exclude, readers=0)
@@ -289,14 +290,14 @@ def test_cpu_processes_write_the_thread_folder(tmp_path, monkeypatch):
     threads = _run(src, tmp_path / "threads", exclude, cpu_processes=False)
     procs = _run(src, tmp_path / "procs", exclude, cpu_processes=True)
     assert threads.cpu_processes == 0 and procs.cpu_processes >= 1
-    assert ec.tree_bytes(tmp_path / "threads") == ec.tree_bytes(tmp_path / "procs")
+    assert ck.tree_bytes(tmp_path / "threads") == ck.tree_bytes(tmp_path / "procs")
     assert _run(src, tmp_path / "auto", exclude).cpu_processes == 0  # far below 1 GiB of weights: threads
     monkeypatch.setenv("QUANTKIT_CPU_PROCESSES", "1")
     assert _run(src, tmp_path / "env", exclude).cpu_processes >= 1
-    assert ec.tree_bytes(tmp_path / "env") == ec.tree_bytes(tmp_path / "threads")
+    assert ck.tree_bytes(tmp_path / "env") == ck.tree_bytes(tmp_path / "threads")
     monkeypatch.setenv("QUANTKIT_CPU_CHILDREN", "3")  # the children's number, set: the same bytes
     assert _run(src, tmp_path / "three", exclude).cpu_processes == 3
-    assert ec.tree_bytes(tmp_path / "three") == ec.tree_bytes(tmp_path / "threads")
+    assert ck.tree_bytes(tmp_path / "three") == ck.tree_bytes(tmp_path / "threads")
     monkeypatch.setenv("QUANTKIT_CPU_CHILDREN", "0")
     with pytest.raises(ExecutorError, match="QUANTKIT_CPU_CHILDREN='0'"):
         _run(src, tmp_path / "zero-children", exclude)
@@ -306,11 +307,11 @@ def test_cpu_processes_write_the_thread_folder(tmp_path, monkeypatch):
     with pytest.raises(ExecutorError, match="QUANTKIT_CPU_PROCESSES='yes'"):
         _run(src, tmp_path / "bad", exclude)
     monkeypatch.delenv("QUANTKIT_CPU_PROCESSES")
-    fam = ec.qwen3_moe(layers=1)
+    fam = ck.spec("qwen3_moe", layers=1)
     fam.tensors["model.layers.0.mlp.experts.2.gate_proj.weight"][4, 9] = float("nan")
-    bad = ec.write_checkpoint(fam, tmp_path / "nan")
+    bad = fam.save(tmp_path / "nan")
     with pytest.raises(NonFiniteWeightError, match=r"experts\.2\.gate_proj\.weight\[4, 9\] is nan"):
-        _run(bad, tmp_path / "nan-out", ec.exclude_modules(fam), cpu_processes=True)
+        _run(bad, tmp_path / "nan-out", ck.exclude_modules(fam), cpu_processes=True)
 
 
 def test_exclusion_matcher_is_fnmatch():
@@ -336,8 +337,8 @@ def test_exclusion_matcher_is_fnmatch():
 
 
 def _checkpoint(tmp_path: Path, shard_bytes: int = 60_000) -> tuple[Path, list[str]]:
-    fam = ec.qwen3_moe(layers=3)
-    return ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=shard_bytes), ec.exclude_modules(fam)
+    fam = ck.spec("qwen3_moe", layers=3)
+    return fam.save(tmp_path / "src", shard_bytes=shard_bytes), ck.exclude_modules(fam)
 
 
 def _run(src: Path, dst: Path, exclude: list[str], **kwargs):
@@ -380,7 +381,7 @@ def test_resume_after_kill_is_byte_identical(tmp_path):
     report = _run(src, tmp_path / "resumed", exclude, resume=True)
     assert report.resumed_shards == len(journal["shards"])
     assert sum(not r.resumed for r in report.shards) == shards - len(journal["shards"])
-    assert ec.tree_bytes(tmp_path / "resumed") == ec.tree_bytes(tmp_path / "clean")
+    assert ck.tree_bytes(tmp_path / "resumed") == ck.tree_bytes(tmp_path / "clean")
 
 
 def test_resume_redoes_a_damaged_output_shard(tmp_path):
@@ -401,7 +402,7 @@ def test_resume_redoes_a_damaged_output_shard(tmp_path):
     report = _run(src, tmp_path / "out", exclude, resume=True)
     by_name = {r.name: r for r in report.shards}
     assert not by_name[events[0]].resumed and by_name[events[1]].resumed
-    assert ec.tree_bytes(tmp_path / "out") == ec.tree_bytes(tmp_path / "clean")
+    assert ck.tree_bytes(tmp_path / "out") == ck.tree_bytes(tmp_path / "clean")
 
 
 def test_corrupt_shard_midway_is_one_line_and_keeps_the_journal(tmp_path):
@@ -424,7 +425,7 @@ def test_corrupt_shard_midway_is_one_line_and_keeps_the_journal(tmp_path):
     report = _run(src, tmp_path / "out", exclude, resume=True)
     assert report.resumed_shards == len(journal["shards"])
     _run(src, tmp_path / "clean", exclude)
-    assert ec.tree_bytes(tmp_path / "out") == ec.tree_bytes(tmp_path / "clean")
+    assert ck.tree_bytes(tmp_path / "out") == ck.tree_bytes(tmp_path / "clean")
 
 
 @pytest.mark.parametrize(
@@ -432,12 +433,12 @@ def test_corrupt_shard_midway_is_one_line_and_keeps_the_journal(tmp_path):
     [("mxfp4", float("nan"), "nan"), ("mxfp4", float("-inf"), "-inf"), ("ptpc_fp8", float("inf"), "inf")],
 )
 def test_non_finite_weight_is_refused_with_its_index(tmp_path, scheme, value, word):
-    fam = ec.qwen3_moe()
+    fam = ck.spec("qwen3_moe")
     fam.tensors["model.layers.0.mlp.experts.3.down_proj.weight"][5, 17] = value
-    src = ec.write_checkpoint(fam, tmp_path / "src")
+    src = fam.save(tmp_path / "src")
     with pytest.raises(NonFiniteWeightError) as err:
         quantize_checkpoint(
-            src, tmp_path / "out", scheme=scheme, exclude=ec.exclude_modules(fam), layer_config=None, devices=["cpu"]
+            src, tmp_path / "out", scheme=scheme, exclude=ck.exclude_modules(fam), layer_config=None, devices=["cpu"]
         )
     assert f"model.layers.0.mlp.experts.3.down_proj.weight[5, 17] is {word}" in str(err.value)
     assert "\n" not in str(err.value) and isinstance(err.value, QuantkitError)
@@ -445,11 +446,11 @@ def test_non_finite_weight_is_refused_with_its_index(tmp_path, scheme, value, wo
 
 def test_non_finite_weight_in_a_kept_layer_is_copied(tmp_path):
     """Only weights to be quantized must be finite: a kept layer's bytes pass through as they are (as in Quark)."""
-    fam = ec.qwen3_moe(layers=1)
+    fam = ck.spec("qwen3_moe", layers=1)
     fam.tensors["lm_head.weight"][0, 0] = float("nan")
-    src = ec.write_checkpoint(fam, tmp_path / "src")
+    src = fam.save(tmp_path / "src")
     quantize_checkpoint(
-        src, tmp_path / "out", scheme="mxfp4", exclude=ec.exclude_modules(fam), layer_config=None, devices=["cpu"]
+        src, tmp_path / "out", scheme="mxfp4", exclude=ck.exclude_modules(fam), layer_config=None, devices=["cpu"]
     )
     src_bytes, out_bytes = _stored_bytes(src, "lm_head.weight"), _stored_bytes(tmp_path / "out", "lm_head.weight")
     assert out_bytes == src_bytes
@@ -554,7 +555,7 @@ def test_peak_memory_is_a_few_shards_not_the_model(tmp_path):
         save_file(tensors, str(src / f"model-{i + 1:05d}-of-00008.safetensors"), metadata={"format": "pt"})
     (src / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "torch_dtype": "bfloat16"}))
     largest = max(p.stat().st_size for p in src.glob("*.safetensors"))
-    growth = ec.peak_rss_growth(src, tmp_path / "out", [])
+    growth = memory.peak_rss_growth(src, tmp_path / "out", [])
     total = sum(p.stat().st_size for p in src.glob("*.safetensors"))
     print(
         f"peak RSS growth {growth / 2**20:.0f} MiB, largest shard {largest / 2**20:.0f} MiB, model {total / 2**20:.0f} MiB"

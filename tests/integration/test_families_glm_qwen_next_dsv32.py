@@ -1,5 +1,5 @@
 """GLM-4.5/4.6 (glm4_moe), GLM-4.7-Flash (glm4_moe_lite), Qwen3-Next (qwen3_next) and DeepSeek-V3.2 (deepseek_v32,
-BF16 and its FP8 release format with ue8m0 scales): tiny replicas of the published checkpoints (tests/fixtures/moe_replicas.py)
+BF16 and its FP8 release format with ue8m0 scales): tiny replicas of the published checkpoints (tests/fixtures/checkpoints/)
 through inspect, apply and check, the outputs' headers and bytes against the sources, the runtime names written from
 the vLLM model files, and the exclusions resolved by vLLM's own QuarkConfig / should_ignore_layer."""
 
@@ -19,18 +19,18 @@ from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
 from tests.conftest import require_vllm
-from tests.fixtures import moe_replicas as replicas
+from tests.fixtures import checkpoints as ck
 from tests.integration.test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
 FAMILIES = {
-    "glm4_moe": lambda out: replicas.glm4_moe(out),
-    "glm4_moe_lite": lambda out: replicas.glm4_moe_lite(out),
-    "qwen3_next": lambda out: replicas.qwen3_next(out),
-    "deepseek_v32": lambda out: replicas.deepseek_v32(out),
-    "deepseek_v32_fp8": lambda out: replicas.deepseek_v32(out, fp8=True),
+    "glm4_moe": lambda out: ck.make("glm4_moe", out),
+    "glm4_moe_lite": lambda out: ck.make("glm4_moe_lite", out),
+    "qwen3_next": lambda out: ck.make("qwen3_next", out),
+    "deepseek_v32": lambda out: ck.make("deepseek_v32", out),
+    "deepseek_v32_fp8": lambda out: ck.make("deepseek_v32", out, format="fp8"),
     # Qwen3.5-MoE's experts saved per expert (the fused release: qwen35_fused below)
-    "qwen3_5_moe": lambda out: replicas.qwen3_5_moe(out, fused_experts=False),
+    "qwen3_5_moe": lambda out: ck.make("qwen3_5_moe", out, fused_experts=False),
 }
 ARCH = {"glm4_moe": "Glm4MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
         "qwen3_next": "Qwen3NextForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM",
@@ -227,7 +227,7 @@ def test_deepseek_v32_indexer_names(runs):
         "model.layers.0.self_attn.indexer.weights_proj",
     )
     # IndexCache (index_topk_freq 2, offset 2): layers 0-1 build an indexer, layer 2 reuses layer 1's and has none
-    cfg = {**replicas.DEEPSEEK_V32_CONFIG, "index_topk_freq": 2}
+    cfg = {**ck.DEEPSEEK_V32_CONFIG, "index_topk_freq": 2}
     names = [n for n in json.loads((runs["deepseek_v32"]["src"] / "model.safetensors.index.json").read_text())
              ["weight_map"] if not n.startswith("model.layers.2.self_attn.indexer.")]  # fmt: skip
     built = {layer.name for layer in runtime_layers(cfg, names)}
@@ -375,11 +375,11 @@ def test_qwen3_5_moe_names(runs):
 @pytest.fixture(scope="module")
 def qwen35_fused(tmp_path_factory):
     """The release's layout (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) through inspect, apply
-    and `check --vllm off`, and the same tensors re-saved per expert by hand (tests/fixtures/moe_replicas.py
+    and `check --vllm off`, and the same tensors re-saved per expert by hand (tests/fixtures/checkpoints/
     resave_per_expert) through the per-expert path: the reference."""
     base = tmp_path_factory.mktemp("qwen35-fused")
-    src = replicas.qwen3_5_moe(base / "release")
-    ref = replicas.resave_per_expert(src, base / "per-expert")
+    src = ck.make("qwen3_5_moe", base / "release")
+    ref = ck.resave_per_expert(src, base / "per-expert")
     runner = CliRunner()
     out = {"src": src, "ref_src": ref, "inspect": runner.invoke(main, ["inspect", str(src), "--json"])}
     for key, folder in (("out", src), ("ref", ref)):
@@ -428,14 +428,14 @@ def test_qwen3_5_moe_fused_experts_mxfp4_equal_the_per_expert_path_and_the_rest_
     # fused MTP experts: tests/integration/test_families_qwen_mtp.py)
     assert len(fused) == 8 and set(out) == set(ref)
     experts = [n for n in out if ".mlp.experts." in n and n.startswith("model.language_model.")]
-    n_experts = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    n_experts = ck.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
     assert len(experts) == 4 * n_experts * 3 * 2  # layers x experts x (gate, up, down) x (weight, weight_scale)
-    i = replicas.MOE_I
+    i = ck.MOE_I
     for name in experts:
         t = out[name]
         assert t.dtype == torch.uint8 and torch.equal(t, ref[name]), name
-        rows = replicas.H if ".down_proj." in name else i
-        cols = (i if ".down_proj." in name else replicas.H) // (2 if name.endswith(".weight") else 32)
+        rows = ck.H if ".down_proj." in name else i
+        cols = (i if ".down_proj." in name else ck.H) // (2 if name.endswith(".weight") else 32)
         assert tuple(t.shape) == (rows, cols), name
     for name, t in src.items():
         if name not in fused:
@@ -457,10 +457,8 @@ def test_fused_expert_sources_under_engine_quark_are_refused_naming_engine_nativ
     its executor writes and verifies. So `--engine quark` on any fused-experts source is refused in one line, before
     Quark is imported, naming `--engine native` (glm4_moe, qwen3_next and deepseek_v32 store experts per expert and
     have Quark templates: not refused; DeepSeek-V3.2's FP8 release is, by the same line)."""
-    from tests.fixtures import replicas as dense_replicas
-
-    sources = {"qwen3_5_moe": qwen35_fused["src"], "llama4": dense_replicas.llama4(tmp_path / "llama4"),
-               "deepseek_v32_fp8": replicas.deepseek_v32(tmp_path / "dsv32", fp8=True)}  # fmt: skip
+    sources = {"qwen3_5_moe": qwen35_fused["src"], "llama4": ck.make("llama4", tmp_path / "llama4"),
+               "deepseek_v32_fp8": ck.make("deepseek_v32", tmp_path / "dsv32", format="fp8")}  # fmt: skip
     runner = CliRunner()
     for family, src in sources.items():
         res = runner.invoke(main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output",
@@ -488,15 +486,15 @@ def test_qwen3_5_moe_split_is_the_one_vllm_loads(qwen35_fused):
 
     from quantkit.io.formats import decode_tensors, detect_format
 
-    n = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    n = ck.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
     src = _tensors(qwen35_fused["src"])
     st_dtype = {torch.bfloat16: "BF16", torch.float32: "F32"}
     from quantkit.naming.archs import fused_layouts
 
     fmt = detect_format(
-        replicas.QWEN3_5_MOE_CONFIG,
+        ck.QWEN3_5_MOE_CONFIG,
         {k: (st_dtype[v.dtype], tuple(v.shape)) for k, v in src.items()},
-        fused=fused_layouts(replicas.QWEN3_5_MOE_CONFIG),
+        fused=fused_layouts(ck.QWEN3_5_MOE_CONFIG),
     )
     x = "model.language_model.layers.1.mlp.experts"
     fused = {k: src[f"{x}.{k}"] for k in ("gate_up_proj", "down_proj")}

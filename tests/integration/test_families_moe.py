@@ -1,4 +1,4 @@
-"""Kimi-K2, gpt-oss and Llama-4 on tiny replicas of their published checkpoints (tests/fixtures/replicas.py): inspect, apply
+"""Kimi-K2, gpt-oss and Llama-4 on tiny replicas of their published checkpoints (tests/fixtures/checkpoints/): inspect, apply
 (mxfp4-moe), `check --vllm off`, the output headers (experts MXFP4, every kept tensor byte-identical to the source),
 the MXFP4 codes decoded by hand against the source (which catches a wrong transpose or gate/up split), the exclude
 replay against vLLM's own QuarkConfig / should_ignore_layer, the refusals and where their hints lead, and one real
@@ -23,9 +23,10 @@ from quantkit.io.headers import checkpoint_tensors
 from quantkit.naming.archs import runtime_layers
 from quantkit.naming.exclude import exclude_entries_for
 from quantkit.naming.layers import in_role
-from tests.conftest import ROOT, require_vllm
-from tests.fixtures import replicas
-from tests.fixtures.families import cli, cli_json, one_line_error, tensors
+from tests.conftest import require_vllm
+from tests.fixtures import checkpoints as ck
+from tests.fixtures.checkpoints import tensors
+from tests.fixtures.cli import cli, cli_json, one_line_error
 from tests.integration.test_vllm_names import exclude_lists_for, quark_config_dict, replay_outcome, vllm_outcome
 from tests.integration.test_vllm_names import v as _vllm_fixture  # noqa: F401 (pytest registers it as the fixture `v`)
 
@@ -83,7 +84,7 @@ def torch_corr(a, b):
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("kimi-k2")
-    src = replicas.kimi_k2(base / "src")
+    src = ck.make("kimi_k2", base / "src")
     out = base / "mxfp4"
     applied = cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out))
     assert applied["engine"] == "native"
@@ -133,7 +134,7 @@ def test_kimi_k2_remote_tokenizer_names_the_flag_and_the_flag_loads_it(kimi, tmp
 
     folder = tmp_path / "remote"
     shutil.copytree(kimi["out"], folder)
-    replicas.kimi_k2_remote_tokenizer(folder)
+    ck.kimi_k2_remote_tokenizer(folder)
     with pytest.raises(RemoteCodeError, match=r"tokenization_kimi\.py.*--trust-remote-code"):
         load_tokenizer(folder)
     (folder / "tokenization_kimi.py").write_text(
@@ -165,11 +166,11 @@ def test_kimi_k2_inspect_apply_check_and_headers(kimi):
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("gpt-oss")
-    src = replicas.gpt_oss(base / "bf16")
+    src = ck.make("gpt_oss", base / "bf16")
     out = base / "mxfp4"
     applied = cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out))
     assert applied["engine"] == "native" and applied["source_format"] == "fused-experts"
-    return {"src": src, "out": out, "mx": replicas.gpt_oss(base / "openai-mxfp4", mxfp4=True), "applied": applied}
+    return {"src": src, "out": out, "mx": ck.make("gpt_oss", base / "openai-mxfp4", format="mxfp4"), "applied": applied}
 
 
 def test_gpt_oss_runtime_names_and_kept_layers(gpt_oss):
@@ -208,7 +209,7 @@ def test_gpt_oss_fused_experts_become_per_expert_mxfp4_and_everything_else_is_ke
     the transposed source (rows in the interleaved gate/up order vLLM's swigluoai reads); biases are the source's
     bytes, expert by expert; every other tensor byte-identical."""
     src, out = tensors(gpt_oss["src"]), tensors(gpt_oss["out"])
-    c: dict[str, Any] = replicas.GPT_OSS_CONFIG
+    c: dict[str, Any] = ck.GPT_OSS_CONFIG
     fused = {n for n in src if ".mlp.experts." in n}
     for i in range(c["num_hidden_layers"]):
         x = f"model.layers.{i}.mlp.experts"
@@ -281,7 +282,7 @@ def test_gpt_oss_check_vllm_auto_loads_the_quark_layout_and_generates(gpt_oss):
 @pytest.fixture(scope="module")
 def llama4(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("llama4")
-    src = replicas.llama4(base / "bf16")
+    src = ck.make("llama4", base / "bf16")
     out = base / "mxfp4"
     applied = cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(out))
     return {"src": src, "out": out, "applied": applied}
@@ -309,7 +310,7 @@ def test_llama4_runtime_names_shared_expert_and_vision_kept(llama4):
 def test_llama4_fused_experts_split_into_gate_and_up_halves(llama4):
     src, out = tensors(llama4["src"]), tensors(llama4["out"])
     x = "language_model.model.layers.1.feed_forward.experts"
-    text = cast(dict[str, Any], replicas.LLAMA4_CONFIG["text_config"])
+    text = cast(dict[str, Any], ck.LLAMA4_CONFIG["text_config"])
     inter = text["intermediate_size"]
     for e in range(text["num_local_experts"]):
         gate_up = src[f"{x}.gate_up_proj"][e].t()  # [2I, H]: gate = first half, up = second (chunk(2, dim=-1))
@@ -333,12 +334,12 @@ def _cases() -> dict:
         fmt = detect_format(config, {n: ("BF16", s) for n, (s, _) in shapes.items()}, fused=fused_layouts(config))
         return list(decoded_tensor_names(fmt, shapes))
 
-    gpt = {**replicas.GPT_OSS_CONFIG, "num_hidden_layers": 6}
-    l4 = json.loads(json.dumps(replicas.LLAMA4_CONFIG))
+    gpt = {**ck.GPT_OSS_CONFIG, "num_hidden_layers": 6}
+    l4 = json.loads(json.dumps(ck.LLAMA4_CONFIG))
     l4["text_config"]["num_hidden_layers"] = 6
     return {
-        "gpt_oss": (gpt, names(lambda c: replicas.gpt_oss_tensors(c, False), gpt)),
-        "llama4": (l4, names(replicas.llama4_tensors, l4)),
+        "gpt_oss": (gpt, names(lambda c: ck.gpt_oss_tensors(c, False), gpt)),
+        "llama4": (l4, names(ck.llama4_tensors, l4)),
     }
 
 
@@ -459,16 +460,14 @@ def test_what_vllm_never_quantizes_is_marked_so(v):
 
 @pytest.fixture(scope="module")
 def gpt_oss_pair(tmp_path_factory) -> dict:
-    """A gpt-oss target sized for the bundled EAGLE-3 draft (replicas.GPT_OSS_FOR_DRAFT: hidden 256, vocab 2048, 4
+    """A gpt-oss target sized for the bundled EAGLE-3 draft (ck.GPT_OSS_FOR_DRAFT: hidden 256, vocab 2048, 4
     layers) applied with mxfp4-moe, and the draft in the speculators layout (as RedHatAI publishes gpt-oss drafts)
     applied with fp8-draft against it."""
-    from tests.fixtures import families
-
     base = tmp_path_factory.mktemp("gpt-oss-pair")
     target = base / "gpt-oss-mxfp4"
-    cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(replicas.gpt_oss(base / "gpt-oss", config=replicas
-             .GPT_OSS_FOR_DRAFT)), "--output", str(target))  # fmt: skip
-    spec = families.speculators_draft(ROOT / "examples" / "tiny" / "eagle3-draft", base / "spec", target)
+    cli_json("apply", "--recipe", "mxfp4-moe", "--model", str(ck.make("gpt_oss", base / "gpt-oss", config=ck.GPT_OSS_FOR_DRAFT)),
+             "--output", str(target))  # fmt: skip
+    spec = ck.make("eagle3_llama", base / "spec", format="speculators", target=target)
     out = base / "spec-fp8"
     applied = cli_json(
         "apply", "--recipe", "fp8-draft", "--model", str(spec), "--target", str(target), "--output", str(out)

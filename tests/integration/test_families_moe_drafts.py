@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, require_vllm
-from tests.fixtures.families import cli, cli_json, one_line_error, tensors
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import tensors, write_checkpoint
+from tests.fixtures.cli import cli, cli_json, one_line_error
 
 TARGET = ROOT / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers, vocab 2048
 BF = torch.bfloat16

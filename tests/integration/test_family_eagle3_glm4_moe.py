@@ -21,8 +21,8 @@ import torch
 from quantkit.naming.archs import family_of, runtime_layers
 from quantkit.naming.layers import CheckpointLayoutError
 from tests.conftest import ROOT
-from tests.fixtures.families import cli, cli_json, one_line_error, tensors
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import tensors, write_checkpoint
+from tests.fixtures.cli import cli, cli_json, one_line_error
 from tests.integration.test_families_moe_drafts import assert_fp8_of, same_bytes
 
 TARGET = ROOT / "examples" / "tiny" / "target"  # LlamaForCausalLM, hidden 256, 4 layers, vocab 2048

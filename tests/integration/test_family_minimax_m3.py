@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-from tests.fixtures import moe_replicas as replicas
+from tests.fixtures import checkpoints as ck
 from tests.integration.test_vllm_names import quark_config_dict, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 
-H, MI, DI, E, V = replicas.H, replicas.MOE_I, 256, 4, replicas.VOCAB
+H, MI, DI, E, V = ck.H, ck.MOE_I, 256, 4, ck.VOCAB
 HEADS, KV, HD, IDX_HEADS, IDX_DIM = 4, 2, 32, 2, 32
 TEXT = {
     "model_type": "minimax_m3", "vocab_size": V, "hidden_size": H, "num_hidden_layers": 3, "num_attention_heads": HEADS,
@@ -87,7 +87,7 @@ def _tensors(folder: Path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("m3")
-    src = replicas.write(base / "m3", CONFIG, m3_tensors(), seed=3)
+    src = ck.write(base / "m3", CONFIG, m3_tensors(), seed=3)
     dst = base / "m3-mxfp4"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])

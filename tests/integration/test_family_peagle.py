@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, parallel_drafting, runtime_layers
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import write_checkpoint
 
 ROOT = Path(__file__).parents[2]
 DRAFT, TARGET = ROOT / "examples" / "tiny" / "eagle3-draft", ROOT / "examples" / "tiny" / "target"

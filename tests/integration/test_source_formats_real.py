@@ -12,10 +12,10 @@ from tests.unit.test_source_formats import _bf16_bits, _bits, numpy_fp8_block_de
 
 @pytest.fixture(scope="module")
 def source_checkpoints(tmp_path_factory):
-    from tests.fixtures import source_checkpoints as sc
+    from tests.fixtures import checkpoints as ck
 
     root = tmp_path_factory.mktemp("source-checkpoints")
-    return {name: build(root / name) for name, build in sc.BUILDERS.items()}
+    return {name: ck.make(builder, root / name, **opts) for name, (builder, opts) in ck.SOURCES.items()}
 
 
 def _shards(folder):

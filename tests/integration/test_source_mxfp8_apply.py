@@ -12,8 +12,8 @@ import torch
 from click.testing import CliRunner
 
 from quantkit.cli import main
-from tests.fixtures import moe_replicas as replicas
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures import checkpoints as ck
+from tests.fixtures.checkpoints import write_checkpoint
 from tests.integration.test_family_minimax_m3 import CONFIG, MOE_LAYERS, _tensors, m3_tensors
 
 MXFP8 = {"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32], "scale_fmt": "ue8m0",
@@ -41,7 +41,7 @@ def _fp8_stored(name: str, t: torch.Tensor) -> bool:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("m3-mxfp8")
-    bf16 = _tensors(replicas.write(base / "bf16", CONFIG, m3_tensors(), seed=8))
+    bf16 = _tensors(ck.write(base / "bf16", CONFIG, m3_tensors(), seed=8))
     tensors = {}
     for name, t in bf16.items():
         if _fp8_stored(name, t):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quantkit.io.prompts import load_prompts
-from tests.fixtures.families import tensors
+from tests.fixtures.checkpoints import tensors
 
 
 def _greedy(model, tok, messages, n=40):

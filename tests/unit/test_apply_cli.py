@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from quantkit.cli import main
-from tests.fixtures.families import tensors
+from tests.fixtures.checkpoints import tensors
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:

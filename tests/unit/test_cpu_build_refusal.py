@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.engines.platform import cpu_build_refusal
-from tests.fixtures.moe_replicas import DEEPSEEK_V32_CONFIG
+from tests.fixtures.checkpoints import DEEPSEEK_V32_CONFIG
 
 
 def _folder(tmp_path: Path, config: dict) -> Path:
@@ -68,7 +68,7 @@ def test_a_dflash_source_fits_its_target_by_its_target_layer_ids(tiny, tmp_path)
     dflash_config over eagle_config): the BF16 source fits the tiny target (acceptance's baseline was refused with
     vLLM's default EAGLE-3 ids [2, 2, 1] before), and a repeated id is still an error."""
     from quantkit.rules.table import draft_fit_findings
-    from tests.fixtures.source_checkpoints import write_checkpoint
+    from tests.fixtures.checkpoints import write_checkpoint
     from tests.integration.test_family_dflash import CONFIG, dflash_tensors
 
     src = write_checkpoint(tmp_path / "dflash", dflash_tensors(), CONFIG)

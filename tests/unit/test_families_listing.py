@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.families import cli, one_line_error
-from tests.fixtures.source_checkpoints import write_checkpoint
+from tests.fixtures.checkpoints import write_checkpoint
+from tests.fixtures.cli import cli, one_line_error
 
 VLLM_REGISTRY = Path(torch.__file__).parents[1] / "vllm" / "model_executor" / "models" / "registry.py"
 

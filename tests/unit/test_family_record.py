@@ -233,14 +233,14 @@ def test_every_config_key_the_records_read_is_typed():
 
 
 def test_replica_configs_of_every_family_pass_the_schema():
-    """The configs the suite builds after the releases (tests/replicas.py, tests/moe_replicas.py) are valid."""
-    from tests.fixtures import moe_replicas, replicas
+    """The configs the suite builds after the releases (tests/fixtures/checkpoints/) are valid."""
+    from tests.fixtures.checkpoints import deepseek, glm, gpt_oss, llama4, qwen
 
     configs = {
         f"{m.__name__}.{k}": v
-        for m in (replicas, moe_replicas)
+        for m in (deepseek, glm, gpt_oss, llama4, qwen)
         for k, v in vars(m).items()
-        if k.endswith("_CONFIG") and isinstance(v, dict)
+        if k.endswith("_CONFIG") and isinstance(v, dict) and "model_type" in v  # not the quantization configs
     }
     assert len(configs) >= 8
     for name, config in configs.items():

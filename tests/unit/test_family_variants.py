@@ -55,8 +55,8 @@ def test_a_mistyped_switch_is_one_line_naming_the_key(tmp_path):
     """use_moe is a declared config key (bool): a string there is blamed by name, not read as false."""
     import torch
 
-    from tests.fixtures.families import cli, one_line_error
-    from tests.fixtures.source_checkpoints import write_checkpoint
+    from tests.fixtures.checkpoints import write_checkpoint
+    from tests.fixtures.cli import cli, one_line_error
 
     config = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "use_moe": "yes",
               "num_hidden_layers": 1, "hidden_size": 8, "vocab_size": 4}  # fmt: skip

@@ -11,7 +11,7 @@ from quantkit.errors import QuantkitError
 from quantkit.io.headers import checkpoint_tensors
 from quantkit.io.safetensors import read_header, tensor_nbytes
 from quantkit.schemes import SCHEMES, expected_layout, native_schemes, quantize_weight, register_scheme, scheme
-from tests.fixtures import executor_checkpoints as ec
+from tests.fixtures import checkpoints as ck
 
 # By hand: MXFP4 packs two 4-bit codes per byte and stores one E8M0 byte per 32 elements of a row (rows = every dim
 # but the last, flattened, ceil for a partial group); PTPC-FP8 stores one FP8 byte per element and one float32 scale
@@ -51,9 +51,9 @@ def test_layouts_and_output_bytes(name, shape):
 def test_output_bytes_sum_to_the_written_tensor_bytes(tmp_path):
     """Summed over a tiny MoE checkpoint, output_bytes of the quantized weights plus the bytes of the rest equal the
     tensor bytes of the executor's output."""
-    fam = ec.FAMILIES["qwen3_moe"]()
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=60_000, aux=False)
-    exclude = ec.exclude_modules(fam)
+    fam = ck.spec("qwen3_moe")
+    src = fam.save(tmp_path / "src", shard_bytes=60_000, aux=False)
+    exclude = ck.exclude_modules(fam)
     quantize_checkpoint(src, tmp_path / "out", scheme="mxfp4", exclude=exclude, layer_config=None, devices=["cpu"])
     out = checkpoint_tensors(tmp_path / "out")
     quantized = {n.removesuffix("_scale") for n in out if n.endswith(".weight_scale")}
@@ -73,9 +73,9 @@ def test_output_bytes_sum_to_the_written_tensor_bytes(tmp_path):
 def test_adding_a_scheme_is_one_record(tmp_path):
     """A copy of the mxfp4 record under another name quantizes to the very same shards: the executor dispatches
     through the registry only (no string test on "mxfp4" is left to take another path)."""
-    fam = ec.FAMILIES["qwen3_moe"]()
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=60_000, aux=False)
-    exclude = ec.exclude_modules(fam)
+    fam = ck.spec("qwen3_moe")
+    src = fam.save(tmp_path / "src", shard_bytes=60_000, aux=False)
+    exclude = ck.exclude_modules(fam)
     register_scheme(replace(SCHEMES["mxfp4"], name="mxfp4_copy"))
     try:
         assert "mxfp4_copy" in native_schemes()
@@ -95,9 +95,9 @@ def test_a_copied_scheme_batches_as_the_original(tmp_path):
     are the original's."""
     from quantkit.apply.shards import f2f, process
 
-    fam = ec.FAMILIES["qwen3_moe"]()
-    src = ec.write_checkpoint(fam, tmp_path / "src", shard_bytes=60_000, aux=False)
-    exclude = ec.exclude_modules(fam)
+    fam = ck.spec("qwen3_moe")
+    src = fam.save(tmp_path / "src", shard_bytes=60_000, aux=False)
+    exclude = ck.exclude_modules(fam)
 
     def batched(name: str) -> list[dict[str, bytes]]:
         from quantkit.apply.shards import units
