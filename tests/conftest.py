@@ -239,6 +239,11 @@ def broken_fp8_draft(fp8_draft, tmp_path_factory):
     return root / "draft-fp8-scales-x16"
 
 
+# pids of the session's shared servers: a test that looks for the servers its own command started (children of this
+# process, from /proc) leaves these out, whichever test file the worker ran first
+SHARED_SERVERS: set[int] = set()
+
+
 @pytest.fixture(scope="session")
 def served_tiny_pair(tiny):
     """One `vllm serve` of the bundled target with its BF16 EAGLE-3 draft (K=3, `fast_start`: the worker inside the
@@ -253,6 +258,7 @@ def served_tiny_pair(tiny):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_LOGGING_LEVEL", "WARNING")
         server = VllmServer(TINY / "target", TINY / "eagle3-draft", 3, fast_start=True).start()
+    SHARED_SERVERS.add(server.pid)
     try:
         print(f"\nvllm serve startup (served_tiny_pair): {server.startup_s:.1f} s")
         yield server

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_vllm
+from tests.conftest import SHARED_SERVERS, require_vllm
 from tests.unit.test_gate_release_figures import K, _config, _failures, _gate
 
 
@@ -37,10 +37,11 @@ def few_prompts(tmp_path_factory) -> Path:
 
 
 def _servers() -> dict[int, int]:
-    """vLLM API servers that are children of this process: pid -> port (from /proc)."""
+    """vLLM API servers that are children of this process: pid -> port (from /proc); the session's shared server
+    (conftest's served_tiny_pair, started if this worker ran tests/e2e/test_serve.py first) is not one of them."""
     found = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) in SHARED_SERVERS:
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
