@@ -56,6 +56,7 @@ def make_llm(
         if parallel_drafting(draft_config):
             spec["parallel_drafting"] = True
     load_tokenizer(target)  # refuses a folder that needs its own code in one line, before vLLM loads it
+    _reset_dense_parallel_state()
     return LLM(
         model=str(target),
         speculative_config=spec,
@@ -66,6 +67,21 @@ def make_llm(
         trust_remote_code=trust_remote_code(),
         **kwargs,
     )
+
+
+def _reset_dense_parallel_state() -> None:
+    """vLLM's parallel state belongs to the process: an in-process engine built earlier for a dense model leaves it
+    initialised without an expert-parallel group (vllm/distributed/parallel_state.py creates `_EP` only for MoE
+    models), and `ensure_model_parallel_initialized` keeps what exists, so an MoE engine built next in the same process
+    fails with "expert parallel group is not initialized" (acceptance's engines, a gate's steps, a test session).
+    Such a state is torn down first; vLLM builds it again, with the EP group where the model has experts. In-process
+    engines run one rank (world size 1), so an engine still alive uses the rebuilt groups unchanged. Nothing is done
+    where the state has its EP group or is not there."""
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized() and getattr(ps, "_EP", None) is None:
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
 
 
 def read_spec_counters(llm) -> SpecDecodeCounters:
