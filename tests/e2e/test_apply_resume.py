@@ -60,6 +60,8 @@ def test_interrupted_apply_resumes_to_the_same_bytes(big_moe, big_moe_mxfp4, tmp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # SIGINT as a terminal delivers it, even when the suite was started in the background with SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     sent = threading.Event()

@@ -1341,6 +1341,9 @@ def _run_and_signal(args: list[str], cwd: Path, sig: int, when: Callable[[str, f
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # SIGINT as a user's terminal delivers it: a suite started in the background (`cmd &`) has SIGINT ignored,
+        # and the child would inherit that and never see the signal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     err: list[str] = []
     reader = threading.Thread(
