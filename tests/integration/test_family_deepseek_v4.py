@@ -41,6 +41,7 @@ from click.testing import CliRunner
 
 from quantkit.cli import main
 from tests.fixtures.checkpoints import write_checkpoint
+from tests.fixtures.cli import inspect_apply_check
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 from tests.integration.test_vllm_names import vllm_outcome
 
@@ -232,14 +233,7 @@ def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("dsv4")
     src = write_replica(base / "dsv4")
     dst = base / "dsv4-mxfp4"
-    runner = CliRunner()
-    shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    applied = runner.invoke(
-        main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"]
-    )
-    assert applied.exit_code == 0, applied.output
-    checked = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
-    return {"src": src, "out": dst, "inspect": shown, "apply": json.loads(applied.stdout), "check": checked}
+    return inspect_apply_check(src, dst)
 
 
 def test_record_and_runtime_names():

@@ -10,11 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
 from quantkit.naming.archs import family_of, runtime_layers
 from tests.fixtures import checkpoints as ck
+from tests.fixtures.cli import inspect_apply_check
 from tests.integration.test_vllm_names import quark_config_dict, vllm_outcome
 from tests.integration.test_vllm_names import v as vllm_names  # noqa: F401  (the module fixture)
 
@@ -89,14 +88,7 @@ def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("m3")
     src = ck.write(base / "m3", CONFIG, m3_tensors(), seed=3)
     dst = base / "m3-mxfp4"
-    runner = CliRunner()
-    shown = runner.invoke(main, ["inspect", str(src), "--json"])
-    applied = runner.invoke(
-        main, ["apply", "--recipe", "mxfp4-moe", "--model", str(src), "--output", str(dst), "--json"]
-    )
-    assert applied.exit_code == 0, applied.output
-    checked = runner.invoke(main, ["check", str(dst), "--vllm", "off", "--json"])
-    return {"src": src, "out": dst, "inspect": shown, "apply": json.loads(applied.stdout), "check": checked}
+    return inspect_apply_check(src, dst)
 
 
 def test_runtime_names_follow_vllms_model_file():
