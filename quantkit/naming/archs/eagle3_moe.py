@@ -57,20 +57,11 @@ def moe_draft_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
             f"{SOURCE}: an MoE-layer EAGLE-3 draft with model_type {model_type!r}; SpecForge's are qwen3_moe "
             f"(Qwen3MoEForCausalLMEagle3) and gpt_oss (GptOssForCausalLMEagle3): fix config.json's model_type"
         )
-    n = config.get("num_hidden_layers")
-    if n != 1:  # SpecForge builds one midlayer; its SGLang loader raises "EAGLE3 currently only supports 1 layer"
-        raise CheckpointLayoutError(
-            f"draft config.json has num_hidden_layers={n!r}, but {SOURCE} build exactly one decoder layer (midlayer.*); "
-            "set it to 1"
-        )
+    # SpecForge builds one midlayer; its SGLang loader raises "EAGLE3 currently only supports 1 layer"
+    require_one_midlayer(config, SOURCE)
     hint = f"{SOURCE} save fc.weight, midlayer.*, lm_head.weight (no model. prefix); re-save the draft in that layout"
-    out: list[RuntimeLayer] = []
-    if ckpt.has("embed_tokens"):  # optional: without it the target's embedding is shared
-        out.append(RuntimeLayer("embed_tokens", "embedding", "embed_tokens", (), ckpt.take(["embed_tokens"]),
-                                quantizable=False, source=SOURCE))  # fmt: skip
     # Both SpecForge classes build fc unconditionally (target hidden states x 3 -> hidden)
-    out.append(RuntimeLayer("fc", "linear", "fc", (), require_modules(ckpt, ["fc"], "layer fc", SOURCE, hint),
-                            source=SOURCE))  # fmt: skip
+    out = draft_inputs(ckpt, SOURCE, hint)
     router = _ROUTER[model_type]
     out += decoder_layer(ckpt, (*_ATTN, Slot(router, "router", "router", (router,))), "midlayer", "midlayer", 0, {},
                          SOURCE, hint=hint)  # fmt: skip
@@ -87,10 +78,35 @@ def moe_draft_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _target
     out.append(RuntimeLayer("midlayer.mlp.experts", "moe", "experts", (), ckpt.take(experts), layer_index=0,
                             source=SOURCE))  # fmt: skip
     check_layer_range(ckpt, "layers", 0, SOURCE)  # a layers.<i>.* tensor is not a SpecForge MoE draft's
-    # lm_head kept unquantized, as for every draft layout (vLLM cannot load a quantized EAGLE-3 draft lm_head)
-    head = require_modules(ckpt, ["lm_head"], "layer lm_head", SOURCE, hint)
-    out.append(RuntimeLayer("lm_head", "lm_head", "lm_head", (), head, quantizable=False, source=SOURCE))
+    out.append(draft_head(ckpt, SOURCE, hint))
     return out
+
+
+def require_one_midlayer(config: Mapping[str, Any], source: str) -> None:
+    """The training classes of MoE-layer EAGLE-3 drafts build exactly one decoder layer (midlayer.*)."""
+    n = config.get("num_hidden_layers")
+    if n != 1:
+        raise CheckpointLayoutError(
+            f"draft config.json has num_hidden_layers={n!r}, but {source} build exactly one decoder layer (midlayer.*); "
+            "set it to 1"
+        )
+
+
+def draft_inputs(ckpt: CheckpointModules, source: str, hint: str) -> list[RuntimeLayer]:
+    """embed_tokens where the draft ships one (without it the target's embedding is shared) and fc, which it must."""
+    out: list[RuntimeLayer] = []
+    if ckpt.has("embed_tokens"):
+        out.append(RuntimeLayer("embed_tokens", "embedding", "embed_tokens", (), ckpt.take(["embed_tokens"]),
+                                quantizable=False, source=source))  # fmt: skip
+    out.append(RuntimeLayer("fc", "linear", "fc", (), require_modules(ckpt, ["fc"], "layer fc", source, hint),
+                            source=source))  # fmt: skip
+    return out
+
+
+def draft_head(ckpt: CheckpointModules, source: str, hint: str) -> RuntimeLayer:
+    """lm_head, kept unquantized as for every draft layout (vLLM cannot load a quantized EAGLE-3 draft lm_head)."""
+    head = require_modules(ckpt, ["lm_head"], "layer lm_head", source, hint)
+    return RuntimeLayer("lm_head", "lm_head", "lm_head", (), head, quantizable=False, source=source)
 
 
 # Quark's llama template, as for every draft layout (quantkit.naming.archs.eagle3_llama says why): with fp8-draft's

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from quantkit.io.formats import FusedLayout
-from quantkit.naming.builder import CheckpointModules, Slot, check_layer_range, decoder_layer, require_modules
+from quantkit.naming.archs.eagle3_moe import draft_head, draft_inputs, require_one_midlayer
+from quantkit.naming.builder import CheckpointModules, Slot, check_layer_range, decoder_layer
 from quantkit.naming.family import DraftLayout, Family, Key, MoeLayout, Variant
 from quantkit.naming.layers import CheckpointLayoutError, RuntimeLayer
 
@@ -78,21 +79,11 @@ def torchspec_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _t:
             "(glm4_moe_eagle.py: 'set use_moe: true'); add \"use_moe\": true for an MoE-layer draft, or for a dense "
             'one set architectures to ["LlamaForCausalLMEagle3"], which vLLM builds'
         )
-    n = config.get("num_hidden_layers")
-    if n != 1:  # LlamaForCausalLMEagle3 / Eagle3DeepseekV2ForCausalLM build exactly one midlayer
-        raise CheckpointLayoutError(
-            f"draft config.json has num_hidden_layers={n!r}, but {SOURCE} build exactly one decoder layer "
-            "(midlayer.*); set it to 1"
-        )
+    require_one_midlayer(config, SOURCE)  # LlamaForCausalLMEagle3 / Eagle3DeepseekV2ForCausalLM build one midlayer
     # tools/convert_to_hf.py saves `midlayer.*`, or `layers.0.*` with --export-for-vllm
     prefix = "midlayer" if any(m.startswith("midlayer.") for m in ckpt.params) else "layers.0"
     hint = f"{SOURCE} save fc.weight, midlayer.* (or layers.0.*), lm_head.weight (no model. prefix); re-save the draft in that layout"
-    out: list[RuntimeLayer] = []
-    if ckpt.has("embed_tokens"):  # optional: without it the target's embedding is shared
-        out.append(RuntimeLayer("embed_tokens", "embedding", "embed_tokens", (), ckpt.take(["embed_tokens"]),
-                                quantizable=False, source=SOURCE))  # fmt: skip
-    out.append(RuntimeLayer("fc", "linear", "fc", (), require_modules(ckpt, ["fc"], "layer fc", SOURCE, hint),
-                            source=SOURCE))  # fmt: skip
+    out = draft_inputs(ckpt, SOURCE, hint)
     # n_shared_experts absent: transformers' Glm4MoeConfig / DeepseekV3Config default it to 1, a LlamaConfig has none;
     # the checkpoint then says whether the block was built with one
     shared = config.get("n_shared_experts")
@@ -108,9 +99,7 @@ def torchspec_moe_layers(config: Mapping[str, Any], ckpt: CheckpointModules, _t:
     out.append(RuntimeLayer(f"{prefix}.mlp.experts", "moe", "experts", (), ckpt.take(experts), layer_index=0,
                             source=SOURCE))  # fmt: skip
     check_layer_range(ckpt, "layers", 1 if prefix == "layers.0" else 0, SOURCE)  # one midlayer, nothing after it
-    # lm_head kept unquantized, as for every draft layout (vLLM cannot load a quantized EAGLE-3 draft lm_head)
-    head = require_modules(ckpt, ["lm_head"], "layer lm_head", SOURCE, hint)
-    out.append(RuntimeLayer("lm_head", "lm_head", "lm_head", (), head, quantizable=False, source=SOURCE))
+    out.append(draft_head(ckpt, SOURCE, hint))
     return out
 
 
